@@ -1,0 +1,31 @@
+"""Seeding every random number generator a run touches, and capturing their states."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+try:  # numpy is optional: seed it when it is there
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with the dev extra
+    _np = None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed `random`, numpy (when installed) and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    if _np is not None:
+        _np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of every generator, to store in a checkpoint."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if _np is not None:
+        state["numpy"] = _np.random.get_state()
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state

@@ -1,0 +1,50 @@
+"""Every error `lab` raises on purpose derives from `LabError`, and its message names the fix.
+
+The command line prints a `LabError` as one line and exits 1; anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+
+class LabError(Exception):
+    """Base of every error `lab` raises on purpose."""
+
+
+class ConfigError(LabError, ValueError):
+    """An experiment, arm, loop or checkpoint setting is invalid."""
+
+
+class StoreError(LabError):
+    """The store cannot be opened, read or written."""
+
+
+class UnknownScheme(StoreError):
+    """A store URL names a database `lab` does not support."""
+
+
+class StoreUnreachable(StoreError):
+    """The database server named by a store URL did not answer."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer `lab` than this one."""
+
+
+class NotALabStore(StoreError):
+    """The database holds tables, but not a `lab` store."""
+
+
+class NoExperiment(LabError, KeyError):
+    """No experiment of that name is in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class LossError(LabError, TypeError):
+    """A `loss_fn` returned something that is not a scalar loss."""
+
+
+class CallbackError(LabError):
+    """A callback raised inside a hook while strict mode was on."""

@@ -1,0 +1,470 @@
+"""Experiments: arms x repeats of one `train(run)` function, and what they return.
+
+`Experiment.run()` walks the lifecycle written out in `lab.hooks`: one group per arm (its
+repeats), one run per repeat, every hook through one `Dispatcher`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+
+from lab._seeding import seed_everything
+from lab._stats import Spread, spread
+from lab.errors import CallbackError, ConfigError
+from lab.hooks import Callback, Dispatcher, LogContext
+from lab.loop.evals import EvalResult, Evaluator
+from lab.loop.training import LoopArtifacts
+from lab.store.engine import resolve_url
+
+log = logging.getLogger("lab.experiment")
+
+RunStatus = Literal["completed", "failed", "stopped"]
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_name(name: str, *, limit: int = 64) -> str:
+    """A folder name for `name`: safe on every filesystem, and distinct for distinct names.
+
+    >>> safe_name("small")
+    'small'
+    >>> safe_name("../../x")
+    'x-a2f1f4fc'
+    """
+    slug = _SAFE.sub("-", name).strip("-.")[:limit] or "x"
+    if slug == name:
+        return slug
+    return f"{slug}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+class Arm:
+    """A named variant of the base config: its overrides, validated before any run starts.
+
+    Keys name fields of the base config; a dotted key reaches into a nested model:
+    ``Arm("wide", **{"model.width": 256})``.
+    """
+
+    def __init__(self, name: str, /, **overrides: Any) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"an arm needs a non-empty name, got {name!r}")
+        self.name = name
+        self.overrides = overrides
+
+    def __repr__(self) -> str:
+        args = "".join(f", {k}={v!r}" for k, v in self.overrides.items())
+        return f"Arm({self.name!r}{args})"
+
+    def apply(self, base: pydantic.BaseModel | None) -> pydantic.BaseModel | None:
+        """The base config with this arm's overrides, validated by the config's own model."""
+        if base is None:
+            if self.overrides:
+                raise ConfigError(
+                    f"arm {self.name!r} overrides {sorted(self.overrides)} but the experiment "
+                    "has no base_config; pass base_config=YourConfig()"
+                )
+            return None
+        data = base.model_dump()
+        for key, value in self.overrides.items():
+            _set_path(data, type(base), key.split("."), value, self.name)
+        try:
+            return type(base).model_validate(data)
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ConfigError(
+                f"arm {self.name!r}: {where}={err.get('input')!r} is invalid: {err['msg']}; "
+                "fix the override"
+            ) from None
+
+
+def _set_path(
+    data: dict[str, Any], model: type[pydantic.BaseModel], path: list[str], value: Any, arm: str
+) -> None:
+    head, rest = path[0], path[1:]
+    fields = model.model_fields
+    if head not in fields:
+        raise ConfigError(
+            f"arm {arm!r}: {'.'.join(path)!r} is not a field of {model.__name__}; "
+            f"valid fields: {', '.join(fields)}"
+        )
+    if not rest:
+        data[head] = value
+        return
+    sub = fields[head].annotation
+    if not (isinstance(sub, type) and issubclass(sub, pydantic.BaseModel)):
+        raise ConfigError(
+            f"arm {arm!r}: {head!r} of {model.__name__} is not a nested config, "
+            f"so {'.'.join(path)!r} cannot be set"
+        )
+    _set_path(data[head], sub, rest, value, arm)
+
+
+@dataclass
+class RunSpec:
+    """What the Experiment hands `train(run)`: the run's config, seed, folder and hooks."""
+
+    experiment: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    run_key: str
+    config: Any
+    dir: Path
+    ctx: LogContext
+    dispatcher: Dispatcher = field(repr=False)
+
+
+@dataclass
+class RunResult:
+    """How one run ended: its status, final metrics, and any error."""
+
+    run_key: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    status: RunStatus
+    metrics: dict[str, float]
+    seconds: float
+    error: str | None = None
+    traceback: str | None = None
+    callback_errors: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: LoopArtifacts | None = field(default=None, repr=False)
+
+
+@dataclass
+class ArmResult:
+    """An arm's runs so far."""
+
+    name: str
+    overrides: dict[str, Any]
+    runs: list[RunResult] = field(default_factory=list)
+
+    def values(self, metric: str) -> list[float]:
+        """The final `metric` of every run that finished (completed or stopped)."""
+        return [
+            r.metrics[metric] for r in self.runs if r.status != "failed" and metric in r.metrics
+        ]
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One arm's spread of one final metric across its repeats."""
+
+    arm: str
+    metric: str
+    n: int
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+
+
+@dataclass
+class Summary:
+    """Per arm and final metric: n, mean, std and 95% CI across repeats, and the best arm."""
+
+    experiment: str
+    rows: list[SummaryRow]
+    metric: str | None
+    mode: Literal["min", "max"]
+    best_arm: str | None
+    runner_up: str | None
+    margin: float | None
+    runs: int
+    runs_by_status: dict[str, int]
+
+    def row(self, arm: str, metric: str) -> SummaryRow:
+        """The row of `arm` and `metric`."""
+        for r in self.rows:
+            if r.arm == arm and r.metric == metric:
+                return r
+        raise KeyError(f"no summary row for arm {arm!r}, metric {metric!r}")
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts (e.g. for `pandas.DataFrame`)."""
+        return [r.__dict__.copy() for r in self.rows]
+
+    def __str__(self) -> str:
+        statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.runs_by_status.items()))
+        lines = [f"{self.experiment}: {self.runs} runs ({statuses})"]
+        header = ("arm", "metric", "n", "mean", "std", "95% CI")
+        table = [header] + [
+            (
+                r.arm,
+                r.metric,
+                str(r.n),
+                _fmt(r.mean),
+                _fmt(r.std),
+                f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]",
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        if self.best_arm is not None:
+            best = self.row(self.best_arm, self.metric)
+            line = f"best arm by {self.metric} ({self.mode}): {self.best_arm} ({_fmt(best.mean)})"
+            if self.runner_up is not None:
+                line += f", ahead of {self.runner_up} by {_fmt(self.margin)}"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}"
+
+
+@dataclass
+class ExperimentResult:
+    """Every run of an experiment, grouped by arm."""
+
+    name: str
+    arms: list[ArmResult]
+    seconds: float = 0.0
+
+    @property
+    def runs(self) -> list[RunResult]:
+        """All runs, in the order they ran."""
+        return [r for arm in self.arms for r in arm.runs]
+
+    @property
+    def status(self) -> Literal["completed", "failed"]:
+        """`failed` if any run failed, else `completed`."""
+        return "failed" if any(r.status == "failed" for r in self.runs) else "completed"
+
+    def summary(self, metric: str | None = None, mode: Literal["min", "max"] = "min") -> Summary:
+        """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
+
+        `metric` defaults to ``loss``. Failed runs are left out of the statistics.
+        """
+        if mode not in ("min", "max"):
+            raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
+        keys = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
+        rows = []
+        spreads: dict[str, Spread] = {}
+        for arm in self.arms:
+            for key in keys:
+                s = spread(arm.values(key))
+                rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
+                if key == (metric or "loss"):
+                    spreads[arm.name] = s
+        chosen = metric or ("loss" if "loss" in keys else None)
+        if metric is not None and metric not in keys:
+            raise ConfigError(
+                f"no run has a final metric {metric!r}; known: {', '.join(keys) or 'none'}"
+            )
+        ranked = sorted(
+            (name for name, s in spreads.items() if not math.isnan(s.mean)),
+            key=lambda name: spreads[name].mean,
+            reverse=mode == "max",
+        )
+        best = ranked[0] if ranked else None
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        margin = (
+            abs(spreads[best].mean - spreads[runner_up].mean) if runner_up is not None else None
+        )
+        by_status: dict[str, int] = {}
+        for r in self.runs:
+            by_status[r.status] = by_status.get(r.status, 0) + 1
+        return Summary(
+            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status
+        )
+
+
+TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
+
+
+class Experiment:
+    """A named study: `train(run)` for every arm x repeat, recorded by the attached callbacks.
+
+    The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
+    `SqlLogger` unless one is attached already; ``store=False`` records nothing.
+    Each repeat ``i`` is seeded with ``seed + i``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        train: TrainFn,
+        *,
+        arms: Sequence[Arm] | None = None,
+        repeats: int = 1,
+        base_config: pydantic.BaseModel | None = None,
+        callbacks: Sequence[Callback] = (),
+        store: Any = None,
+        output_dir: str | Path = "runs",
+        seed: int = 0,
+        benchmarks: Sequence[Evaluator] = (),
+        strict: bool | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
+        if not callable(train):
+            raise ConfigError("train must be a function train(run) -> LoopArtifacts | dict")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
+        if base_config is not None and not isinstance(base_config, pydantic.BaseModel):
+            raise ConfigError(
+                "base_config must be a pydantic model instance, e.g. base_config=Config()"
+            )
+        arms = list(arms) if arms else [Arm("base")]
+        names = [a.name for a in arms]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"duplicate arm names {dupes}; give every arm its own name")
+        self.name = name
+        self.train = train
+        self.arms = arms
+        self.repeats = repeats
+        self.base_config = base_config
+        self.configs = {arm.name: arm.apply(base_config) for arm in arms}  # validates now
+        self.callbacks = list(callbacks)
+        # An unknown scheme fails here, before any run; the store opens in run().
+        self.store = resolve_url(store) if store is None or isinstance(store, str) else store
+        self.output_dir = Path(output_dir)
+        self.seed = seed
+        self.benchmarks = list(benchmarks)
+        self.strict = strict
+
+    # ------------------------------------------------------------------------------------
+    def run(self) -> ExperimentResult:
+        """Run every arm x repeat and return their results; failed runs don't stop the rest."""
+        hooks = Dispatcher(self._callbacks(), strict=self.strict)
+        ctx = LogContext(
+            experiment=self.name,
+            output_dir=self.output_dir / safe_name(self.name),
+            config=self._experiment_config(),
+        )
+        result = ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
+        started = time.perf_counter()
+        try:
+            hooks.fire("on_experiment_start", ctx)
+            for arm, arm_result in zip(self.arms, result.arms, strict=True):
+                ctx.group_name, ctx.arm = arm.name, arm.name
+                hooks.fire("on_group_start", ctx, arm.name)
+                for repeat in range(self.repeats):
+                    self._run_one(hooks, ctx, arm, arm_result, repeat)
+            _clear_run(ctx)
+            ctx.group_name = ctx.arm = None
+            result.seconds = time.perf_counter() - started
+            hooks.fire("on_experiment_end", ctx, result)
+        finally:
+            hooks.fire("close")
+        return result
+
+    def _callbacks(self) -> list[Callback]:
+        from lab.loggers.sql import SqlLogger
+
+        callbacks = list(self.callbacks)
+        if self.store is not False and not any(isinstance(cb, SqlLogger) for cb in callbacks):
+            callbacks.append(SqlLogger(self.store))
+        return callbacks
+
+    def _experiment_config(self) -> dict[str, Any]:
+        base = self.base_config.model_dump(mode="json") if self.base_config is not None else {}
+        return {
+            "base_config": base,
+            "arms": {a.name: _jsonable(a.overrides) for a in self.arms},
+            "arm_configs": {
+                name: cfg.model_dump(mode="json") if cfg is not None else {}
+                for name, cfg in self.configs.items()
+            },
+            "repeats": self.repeats,
+            "seed": self.seed,
+        }
+
+    def _run_one(
+        self, hooks: Dispatcher, ctx: LogContext, arm: Arm, arm_result: ArmResult, repeat: int
+    ) -> None:
+        config = self.configs[arm.name]
+        seed = self.seed + repeat
+        run_key = f"{safe_name(arm.name)}-r{repeat}"
+        ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, 0, seed
+        ctx.run_config = config.model_dump(mode="json") if config is not None else {}
+        run_dir = ctx.output_dir / run_key
+        run_dir.mkdir(parents=True, exist_ok=True)
+        hooks.run_key = run_key
+        failures_before = len(hooks.failures)
+        seed_everything(seed)
+        spec = RunSpec(self.name, arm.name, repeat, 0, seed, run_key, config, run_dir, ctx, hooks)
+
+        hooks.fire("on_run_start", ctx)
+        started = time.perf_counter()
+        status: RunStatus = "completed"
+        metrics: dict[str, float] = {}
+        error = tb = None
+        artifacts = None
+        try:
+            out = self.train(spec)
+            artifacts = out if isinstance(out, LoopArtifacts) else None
+            metrics = _final_metrics(out)
+            if artifacts is not None and artifacts.stopped:
+                status = "stopped"
+            if artifacts is not None:
+                metrics.update(self._benchmark(hooks, ctx, artifacts))
+        except CallbackError:
+            raise  # strict mode: a callback bug must not look like a training failure
+        except Exception as exc:
+            status, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            log.error("run %s of %s failed; the other runs go on:\n%s", run_key, self.name, tb)
+            hooks.fire("on_error", ctx, exc)
+        run_result = RunResult(
+            run_key, arm.name, repeat, 0, seed, status, metrics,
+            time.perf_counter() - started, error, tb,
+            [f.to_dict() for f in hooks.failures[failures_before:]], artifacts,
+        )  # fmt: skip
+        arm_result.runs.append(run_result)
+        hooks.fire("on_run_end", ctx, run_result, arm_result)
+        # failures inside on_run_end itself still reach the run's record
+        run_result.callback_errors = [f.to_dict() for f in hooks.failures[failures_before:]]
+
+    def _benchmark(
+        self, hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for bench in self.benchmarks:
+            try:
+                res = bench.run(artifacts.model, None)
+            except Exception as exc:
+                log.exception("benchmark %r failed; the run goes on", bench.name)
+                res = EvalResult(bench.name, {}, error=f"{type(exc).__name__}: {exc}")
+            hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
+            metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
+        return metrics
+
+
+def _clear_run(ctx: LogContext) -> None:
+    ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = None
+    ctx.stage = 0
+
+
+def _final_metrics(out: Any) -> dict[str, float]:
+    if out is None:
+        return {}
+    if isinstance(out, LoopArtifacts):
+        return dict(out.metrics)
+    if isinstance(out, dict):
+        return {str(k): float(v) for k, v in out.items()}
+    raise TypeError(
+        f"train returned {type(out).__name__}; return loop.fit(run), a dict of final metrics, "
+        "or None"
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    return pydantic.TypeAdapter(Any).dump_python(value, mode="json")

@@ -1,0 +1,320 @@
+"""Hooks: the `Callback` base class, the context objects it receives, and the one dispatcher.
+
+The lifecycle, with every hook in the place it fires::
+
+    Experiment.run():
+        on_experiment_start(ctx)
+        for each group (an arm's repeats):
+            on_group_start(ctx, group_name)
+            for each run of the group:
+                on_run_start(ctx)                        # ctx.run_config is set
+                train(run) -> TrainingLoop.fit(run):
+                    [post_checkpoint_loaded(state, path)] # only when resuming
+                    on_train_start(state)
+                    each step:
+                        pre_step(state, step_idx, batch)
+                        forward, backward, optimizer step
+                        on_step_end(state, step_idx, batch, metrics)
+                        in-loop evals:  on_eval(state, step_idx, eval_name, metrics)
+                                        on_benchmark_eval(ctx, eval_result, predictions,
+                                                          step=step_idx)
+                        each save:      on_checkpoint(state, row)
+                    on_train_end(state, artifacts)
+                post-training benchmarks:
+                    on_benchmark_eval(ctx, eval_result, predictions, step=None)
+                [on_error(ctx, exc)]                     # only when the run raised
+                on_run_end(ctx, run_result, arm)
+        on_experiment_end(ctx, result)
+        close()
+
+A bare `TrainingLoop.fit()` (no Experiment) fires the loop's part of this list, then
+`close()`. `HOOKS` below is the same list in order; a test keeps it equal to the methods of
+`Callback`.
+
+`step_idx` is the number of the optimizer step: steps are numbered 1..num_steps, and
+`state.step` counts the steps completed, so after `on_step_end(state, 7, ...)` the state
+holds `step == 7`, and a metric logged there is stored at step 7.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lab.errors import CallbackError
+
+if TYPE_CHECKING:
+    import torch
+
+    from lab.experiment import ArmResult, ExperimentResult, RunResult
+    from lab.loop.checkpoints import ManifestRow
+    from lab.loop.evals import EvalResult
+    from lab.loop.training import LoopArtifacts, TrainingBatch
+
+log = logging.getLogger("lab.hooks")
+
+#: Every hook, in the order of the lifecycle above.
+HOOKS: tuple[str, ...] = (
+    "on_experiment_start",
+    "on_group_start",
+    "on_run_start",
+    "post_checkpoint_loaded",
+    "on_train_start",
+    "pre_step",
+    "on_step_end",
+    "on_eval",
+    "on_benchmark_eval",
+    "on_checkpoint",
+    "on_train_end",
+    "on_error",
+    "on_run_end",
+    "on_experiment_end",
+    "close",
+)
+
+
+@dataclass
+class LogContext:
+    """What every hook of an experiment shares: where it writes, what runs, and sinks' ids.
+
+    A sink stores the ids it creates in `ids` under names that start with its own prefix
+    (the SQL logger uses ``sql:``), so two sinks never overwrite each other.
+    """
+
+    experiment: str
+    output_dir: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    run_key: str | None = None
+    run_config: dict[str, Any] | None = None
+    group_name: str | None = None
+    arm: str | None = None
+    repeat: int | None = None
+    stage: int = 0
+    seed: int | None = None
+    ids: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The current run's own folder, or None between runs."""
+        return None if self.run_key is None else self.output_dir / self.run_key
+
+
+@dataclass(eq=False)
+class LoopState:
+    """The training loop's progress, handed to every loop hook.
+
+    `step` counts completed optimizer steps; `epoch` and `batch_in_epoch` are the data
+    position. A callback ends training cleanly after the current step with `request_stop()`.
+    """
+
+    ctx: LogContext
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    num_steps: int
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    stop_requested: bool = False
+    stop_reason: str | None = None
+
+    def request_stop(self, reason: str = "requested by a callback") -> None:
+        """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`."""
+        self.stop_requested = True
+        self.stop_reason = reason
+
+    def state_dict(self) -> dict[str, Any]:
+        """The progress a checkpoint must keep to resume the same trajectory."""
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the progress saved by `state_dict`."""
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+
+
+class Callback:
+    """Override any hook; the defaults do nothing and cost nothing.
+
+    Hooks are positional and typed, one method per moment of the lifecycle (see the module
+    docstring). Callbacks run in `priority` order, higher first; ties keep the order they
+    were attached in. A callback that raises is logged and counted, and the run goes on,
+    unless strict mode is on. A callback with `state_dict()`/`load_state_dict()` is saved in
+    each checkpoint and restored on resume.
+    """
+
+    priority: ClassVar[int] = 0
+
+    # -- experiment level ----------------------------------------------------------------
+    def on_experiment_start(self, ctx: LogContext) -> None:
+        """Once, before any group: create the experiment record."""
+
+    def on_group_start(self, ctx: LogContext, group_name: str) -> None:
+        """Once per group (an arm's repeats), before its first run."""
+
+    def on_run_start(self, ctx: LogContext) -> None:
+        """Once per run, before training; `ctx.run_config` and `ctx.run_key` are set."""
+
+    def on_benchmark_eval(
+        self,
+        ctx: LogContext,
+        eval_result: EvalResult,
+        predictions: list[dict],
+        *,
+        step: int | None = None,
+    ) -> None:
+        """Per benchmark scored: in the loop (`step` = the train step) or after it (None)."""
+
+    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
+        """When a run raises, before `on_run_end` records it as failed."""
+
+    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
+        """Once per run, after training and benchmarks: record the final status."""
+
+    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
+        """Once, after every run: final summary and flush."""
+
+    def close(self) -> None:
+        """Always, right before the experiment (or a bare loop's fit) returns or raises."""
+
+    # -- loop level ----------------------------------------------------------------------
+    def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:
+        """After a checkpoint was loaded to resume, before `on_train_start`."""
+
+    def on_train_start(self, state: LoopState) -> None:
+        """Once, before the first step of a fit."""
+
+    def pre_step(self, state: LoopState, step_idx: int, batch: TrainingBatch) -> None:
+        """Right before step `step_idx` runs, with its batch already on the device."""
+
+    def on_step_end(
+        self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> None:
+        """After every step, once its metric row was handed to the store."""
+
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
+    ) -> None:
+        """After each in-loop evaluation."""
+
+    def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
+        """After each checkpoint save or removal was recorded in the manifest."""
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        """Once, after the last step and the final checkpoint."""
+
+
+def _overrides(callback: Callback, hook: str) -> bool:
+    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+
+
+def _is_strict_env() -> bool:
+    return os.environ.get("LAB_STRICT", "").lower() in {"1", "true", "yes"}
+
+
+@dataclass(frozen=True)
+class CallbackFailure:
+    """One exception a callback raised inside a hook, kept so the run can show it later."""
+
+    callback: str
+    hook: str
+    error: str
+    traceback: str
+    run_key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form the store keeps on the run."""
+        return {
+            "callback": self.callback,
+            "hook": self.hook,
+            "error": self.error,
+            "traceback": self.traceback,
+        }
+
+
+class Dispatcher:
+    """The one place a hook is called: priority, error isolation, strict mode and tracing.
+
+    Which callbacks override which hook is resolved once, here; `fire` then only walks the
+    bound methods of the callbacks that listen, so a hook nobody overrides costs one dict
+    lookup. Set ``LAB_STRICT=1`` (or pass ``strict=True``) to re-raise callback errors, and
+    ``LAB_DEBUG_HOOKS=1`` to log every dispatch.
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[Callback] = (),
+        *,
+        strict: bool | None = None,
+        failures: list[CallbackFailure] | None = None,
+    ) -> None:
+        attached = list(callbacks)
+        for cb in attached:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"{cb!r} is not a lab.Callback; subclass lab.Callback to attach it")
+        # sorted() is stable, so ties keep their attachment order.
+        self.callbacks: list[Callback] = sorted(attached, key=lambda cb: -cb.priority)
+        self.strict = _is_strict_env() if strict is None else strict
+        self.trace = os.environ.get("LAB_DEBUG_HOOKS", "") not in {"", "0"}
+        self.failures: list[CallbackFailure] = [] if failures is None else failures
+        self.failure_counts: Counter[tuple[str, str]] = Counter()
+        self.run_key: str | None = None
+        self._listeners: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
+            hook: tuple(
+                (type(cb).__name__, getattr(cb, hook))
+                for cb in self.callbacks
+                if _overrides(cb, hook)
+            )
+            for hook in HOOKS
+        }
+
+    def extended(self, extra: Iterable[Callback]) -> Dispatcher:
+        """A dispatcher over these callbacks plus `extra`, sharing the failure record."""
+        extra = list(extra)
+        if not extra:
+            return self
+        child = Dispatcher([*self.callbacks, *extra], strict=self.strict, failures=self.failures)
+        child.failure_counts = self.failure_counts
+        child.run_key = self.run_key
+        return child
+
+    def listens(self, hook: str) -> bool:
+        """Whether any callback overrides `hook`; the loop skips building arguments if not."""
+        return bool(self._listeners[hook])
+
+    def stateful(self) -> list[Callback]:
+        """The callbacks whose state a checkpoint saves."""
+        return [
+            cb
+            for cb in self.callbacks
+            if callable(getattr(cb, "state_dict", None))
+            and callable(getattr(cb, "load_state_dict", None))
+        ]
+
+    def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
+        """Call `hook` on every callback that overrides it, highest priority first."""
+        for name, method in self._listeners[hook]:
+            if self.trace:
+                log.debug("hook %s -> %s", hook, name)
+            try:
+                method(*args, **kwargs)
+            except Exception as exc:
+                if self.strict:
+                    raise CallbackError(f"{name}.{hook} raised {exc!r}") from exc
+                self._record(name, hook, exc)
+
+    def _record(self, name: str, hook: str, exc: Exception) -> None:
+        tb = traceback.format_exc()
+        self.failure_counts[(name, hook)] += 1
+        self.failures.append(
+            CallbackFailure(name, hook, f"{type(exc).__name__}: {exc}", tb, self.run_key)
+        )
+        log.error("callback %s.%s raised; the run goes on:\n%s", name, hook, tb)

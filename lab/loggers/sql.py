@@ -1,0 +1,208 @@
+"""`SqlLogger`: the callback that owns every write to the SQL store.
+
+| hook                | what it writes                                          |
+|---------------------|---------------------------------------------------------|
+| on_experiment_start | the experiment and its arms                             |
+| on_group_start      | the group                                               |
+| on_run_start        | the run: config, seed, arm, repeat, status `running`    |
+| on_step_end         | metrics, through the buffered writer                    |
+| on_eval             | an eval row                                             |
+| on_benchmark_eval   | an eval row and its predictions                         |
+| on_checkpoint       | a checkpoint row (after flushing metrics)               |
+| on_run_end          | final status, error, final metrics, callback failures   |
+| on_experiment_end   | the experiment's status                                 |
+
+Its ids live in ``ctx.ids`` under names starting with ``sql:``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from lab.hooks import Callback, LogContext, LoopState
+from lab.loop.evals import EvalResult
+from lab.store.store import Store
+
+if TYPE_CHECKING:
+    from lab.experiment import ArmResult, ExperimentResult, RunResult
+    from lab.loop.checkpoints import ManifestRow
+    from lab.loop.training import LoopArtifacts, TrainingBatch
+
+EXPERIMENT_ID = "sql:experiment_id"
+RUN_ID = "sql:run_id"
+
+
+def arm_key(name: str) -> str:
+    """The `ctx.ids` name of an arm's id."""
+    return f"sql:arm:{name}"
+
+
+def group_key(name: str) -> str:
+    """The `ctx.ids` name of a group's id."""
+    return f"sql:group:{name}"
+
+
+class SqlLogger(Callback):
+    """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
+
+    Pass a `Store`, a URL, or nothing (``LAB_STORE_URL``, else ``sqlite:///lab.db``). It runs
+    first (priority 100), so every other callback's `on_step_end` sees a step whose metric
+    row is already handed to the store.
+    """
+
+    priority = 100
+
+    def __init__(self, store: Store | str | None = None) -> None:
+        self._store_arg = store
+        self._owns_store = not isinstance(store, Store)
+        self.store: Store | None = store if isinstance(store, Store) else None
+        self._run_id: int | None = None
+        self._runs: dict[str, int] = {}
+        self._errors_written: dict[str, int] = {}
+
+    def _open(self) -> Store:
+        if self.store is None:
+            self.store = Store(self._store_arg)  # type: ignore[arg-type]
+        return self.store
+
+    # -- experiment level ----------------------------------------------------------------
+    def on_experiment_start(self, ctx: LogContext) -> None:
+        store = self._open()
+        config = ctx.config
+        exp_id = store.begin_experiment(
+            ctx.experiment,
+            config=config,
+            seed=int(config.get("seed", 0)),
+            repeats=int(config.get("repeats", 1)),
+        )
+        ctx.ids[EXPERIMENT_ID] = exp_id
+        configs = config.get("arm_configs", {})
+        for name, overrides in config.get("arms", {}).items():
+            ctx.ids[arm_key(name)] = store.add_arm(
+                exp_id, name, overrides=overrides, config=configs.get(name, {})
+            )
+
+    def on_group_start(self, ctx: LogContext, group_name: str) -> None:
+        ctx.ids[group_key(group_name)] = self._open().add_group(
+            ctx.ids[EXPERIMENT_ID],
+            group_name,
+            kind="repeats",
+            arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
+        )
+
+    def on_run_start(self, ctx: LogContext) -> None:
+        assert ctx.run_key is not None and ctx.group_name is not None
+        run_id = self._open().start_run(
+            ctx.ids[EXPERIMENT_ID],
+            ctx.ids[group_key(ctx.group_name)],
+            run_key=ctx.run_key,
+            arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
+            repeat=ctx.repeat or 0,
+            stage=ctx.stage,
+            seed=ctx.seed or 0,
+            config=ctx.run_config or {},
+            output_dir=str(ctx.run_dir) if ctx.run_dir is not None else None,
+        )
+        ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
+
+    def on_benchmark_eval(
+        self,
+        ctx: LogContext,
+        eval_result: EvalResult,
+        predictions: list[dict],
+        *,
+        step: int | None = None,
+    ) -> None:
+        store = self._open()
+        store.flush()
+        eval_result.step = step
+        store.write_eval(self._require_run(ctx), eval_result, predictions)
+
+    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
+        store = self._open()
+        store.flush()
+        store.finish_run(
+            self._require_run(ctx),
+            status=run_result.status,
+            error=run_result.error,
+            traceback=run_result.traceback,
+            summary=run_result.metrics,
+            callback_errors=run_result.callback_errors,
+        )
+        self._errors_written[run_result.run_key] = len(run_result.callback_errors)
+        self._run_id = None
+
+    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
+        store = self._open()
+        for run in result.runs:  # failures raised after this logger's on_run_end
+            run_id = self._runs.get(run.run_key)
+            if run_id is not None and len(run.callback_errors) > self._errors_written.get(
+                run.run_key, 0
+            ):
+                store.set_callback_errors(run_id, run.callback_errors)
+        store.finish_experiment(ctx.ids[EXPERIMENT_ID], status=result.status)
+
+    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
+        if ctx.ids.get("sql:bare") and self.store is not None:  # a bare loop has no on_run_end
+            self.store.flush()
+            self.store.finish_run(
+                ctx.ids[RUN_ID], status="failed", error=f"{type(exc).__name__}: {exc}"
+            )
+            self.store.finish_experiment(ctx.ids[EXPERIMENT_ID], status="failed")
+
+    def close(self) -> None:
+        if self.store is not None and self._owns_store:
+            self.store.close()
+            self.store = None
+
+    # -- loop level ----------------------------------------------------------------------
+    def on_train_start(self, state: LoopState) -> None:
+        if self._run_id is None:  # a bare loop: give it an experiment and run of its own
+            self._start_bare(state.ctx)
+
+    def on_step_end(
+        self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> None:
+        self.store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr]
+
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
+    ) -> None:
+        store = self._open()
+        store.flush()
+        store.write_eval(
+            self._require_run(state.ctx), EvalResult(eval_name, metrics, step=step_idx)
+        )
+
+    def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
+        store = self._open()
+        store.flush()  # every metric up to a saved checkpoint is durable
+        store.write_checkpoint(self._require_run(state.ctx), row)
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        self._open().flush()
+        if state.ctx.ids.get("sql:bare"):
+            status = "stopped" if artifacts.stopped else "completed"
+            self.store.finish_run(self._run_id, status=status, summary=artifacts.metrics)  # type: ignore[union-attr, arg-type]
+            self.store.finish_experiment(state.ctx.ids[EXPERIMENT_ID], status="completed")  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------------------------
+    def _require_run(self, ctx: LogContext) -> int:
+        run_id = ctx.ids.get(RUN_ID, self._run_id)
+        if run_id is None:
+            raise RuntimeError("SqlLogger got a run-level hook before on_run_start")
+        return run_id
+
+    def _start_bare(self, ctx: LogContext) -> None:
+        store = self._open()
+        name = ctx.experiment or f"loop-{time.strftime('%Y%m%d-%H%M%S')}"
+        exp_id = store.begin_experiment(name, config={}, seed=0, repeats=1)
+        group_id = store.add_group(exp_id, "loop")
+        run_key = ctx.run_key or "loop"
+        run_id = store.start_run(
+            exp_id, group_id, run_key=run_key, arm_id=None, repeat=0, stage=0, seed=0,
+            config={}, output_dir=str(ctx.run_dir) if ctx.run_dir is not None else None,
+        )  # fmt: skip
+        ctx.ids.update({EXPERIMENT_ID: exp_id, RUN_ID: run_id, "sql:bare": True})
+        self._run_id = run_id

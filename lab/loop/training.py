@@ -1,0 +1,331 @@
+"""The torch training loop. `TrainingLoop.fit` reads top to bottom: set up, loop, save, end."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lab._seeding import rng_state
+from lab.errors import ConfigError, LossError
+from lab.hooks import Callback, Dispatcher, LogContext, LoopState
+from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
+from lab.loop.evals import EvalResult, Evaluator
+
+if TYPE_CHECKING:
+    from lab.experiment import RunSpec
+
+log = logging.getLogger("lab.loop")
+
+LossFn = Callable[[torch.nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, Any]]"]
+
+
+class TrainingBatch:
+    """The batch of the current step, as hooks see it: the data and where it came from.
+
+    The loop reuses one instance for every step, so a hook that wants to keep a batch
+    must copy `data`.
+    """
+
+    __slots__ = ("data", "epoch", "index")
+
+    def __init__(self) -> None:
+        self.data: Any = None
+        self.epoch = 0
+        self.index = 0
+
+    @property
+    def size(self) -> int | None:
+        """Samples in the batch: the first dimension of its first tensor, if it has one."""
+        tensor = _first_tensor(self.data)
+        return None if tensor is None or tensor.dim() == 0 else int(tensor.shape[0])
+
+
+@dataclass
+class LoopArtifacts:
+    """What a fit leaves behind: the model, its final metrics and where it stopped."""
+
+    model: torch.nn.Module
+    metrics: dict[str, float]
+    step: int
+    stopped: bool = False
+    stop_reason: str | None = None
+    checkpoint_dir: Path | None = None
+    checkpoints: list[ManifestRow] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+
+
+class TrainingLoop:
+    """Trains `model` for `num_steps` optimizer steps and fires every loop hook in place.
+
+    `loss_fn(model, batch)` returns a scalar loss tensor, or `(loss, metrics)` to log more.
+    `data` is any iterable of batches and is iterated again at each epoch's end.
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    >>> loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+    ...                     lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), 3)
+    >>> loop.fit().step
+    3
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: Iterable[Any],
+        loss_fn: LossFn,
+        num_steps: int,
+        *,
+        scheduler: Any | None = None,
+        grad_clip: float | None = None,
+        device: str | torch.device | None = None,
+        evaluators: Sequence[Evaluator] = (),
+        checkpoint: CheckpointConfig | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ConfigError(f"grad_clip={grad_clip!r}: use a positive max norm, or None")
+        names = [ev.name for ev in evaluators]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"evaluator names must be unique, got {names}")
+        self.model = model
+        self.optimizer = optimizer
+        self.data = data
+        self.loss_fn = loss_fn
+        self.num_steps = num_steps
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+        self.device = torch.device(device) if device is not None else None
+        self.evaluators = list(evaluators)
+        self.checkpoint = checkpoint
+        self.callbacks = list(callbacks)
+
+    # ------------------------------------------------------------------------------------
+    def fit(
+        self, run: RunSpec | None = None, *, run_dir: str | Path | None = None
+    ) -> LoopArtifacts:
+        """Train, firing the loop's hooks; under an Experiment pass the `run` it handed you.
+
+        Without a run (a bare loop) the loop's own callbacks are dispatched, `close()` is
+        called at the end, and checkpoints go under `run_dir`.
+        """
+        bare = run is None
+        if bare:
+            folder = Path(run_dir) if run_dir is not None else None
+            ctx = LogContext(
+                experiment="",
+                output_dir=folder.parent if folder is not None else Path.cwd(),
+                run_key=folder.name if folder is not None else None,
+            )
+            dispatcher = Dispatcher(self.callbacks)
+        else:
+            ctx = run.ctx
+            dispatcher = run.dispatcher.extended(self.callbacks)
+            folder = run.dir
+        try:
+            return self._fit(ctx, dispatcher, folder)
+        except BaseException as exc:
+            if bare:
+                dispatcher.fire("on_error", ctx, exc)
+            raise
+        finally:
+            if bare:
+                dispatcher.fire("close")
+
+    def _fit(self, ctx: LogContext, hooks: Dispatcher, folder: Path | None) -> LoopArtifacts:
+        # -- set up ------------------------------------------------------------------------
+        model, optimizer = self.model, self.optimizer
+        if self.device is not None:
+            model.to(self.device)
+        state = LoopState(ctx=ctx, model=model, optimizer=optimizer, num_steps=self.num_steps)
+        checkpoints = self._checkpoint_manager(folder, ctx)
+        saved: list[ManifestRow] = []
+        evals: list[EvalResult] = []
+        params = [p for p in model.parameters() if p.requires_grad]
+        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        batch = TrainingBatch()
+        batches = self._batches(state)
+        fire = hooks.fire
+        wants_pre_step = hooks.listens("pre_step")
+        wants_step_end = hooks.listens("on_step_end")
+        eval_metrics: dict[str, float] = {}
+        model.train()
+
+        fire("on_train_start", state)
+        for step_idx in range(state.step + 1, self.num_steps + 1):
+            # -- one step ----------------------------------------------------------------
+            batch.data = next(batches)
+            batch.epoch, batch.index = state.epoch, state.batch_in_epoch - 1
+            if self.device is not None:
+                batch.data = _to_device(batch.data, self.device)
+            if wants_pre_step:
+                fire("pre_step", state, step_idx, batch)
+            started = time.perf_counter()
+            loss, extra = _unpack_loss(self.loss_fn(model, batch.data))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+            optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            metrics = {
+                "loss": loss.item(),
+                "lr": float(optimizer.param_groups[0]["lr"]),
+                "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                "step_time": time.perf_counter() - started,
+            }
+            if extra:
+                metrics.update(_metric_floats(extra))
+            state.step, state.metrics = step_idx, metrics
+            if wants_step_end:
+                fire("on_step_end", state, step_idx, batch, metrics)
+
+            # -- in-loop evals -----------------------------------------------------------
+            for evaluator in self.evaluators:
+                if evaluator.due(step_idx, num_steps=self.num_steps):
+                    result = self._evaluate(evaluator, state, hooks, step_idx)
+                    evals.append(result)
+                    eval_metrics.update(
+                        {f"{result.name}/{k}": v for k, v in result.metrics.items()}
+                    )
+
+            # -- checkpoint --------------------------------------------------------------
+            last = step_idx == self.num_steps or state.stop_requested
+            if checkpoints is not None and (
+                self.checkpoint.due(step_idx, num_steps=self.num_steps)
+                or (last and self.checkpoint.save_at_end)
+            ):
+                for row in self._save(checkpoints, state, hooks):
+                    saved.append(row)
+                    fire("on_checkpoint", state, row)
+            if state.stop_requested:
+                log.info("stopping after step %d: %s", step_idx, state.stop_reason)
+                break
+
+        # -- end ---------------------------------------------------------------------------
+        artifacts = LoopArtifacts(
+            model=model,
+            metrics={**state.metrics, **eval_metrics},
+            step=state.step,
+            stopped=state.stop_requested,
+            stop_reason=state.stop_reason,
+            checkpoint_dir=checkpoints.root if checkpoints is not None else None,
+            checkpoints=saved,
+            evals=evals,
+        )
+        fire("on_train_end", state, artifacts)
+        return artifacts
+
+    # ------------------------------------------------------------------------------------
+    def _batches(self, state: LoopState) -> Iterator[Any]:
+        """Yield batches forever, advancing the epoch each time `data` runs out."""
+        while True:
+            empty = True
+            for item in self.data:
+                empty = False
+                state.batch_in_epoch += 1
+                yield item
+            if empty:
+                raise ConfigError("data yielded no batches; give TrainingLoop a non-empty iterable")
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    def _evaluate(
+        self, evaluator: Evaluator, state: LoopState, hooks: Dispatcher, step_idx: int
+    ) -> EvalResult:
+        try:
+            result = evaluator.run(state.model, step_idx)
+        except Exception as exc:
+            log.exception(
+                "evaluator %r failed at step %d; training goes on", evaluator.name, step_idx
+            )
+            result = EvalResult(
+                evaluator.name, {}, step=step_idx, error=f"{type(exc).__name__}: {exc}"
+            )
+            hooks.fire("on_benchmark_eval", state.ctx, result, [], step=step_idx)
+            return result
+        hooks.fire("on_eval", state, step_idx, result.name, result.metrics)
+        if result.predictions or result.breakdowns or result.tags:
+            hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step_idx)
+        return result
+
+    def _checkpoint_manager(self, folder: Path | None, ctx: LogContext) -> CheckpointManager | None:
+        if self.checkpoint is None:
+            return None
+        if folder is None:
+            raise ConfigError(
+                "checkpoints need a folder: call fit(run) under an Experiment, or fit(run_dir=...)"
+            )
+        return CheckpointManager(Path(folder) / "checkpoints", self.checkpoint, ctx.run_key or "")
+
+    def _save(
+        self, manager: CheckpointManager, state: LoopState, hooks: Dispatcher
+    ) -> list[ManifestRow]:
+        payload = {
+            "model": state.model.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "loop": state.state_dict(),
+            "rng": rng_state(),
+            "callbacks": {
+                f"{i}:{type(cb).__name__}": cb.state_dict() for i, cb in enumerate(hooks.stateful())
+            },
+        }
+        return manager.save(state.step, payload, {"metrics": dict(state.metrics)})
+
+
+def _unpack_loss(out: Any) -> tuple[torch.Tensor, dict[str, Any] | None]:
+    extra = None
+    if isinstance(out, tuple):
+        if len(out) != 2 or not isinstance(out[1], dict):
+            raise LossError(
+                "loss_fn returned a tuple; return a scalar loss or (loss, dict_of_metrics)"
+            )
+        out, extra = out
+    if not isinstance(out, torch.Tensor):
+        raise LossError(f"loss_fn returned {type(out).__name__}; return a scalar torch.Tensor loss")
+    if out.numel() != 1:
+        raise LossError(
+            f"loss_fn returned a tensor of shape {tuple(out.shape)}; "
+            "reduce it to a scalar first, e.g. loss.mean()"
+        )
+    return out, extra
+
+
+def _metric_floats(extra: dict[str, Any]) -> dict[str, float]:
+    return {
+        str(k): (v.item() if isinstance(v, torch.Tensor) else float(v)) for k, v in extra.items()
+    }
+
+
+def _to_device(data: Any, device: torch.device) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {k: _to_device(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        moved = [_to_device(v, device) for v in data]
+        return type(data)(moved) if not hasattr(data, "_fields") else type(data)(*moved)
+    return data
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    if isinstance(data, torch.Tensor):
+        return data
+    values = data.values() if isinstance(data, dict) else data
+    if isinstance(values, (list, tuple)) or isinstance(data, dict):
+        for v in values:
+            found = _first_tensor(v)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,130 @@
+"""Store URLs, engines and the one helper that opens a transaction."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from lab.errors import StoreUnreachable, UnknownScheme
+
+DEFAULT_URL = "sqlite:///lab.db"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The store URL to use: the argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``.
+
+    ``postgresql://`` is read as psycopg 3, the driver `lab` ships with.
+    """
+    chosen = url or os.environ.get("LAB_STORE_URL") or DEFAULT_URL
+    try:
+        parsed = make_url(chosen)
+    except ArgumentError:
+        raise UnknownScheme(
+            f"store URL {chosen!r} is not a URL; use sqlite:///path/to/lab.db "
+            "or postgresql://user:password@host/dbname"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        elif parsed.drivername != "postgresql+psycopg":
+            raise UnknownScheme(
+                f"store URL driver {parsed.drivername!r} is not supported; "
+                "use postgresql:// (psycopg 3)"
+            )
+    elif backend != "sqlite":
+        raise UnknownScheme(
+            f"store URL scheme {parsed.drivername!r} is not supported; "
+            "use sqlite:///path/to/lab.db or postgresql://user:password@host/dbname"
+        )
+    return parsed.render_as_string(hide_password=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def dumps_json(value: Any) -> str:
+    """JSON for the store: non-finite floats become strings, since JSON has no NaN."""
+    return json.dumps(_finite(value), ensure_ascii=False, default=str)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`, with SQLite's WAL, busy timeout and foreign keys switched on."""
+    parsed = make_url(url)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            database = parsed.database
+            if database and database != ":memory:":
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(
+                url,
+                json_serializer=dumps_json,
+                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            )
+            sa.event.listen(engine, "connect", _sqlite_pragmas)
+            # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
+            sa.event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        else:
+            engine = sa.create_engine(
+                url,
+                json_serializer=dumps_json,
+                pool_pre_ping=True,
+                connect_args={"connect_timeout": 10},
+            )
+    except NoSuchModuleError:
+        raise UnknownScheme(f"no SQLAlchemy driver for {parsed.drivername!r}") from None
+    except ModuleNotFoundError as exc:
+        raise UnknownScheme(
+            f"the driver for {parsed.drivername!r} is not installed ({exc.name}); "
+            "run: pip install 'lab[postgres]'"
+        ) from None
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # Autocommit at the driver level; transactions are opened by the "begin" listener.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def check_reachable(engine: Engine) -> None:
+    """Connect once, turning a dead server into a message that says what to check."""
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as exc:
+        url = engine.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StoreUnreachable(
+            f"cannot reach the store at {url} ({reason}); start the server or fix "
+            "LAB_STORE_URL / the store URL"
+        ) from None
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction: committed when the block ends, rolled back if it raises."""
+    with engine.begin() as conn:
+        yield conn

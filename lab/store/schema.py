@@ -1,0 +1,196 @@
+"""The store's tables, as SQLAlchemy 2 models. Alembic's revisions must produce exactly this.
+
+Rows are not entities: these `Sql*` classes stay inside `lab.store`; users get plain dicts,
+DataFrames or DuckDB relations back.
+
+NaN in a float column: SQLite turns a NaN into NULL when it stores it, so on SQLite a NULL
+`metrics.value` *is* NaN (a metric value is never missing). Every reader in `lab` maps it
+back. PostgreSQL keeps NaN as it is. JSON columns write non-finite floats as the strings
+"NaN", "Infinity" and "-Infinity", since JSON has no such numbers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
+EXPERIMENT_STATUSES = ("running", "completed", "failed")
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: sa.JSON, list[Any]: sa.JSON}
+
+
+def _now() -> datetime:
+    return datetime.now().astimezone()
+
+
+Timestamp = sa.DateTime(timezone=True)
+
+
+class SqlExperiment(Base):
+    __tablename__ = "experiments"
+
+    experiment_id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(512), unique=True)
+    status: Mapped[str] = mapped_column(sa.String(16))
+    config: Mapped[dict[str, Any]]
+    seed: Mapped[int]
+    repeats: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
+    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        sa.CheckConstraint("status IN ('running', 'completed', 'failed')", name="status"),
+    )
+
+
+class SqlArm(Base):
+    __tablename__ = "arms"
+
+    arm_id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
+    )
+    name: Mapped[str] = mapped_column(sa.String(512))
+    overrides: Mapped[dict[str, Any]]
+    config: Mapped[dict[str, Any]]
+
+    __table_args__ = (sa.UniqueConstraint("experiment_id", "name"),)
+
+
+class SqlGroup(Base):
+    __tablename__ = "groups"
+
+    group_id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
+    )
+    arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(sa.String(512))
+    kind: Mapped[str] = mapped_column(sa.String(16))
+
+    __table_args__ = (
+        sa.UniqueConstraint("experiment_id", "name"),
+        sa.CheckConstraint("kind IN ('repeats', 'chain')", name="kind"),
+    )
+
+
+class SqlRun(Base):
+    __tablename__ = "runs"
+
+    run_id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
+    )
+    group_id: Mapped[int] = mapped_column(sa.ForeignKey("groups.group_id", ondelete="CASCADE"))
+    arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    run_key: Mapped[str] = mapped_column(sa.String(255))
+    repeat: Mapped[int]
+    stage: Mapped[int]
+    seed: Mapped[int]
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(sa.String(16))
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    traceback: Mapped[str | None] = mapped_column(sa.Text)
+    summary: Mapped[dict[str, Any] | None]
+    callback_errors: Mapped[list[Any] | None]
+    output_dir: Mapped[str | None] = mapped_column(sa.Text)
+    started_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
+    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        sa.UniqueConstraint("experiment_id", "run_key"),
+        sa.Index(None, "experiment_id", "status"),
+        sa.Index(None, "group_id"),
+        sa.CheckConstraint(
+            "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')", name="status"
+        ),
+    )
+
+
+class SqlMetric(Base):
+    __tablename__ = "metrics"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    value: Mapped[float | None] = mapped_column(sa.Double)  # NULL is NaN on SQLite
+    wall_time: Mapped[float] = mapped_column(sa.Double)
+
+
+class SqlEval(Base):
+    __tablename__ = "evals"
+
+    eval_id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(sa.String(255))
+    step: Mapped[int | None] = mapped_column(sa.BigInteger)  # NULL: after training
+    metrics: Mapped[dict[str, Any]]
+    breakdowns: Mapped[dict[str, Any]]
+    tags: Mapped[dict[str, Any]]
+    seconds: Mapped[float] = mapped_column(sa.Double)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
+
+    __table_args__ = (sa.Index(None, "run_id", "name", "step"),)
+
+
+class SqlPrediction(Base):
+    __tablename__ = "predictions"
+
+    eval_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("evals.eval_id", ondelete="CASCADE"), primary_key=True
+    )
+    idx: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[str | None] = mapped_column(sa.Text)
+    input: Mapped[str | None] = mapped_column(sa.Text)
+    output: Mapped[str | None] = mapped_column(sa.Text)
+    target: Mapped[str | None] = mapped_column(sa.Text)
+    score: Mapped[float | None] = mapped_column(sa.Double)
+    extras: Mapped[dict[str, Any] | None]
+
+
+class SqlCheckpoint(Base):
+    __tablename__ = "checkpoints"
+
+    checkpoint_id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(sa.BigInteger)
+    path: Mapped[str] = mapped_column(sa.Text)
+    event: Mapped[str] = mapped_column(sa.String(16))
+    metrics: Mapped[dict[str, Any]]
+    reason: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        sa.Index(None, "run_id", "step"),
+        sa.CheckConstraint("event IN ('save', 'remove')", name="event"),
+    )
+
+
+TABLES = (
+    "experiments",
+    "arms",
+    "groups",
+    "runs",
+    "metrics",
+    "evals",
+    "predictions",
+    "checkpoints",
+)

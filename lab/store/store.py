@@ -1,0 +1,422 @@
+"""`Store`: every write and read of the SQL store goes through here.
+
+Writes of metrics are buffered (see `lab.store.writer`); every other write is one short
+transaction. Reads return plain dicts: the ORM rows never leave this package.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from lab.errors import NoExperiment
+from lab.store.engine import (
+    check_reachable,
+    dumps_json,
+    make_engine,
+    resolve_url,
+    transaction,
+)
+from lab.store.migrations import ensure_schema
+from lab.store.schema import (
+    SqlArm,
+    SqlCheckpoint,
+    SqlEval,
+    SqlExperiment,
+    SqlGroup,
+    SqlMetric,
+    SqlPrediction,
+    SqlRun,
+)
+from lab.store.writer import MetricItem, MetricWriter
+
+if TYPE_CHECKING:
+    from lab.loop.checkpoints import ManifestRow
+    from lab.loop.evals import EvalResult
+
+_PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
+
+
+def _now() -> datetime:
+    return datetime.now().astimezone()
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return dumps_json(value)
+
+
+def _score(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+class Store:
+    """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
+
+    >>> store = Store("sqlite:///:memory:")
+    >>> store.list_experiments()
+    []
+    """
+
+    def __init__(self, url: str | None = None, *, migrate: bool = True) -> None:
+        self.url = resolve_url(url)
+        self.engine: Engine = make_engine(self.url)
+        check_reachable(self.engine)
+        if migrate:
+            ensure_schema(self.engine)
+        self.dialect = self.engine.dialect.name
+        self._writer: MetricWriter | None = None
+        self._writer_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _insert(self, table: Any) -> Any:
+        module = postgresql if self.dialect == "postgresql" else sqlite
+        return module.insert(table)
+
+    def _upsert(self, conn: Connection, model: type, values: dict, keys: list[str], pk: str) -> int:
+        """Insert `values`, or update the row with the same `keys`; returns its primary key."""
+        stmt = self._insert(model)
+        updates = {k: stmt.excluded[k] for k in values if k not in keys}
+        stmt = stmt.values(**values).on_conflict_do_update(index_elements=keys, set_=updates)
+        return conn.execute(stmt.returning(getattr(model, pk))).scalar_one()
+
+    @property
+    def writer(self) -> MetricWriter:
+        """The background metric writer, started on first use."""
+        if self._writer is None:
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer = MetricWriter(self._write_metrics)
+        return self._writer
+
+    def flush(self) -> None:
+        """Make every metric logged so far durable."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and stop the writer, and release the connections."""
+        try:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        finally:
+            self.engine.dispose()
+
+    # -- writes ------------------------------------------------------------------------------
+    def begin_experiment(
+        self, name: str, *, config: dict[str, Any], seed: int, repeats: int
+    ) -> int:
+        """Create the experiment, or reopen the one of that name; returns its id."""
+        values = {
+            "name": name,
+            "status": "running",
+            "config": config,
+            "seed": seed,
+            "repeats": repeats,
+            "ended_at": None,
+        }
+        with transaction(self.engine) as conn:
+            return self._upsert(conn, SqlExperiment, values, ["name"], "experiment_id")
+
+    def add_arm(
+        self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
+    ) -> int:
+        """Record an arm of an experiment; returns its id."""
+        values = {
+            "experiment_id": experiment_id,
+            "name": name,
+            "overrides": overrides,
+            "config": config,
+        }
+        with transaction(self.engine) as conn:
+            return self._upsert(conn, SqlArm, values, ["experiment_id", "name"], "arm_id")
+
+    def add_group(
+        self, experiment_id: int, name: str, *, kind: str = "repeats", arm_id: int | None = None
+    ) -> int:
+        """Record a group of runs; returns its id."""
+        values = {"experiment_id": experiment_id, "name": name, "kind": kind, "arm_id": arm_id}
+        with transaction(self.engine) as conn:
+            return self._upsert(conn, SqlGroup, values, ["experiment_id", "name"], "group_id")
+
+    def start_run(
+        self,
+        experiment_id: int,
+        group_id: int,
+        *,
+        run_key: str,
+        arm_id: int | None,
+        repeat: int,
+        stage: int,
+        seed: int,
+        config: dict[str, Any],
+        output_dir: str | None,
+    ) -> int:
+        """Record a run as `running` (again, if it ran before); returns its id."""
+        values = {
+            "experiment_id": experiment_id,
+            "group_id": group_id,
+            "arm_id": arm_id,
+            "run_key": run_key,
+            "repeat": repeat,
+            "stage": stage,
+            "seed": seed,
+            "config": config,
+            "status": "running",
+            "error": None,
+            "traceback": None,
+            "output_dir": output_dir,
+            "started_at": _now(),
+            "ended_at": None,
+        }
+        with transaction(self.engine) as conn:
+            return self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+
+    def log_metrics(self, run_id: int, step: int, metrics: dict[str, float]) -> None:
+        """Queue one step's metrics; O(1), waits only while the buffer is full."""
+        self.writer.put(run_id, step, metrics, time.time())
+
+    def _write_metrics(self, items: list[MetricItem]) -> None:
+        rows: dict[tuple[int, str, int], dict[str, Any]] = {}
+        for run_id, step, metrics, wall_time in items:
+            for key, value in metrics.items():
+                # SQLite stores NaN as NULL; on PostgreSQL it stays NaN.
+                rows[(run_id, key, step)] = {
+                    "run_id": run_id,
+                    "key": key,
+                    "step": step,
+                    "value": value,
+                    "wall_time": wall_time,
+                }
+        stmt = self._insert(SqlMetric)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "key", "step"],
+            set_={"value": stmt.excluded.value, "wall_time": stmt.excluded.wall_time},
+        )
+        with transaction(self.engine) as conn:
+            conn.execute(stmt, list(rows.values()))
+
+    def write_eval(
+        self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Record an eval and its predictions, replacing an earlier one at the same step."""
+        same = sa.and_(
+            SqlEval.run_id == run_id,
+            SqlEval.name == result.name,
+            SqlEval.step.is_(None) if result.step is None else SqlEval.step == result.step,
+        )
+        with transaction(self.engine) as conn:
+            conn.execute(sa.delete(SqlEval).where(same))
+            eval_id = conn.execute(
+                sa.insert(SqlEval)
+                .values(
+                    run_id=run_id,
+                    name=result.name,
+                    step=result.step,
+                    metrics=result.metrics,
+                    breakdowns=result.breakdowns,
+                    tags=result.tags,
+                    seconds=result.seconds,
+                    error=result.error,
+                    created_at=_now(),
+                )
+                .returning(SqlEval.eval_id)
+            ).scalar_one()
+            if predictions:
+                conn.execute(
+                    sa.insert(SqlPrediction),
+                    [self._prediction_row(eval_id, i, p) for i, p in enumerate(predictions)],
+                )
+        return eval_id
+
+    @staticmethod
+    def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> dict[str, Any]:
+        extras = {k: v for k, v in pred.items() if k not in _PREDICTION_FIELDS}
+        example_id = pred.get("example_id")
+        return {
+            "eval_id": eval_id,
+            "idx": idx,
+            "example_id": None if example_id is None else str(example_id),
+            "input": _text(pred.get("input")),
+            "output": _text(pred.get("output")),
+            "target": _text(pred.get("target")),
+            "score": _score(pred.get("score")),
+            "extras": extras or None,
+        }
+
+    def write_checkpoint(self, run_id: int, row: ManifestRow) -> None:
+        """Record one manifest row (a save or a removal)."""
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.insert(SqlCheckpoint).values(
+                    run_id=run_id,
+                    step=row.step,
+                    path=row.path,
+                    event=row.event,
+                    metrics=row.metrics,
+                    reason=row.reason,
+                    created_at=datetime.fromtimestamp(row.time).astimezone(),
+                )
+            )
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: str,
+        error: str | None = None,
+        traceback: str | None = None,
+        summary: dict[str, Any] | None = None,
+        callback_errors: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Record a run's final status, error and final metrics."""
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.update(SqlRun)
+                .where(SqlRun.run_id == run_id)
+                .values(
+                    status=status,
+                    error=error,
+                    traceback=traceback,
+                    summary=summary,
+                    callback_errors=callback_errors or None,
+                    ended_at=_now(),
+                )
+            )
+
+    def set_callback_errors(self, run_id: int, callback_errors: list[dict[str, Any]]) -> None:
+        """Replace the callback failures recorded on a run."""
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.update(SqlRun)
+                .where(SqlRun.run_id == run_id)
+                .values(callback_errors=callback_errors or None)
+            )
+
+    def finish_experiment(self, experiment_id: int, *, status: str) -> None:
+        """Record an experiment's final status."""
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.update(SqlExperiment)
+                .where(SqlExperiment.experiment_id == experiment_id)
+                .values(status=status, ended_at=_now())
+            )
+
+    # -- reads -------------------------------------------------------------------------------
+    def list_experiments(self) -> list[dict[str, Any]]:
+        """Every experiment with its status and its run counts by status, newest first."""
+        counts = (
+            sa.select(SqlRun.experiment_id, SqlRun.status, sa.func.count().label("n"))
+            .group_by(SqlRun.experiment_id, SqlRun.status)
+            .subquery()
+        )
+        with self.engine.connect() as conn:
+            experiments = (
+                conn.execute(sa.select(SqlExperiment).order_by(SqlExperiment.experiment_id.desc()))
+                .mappings()
+                .all()
+            )
+            by_status: dict[int, dict[str, int]] = {}
+            for exp_id, status, n in conn.execute(sa.select(counts)):
+                by_status.setdefault(exp_id, {})[status] = n
+            arm_counts = dict(
+                conn.execute(
+                    sa.select(SqlArm.experiment_id, sa.func.count()).group_by(SqlArm.experiment_id)
+                ).all()
+            )
+        return [
+            {
+                "name": e["name"],
+                "status": e["status"],
+                "arms": arm_counts.get(e["experiment_id"], 0),
+                "repeats": e["repeats"],
+                "runs": sum(by_status.get(e["experiment_id"], {}).values()),
+                "runs_by_status": by_status.get(e["experiment_id"], {}),
+                "created_at": e["created_at"],
+            }
+            for e in experiments
+        ]
+
+    def get_experiment(self, name: str) -> dict[str, Any]:
+        """An experiment with its arms and runs (status, error, final metrics)."""
+        with self.engine.connect() as conn:
+            exp = (
+                conn.execute(sa.select(SqlExperiment).where(SqlExperiment.name == name))
+                .mappings()
+                .first()
+            )
+            if exp is None:
+                known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
+                hint = f"; known: {', '.join(sorted(known))}" if known else ""
+                raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+            arms = (
+                conn.execute(
+                    sa.select(SqlArm.name, SqlArm.overrides)
+                    .where(SqlArm.experiment_id == exp["experiment_id"])
+                    .order_by(SqlArm.arm_id)
+                )
+                .mappings()
+                .all()
+            )
+            runs = (
+                conn.execute(
+                    sa.select(
+                        SqlRun.run_id,
+                        SqlRun.run_key,
+                        SqlArm.name.label("arm"),
+                        SqlRun.repeat,
+                        SqlRun.stage,
+                        SqlRun.seed,
+                        SqlRun.status,
+                        SqlRun.error,
+                        SqlRun.summary,
+                        SqlRun.callback_errors,
+                    )
+                    .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
+                    .where(SqlRun.experiment_id == exp["experiment_id"])
+                    .order_by(SqlRun.run_id)
+                )
+                .mappings()
+                .all()
+            )
+        return {
+            "name": exp["name"],
+            "status": exp["status"],
+            "seed": exp["seed"],
+            "repeats": exp["repeats"],
+            "config": exp["config"],
+            "created_at": exp["created_at"],
+            "ended_at": exp["ended_at"],
+            "arms": [dict(a) for a in arms],
+            "runs": [{**r, "summary": _floats_back(r["summary"] or {})} for r in runs],
+        }
+
+    def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
+        """One run's (step, value) pairs for `key`, in step order, NaN restored."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(SqlMetric.step, SqlMetric.value)
+                .where(SqlMetric.run_id == run_id, SqlMetric.key == key)
+                .order_by(SqlMetric.step)
+            ).all()
+        return [(step, math.nan if value is None else value) for step, value in rows]
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _floats_back(summary: dict[str, Any]) -> dict[str, Any]:
+    """Undo the JSON encoding of non-finite floats in a run summary."""
+    return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in summary.items()}

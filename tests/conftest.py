@@ -1,0 +1,76 @@
+"""Shared fixtures: strict hooks, fresh stores on SQLite and on the real PostgreSQL server.
+
+PostgreSQL tests read ``LAB_TEST_POSTGRES_URL`` (`.ci/run` exports it). Without it they
+skip, except under ``CI=true``, where a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from lab.store import Store
+
+os.environ["LAB_STRICT"] = "1"  # callback errors re-raise in tests unless a test opts out
+
+
+def _pg_admin_url() -> str | None:
+    url = os.environ.get("LAB_TEST_POSTGRES_URL")
+    if url:
+        return url
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("CI=true but LAB_TEST_POSTGRES_URL is not set; .ci/run must export it")
+    return None
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL to a brand-new, empty PostgreSQL database, dropped after the test."""
+    admin = _pg_admin_url()
+    if admin is None:
+        pytest.skip("LAB_TEST_POSTGRES_URL is not set")
+    name = f"lab_test_{uuid.uuid4().hex[:12]}"
+    base = sa.engine.make_url(admin).set(drivername="postgresql+psycopg")
+    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A URL to a SQLite file in the test's own folder."""
+    return f"sqlite:///{tmp_path / 'lab.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store test runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'lab.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """An open, migrated store on each backend, closed after the test."""
+    s = Store(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs in its own folder, with no store URL leaking in from outside."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LAB_STORE_URL", raising=False)
