@@ -21,6 +21,7 @@ import pydantic
 
 from lab._seeding import seed_everything
 from lab._stats import Spread, spread
+from lab._table import fmt, render
 from lab.errors import CallbackError, ConfigError
 from lab.hooks import Callback, Dispatcher, LogContext
 from lab.loop.evals import EvalResult, Evaluator
@@ -199,34 +200,22 @@ class Summary:
     def __str__(self) -> str:
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.runs_by_status.items()))
         lines = [f"{self.experiment}: {self.runs} runs ({statuses})"]
-        header = ("arm", "metric", "n", "mean", "std", "95% CI")
-        table = [header] + [
-            (
-                r.arm,
-                r.metric,
-                str(r.n),
-                _fmt(r.mean),
-                _fmt(r.std),
-                f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]",
+        lines.append(
+            render(
+                ("arm", "metric", "n", "mean", "std", "95% CI"),
+                [
+                    (r.arm, r.metric, r.n, r.mean, r.std, f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]")
+                    for r in self.rows
+                ],
             )
-            for r in self.rows
-        ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        )
         if self.best_arm is not None:
             best = self.row(self.best_arm, self.metric)
-            line = f"best arm by {self.metric} ({self.mode}): {self.best_arm} ({_fmt(best.mean)})"
+            line = f"best arm by {self.metric} ({self.mode}): {self.best_arm} ({fmt(best.mean)})"
             if self.runner_up is not None:
-                line += f", ahead of {self.runner_up} by {_fmt(self.margin)}"
+                line += f", ahead of {self.runner_up} by {fmt(self.margin)}"
             lines.append(line)
         return "\n".join(lines)
-
-
-def _fmt(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.4g}"
 
 
 @dataclass

@@ -6,7 +6,7 @@
 | on_group_start      | the group                                               |
 | on_run_start        | the run: config, seed, arm, repeat, status `running`    |
 | on_step_end         | metrics, through the buffered writer                    |
-| on_eval             | an eval row                                             |
+| on_eval             | an eval row, and its metrics as `<eval>/<key>` metrics  |
 | on_benchmark_eval   | an eval row and its predictions                         |
 | on_checkpoint       | a checkpoint row (after flushing metrics)               |
 | on_run_end          | final status, error, final metrics, callback failures   |
@@ -170,10 +170,11 @@ class SqlLogger(Callback):
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:
         store = self._open()
+        run_id = self._require_run(state.ctx)
+        # Eval metrics join the step metrics as "<eval>/<key>", so curves can plot them.
+        store.log_metrics(run_id, step_idx, {f"{eval_name}/{k}": v for k, v in metrics.items()})
         store.flush()
-        store.write_eval(
-            self._require_run(state.ctx), EvalResult(eval_name, metrics, step=step_idx)
-        )
+        store.write_eval(run_id, EvalResult(eval_name, metrics, step=step_idx))
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
         store = self._open()

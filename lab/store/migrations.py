@@ -42,6 +42,14 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def is_known(revision: str) -> bool:
+    """Whether `revision` is one of this `lab`'s own (False for a newer lab's)."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except Exception:
+        return False
+
+
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, or None when it has never been migrated."""
     with engine.connect() as conn:

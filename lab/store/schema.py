@@ -11,7 +11,7 @@ back. PostgreSQL keeps NaN as it is. JSON columns write non-finite floats as the
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,10 +35,10 @@ class Base(DeclarativeBase):
 
 
 def _now() -> datetime:
-    return datetime.now().astimezone()
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
-Timestamp = sa.DateTime(timezone=True)
+Timestamp = sa.DateTime()  # naive UTC on every backend
 
 
 class SqlExperiment(Base):

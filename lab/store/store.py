@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -45,7 +45,7 @@ _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
 
 
 def _now() -> datetime:
-    return datetime.now().astimezone()
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def _text(value: Any) -> str | None:
@@ -267,7 +267,7 @@ class Store:
                     event=row.event,
                     metrics=row.metrics,
                     reason=row.reason,
-                    created_at=datetime.fromtimestamp(row.time).astimezone(),
+                    created_at=datetime.fromtimestamp(row.time, UTC).replace(tzinfo=None),
                 )
             )
 

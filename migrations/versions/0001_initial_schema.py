@@ -26,8 +26,8 @@ def upgrade() -> None:
         sa.Column("config", sa.JSON(), nullable=False),
         sa.Column("seed", sa.Integer(), nullable=False),
         sa.Column("repeats", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("ended_at", sa.DateTime(), nullable=True),
         sa.CheckConstraint(
             "status IN ('running', 'completed', 'failed')", name=op.f("ck_experiments_status")
         ),
@@ -87,8 +87,8 @@ def upgrade() -> None:
         sa.Column("summary", sa.JSON(), nullable=True),
         sa.Column("callback_errors", sa.JSON(), nullable=True),
         sa.Column("output_dir", sa.Text(), nullable=True),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("started_at", sa.DateTime(), nullable=False),
+        sa.Column("ended_at", sa.DateTime(), nullable=True),
         sa.CheckConstraint(
             "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')",
             name=op.f("ck_runs_status"),
@@ -126,7 +126,7 @@ def upgrade() -> None:
         sa.Column("event", sa.String(length=16), nullable=False),
         sa.Column("metrics", sa.JSON(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.CheckConstraint("event IN ('save', 'remove')", name=op.f("ck_checkpoints_event")),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.run_id"], name=op.f("fk_checkpoints_run_id_runs"), ondelete="CASCADE"
@@ -149,7 +149,7 @@ def upgrade() -> None:
         sa.Column("tags", sa.JSON(), nullable=False),
         sa.Column("seconds", sa.Double(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.run_id"], name=op.f("fk_evals_run_id_runs"), ondelete="CASCADE"
         ),

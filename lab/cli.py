@@ -1,0 +1,188 @@
+"""The `lab` command: a few lines over public functions each, library errors as one line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from lab._table import render
+from lab.errors import LabError
+
+app = typer.Typer(
+    help="Run torch experiments as arms x repeats, and read back what they recorded.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Inspect and migrate the store's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option("--store", help="Store URL [default: $LAB_STORE_URL, else sqlite:///lab.db]"),
+]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _clean_errors(fn: F) -> F:
+    """Turn a `LabError` into one line on stderr and exit status 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LabError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.command()
+@_clean_errors
+def quickstart(
+    store: Annotated[str, typer.Option("--store", help="Store URL")] = "sqlite:///lab.db",
+    output_dir: Annotated[str, typer.Option(help="Where run folders go")] = "runs",
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per run")] = 300,
+) -> None:
+    """Run the demo experiment (2 arms x 3 repeats) into a store and print its summary."""
+    from lab.demo import quickstart as run_demo
+
+    result = run_demo(store, output_dir=output_dir, steps=steps)
+    typer.echo(str(result.summary("val/loss", "min")))
+    typer.echo(f"\nRecorded in {store}. Next: lab ls, lab show quickstart, or in Python:")
+    typer.echo('  import lab.inspect; lab.inspect.connect("' + store + '").sql(')
+    typer.echo("      \"select arm, avg(value) from final_metrics where key = 'val/loss' "
+               "group by arm\").df()")  # fmt: skip
+
+
+@app.command("ls")
+@_clean_errors
+def list_experiments(store: StoreOption = None) -> None:
+    """List experiments with their status and run counts."""
+    from lab.store import Store
+
+    s = Store(store)
+    try:
+        rows = s.list_experiments()
+    finally:
+        s.close()
+    if not rows:
+        typer.echo("no experiments yet; try: lab quickstart")
+        return
+    typer.echo(
+        render(
+            ("experiment", "status", "arms", "repeats", "runs", "by status", "created (UTC)"),
+            [
+                (
+                    r["name"],
+                    r["status"],
+                    r["arms"],
+                    r["repeats"],
+                    r["runs"],
+                    ", ".join(f"{n} {k}" for k, n in sorted(r["runs_by_status"].items())),
+                    r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
+                )
+                for r in rows
+            ],
+        )
+    )
+
+
+@app.command()
+@_clean_errors
+def show(
+    name: Annotated[str, typer.Argument(help="Experiment name")],
+    store: StoreOption = None,
+    metrics: Annotated[
+        str, typer.Option(help="Comma-separated final metrics to show")
+    ] = "loss,val/loss",
+) -> None:
+    """Show an experiment's arms, runs, statuses and final metrics."""
+    from lab.store import Store
+
+    s = Store(store)
+    try:
+        exp = s.get_experiment(name)
+    finally:
+        s.close()
+    keys = [k for k in metrics.split(",") if k]
+    typer.echo(f"{exp['name']}: {exp['status']}, {len(exp['runs'])} runs, seed {exp['seed']}")
+    typer.echo("\narms")
+    typer.echo(
+        render(("arm", "overrides"), [(a["name"], json.dumps(a["overrides"])) for a in exp["arms"]])
+    )
+    typer.echo("\nruns")
+    typer.echo(
+        render(
+            ("run", "arm", "repeat", "seed", "status", *keys, "error"),
+            [
+                (
+                    r["run_key"],
+                    r["arm"],
+                    r["repeat"],
+                    r["seed"],
+                    r["status"],
+                    *(r["summary"].get(k) for k in keys),
+                    r["error"] or "",
+                )
+                for r in exp["runs"]
+            ],
+        )
+    )
+
+
+@db_app.command("upgrade")
+@_clean_errors
+def db_upgrade(store: StoreOption = None) -> None:
+    """Migrate the store's schema to the newest revision this lab knows."""
+    from lab.store import Store
+    from lab.store.migrations import upgrade
+
+    s = Store(store, migrate=False)
+    try:
+        before, after = upgrade(s.engine)
+    finally:
+        s.close()
+    where = s.engine.url.render_as_string(hide_password=True)
+    if before == after:
+        typer.echo(f"{where} is already at {after} (head)")
+    else:
+        typer.echo(f"upgraded {where} from {before or 'empty'} to {after}")
+
+
+@db_app.command("current")
+@_clean_errors
+def db_current(store: StoreOption = None) -> None:
+    """Print the store's schema revision, and whether it is the newest this lab knows."""
+    from lab.store import Store
+    from lab.store.migrations import current_revision, head_revision, is_known
+
+    s = Store(store, migrate=False)
+    try:
+        current = current_revision(s.engine)
+    finally:
+        s.close()
+    head = head_revision()
+    if current is None:
+        typer.echo(f"empty (no schema yet; head is {head}; run: lab db upgrade)")
+    elif current == head:
+        typer.echo(f"{current} (head)")
+    elif not is_known(current):
+        typer.echo(f"{current} (newer than this lab's {head}; run: pip install -U lab)")
+    else:
+        typer.echo(f"{current} (head is {head}; run: lab db upgrade)")
+
+
+def main() -> None:
+    """Entry point of the `lab` console script."""
+    app(prog_name="lab")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Reading a store back with DuckDB, for notebooks and the command line.
+
+`connect()` returns a DuckDB connection whose views are the store's tables (experiments,
+arms, groups, runs, metrics, evals, predictions, checkpoints), plus `final_metrics`: the
+last value of every metric of every run, with its experiment, arm and repeat.
+
+How the store is read: DuckDB's sqlite and postgres scanners ship as Python packages for
+DuckDB 1.5.x (``duckdb-extension-sqlite-scanner``, ``duckdb-extension-postgres-scanner``),
+so the store is ATTACHed read-only and queried in place, with no download. If a scanner
+cannot be loaded, the tables are copied in through Arrow instead; the views are the same.
+
+>>> import lab.inspect
+>>> con = lab.inspect.connect("sqlite:///:memory:")          # doctest: +SKIP
+>>> con.sql("select count(*) from runs").fetchone()           # doctest: +SKIP
+(0,)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from lab.store.engine import resolve_url
+from lab.store.schema import TABLES, Base
+from lab.store.store import Store
+
+log = logging.getLogger("lab.inspect")
+
+Mode = Literal["auto", "attach", "arrow"]
+
+_SCANNERS = {
+    "sqlite": ("duckdb_extension_sqlite_scanner", "sqlite_scanner"),
+    "postgresql": ("duckdb_extension_postgres_scanner", "postgres_scanner"),
+}
+
+
+def connect(url: str | None = None, *, mode: Mode = "auto") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per store table, read from `url`.
+
+    `url` resolves like every store URL (argument, ``LAB_STORE_URL``, ``sqlite:///lab.db``);
+    the store is opened once first, so an old schema is upgraded and a newer one refused.
+    `mode` forces ATTACH in place (``"attach"``) or a copy through Arrow (``"arrow"``);
+    ``"auto"`` attaches when the scanner loads and falls back to Arrow otherwise.
+    """
+    if mode not in ("auto", "attach", "arrow"):
+        raise ValueError(f"mode={mode!r}: use 'auto', 'attach' or 'arrow'")
+    store = Store(resolve_url(url))
+    try:
+        con = duckdb.connect()
+        used = None
+        if mode in ("auto", "attach"):
+            try:
+                _attach(con, store)
+                used = "attach"
+            except (duckdb.Error, OSError) as exc:
+                if mode == "attach":
+                    raise
+                log.info("DuckDB cannot attach the store (%s); copying it in through Arrow", exc)
+        if used is None:
+            _copy_through_arrow(con, store)
+            used = "arrow"
+        _create_views(con, nan_is_null=store.dialect == "sqlite")
+        con.execute(
+            "CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode",
+            [store.engine.url.render_as_string(hide_password=True), used],
+        )
+        return con
+    finally:
+        store.close()
+
+
+def _load_scanner(con: duckdb.DuckDBPyConnection, backend: str) -> None:
+    package, extension = _SCANNERS[backend]
+    try:
+        module = __import__(package)
+    except ImportError:
+        con.execute(f"LOAD {extension}")  # installed by hand; never INSTALL from here
+        return
+    path = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}"
+    con.execute(f"LOAD '{path / (extension + '.duckdb_extension')}'")
+
+
+def _attach(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+    backend = store.dialect
+    _load_scanner(con, backend)
+    url = make_url(store.url)
+    if backend == "sqlite":
+        database = url.database
+        if not database or database == ":memory:":
+            raise duckdb.IOException("an in-memory SQLite store cannot be attached")
+        con.execute(f"ATTACH '{_quote(str(Path(database).resolve()))}' AS store "
+                    "(TYPE sqlite, READ_ONLY)")  # fmt: skip
+    else:
+        parts = {
+            "host": url.host,
+            "port": url.port,
+            "user": url.username,
+            "password": url.password,
+            "dbname": url.database,
+        }
+        dsn = " ".join(f"{k}={_libpq(v)}" for k, v in parts.items() if v is not None)
+        con.execute(f"ATTACH '{_quote(dsn)}' AS store (TYPE postgres, READ_ONLY)")
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _libpq(value: Any) -> str:
+    text = str(value)
+    if not text or any(c in text for c in " '\\"):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+def _arrow_type(column: sa.Column) -> pa.DataType:
+    kind = column.type
+    if isinstance(kind, sa.Integer):
+        return pa.int64()
+    if isinstance(kind, (sa.Double, sa.Float)):
+        return pa.float64()
+    if isinstance(kind, sa.DateTime):
+        return pa.timestamp("us")
+    return pa.string()  # text, and JSON as its text
+
+
+def _copy_through_arrow(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+    con.execute("CREATE SCHEMA store")
+    with store.engine.connect() as conn:
+        for name in TABLES:
+            table = Base.metadata.tables[name]
+            columns = [
+                sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
+                for c in table.columns
+            ]
+            rows = conn.execute(sa.select(*columns)).all()
+            schema = pa.schema([(c.name, _arrow_type(c)) for c in table.columns])
+            data = pa.Table.from_pylist([dict(r._mapping) for r in rows], schema=schema)
+            con.register("_lab_arrow", data)
+            con.execute(f'CREATE TABLE store."{name}" AS SELECT * FROM _lab_arrow')
+            con.unregister("_lab_arrow")
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
+    for name in TABLES:
+        columns = []
+        for column in Base.metadata.tables[name].columns:
+            quoted = f'"{column.name}"'
+            if isinstance(column.type, sa.JSON):
+                columns.append(f"{quoted}::JSON AS {quoted}")
+            elif name == "metrics" and column.name == "value" and nan_is_null:
+                columns.append(f"coalesce({quoted}, 'nan'::DOUBLE) AS {quoted}")
+            else:
+                columns.append(quoted)
+        con.execute(f'CREATE VIEW "{name}" AS SELECT {", ".join(columns)} FROM store."{name}"')
+    con.execute(
+        """
+        CREATE VIEW final_metrics AS
+        SELECT e.name AS experiment, a.name AS arm, r.repeat, r.run_key, r.status,
+               m.run_id, m.key, m.step, m.value
+        FROM (
+            SELECT *, row_number() OVER (PARTITION BY run_id, key ORDER BY step DESC) AS k
+            FROM metrics
+        ) m
+        JOIN runs r USING (run_id)
+        JOIN experiments e USING (experiment_id)
+        LEFT JOIN arms a ON a.arm_id = r.arm_id
+        WHERE m.k = 1
+        """
+    )

@@ -1,0 +1,145 @@
+"""Each `lab` command, run as a real subprocess, on a real store."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.store import Store
+from lab.store.migrations import head_revision
+
+
+def lab_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lab.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One quickstart run (short), shared by the read-only command tests."""
+    folder = tmp_path_factory.mktemp("demo")
+    db = folder / "lab.db"
+    out = lab_cli(
+        "quickstart", "--store", f"sqlite:///{db}", "--output-dir", str(folder / "runs"),
+        "--steps", "60",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "best arm by val/loss (min)" in out.stdout
+    assert "sgd-lr0.01" in out.stdout and "sgd-lr0.1" in out.stdout
+    assert "lab.inspect" in out.stdout
+    return db
+
+
+def test_quickstart_records_two_arms_times_three_repeats(demo_db: Path) -> None:
+    con = sqlite3.connect(demo_db)
+    assert con.execute("select count(*) from arms").fetchone() == (2,)
+    assert con.execute("select status, count(*) from runs group by status").fetchall() == [
+        ("completed", 6)
+    ]
+    # 60 steps x 4 step metrics x 6 runs
+    assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6,)
+
+
+def test_ls_lists_experiments_with_counts(demo_db: Path) -> None:
+    out = lab_cli("ls", "--store", f"sqlite:///{demo_db}")
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.strip().splitlines()
+    assert header.split()[:5] == ["experiment", "status", "arms", "repeats", "runs"]
+    assert row.split()[:7] == ["quickstart", "completed", "2", "3", "6", "6", "completed"]
+
+
+def test_ls_reads_lab_store_url(demo_db: Path) -> None:
+    out = lab_cli("ls", env={"LAB_STORE_URL": f"sqlite:///{demo_db}"})
+    assert out.returncode == 0 and "quickstart" in out.stdout
+
+
+def test_ls_on_an_empty_store_says_what_to_do(tmp_path: Path) -> None:
+    out = lab_cli("ls", "--store", f"sqlite:///{tmp_path / 'empty.db'}")
+    assert out.returncode == 0
+    assert out.stdout.strip() == "no experiments yet; try: lab quickstart"
+
+
+def test_show_prints_arms_runs_and_final_metrics(demo_db: Path) -> None:
+    out = lab_cli("show", "quickstart", "--store", f"sqlite:///{demo_db}")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "quickstart: completed, 6 runs, seed 0"
+    runs = lines[lines.index("runs") + 2 :]
+    assert [r.split()[0] for r in runs] == [
+        f"{arm}-r{i}" for arm in ("sgd-lr0.01", "sgd-lr0.1") for i in range(3)
+    ]
+    store = Store(f"sqlite:///{demo_db}")
+    try:
+        expected = store.get_experiment("quickstart")["runs"][0]["summary"]["loss"]
+    finally:
+        store.close()
+    assert runs[0].split()[5] == f"{expected:.4g}"
+
+
+def test_show_unknown_experiment_is_one_line(demo_db: Path) -> None:
+    out = lab_cli("show", "nope", "--store", f"sqlite:///{demo_db}")
+    assert out.returncode == 1
+    assert out.stderr.strip() == "error: no experiment named 'nope' in the store; known: quickstart"
+
+
+def test_db_current_and_upgrade(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    head = head_revision()
+    out = lab_cli("db", "current", "--store", url)
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"empty (no schema yet; head is {head}; run: lab db upgrade)"
+    out = lab_cli("db", "upgrade", "--store", url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"upgraded {url} from empty to {head}"
+    assert lab_cli("db", "current", "--store", url).stdout.strip() == f"{head} (head)"
+    out = lab_cli("db", "upgrade", "--store", url)
+    assert out.stdout.strip() == f"{url} is already at {head} (head)"
+
+
+def test_db_current_on_a_newer_schema(tmp_path: Path) -> None:
+    db = tmp_path / "newer.db"
+    Store(f"sqlite:///{db}").close()
+    con = sqlite3.connect(db)
+    con.execute("update alembic_version set version_num = 'fffffffffff'")
+    con.commit()
+    con.close()
+    out = lab_cli("db", "current", "--store", f"sqlite:///{db}")
+    assert out.returncode == 0
+    assert "newer than this lab" in out.stdout and "pip install -U lab" in out.stdout
+    out = lab_cli("ls", "--store", f"sqlite:///{db}")
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "pip install -U lab" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("mysql://x/y", "store URL scheme 'mysql' is not supported"),
+        ("not a url", "is not a URL"),
+        ("postgresql://postgres:lab@127.0.0.1:1/x", "cannot reach the store"),
+    ],
+)
+def test_bad_store_urls_are_one_line(url: str, needle: str) -> None:
+    out = lab_cli("ls", "--store", url)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr.startswith("error: ") and needle in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "lab"
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for command in ("quickstart", "ls", "show", "db"):
+        assert command in out.stdout

@@ -1,0 +1,62 @@
+"""The README's examples run, and every public name and CLI command is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer.main
+
+import lab
+from lab.cli import app
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+@pytest.mark.slow
+def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for block in _blocks("python"):
+        exec(compile(block, str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "best arm by val/loss (min)" in out
+    assert "on_run_start" in out
+    assert "lr-sweep" in out and "bench-demo" in out
+
+
+def test_every_public_name_is_in_the_readme() -> None:
+    text = README.read_text(encoding="utf-8")
+    missing = [name for name in lab.__all__ if name not in text]
+    assert not missing, f"document these public names in README.md: {missing}"
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    undocumented = [n for n in lab.__all__ if not (getattr(lab, n).__doc__ or "").strip()]
+    assert not undocumented
+
+
+def _commands(group: typer.Typer, prefix: str = "lab") -> list[str]:
+    click_group = typer.main.get_command(group)
+    out = []
+    for name, cmd in click_group.commands.items():
+        sub = getattr(cmd, "commands", None)
+        if sub:
+            out += [f"{prefix} {name} {s}" for s in sub]
+        else:
+            out.append(f"{prefix} {name}")
+    return out
+
+
+def test_every_cli_command_is_in_the_readme() -> None:
+    text = README.read_text(encoding="utf-8")
+    commands = _commands(app)
+    assert {"lab quickstart", "lab ls", "lab show", "lab db upgrade", "lab db current"} <= set(
+        commands
+    )
+    missing = [c for c in commands if c not in text]
+    assert not missing, f"document these commands in README.md: {missing}"
