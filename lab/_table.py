@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 
 def fmt(value: object) -> str:
-    """A cell: floats to 4 significant digits, NaN and None as '-'."""
+    """A cell: floats to 4 significant digits, None as '-', NaN as 'nan' (it is data)."""
     if value is None:
         return "-"
     if isinstance(value, float):

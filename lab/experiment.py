@@ -40,7 +40,7 @@ def safe_name(name: str, *, limit: int = 64) -> str:
     >>> safe_name("small")
     'small'
     >>> safe_name("../../x")
-    'x-a2f1f4fc'
+    'x-9bdbf20b'
     """
     slug = _SAFE.sub("-", name).strip("-.")[:limit] or "x"
     if slug == name:
@@ -76,7 +76,7 @@ class Arm:
             return None
         data = base.model_dump()
         for key, value in self.overrides.items():
-            _set_path(data, type(base), key.split("."), value, self.name)
+            _set_path(data, type(base), key, value, self.name)
         try:
             return type(base).model_validate(data)
         except pydantic.ValidationError as exc:
@@ -89,25 +89,28 @@ class Arm:
 
 
 def _set_path(
-    data: dict[str, Any], model: type[pydantic.BaseModel], path: list[str], value: Any, arm: str
+    data: dict[str, Any], model: type[pydantic.BaseModel], key: str, value: Any, arm: str
 ) -> None:
-    head, rest = path[0], path[1:]
-    fields = model.model_fields
-    if head not in fields:
-        raise ConfigError(
-            f"arm {arm!r}: {'.'.join(path)!r} is not a field of {model.__name__}; "
-            f"valid fields: {', '.join(fields)}"
-        )
-    if not rest:
-        data[head] = value
-        return
-    sub = fields[head].annotation
-    if not (isinstance(sub, type) and issubclass(sub, pydantic.BaseModel)):
-        raise ConfigError(
-            f"arm {arm!r}: {head!r} of {model.__name__} is not a nested config, "
-            f"so {'.'.join(path)!r} cannot be set"
-        )
-    _set_path(data[head], sub, rest, value, arm)
+    """Set the dotted `key` in `data`, checking each part against the config's models."""
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = f"{key!r}" if depth == 0 else f"{key!r}: {part!r}"
+            raise ConfigError(
+                f"arm {arm!r}: {where} is not a field of {model.__name__}; "
+                f"valid fields: {', '.join(fields)}"
+            )
+        if depth == len(parts) - 1:
+            data[part] = value
+            return
+        sub = fields[part].annotation
+        if not (isinstance(sub, type) and issubclass(sub, pydantic.BaseModel)):
+            raise ConfigError(
+                f"arm {arm!r}: {part!r} of {model.__name__} is not a nested config, "
+                f"so {key!r} cannot be set"
+            )
+        data, model = data[part], sub
 
 
 @dataclass
@@ -203,8 +206,15 @@ class Summary:
         lines.append(
             render(
                 ("arm", "metric", "n", "mean", "std", "95% CI"),
-                [
-                    (r.arm, r.metric, r.n, r.mean, r.std, f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]")
+                [  # with one repeat there is no spread: std and CI show as "-"
+                    (
+                        r.arm,
+                        r.metric,
+                        r.n,
+                        r.mean,
+                        r.std if r.n > 1 else None,
+                        f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.n > 1 else "-",
+                    )
                     for r in self.rows
                 ],
             )
@@ -316,6 +326,14 @@ class Experiment:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError(f"duplicate arm names {dupes}; give every arm its own name")
+        folders: dict[str, str] = {}  # casefolded: some filesystems ignore case
+        for arm_name in names:
+            other = folders.setdefault(safe_name(arm_name).casefold(), arm_name)
+            if other != arm_name:
+                raise ConfigError(
+                    f"arms {other!r} and {arm_name!r} would share the run folder "
+                    f"{safe_name(arm_name)!r}; rename one of them"
+                )
         self.name = name
         self.train = train
         self.arms = arms

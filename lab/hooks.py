@@ -11,6 +11,7 @@ The lifecycle, with every hook in the place it fires::
                 train(run) -> TrainingLoop.fit(run):
                     [post_checkpoint_loaded(state, path)] # only when resuming
                     on_train_start(state)
+                    [evals with at_start, at step_idx 0: the eval hooks below]
                     each step:
                         pre_step(state, step_idx, batch)
                         forward, backward, optimizer step

@@ -46,8 +46,8 @@ def test_quickstart_records_two_arms_times_three_repeats(demo_db: Path) -> None:
     assert con.execute("select status, count(*) from runs group by status").fetchall() == [
         ("completed", 6)
     ]
-    # 60 steps x 4 step metrics x 6 runs
-    assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6,)
+    # 60 steps x 4 step metrics x 6 runs, plus val/loss at step 50 of each run
+    assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6 + 6,)
 
 
 def test_ls_lists_experiments_with_counts(demo_db: Path) -> None:

@@ -39,7 +39,7 @@ class Evaluator:
 
     `fn` returns a dict of metrics, or an `EvalResult` when it also has breakdowns or
     per-example predictions (a benchmark). Choose when with `every` (each N steps),
-    `at_steps` (fixed steps), `at_start` and `at_end`.
+    `at_steps` (fixed steps), `at_start` (before the first step, as step 0) and `at_end`.
 
     >>> Evaluator("val", lambda model: {"loss": 0.5}, every=50).due(100, num_steps=200)
     True

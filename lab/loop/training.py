@@ -91,7 +91,7 @@ class TrainingLoop:
         checkpoint: CheckpointConfig | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        if not isinstance(num_steps, int) or num_steps < 1:
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip={grad_clip!r}: use a positive max norm, or None")
@@ -132,15 +132,19 @@ class TrainingLoop:
             ctx = run.ctx
             dispatcher = run.dispatcher.extended(self.callbacks)
             folder = run.dir
+        # The loop owns its own callbacks' on_error and close; an Experiment owns the rest.
+        own = (
+            dispatcher
+            if bare
+            else Dispatcher(self.callbacks, strict=dispatcher.strict, failures=dispatcher.failures)
+        )
         try:
             return self._fit(ctx, dispatcher, folder)
         except BaseException as exc:
-            if bare:
-                dispatcher.fire("on_error", ctx, exc)
+            own.fire("on_error", ctx, exc)
             raise
         finally:
-            if bare:
-                dispatcher.fire("close")
+            own.fire("close")
 
     def _fit(self, ctx: LogContext, hooks: Dispatcher, folder: Path | None) -> LoopArtifacts:
         # -- set up ------------------------------------------------------------------------
@@ -162,6 +166,9 @@ class TrainingLoop:
         model.train()
 
         fire("on_train_start", state)
+        if state.step == 0:  # `at_start` evals score the untrained model, at step 0
+            starting = [ev for ev in self.evaluators if ev.at_start]
+            self._run_evals(starting, state, hooks, 0, evals, eval_metrics)
         for step_idx in range(state.step + 1, self.num_steps + 1):
             # -- one step ----------------------------------------------------------------
             batch.data = next(batches)
@@ -175,12 +182,13 @@ class TrainingLoop:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
             optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
             metrics = {
                 "loss": loss.item(),
-                "lr": float(optimizer.param_groups[0]["lr"]),
+                "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                 "step_time": time.perf_counter() - started,
             }
@@ -191,13 +199,9 @@ class TrainingLoop:
                 fire("on_step_end", state, step_idx, batch, metrics)
 
             # -- in-loop evals -----------------------------------------------------------
-            for evaluator in self.evaluators:
-                if evaluator.due(step_idx, num_steps=self.num_steps):
-                    result = self._evaluate(evaluator, state, hooks, step_idx)
-                    evals.append(result)
-                    eval_metrics.update(
-                        {f"{result.name}/{k}": v for k, v in result.metrics.items()}
-                    )
+            if self.evaluators:
+                due = [ev for ev in self.evaluators if ev.due(step_idx, num_steps=self.num_steps)]
+                self._run_evals(due, state, hooks, step_idx, evals, eval_metrics)
 
             # -- checkpoint --------------------------------------------------------------
             last = step_idx == self.num_steps or state.stop_requested
@@ -229,16 +233,37 @@ class TrainingLoop:
     # ------------------------------------------------------------------------------------
     def _batches(self, state: LoopState) -> Iterator[Any]:
         """Yield batches forever, advancing the epoch each time `data` runs out."""
+        first_pass = True
         while True:
             empty = True
             for item in self.data:
                 empty = False
                 state.batch_in_epoch += 1
                 yield item
-            if empty:
+            if empty and first_pass:
                 raise ConfigError("data yielded no batches; give TrainingLoop a non-empty iterable")
+            if empty:
+                raise ConfigError(
+                    "data yielded no batches in its second epoch: it is a one-shot iterator; "
+                    "pass a re-iterable such as a list or a DataLoader"
+                )
+            first_pass = False
             state.epoch += 1
             state.batch_in_epoch = 0
+
+    def _run_evals(
+        self,
+        due: list[Evaluator],
+        state: LoopState,
+        hooks: Dispatcher,
+        step_idx: int,
+        evals: list[EvalResult],
+        eval_metrics: dict[str, float],
+    ) -> None:
+        for evaluator in due:
+            result = self._evaluate(evaluator, state, hooks, step_idx)
+            evals.append(result)
+            eval_metrics.update({f"{result.name}/{k}": v for k, v in result.metrics.items()})
 
     def _evaluate(
         self, evaluator: Evaluator, state: LoopState, hooks: Dispatcher, step_idx: int
@@ -298,6 +323,11 @@ def _unpack_loss(out: Any) -> tuple[torch.Tensor, dict[str, Any] | None]:
         raise LossError(
             f"loss_fn returned a tensor of shape {tuple(out.shape)}; "
             "reduce it to a scalar first, e.g. loss.mean()"
+        )
+    if not out.requires_grad:
+        raise LossError(
+            "loss_fn returned a loss that does not require grad; compute it from the model's "
+            "outputs, outside torch.no_grad(), with some parameters trainable"
         )
     return out, extra
 
