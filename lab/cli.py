@@ -135,6 +135,15 @@ def show(
             ],
         )
     )
+    failures = [(r["run_key"], f) for r in exp["runs"] for f in r["callback_errors"] or []]
+    if failures:
+        typer.echo("\ncallback errors (the runs went on)")
+        typer.echo(
+            render(
+                ("run", "callback", "hook", "error"),
+                [(key, f["callback"], f["hook"], f["error"]) for key, f in failures],
+            )
+        )
 
 
 @db_app.command("upgrade")

@@ -143,3 +143,24 @@ def test_console_script_is_installed() -> None:
     assert out.returncode == 0
     for command in ("quickstart", "ls", "show", "db"):
         assert command in out.stdout
+
+
+def test_show_lists_callback_errors_recorded_on_runs(tmp_path: Path) -> None:
+    from lab import Callback, Experiment
+
+    class Flaky(Callback):
+        def on_run_start(self, ctx):  # type: ignore[no-untyped-def]
+            if ctx.repeat == 1:
+                raise ValueError("bad sink")
+
+    url = f"sqlite:///{tmp_path / 'cb.db'}"
+    Experiment(
+        "flaky", lambda run: {"loss": 1.0}, repeats=2, callbacks=[Flaky()], store=url,
+        strict=False, output_dir=tmp_path / "runs",
+    ).run()  # fmt: skip
+    out = lab_cli("show", "flaky", "--store", url)
+    assert out.returncode == 0, out.stderr
+    tail = out.stdout.split("callback errors (the runs went on)\n")[1].splitlines()
+    assert tail[0].split() == ["run", "callback", "hook", "error"]
+    assert tail[1].split() == ["base-r1", "Flaky", "on_run_start", "ValueError:", "bad", "sink"]
+    assert len(tail) == 2
