@@ -18,6 +18,7 @@ from lab.errors import StoreUnreachable, UnknownScheme
 
 DEFAULT_URL = "sqlite:///lab.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+_WRITE = "lab_write"  # execution option: this connection's transactions write
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -34,7 +35,7 @@ def resolve_url(url: str | None = None) -> str:
             "or postgresql://user:password@host/dbname"
         ) from None
     backend = parsed.get_backend_name()
-    if backend == "postgresql":
+    if backend in ("postgresql", "postgres"):  # SQLAlchemy itself no longer reads postgres://
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
         elif parsed.drivername != "postgresql+psycopg":
@@ -71,16 +72,21 @@ def make_engine(url: str) -> Engine:
     try:
         if parsed.get_backend_name() == "sqlite":
             database = parsed.database
+            connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+            options: dict[str, Any] = {}
             if database and database != ":memory:":
                 Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            else:
+                # Each connection to :memory: is a database of its own: share one, so the
+                # metric writer's thread sees the tables the opening thread created.
+                options["poolclass"] = sa.pool.StaticPool
+                connect_args["check_same_thread"] = False
             engine = sa.create_engine(
-                url,
-                json_serializer=dumps_json,
-                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+                url, json_serializer=dumps_json, connect_args=connect_args, **options
             )
             sa.event.listen(engine, "connect", _sqlite_pragmas)
             # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
-            sa.event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+            sa.event.listen(engine, "begin", _sqlite_begin)
         else:
             engine = sa.create_engine(
                 url,
@@ -109,6 +115,14 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _sqlite_begin(conn: Connection) -> None:
+    # A write transaction (see `transaction`) takes the write lock up front, so it waits out
+    # busy_timeout rather than failing to upgrade a read lock. Anything else begins DEFERRED:
+    # a reader takes no lock, and with WAL never blocks a writer, nor another reader.
+    write = conn.get_execution_options().get(_WRITE, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
 def check_reachable(engine: Engine) -> None:
     """Connect once, turning a dead server into a message that says what to check."""
     try:
@@ -125,6 +139,11 @@ def check_reachable(engine: Engine) -> None:
 
 @contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
-    """One transaction: committed when the block ends, rolled back if it raises."""
-    with engine.begin() as conn:
-        yield conn
+    """One write transaction: committed when the block ends, rolled back if it raises.
+
+    On SQLite it begins IMMEDIATE (takes the write lock at once); reads outside it don't.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(**{_WRITE: True})
+        with conn.begin():
+            yield conn

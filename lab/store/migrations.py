@@ -16,6 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
 from lab.errors import NotALabStore, SchemaTooNew
+from lab.store.engine import transaction
 from lab.store.schema import TABLES
 
 
@@ -58,7 +59,7 @@ def current_revision(engine: Engine) -> str | None:
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     """Upgrade the database to `revision`; returns (before, after)."""
-    with engine.begin() as conn:
+    with transaction(engine) as conn:
         before = _check(conn)
         command.upgrade(alembic_config(conn), revision)
         after = MigrationContext.configure(conn).get_current_revision()

@@ -31,7 +31,12 @@ EXPERIMENT_STATUSES = ("running", "completed", "failed")
 
 class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING)
-    type_annotation_map = {dict[str, Any]: sa.JSON, list[Any]: sa.JSON}
+    # none_as_null: a Python None is SQL NULL, not the JSON text 'null', so that
+    # `callback_errors IS NULL` means "no failures" to every SQL reader.
+    type_annotation_map = {
+        dict[str, Any]: sa.JSON(none_as_null=True),
+        list[Any]: sa.JSON(none_as_null=True),
+    }
 
 
 def _now() -> datetime:

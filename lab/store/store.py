@@ -189,24 +189,25 @@ class Store:
         self.writer.put(run_id, step, metrics, time.time())
 
     def _write_metrics(self, items: list[MetricItem]) -> None:
-        rows: dict[tuple[int, str, int], dict[str, Any]] = {}
-        for run_id, step, metrics, wall_time in items:
-            for key, value in metrics.items():
-                # SQLite stores NaN as NULL; on PostgreSQL it stays NaN.
-                rows[(run_id, key, step)] = {
-                    "run_id": run_id,
-                    "key": key,
-                    "step": step,
-                    "value": value,
-                    "wall_time": wall_time,
-                }
-        stmt = self._insert(SqlMetric)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["run_id", "key", "step"],
-            set_={"value": stmt.excluded.value, "wall_time": stmt.excluded.wall_time},
-        )
+        # Plain tuples through the driver's executemany: the writer thread holds the GIL
+        # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
+        rows = [
+            (run_id, key, step, value, wall_time)
+            for run_id, step, metrics, wall_time in items
+            for key, value in metrics.items()
+        ]
         with transaction(self.engine) as conn:
-            conn.execute(stmt, list(rows.values()))
+            conn.exec_driver_sql(self._metric_upsert, rows)
+
+    @property
+    def _metric_upsert(self) -> str:
+        mark = "%s" if self.dialect == "postgresql" else "?"
+        return (
+            'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
+            f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}) "
+            'ON CONFLICT (run_id, "key", step) DO UPDATE '
+            "SET value = excluded.value, wall_time = excluded.wall_time"
+        )
 
     def write_eval(
         self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None

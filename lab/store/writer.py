@@ -1,7 +1,8 @@
 """The metric write path: a bounded buffer on the training thread, a writer thread behind it.
 
 `put` is O(1) and never touches the disk: it appends one step's metric dict to a bounded
-queue. The writer thread drains whatever has piled up and writes it in one transaction.
+queue. The writer thread wakes every `interval_s` (or at once for a flush or a full
+buffer) and writes whatever piled up in one transaction.
 When the queue is full, `put` waits (back-pressure); nothing is ever dropped. `flush`
 returns once everything put before it is committed, and raises a writer error that
 persisted through the retries.
@@ -34,22 +35,29 @@ class MetricWriter:
         write: Callable[[list[MetricItem]], None],
         *,
         max_pending: int = 8192,
-        max_batch: int = 4096,
+        max_batch: int = 50_000,
+        interval_s: float = 0.25,
         retries: int = 5,
         backoff_s: float = 0.05,
     ) -> None:
         self._write = write
+        self._interval_s = interval_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._max_batch = max_batch
         self._retries = retries
         self._backoff_s = backoff_s
         self._error: BaseException | None = None
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="lab-metric-writer", daemon=True)
         self._thread.start()
 
     def put(self, run_id: int, step: int, metrics: dict[str, float], wall_time: float) -> None:
         """Queue one step's metrics; waits only while the buffer is full."""
-        self._queue.put((run_id, step, metrics, wall_time))
+        try:
+            self._queue.put_nowait((run_id, step, metrics, wall_time))
+        except queue.Full:  # back-pressure: wake the writer and wait for room
+            self._wake.set()
+            self._queue.put((run_id, step, metrics, wall_time))
 
     def flush(self) -> None:
         """Return once every item put so far is committed; raise if the writer gave up."""
@@ -58,6 +66,7 @@ class MetricWriter:
             return
         done = threading.Event()
         self._queue.put(done)
+        self._wake.set()
         done.wait()
         self._raise_error()
 
@@ -65,6 +74,7 @@ class MetricWriter:
         """Flush, then stop the writer thread."""
         if self._thread.is_alive():
             self._queue.put(_STOP)
+            self._wake.set()
             self._thread.join()
         self._raise_error()
 
@@ -74,32 +84,35 @@ class MetricWriter:
             raise StoreError(f"metrics could not be written: {error}") from error
 
     def _drain(self) -> None:
+        """Wake every `interval_s`, or at once on a flush, a stop or a full buffer, and write
+        what piled up in one transaction. `put` never wakes this thread by itself: a wake-up
+        per step would hand the GIL back and forth with the training thread every step."""
         while True:
-            first = self._queue.get()
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
             items: list[MetricItem] = []
             waiters: list[threading.Event] = []
             stop = False
-            pending = [first]
-            while True:
-                for item in pending:
-                    if item is _STOP:
-                        stop = True
-                    elif isinstance(item, threading.Event):
-                        waiters.append(item)
-                    else:
-                        items.append(item)
-                if stop or waiters or len(items) >= self._max_batch:
-                    break
+            while len(items) < self._max_batch:
                 try:
-                    pending = [self._queue.get_nowait()]
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is _STOP:
+                    stop = True
+                    break
+                if isinstance(item, threading.Event):
+                    waiters.append(item)
+                    break  # everything put before this flush is in `items`
+                items.append(item)
             if items:
                 self._write_with_retries(items)
             for waiter in waiters:
                 waiter.set()
             if stop:
                 return
+            if len(items) >= self._max_batch or not self._queue.empty():
+                self._wake.set()  # more is waiting: go round again without sleeping
 
     def _write_with_retries(self, items: list[MetricItem]) -> None:
         delay = self._backoff_s

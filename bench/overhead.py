@@ -1,0 +1,85 @@
+"""Per-step cost of the SQL logger on the training thread, against the same loop without it.
+
+The loop: an MLP 32->64->1, batch 32, SGD, 2,000 steps, 10 metrics per step (the loop's 4
+plus 6 from loss_fn). Both arms carry the same timing callback (it runs last, so the gap
+between two of its calls is one whole step, hooks included); the treatment adds SqlLogger
+into a SQLite file. Arms alternate, three rounds each, and the median step of all rounds is
+compared. Prints one JSON line.
+
+    python bench/overhead.py [--steps 2000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lab import Callback, SqlLogger, TrainingLoop
+
+
+class StepTimer(Callback):
+    priority = -1000  # last: the gap between calls spans every other hook of the step
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_step_end(self, state, step_idx, batch, metrics) -> None:  # type: ignore[no-untyped-def]
+        self.times.append(time.perf_counter())
+
+
+def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    return loss, {f"extra_{i}": float(i) for i in range(6)}
+
+
+def one_fit(steps: int, callbacks: list[Callback]) -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    data = [(torch.randn(32, 32), torch.randn(32, 1)) for _ in range(16)]
+    timer = StepTimer()
+    TrainingLoop(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), data, loss_fn, steps,
+        callbacks=[*callbacks, timer],
+    ).fit()  # fmt: skip
+    gaps = [b - a for a, b in zip(timer.times, timer.times[1:], strict=False)]
+    return gaps[len(gaps) // 10 :]  # drop warm-up
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    bare: list[float] = []
+    logged: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rounds):
+            bare += one_fit(args.steps, [])
+            url = f"sqlite:///{Path(tmp) / f'bench{i}.db'}"
+            logged += one_fit(args.steps, [SqlLogger(url)])
+    bare_ms = statistics.median(bare) * 1e3
+    logged_ms = statistics.median(logged) * 1e3
+    print(json.dumps({
+        "bench": "overhead",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "metrics_per_step": 10,
+        "bare_step_ms_median": round(bare_ms, 4),
+        "sql_step_ms_median": round(logged_ms, 4),
+        "added_ms_median": round(logged_ms - bare_ms, 4),
+        "added_fraction": round((logged_ms - bare_ms) / bare_ms, 4),
+        "machine": f"{platform.machine()} {torch.get_num_threads()} torch thread(s)",
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

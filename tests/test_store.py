@@ -1,0 +1,631 @@
+"""`Store` and its metric writer on real SQLite files and the real PostgreSQL server.
+
+Values are written through `Store` and read back both through its readers and with plain SQL
+on an engine of the test's own, so a reader that hides a wrong row cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from lab import EvalResult
+from lab.errors import (
+    NoExperiment,
+    NotALabStore,
+    SchemaTooNew,
+    StoreError,
+    StoreUnreachable,
+    UnknownScheme,
+)
+from lab.store import DEFAULT_URL, Store, resolve_url
+from lab.store.migrations import head_revision
+from lab.store.schema import TABLES
+from lab.store.writer import MetricItem, MetricWriter
+
+WAIT_S = 10  # generous bound on waits that end as soon as the awaited thing happens
+
+
+def _engine(url: str) -> sa.Engine:
+    return sa.create_engine(resolve_url(url))
+
+
+def _scalar(url: str, sql: str, **params: Any) -> Any:
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql), params).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def _rows(url: str, sql: str, **params: Any) -> list[dict[str, Any]]:
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.text(sql), params).mappings()]
+    finally:
+        engine.dispose()
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _new_run(store: Store, experiment: str = "exp", run_key: str = "r0") -> int:
+    exp_id = store.begin_experiment(experiment, config={}, seed=0, repeats=1)
+    group_id = store.add_group(exp_id, "g")
+    return store.start_run(
+        exp_id, group_id, run_key=run_key, arm_id=None, repeat=0, stage=0, seed=0,
+        config={}, output_dir=None,
+    )  # fmt: skip
+
+
+def _same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    """Equal step/value lists, with NaN equal to NaN (and nothing else)."""
+    return len(a) == len(b) and all(
+        sa_ == sb and (va == vb or (math.isnan(va) and math.isnan(vb)))
+        for (sa_, va), (sb, vb) in zip(a, b, strict=True)
+    )
+
+
+# -- metrics ---------------------------------------------------------------------------------
+def test_non_finite_metric_values_round_trip(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    values = [math.nan, math.inf, -math.inf, 1.5, 0.0, -2.25e-300]
+    for step, value in enumerate(values, start=1):
+        store.log_metrics(run_id, step, {"x": value})
+    store.flush()
+    got = store.metric_values(run_id, "x")
+    assert _same(got, list(enumerate(values, start=1)))
+    assert math.isnan(got[0][1]) and got[1][1] == math.inf and got[2][1] == -math.inf
+
+    assert _scalar(store_url, "SELECT count(*) FROM metrics WHERE run_id = :r", r=run_id) == 6
+    raw = dict(
+        (r["step"], r["value"])
+        for r in _rows(store_url, "SELECT step, value FROM metrics WHERE key = 'x'")
+    )
+    if store.dialect == "sqlite":
+        assert raw[1] is None  # SQLite keeps NaN as NULL; metric_values maps it back
+    else:
+        assert math.isnan(raw[1])
+    assert (raw[2], raw[3], raw[4]) == (math.inf, -math.inf, 1.5)
+
+
+def test_relogging_a_step_replaces_its_value(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    other = _new_run(store, run_key="r1")
+    store.log_metrics(run_id, 1, {"loss": 1.0, "acc": 0.1})
+    store.log_metrics(other, 1, {"loss": 9.0})
+    store.flush()
+    store.log_metrics(run_id, 1, {"loss": 2.0})  # a later batch: upsert
+    store.log_metrics(run_id, 2, {"loss": 3.0})
+    store.log_metrics(run_id, 2, {"loss": 4.0})  # likely the same batch: last one wins
+    store.flush()
+    assert store.metric_values(run_id, "loss") == [(1, 2.0), (2, 4.0)]
+    assert store.metric_values(run_id, "acc") == [(1, 0.1)]
+    assert store.metric_values(other, "loss") == [(1, 9.0)]
+    assert _scalar(store_url, "SELECT count(*) FROM metrics") == 4
+    assert store.metric_values(run_id, "missing") == []
+
+
+def test_flush_makes_metrics_visible_to_another_connection(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    for step in range(1, 101):
+        store.log_metrics(run_id, step, {"a": step / 2, "b": -step})
+    store.flush()
+    assert _scalar(store_url, "SELECT count(*) FROM metrics WHERE run_id = :r", r=run_id) == 200
+    assert _scalar(store_url, "SELECT value FROM metrics WHERE key = 'a' AND step = 77") == 38.5
+
+
+def test_close_flushes_pending_metrics(store_url: str) -> None:
+    store = Store(store_url)
+    run_id = _new_run(store)
+    store.log_metrics(run_id, 1, {"a": 1.0})
+    store.log_metrics(run_id, 2, {"a": 2.0})
+    store.close()  # no flush() first
+    assert _rows(store_url, "SELECT step, value FROM metrics ORDER BY step") == [
+        {"step": 1, "value": 1.0},
+        {"step": 2, "value": 2.0},
+    ]
+
+
+def test_a_rejected_metric_write_surfaces_at_flush(store: Store) -> None:
+    run_id = _new_run(store)
+    # The store's own write path, with few retries so the test is quick.
+    store._writer = MetricWriter(store._write_metrics, retries=1, backoff_s=0.001)
+    store.log_metrics(run_id + 1000, 1, {"loss": 1.0})  # no such run: foreign key violation
+    with pytest.raises(StoreError, match="metrics could not be written") as info:
+        store.flush()
+    assert isinstance(info.value.__cause__, IntegrityError)
+    # The writer goes on: the next good rows are written.
+    store.log_metrics(run_id, 1, {"loss": 2.0})
+    store.flush()
+    assert store.metric_values(run_id, "loss") == [(1, 2.0)]
+
+
+def test_in_memory_sqlite_store_writes_metrics() -> None:
+    store = Store("sqlite:///:memory:")
+    try:
+        run_id = _new_run(store)
+        store.log_metrics(run_id, 1, {"loss": 0.5})
+        store.flush()  # the writer thread must see the same in-memory database
+        assert store.metric_values(run_id, "loss") == [(1, 0.5)]
+        assert [e["name"] for e in store.list_experiments()] == ["exp"]
+    finally:
+        store.close()
+
+
+# -- evals and predictions -------------------------------------------------------------------
+LONG_TEXT = "Grüße, мир, 世界, 🧪🚀 — “quotes” \\ 'single' \n\ttabs " * 400  # ~20k chars
+
+
+def test_predictions_round_trip_unicode_none_and_extras(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    preds: list[dict[str, Any]] = [
+        {
+            "example_id": "ex-ü",
+            "input": LONG_TEXT,
+            "output": "🚀",
+            "target": "",
+            "score": 0.25,
+            "note": "ok",
+        },
+        {"example_id": None, "input": None, "output": None, "target": None, "score": None},
+        {},  # every field missing
+        {"example_id": 7, "input": ["a", 1], "output": {"k": "ü"}, "score": 1, "nan": math.nan},
+    ]
+    eval_id = store.write_eval(
+        run_id,
+        EvalResult("bench", {"acc": 0.5, "bad": math.nan}, breakdowns={"ü": {"acc": 1.0}}),
+        preds,
+    )
+    rows = _rows(store_url, "SELECT * FROM predictions WHERE eval_id = :e ORDER BY idx", e=eval_id)
+    assert len(rows) == 4
+    assert [r["idx"] for r in rows] == [0, 1, 2, 3]
+    first, nones, empty, typed = rows
+    assert (first["example_id"], first["input"], first["output"]) == ("ex-ü", LONG_TEXT, "🚀")
+    assert (first["target"], first["score"], _json(first["extras"])) == ("", 0.25, {"note": "ok"})
+    for row in (nones, empty):
+        assert [row[k] for k in ("example_id", "input", "output", "target", "score")] == [None] * 5
+        assert row["extras"] is None
+    assert typed["example_id"] == "7"
+    assert json.loads(typed["input"]) == ["a", 1]
+    assert json.loads(typed["output"]) == {"k": "ü"}
+    assert typed["target"] is None and typed["score"] == 1.0
+    assert _json(typed["extras"]) == {"nan": "NaN"}  # JSON has no NaN
+
+    (ev,) = _rows(store_url, "SELECT * FROM evals")
+    assert (ev["eval_id"], ev["run_id"], ev["name"], ev["step"]) == (eval_id, run_id, "bench", None)
+    assert _json(ev["metrics"]) == {"acc": 0.5, "bad": "NaN"}
+    assert _json(ev["breakdowns"]) == {"ü": {"acc": 1.0}}
+    assert _json(ev["tags"]) == {}
+
+
+@pytest.mark.parametrize("step", [5, None], ids=["step5", "after-training"])
+def test_rerunning_an_eval_replaces_it_and_its_predictions(
+    store: Store, store_url: str, step: int | None
+) -> None:
+    run_id = _new_run(store)
+    other_run = _new_run(store, run_key="r1")
+    first = store.write_eval(
+        run_id,
+        EvalResult("bench", {"acc": 0.1}, step=step),
+        [{"output": f"a{i}"} for i in range(3)],
+    )
+    kept = [
+        store.write_eval(run_id, EvalResult("bench", {"acc": 0.7}, step=9), [{"output": "s9"}]),
+        store.write_eval(run_id, EvalResult("other", {"acc": 0.8}, step=step), [{"output": "o"}]),
+        store.write_eval(
+            other_run, EvalResult("bench", {"acc": 0.9}, step=step), [{"output": "r"}]
+        ),
+    ]
+    second = store.write_eval(
+        run_id, EvalResult("bench", {"acc": 0.2}, step=step), [{"output": "b0"}]
+    )
+    assert second != first
+
+    evals = _rows(store_url, "SELECT eval_id, run_id, name, step, metrics FROM evals")
+    assert len(evals) == 4
+    assert sorted(e["eval_id"] for e in evals) == sorted([*kept, second])
+    (replaced,) = [e for e in evals if e["eval_id"] == second]
+    assert (replaced["run_id"], replaced["name"], replaced["step"]) == (run_id, "bench", step)
+    assert _json(replaced["metrics"]) == {"acc": 0.2}
+
+    preds = _rows(store_url, "SELECT eval_id, idx, output FROM predictions ORDER BY eval_id, idx")
+    assert len(preds) == 4
+    assert [p for p in preds if p["eval_id"] == second] == [
+        {"eval_id": second, "idx": 0, "output": "b0"}
+    ]
+    assert _scalar(store_url, "SELECT count(*) FROM predictions WHERE eval_id = :e", e=first) == 0
+
+
+# -- opening a store -------------------------------------------------------------------------
+def test_an_empty_database_is_migrated_to_head_on_open(store_url: str) -> None:
+    engine = _engine(store_url)
+    assert sa.inspect(engine).get_table_names() == []
+    engine.dispose()
+    store = Store(store_url)
+    try:
+        tables = set(sa.inspect(store.engine).get_table_names())
+        assert tables == {*TABLES, "alembic_version"}
+        assert store.list_experiments() == []
+    finally:
+        store.close()
+    assert _rows(store_url, "SELECT version_num FROM alembic_version") == [
+        {"version_num": head_revision()}
+    ]
+    Store(store_url).close()  # opening again at head changes nothing
+    assert _scalar(store_url, "SELECT count(*) FROM alembic_version") == 1
+
+
+def test_resolve_url_prefers_argument_then_env_then_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert DEFAULT_URL == "sqlite:///lab.db"
+    assert resolve_url() == "sqlite:///lab.db"
+    assert resolve_url(None) == "sqlite:///lab.db"
+    monkeypatch.setenv("LAB_STORE_URL", "sqlite:///from_env.db")
+    assert resolve_url() == "sqlite:///from_env.db"
+    assert resolve_url("sqlite:///arg.db") == "sqlite:///arg.db"
+    monkeypatch.setenv("LAB_STORE_URL", "postgresql://u:pw@db.example/x")
+    assert resolve_url() == "postgresql+psycopg://u:pw@db.example/x"  # psycopg 3, password kept
+    assert resolve_url("postgres://u@h/d") == "postgresql+psycopg://u@h/d"
+
+
+def test_store_opens_the_env_url_else_lab_db_in_cwd(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    Store().close()
+    assert (tmp_path / "lab.db").is_file()
+    monkeypatch.setenv("LAB_STORE_URL", f"sqlite:///{tmp_path / 'sub' / 'env.db'}")
+    store = Store()
+    store.begin_experiment("from-env", config={}, seed=0, repeats=1)
+    store.close()
+    con = sqlite3.connect(tmp_path / "sub" / "env.db")
+    assert con.execute("SELECT name FROM experiments").fetchall() == [("from-env",)]
+    con.close()
+    lab_db = sqlite3.connect(tmp_path / "lab.db")
+    assert lab_db.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    lab_db.close()
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "foo", "oracle://u@h/d", "duckdb:///x.db"])
+def test_unknown_scheme_is_refused_with_the_supported_ones(url: str) -> None:
+    for attempt in (lambda: resolve_url(url), lambda: Store(url)):
+        with pytest.raises(UnknownScheme) as info:
+            attempt()
+        message = str(info.value)
+        assert "\n" not in message
+        assert "sqlite:///" in message and "postgresql://" in message
+    assert not Path("x.db").exists()
+
+
+def test_unknown_scheme_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_STORE_URL", "mysql://x/y")
+    with pytest.raises(UnknownScheme, match="mysql"):
+        Store()
+
+
+def test_an_unsupported_postgres_driver_names_psycopg() -> None:
+    with pytest.raises(UnknownScheme, match=r"asyncpg.*postgresql://"):
+        resolve_url("postgresql+asyncpg://u@h/d")
+
+
+def test_unreachable_postgres_raises_a_one_line_store_unreachable() -> None:
+    with pytest.raises(StoreUnreachable) as info:
+        Store("postgresql://postgres:lab@127.0.0.1:1/x")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("cannot reach the store at postgresql+psycopg://postgres:***@")
+    assert "127.0.0.1:1/x" in message
+    assert ":lab@" not in message  # the password is hidden
+    assert "LAB_STORE_URL" in message
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(store_url: str) -> None:
+    store = Store(store_url)
+    run_id = _new_run(store, experiment="precious")
+    store.log_metrics(run_id, 1, {"loss": 0.5})
+    store.close()
+    engine = _engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'f00d_from_lab_9'"))
+    engine.dispose()
+
+    with pytest.raises(SchemaTooNew) as info:
+        Store(store_url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "f00d_from_lab_9" in message and head_revision() in message
+    assert "pip install -U lab" in message
+
+    assert _scalar(store_url, "SELECT version_num FROM alembic_version") == "f00d_from_lab_9"
+    assert _scalar(store_url, "SELECT name FROM experiments") == "precious"
+    assert _scalar(store_url, "SELECT count(*) FROM runs") == 1
+    assert _scalar(store_url, "SELECT value FROM metrics") == 0.5
+
+
+def test_a_database_with_lab_tables_but_no_alembic_version_is_refused(store_url: str) -> None:
+    engine = _engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE runs (id INTEGER PRIMARY KEY, note TEXT)"))
+        conn.execute(sa.text("CREATE TABLE users (id INTEGER PRIMARY KEY)"))
+        conn.execute(sa.text("INSERT INTO runs (id, note) VALUES (1, 'not lab')"))
+    engine.dispose()
+
+    with pytest.raises(NotALabStore) as info:
+        Store(store_url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "(runs)" in message and "alembic_version" in message and "LAB_STORE_URL" in message
+
+    engine = _engine(store_url)
+    assert sorted(sa.inspect(engine).get_table_names()) == ["runs", "users"]
+    engine.dispose()
+    assert _rows(store_url, "SELECT id, note FROM runs") == [{"id": 1, "note": "not lab"}]
+
+
+def test_other_tables_do_not_stop_lab_from_creating_its_own(store_url: str) -> None:
+    engine = _engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE users (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    Store(store_url).close()
+    engine = _engine(store_url)
+    assert set(sa.inspect(engine).get_table_names()) == {*TABLES, "alembic_version", "users"}
+    engine.dispose()
+
+
+def test_sqlite_connections_have_wal_foreign_keys_and_busy_timeout(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    try:
+        with store.engine.connect() as first, store.engine.connect() as second:
+            for conn in (first, second):  # every pooled connection, not just the first
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+                assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+                assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() > 0
+        # foreign keys are enforced, not just switched on
+        with pytest.raises(IntegrityError, match="FOREIGN KEY"), store.engine.begin() as conn:
+            conn.execute(
+                sa.text("INSERT INTO groups (experiment_id, name, kind) VALUES (42, 'g', :k)"),
+                {"k": "repeats"},
+            )
+    finally:
+        store.close()
+    assert _scalar(sqlite_url, "SELECT count(*) FROM groups") == 0
+
+
+def test_an_open_sqlite_reader_does_not_block_the_writer(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    reader = Store(sqlite_url)
+    try:
+        with reader.engine.connect() as conn:
+            before = conn.execute(sa.text("SELECT count(*) FROM experiments")).scalar_one()
+            written = threading.Event()
+
+            def write() -> None:
+                run_id = _new_run(store, experiment="while-reading")
+                store.log_metrics(run_id, 1, {"loss": 1.0})
+                store.flush()
+                written.set()
+
+            writer = threading.Thread(target=write, daemon=True)
+            writer.start()
+            writer.join(WAIT_S)
+            assert written.is_set(), "a reader's open transaction blocked the writer"
+            # the reader keeps its snapshot until its transaction ends (WAL)
+            assert conn.execute(sa.text("SELECT count(*) FROM experiments")).scalar_one() == 0
+        assert before == 0
+        assert [e["name"] for e in reader.list_experiments()] == ["while-reading"]
+    finally:
+        store.close()
+        reader.close()
+
+
+# -- reading experiments ---------------------------------------------------------------------
+def _two_experiments(store: Store) -> None:
+    alpha = store.begin_experiment("alpha", config={"lr": 0.1}, seed=3, repeats=2)
+    arms = {
+        name: store.add_arm(alpha, name, overrides={"lr": lr}, config={"lr": lr, "h": 4})
+        for name, lr in (("a", 0.1), ("b", 0.2))
+    }
+    runs = [
+        ("a", 0, "completed", None, {"loss": 0.5, "acc": math.nan, "best": math.inf}),
+        ("a", 1, "failed", "ValueError: boom", {}),
+        ("b", 0, "completed", None, {"loss": 0.25, "acc": 0.75, "best": -math.inf}),
+        ("b", 1, "stopped", None, {"loss": 0.3}),
+    ]
+    groups = {name: store.add_group(alpha, name, arm_id=arm_id) for name, arm_id in arms.items()}
+    for arm, repeat, status, error, summary in runs:
+        run_id = store.start_run(
+            alpha, groups[arm], run_key=f"{arm}-r{repeat}", arm_id=arms[arm], repeat=repeat,
+            stage=0, seed=3 + repeat, config={"lr": 0.1}, output_dir=None,
+        )  # fmt: skip
+        store.finish_run(run_id, status=status, error=error, summary=summary)
+    store.finish_experiment(alpha, status="failed")
+    store.begin_experiment("beta", config={}, seed=0, repeats=1)  # still running, no runs
+
+
+def test_list_experiments_counts_runs_by_status(store: Store) -> None:
+    assert store.list_experiments() == []
+    _two_experiments(store)
+    listed = store.list_experiments()
+    assert [{k: v for k, v in e.items() if k != "created_at"} for e in listed] == [
+        {"name": "beta", "status": "running", "arms": 0, "repeats": 1, "runs": 0,
+         "runs_by_status": {}},
+        {"name": "alpha", "status": "failed", "arms": 2, "repeats": 2, "runs": 4,
+         "runs_by_status": {"completed": 2, "failed": 1, "stopped": 1}},
+    ]  # fmt: skip
+    assert all(e["created_at"] is not None for e in listed)
+
+
+def test_get_experiment_returns_arms_runs_and_final_metrics(store: Store) -> None:
+    _two_experiments(store)
+    exp = store.get_experiment("alpha")
+    assert (exp["name"], exp["status"], exp["seed"], exp["repeats"]) == ("alpha", "failed", 3, 2)
+    assert exp["config"] == {"lr": 0.1}
+    assert exp["ended_at"] is not None
+    assert exp["arms"] == [
+        {"name": "a", "overrides": {"lr": 0.1}},
+        {"name": "b", "overrides": {"lr": 0.2}},
+    ]
+    runs = exp["runs"]
+    assert [(r["run_key"], r["arm"], r["repeat"], r["seed"], r["status"], r["error"])
+            for r in runs] == [
+        ("a-r0", "a", 0, 3, "completed", None),
+        ("a-r1", "a", 1, 4, "failed", "ValueError: boom"),
+        ("b-r0", "b", 0, 3, "completed", None),
+        ("b-r1", "b", 1, 4, "stopped", None),
+    ]  # fmt: skip
+    first = runs[0]["summary"]
+    assert first["loss"] == 0.5 and first["best"] == math.inf and math.isnan(first["acc"])
+    assert runs[1]["summary"] == {}
+    assert runs[2]["summary"] == {"loss": 0.25, "acc": 0.75, "best": -math.inf}
+    assert runs[3]["summary"] == {"loss": 0.3}
+    assert all(r["callback_errors"] is None for r in runs)
+
+    beta = store.get_experiment("beta")
+    assert (beta["status"], beta["arms"], beta["runs"], beta["ended_at"]) == (
+        "running",
+        [],
+        [],
+        None,
+    )
+
+
+def test_get_experiment_of_an_unknown_name_lists_the_known_ones(store: Store) -> None:
+    with pytest.raises(NoExperiment) as empty:
+        store.get_experiment("nope")
+    assert str(empty.value) == "no experiment named 'nope' in the store"
+    _two_experiments(store)
+    with pytest.raises(NoExperiment) as info:
+        store.get_experiment("gamma")
+    assert str(info.value) == "no experiment named 'gamma' in the store; known: alpha, beta"
+    assert isinstance(info.value, KeyError)
+
+
+# -- the metric writer -----------------------------------------------------------------------
+def _item(i: int) -> MetricItem:
+    return (1, i, {"v": float(i)}, 0.0)
+
+
+class GatedSink:
+    """A real write function that holds every batch until `gate` opens, then keeps it."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[list[MetricItem]] = []
+
+    def write(self, items: list[MetricItem]) -> None:
+        self.entered.set()
+        assert self.gate.wait(WAIT_S), "the test never opened the gate"
+        self.batches.append(list(items))
+
+    @property
+    def written(self) -> list[MetricItem]:
+        return [item for batch in self.batches for item in batch]
+
+
+def test_writer_put_blocks_while_full_and_drops_nothing() -> None:
+    sink = GatedSink()
+    writer = MetricWriter(sink.write, max_pending=2, max_batch=3)
+    writer.put(*_item(0))
+    assert sink.entered.wait(WAIT_S)  # the writer holds item 0 in a write that waits
+    writer.put(*_item(1))
+    writer.put(*_item(2))  # the buffer (2) is now full
+
+    done: list[int] = []
+
+    def producer() -> None:
+        for i in range(3, 20):
+            writer.put(*_item(i))
+            done.append(i)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive() and done == []  # put(3) waits for room: back-pressure
+    assert sink.batches == []
+
+    sink.gate.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and done == list(range(3, 20))
+    writer.flush()
+    assert sink.written == [_item(i) for i in range(20)]  # all of them, in order
+    assert all(len(b) <= 3 for b in sink.batches)  # max_batch holds
+    writer.close()
+
+
+def test_writer_flush_returns_only_after_the_write_committed() -> None:
+    sink = GatedSink()
+    writer = MetricWriter(sink.write)
+    for i in range(5):
+        writer.put(*_item(i))
+    flushed = threading.Event()
+    flusher = threading.Thread(target=lambda: (writer.flush(), flushed.set()))
+    flusher.start()
+    assert sink.entered.wait(WAIT_S)
+    flusher.join(0.3)
+    assert not flushed.is_set() and sink.written == []  # the write is still in progress
+    sink.gate.set()
+    flusher.join(WAIT_S)
+    assert flushed.is_set()
+    assert sink.written == [_item(i) for i in range(5)]
+    writer.close()
+
+
+def test_writer_that_keeps_failing_raises_store_error_at_flush() -> None:
+    attempts: list[int] = []
+
+    def broken(items: list[MetricItem]) -> None:
+        attempts.append(len(items))
+        raise OSError("disk full")
+
+    writer = MetricWriter(broken, retries=3, backoff_s=0.001)
+    writer.put(*_item(0))
+    writer.put(*_item(1))
+    with pytest.raises(StoreError, match="metrics could not be written: disk full") as info:
+        writer.flush()
+    assert isinstance(info.value.__cause__, OSError)
+    assert sum(attempts) == 2 * 4 and len(attempts) == 4  # 1 try + 3 retries of one batch
+    writer.flush()  # reported once, not again for the same failure
+    writer.close()
+
+
+def test_writer_error_surfaces_at_close_too() -> None:
+    def broken(items: list[MetricItem]) -> None:
+        raise OSError("read-only file system")
+
+    writer = MetricWriter(broken, retries=0, backoff_s=0.001)
+    writer.put(*_item(0))
+    with pytest.raises(StoreError, match="read-only file system"):
+        writer.close()
+
+
+def test_writer_retries_a_transient_failure_and_loses_nothing() -> None:
+    written: list[MetricItem] = []
+    calls = {"n": 0}
+
+    def flaky(items: list[MetricItem]) -> None:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise OSError("database is locked")
+        written.extend(items)
+
+    writer = MetricWriter(flaky, retries=5, backoff_s=0.001)
+    for i in range(10):
+        writer.put(*_item(i))
+    writer.flush()
+    assert written == [_item(i) for i in range(10)]
+    assert calls["n"] >= 3
+    writer.close()
