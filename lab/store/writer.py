@@ -1,9 +1,10 @@
 """The metric write path: a bounded buffer on the training thread, a writer thread behind it.
 
 `put` is O(1) and never touches the disk: it appends one step's metric dict to a bounded
-queue. The writer thread wakes every `interval_s` (or at once for a flush or a full
-buffer) and writes whatever piled up in one transaction.
-When the queue is full, `put` waits (back-pressure); nothing is ever dropped. `flush`
+deque (an append is atomic, so the common case takes no lock). The writer thread wakes
+every `interval_s` (or at once for a flush or a full buffer) and writes whatever piled up
+in one transaction. When the buffer is full, `put` waits (back-pressure); nothing is ever
+dropped. `flush`
 returns once everything put before it is committed, and raises a writer error that
 persisted through the retries.
 """
@@ -11,9 +12,9 @@ persisted through the retries.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,9 @@ class MetricWriter:
     ) -> None:
         self._write = write
         self._interval_s = interval_s
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
+        self._buffer: deque[Any] = deque()
+        self._max_pending = max_pending
+        self._room = threading.Condition()
         self._max_batch = max_batch
         self._retries = retries
         self._backoff_s = backoff_s
@@ -52,12 +55,19 @@ class MetricWriter:
         self._thread.start()
 
     def put(self, run_id: int, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        """Queue one step's metrics; waits only while the buffer is full."""
-        try:
-            self._queue.put_nowait((run_id, step, metrics, wall_time))
-        except queue.Full:  # back-pressure: wake the writer and wait for room
-            self._wake.set()
-            self._queue.put((run_id, step, metrics, wall_time))
+        """Buffer one step's metrics; waits only while the buffer is full."""
+        if len(self._buffer) >= self._max_pending:
+            self._wait_for_room()
+        self._buffer.append((run_id, step, metrics, wall_time))
+
+    def _wait_for_room(self) -> None:
+        with self._room:
+            while len(self._buffer) >= self._max_pending:
+                if not self._thread.is_alive():
+                    self._raise_error()
+                    raise StoreError("the metric writer has stopped; this store is closed")
+                self._wake.set()
+                self._room.wait(0.05)
 
     def flush(self) -> None:
         """Return once every item put so far is committed; raise if the writer gave up."""
@@ -65,7 +75,7 @@ class MetricWriter:
             self._raise_error()
             return
         done = threading.Event()
-        self._queue.put(done)
+        self._buffer.append(done)
         self._wake.set()
         done.wait()
         self._raise_error()
@@ -73,7 +83,7 @@ class MetricWriter:
     def close(self) -> None:
         """Flush, then stop the writer thread."""
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._buffer.append(_STOP)
             self._wake.set()
             self._thread.join()
         self._raise_error()
@@ -95,8 +105,8 @@ class MetricWriter:
             stop = False
             while len(items) < self._max_batch:
                 try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+                    item = self._buffer.popleft()
+                except IndexError:
                     break
                 if item is _STOP:
                     stop = True
@@ -105,13 +115,15 @@ class MetricWriter:
                     waiters.append(item)
                     break  # everything put before this flush is in `items`
                 items.append(item)
+            with self._room:
+                self._room.notify_all()
             if items:
                 self._write_with_retries(items)
             for waiter in waiters:
                 waiter.set()
             if stop:
                 return
-            if len(items) >= self._max_batch or not self._queue.empty():
+            if len(items) >= self._max_batch or self._buffer:
                 self._wake.set()  # more is waiting: go round again without sleeping
 
     def _write_with_retries(self, items: list[MetricItem]) -> None:
