@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+from sqlalchemy.engine import make_url
 
 from lab._table import render
 from lab.errors import LabError
@@ -46,17 +47,20 @@ def _clean_errors(fn: F) -> F:
 @app.command()
 @_clean_errors
 def quickstart(
-    store: Annotated[str, typer.Option("--store", help="Store URL")] = "sqlite:///lab.db",
+    store: StoreOption = None,
     output_dir: Annotated[str, typer.Option(help="Where run folders go")] = "runs",
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per run")] = 300,
 ) -> None:
     """Run the demo experiment (2 arms x 3 repeats) into a store and print its summary."""
     from lab.demo import quickstart as run_demo
+    from lab.store import resolve_url
 
-    result = run_demo(store, output_dir=output_dir, steps=steps)
-    typer.echo(str(result.summary("val/loss", "min")))
-    typer.echo(f"\nRecorded in {store}. Next: lab ls, lab show quickstart, or in Python:")
-    typer.echo('  import lab.inspect; lab.inspect.connect("' + store + '").sql(')
+    url = resolve_url(store)
+    result = run_demo(url, output_dir=output_dir, steps=steps)
+    typer.echo(str(result.summary("val/loss", "min", keys=("loss", "val/loss"))))
+    shown = make_url(url).render_as_string(hide_password=True)
+    typer.echo(f"\nRecorded in {shown}. Next: lab ls, lab show quickstart, or in Python:")
+    typer.echo('  import lab.inspect; lab.inspect.connect("' + shown + '").sql(')
     typer.echo("      \"select arm, avg(value) from final_metrics where key = 'val/loss' "
                "group by arm\").df()")  # fmt: skip
 

@@ -66,13 +66,13 @@ def train(run: RunSpec) -> LoopArtifacts:
 
 
 def quickstart(
-    store: str | None = "sqlite:///lab.db",
+    store: str | None = None,
     *,
     output_dir: str | Path = "runs",
     callbacks: list[Callback] | None = None,
     steps: int = 300,
 ) -> ExperimentResult:
-    """Run the demo experiment into `store` and return its result."""
+    """Run the demo experiment into `store` (default: as every store URL) and return it."""
     return Experiment(
         "quickstart",
         train,

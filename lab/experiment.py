@@ -24,6 +24,7 @@ from lab._stats import Spread, spread
 from lab._table import fmt, render
 from lab.errors import CallbackError, ConfigError
 from lab.hooks import Callback, Dispatcher, LogContext
+from lab.loggers.sql import SqlLogger
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.training import LoopArtifacts
 from lab.store.engine import resolve_url
@@ -235,6 +236,8 @@ class ExperimentResult:
     name: str
     arms: list[ArmResult]
     seconds: float = 0.0
+    error: str | None = None
+    callback_errors: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def runs(self) -> list[RunResult]:
@@ -243,30 +246,41 @@ class ExperimentResult:
 
     @property
     def status(self) -> Literal["completed", "failed"]:
-        """`failed` if any run failed, else `completed`."""
-        return "failed" if any(r.status == "failed" for r in self.runs) else "completed"
+        """`failed` if it was interrupted or any run failed, else `completed`."""
+        if self.error is not None or any(r.status == "failed" for r in self.runs):
+            return "failed"
+        return "completed"
 
-    def summary(self, metric: str | None = None, mode: Literal["min", "max"] = "min") -> Summary:
+    def summary(
+        self,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        *,
+        keys: Sequence[str] | None = None,
+    ) -> Summary:
         """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
 
-        `metric` defaults to ``loss``. Failed runs are left out of the statistics.
+        `metric` defaults to ``loss``; `keys` limits the rows to some metrics. Failed runs
+        are left out of the statistics.
         """
         if mode not in ("min", "max"):
             raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
-        keys = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
+        known = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
+        for name in ([metric] if metric is not None else []) + list(keys or []):
+            if name not in known:
+                raise ConfigError(
+                    f"no run has a final metric {name!r}; known: {', '.join(known) or 'none'}"
+                )
+        chosen = metric or ("loss" if "loss" in known else None)
+        shown = list(keys) if keys is not None else known
         rows = []
         spreads: dict[str, Spread] = {}
         for arm in self.arms:
-            for key in keys:
+            for key in shown:
                 s = spread(arm.values(key))
                 rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-                if key == (metric or "loss"):
-                    spreads[arm.name] = s
-        chosen = metric or ("loss" if "loss" in keys else None)
-        if metric is not None and metric not in keys:
-            raise ConfigError(
-                f"no run has a final metric {metric!r}; known: {', '.join(keys) or 'none'}"
-            )
+            if chosen is not None:
+                spreads[arm.name] = spread(arm.values(chosen))
         ranked = sorted(
             (name for name, s in spreads.items() if not math.isnan(s.mean)),
             key=lambda name: spreads[name].mean,
@@ -350,8 +364,18 @@ class Experiment:
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
-        """Run every arm x repeat and return their results; failed runs don't stop the rest."""
-        hooks = Dispatcher(self._callbacks(), strict=self.strict)
+        """Run every arm x repeat and return their results; failed runs don't stop the rest.
+
+        The store is opened before any hook fires, so an unreachable server or a schema
+        from a newer `lab` stops the experiment at once, with one line that says what to do.
+        An interrupt (Ctrl-C) records the run it hit as failed and the experiment as failed,
+        then propagates.
+        """
+        callbacks = self._callbacks()
+        for cb in callbacks:
+            if isinstance(cb, SqlLogger):
+                cb.open()
+        hooks = Dispatcher(callbacks, strict=self.strict)
         ctx = LogContext(
             experiment=self.name,
             output_dir=self.output_dir / safe_name(self.name),
@@ -361,22 +385,33 @@ class Experiment:
         started = time.perf_counter()
         try:
             hooks.fire("on_experiment_start", ctx)
-            for arm, arm_result in zip(self.arms, result.arms, strict=True):
-                ctx.group_name, ctx.arm = arm.name, arm.name
-                hooks.fire("on_group_start", ctx, arm.name)
-                for repeat in range(self.repeats):
-                    self._run_one(hooks, ctx, arm, arm_result, repeat)
-            _clear_run(ctx)
-            ctx.group_name = ctx.arm = None
-            result.seconds = time.perf_counter() - started
-            hooks.fire("on_experiment_end", ctx, result)
+            try:
+                for arm, arm_result in zip(self.arms, result.arms, strict=True):
+                    ctx.group_name, ctx.arm = arm.name, arm.name
+                    hooks.fire("on_group_start", ctx, arm.name)
+                    for repeat in range(self.repeats):
+                        self._run_one(hooks, ctx, arm, arm_result, repeat)
+            except CallbackError:
+                raise  # strict mode: a callback bug propagates as it is
+            except BaseException as exc:  # an interrupt: close the record, then propagate
+                result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                self._end(hooks, ctx, result, started)
+                raise
+            self._end(hooks, ctx, result, started)
         finally:
             hooks.fire("close")
         return result
 
-    def _callbacks(self) -> list[Callback]:
-        from lab.loggers.sql import SqlLogger
+    def _end(
+        self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult, started: float
+    ) -> None:
+        _clear_run(ctx)
+        result.seconds = time.perf_counter() - started
+        result.callback_errors = _failures(hooks, None)
+        hooks.fire("on_experiment_end", ctx, result)
+        result.callback_errors = _failures(hooks, None)
 
+    def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
         if self.store is not False and not any(isinstance(cb, SqlLogger) for cb in callbacks):
             callbacks.append(SqlLogger(self.store))
@@ -406,7 +441,6 @@ class Experiment:
         run_dir = ctx.output_dir / run_key
         run_dir.mkdir(parents=True, exist_ok=True)
         hooks.run_key = run_key
-        failures_before = len(hooks.failures)
         seed_everything(seed)
         spec = RunSpec(self.name, arm.name, repeat, 0, seed, run_key, config, run_dir, ctx, hooks)
 
@@ -416,6 +450,7 @@ class Experiment:
         metrics: dict[str, float] = {}
         error = tb = None
         artifacts = None
+        interrupt: BaseException | None = None
         try:
             out = self.train(spec)
             artifacts = out if isinstance(out, LoopArtifacts) else None
@@ -426,19 +461,34 @@ class Experiment:
                 metrics.update(self._benchmark(hooks, ctx, artifacts))
         except CallbackError:
             raise  # strict mode: a callback bug must not look like a training failure
-        except Exception as exc:
+        except BaseException as exc:
             status, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            log.error("run %s of %s failed; the other runs go on:\n%s", run_key, self.name, tb)
+            if isinstance(exc, Exception):
+                log.error("run %s of %s failed; the other runs go on:\n%s", run_key, self.name, tb)
+            else:
+                error, interrupt = f"interrupted ({type(exc).__name__})", exc
             hooks.fire("on_error", ctx, exc)
         run_result = RunResult(
-            run_key, arm.name, repeat, 0, seed, status, metrics,
-            time.perf_counter() - started, error, tb,
-            [f.to_dict() for f in hooks.failures[failures_before:]], artifacts,
-        )  # fmt: skip
+            run_key=run_key,
+            arm=arm.name,
+            repeat=repeat,
+            stage=0,
+            seed=seed,
+            status=status,
+            metrics=metrics,
+            seconds=time.perf_counter() - started,
+            error=error,
+            traceback=tb,
+            callback_errors=_failures(hooks, run_key),
+            artifacts=artifacts,
+        )
         arm_result.runs.append(run_result)
         hooks.fire("on_run_end", ctx, run_result, arm_result)
         # failures inside on_run_end itself still reach the run's record
-        run_result.callback_errors = [f.to_dict() for f in hooks.failures[failures_before:]]
+        run_result.callback_errors = _failures(hooks, run_key)
+        hooks.run_key = None  # what fails from here on belongs to the experiment
+        if interrupt is not None:
+            raise interrupt
 
     def _benchmark(
         self, hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
@@ -455,8 +505,14 @@ class Experiment:
         return metrics
 
 
+def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
+    """The callback failures of one run (or, with None, of the experiment outside runs)."""
+    return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
+
+
 def _clear_run(ctx: LogContext) -> None:
     ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = None
+    ctx.group_name = ctx.arm = None
     ctx.stage = 0
 
 

@@ -9,7 +9,8 @@ The lifecycle, with every hook in the place it fires::
             for each run of the group:
                 on_run_start(ctx)                        # ctx.run_config is set
                 train(run) -> TrainingLoop.fit(run):
-                    [post_checkpoint_loaded(state, path)] # only when resuming
+                    [post_checkpoint_loaded(state, path)] # when resuming; not fired yet:
+                                                          # fit() always starts at step 0
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
                     each step:
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lab.errors import CallbackError
+from lab.errors import CallbackError, ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -149,7 +150,7 @@ class Callback:
     docstring). Callbacks run in `priority` order, higher first; ties keep the order they
     were attached in. A callback that raises is logged and counted, and the run goes on,
     unless strict mode is on. A callback with `state_dict()`/`load_state_dict()` is saved in
-    each checkpoint and restored on resume.
+    each checkpoint, for resuming.
     """
 
     priority: ClassVar[int] = 0
@@ -188,7 +189,11 @@ class Callback:
 
     # -- loop level ----------------------------------------------------------------------
     def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:
-        """After a checkpoint was loaded to resume, before `on_train_start`."""
+        """After a checkpoint was loaded to resume a run, before `on_train_start`.
+
+        Reserved for resuming: today's `fit()` always starts from step 0 and loads no
+        checkpoint, so this hook does not fire yet.
+        """
 
     def on_train_start(self, state: LoopState) -> None:
         """Once, before the first step of a fit."""
@@ -221,15 +226,21 @@ def _is_strict_env() -> bool:
     return os.environ.get("LAB_STRICT", "").lower() in {"1", "true", "yes"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class CallbackFailure:
-    """One exception a callback raised inside a hook, kept so the run can show it later."""
+    """A callback's failures in one hook of one run, kept so the run can show them later.
+
+    `error` and `traceback` are those of the first failure; `count` is how many times that
+    callback's hook has failed in the run so far (the dispatcher records each (run, callback,
+    hook) once and then only counts).
+    """
 
     callback: str
     hook: str
     error: str
     traceback: str
     run_key: str | None = None
+    count: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the store keeps on the run."""
@@ -238,7 +249,14 @@ class CallbackFailure:
             "hook": self.hook,
             "error": self.error,
             "traceback": self.traceback,
+            "count": self.count,
         }
+
+
+def _is_power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 class Dispatcher:
@@ -248,6 +266,11 @@ class Dispatcher:
     bound methods of the callbacks that listen, so a hook nobody overrides costs one dict
     lookup. Set ``LAB_STRICT=1`` (or pass ``strict=True``) to re-raise callback errors, and
     ``LAB_DEBUG_HOOKS=1`` to log every dispatch.
+
+    Otherwise a failure is recorded once per (run, callback, hook): the first with its
+    traceback, logged at ERROR; repeats only add to that record's `count` (a one-line
+    WARNING at 10, 100, 1000, ... failures), so a callback that fails every step costs one
+    dict lookup per step and does not flood the log or the store.
     """
 
     def __init__(
@@ -260,13 +283,17 @@ class Dispatcher:
         attached = list(callbacks)
         for cb in attached:
             if not isinstance(cb, Callback):
-                raise TypeError(f"{cb!r} is not a lab.Callback; subclass lab.Callback to attach it")
+                raise ConfigError(
+                    f"{cb!r} is not a lab.Callback; subclass lab.Callback (and override the "
+                    "hooks you need) to attach it"
+                )
         # sorted() is stable, so ties keep their attachment order.
         self.callbacks: list[Callback] = sorted(attached, key=lambda cb: -cb.priority)
         self.strict = _is_strict_env() if strict is None else strict
         self.trace = os.environ.get("LAB_DEBUG_HOOKS", "") not in {"", "0"}
         self.failures: list[CallbackFailure] = [] if failures is None else failures
         self.failure_counts: Counter[tuple[str, str]] = Counter()
+        self._failure_index: dict[tuple[str | None, str, str], CallbackFailure] = {}
         self.run_key: str | None = None
         self._listeners: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
             hook: tuple(
@@ -282,10 +309,15 @@ class Dispatcher:
         extra = list(extra)
         if not extra:
             return self
-        child = Dispatcher([*self.callbacks, *extra], strict=self.strict, failures=self.failures)
-        child.failure_counts = self.failure_counts
-        child.run_key = self.run_key
-        return child
+        return self.sibling([*self.callbacks, *extra])
+
+    def sibling(self, callbacks: Iterable[Callback]) -> Dispatcher:
+        """A dispatcher over `callbacks` alone, sharing this one's failure record and run key."""
+        other = Dispatcher(callbacks, strict=self.strict, failures=self.failures)
+        other.failure_counts = self.failure_counts
+        other._failure_index = self._failure_index
+        other.run_key = self.run_key
+        return other
 
     def listens(self, hook: str) -> bool:
         """Whether any callback overrides `hook`; the loop skips building arguments if not."""
@@ -313,9 +345,27 @@ class Dispatcher:
                 self._record(name, hook, exc)
 
     def _record(self, name: str, hook: str, exc: Exception) -> None:
-        tb = traceback.format_exc()
         self.failure_counts[(name, hook)] += 1
-        self.failures.append(
-            CallbackFailure(name, hook, f"{type(exc).__name__}: {exc}", tb, self.run_key)
+        key = (self.run_key, name, hook)
+        seen = self._failure_index.get(key)
+        if seen is not None:  # a repeat: count it, warn at 10, 100, 1000, ...
+            seen.count += 1
+            if seen.count % 10 == 0 and _is_power_of_ten(seen.count):
+                log.warning(
+                    "callback %s.%s has now failed %d times in run %s",
+                    name,
+                    hook,
+                    seen.count,
+                    self.run_key,
+                )
+            return
+        tb = traceback.format_exc()
+        failure = CallbackFailure(name, hook, f"{type(exc).__name__}: {exc}", tb, self.run_key)
+        self._failure_index[key] = failure
+        self.failures.append(failure)
+        log.error(
+            "callback %s.%s raised; the run goes on (repeats are only counted):\n%s",
+            name,
+            hook,
+            tb,
         )
-        log.error("callback %s.%s raised; the run goes on:\n%s", name, hook, tb)

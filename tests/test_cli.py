@@ -60,7 +60,22 @@ def test_ls_lists_experiments_with_counts(demo_db: Path) -> None:
 
 def test_ls_reads_lab_store_url(demo_db: Path) -> None:
     out = lab_cli("ls", env={"LAB_STORE_URL": f"sqlite:///{demo_db}"})
-    assert out.returncode == 0 and "quickstart" in out.stdout
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1].split()[:2] == ["quickstart", "completed"]
+
+
+def test_quickstart_reads_lab_store_url(tmp_path: Path) -> None:
+    db = tmp_path / "elsewhere.db"
+    out = lab_cli(
+        "quickstart", "--steps", "50", "--output-dir", str(tmp_path / "runs"),
+        env={"LAB_STORE_URL": f"sqlite:///{db}"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"Recorded in sqlite:///{db}." in out.stdout
+    assert not (Path.cwd() / "lab.db").exists()
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (6,)
+    con.close()
 
 
 def test_ls_on_an_empty_store_says_what_to_do(tmp_path: Path) -> None:
@@ -141,8 +156,8 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "lab"
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for command in ("quickstart", "ls", "show", "db"):
-        assert command in out.stdout
+    listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ")}
+    assert {"quickstart", "ls", "show", "db"} <= listed, out.stdout
 
 
 def test_show_lists_callback_errors_recorded_on_runs(tmp_path: Path) -> None:

@@ -496,3 +496,110 @@ def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0
     assert result.failed == 0
+
+
+# --------------------------------------------------------------------------------------------
+# the store is checked before anything runs; interrupts close the record
+
+
+class Everything(Callback):
+    """Records every experiment-level hook by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_experiment_start(self, ctx: lab.LogContext) -> None:
+        self.calls.append("on_experiment_start")
+
+    def on_run_start(self, ctx: lab.LogContext) -> None:
+        self.calls.append(f"on_run_start:{ctx.run_key}")
+
+    def on_error(self, ctx: lab.LogContext, exc: BaseException) -> None:
+        self.calls.append(f"on_error:{type(exc).__name__}")
+
+    def on_run_end(self, ctx: lab.LogContext, run_result: lab.RunResult, arm: Any) -> None:
+        self.calls.append(f"on_run_end:{run_result.run_key}:{run_result.status}")
+
+    def on_experiment_end(self, ctx: lab.LogContext, result: lab.ExperimentResult) -> None:
+        self.calls.append(f"on_experiment_end:{result.status}")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_an_unreachable_store_stops_the_experiment_before_any_hook(tmp_path: Path) -> None:
+    from lab.errors import StoreUnreachable
+
+    calls: list[Any] = []
+    seen = Everything()
+    exp = Experiment("u", calls.append, callbacks=[seen], output_dir=tmp_path,
+                     store="postgresql://postgres:lab@127.0.0.1:1/x", strict=False)  # fmt: skip
+    with pytest.raises(StoreUnreachable) as info:
+        exp.run()
+    assert "\n" not in str(info.value) and "start the server" in str(info.value)
+    assert calls == [] and seen.calls == []
+
+
+def test_a_newer_schema_stops_the_experiment_and_keeps_the_data(tmp_path: Path) -> None:
+    import sqlite3
+
+    from lab.errors import SchemaTooNew
+
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    Experiment("old", lambda run: {"loss": 1.0}, store=url, output_dir=tmp_path).run()
+    con = sqlite3.connect(tmp_path / "lab.db")
+    con.execute("UPDATE alembic_version SET version_num = 'ffff'")
+    con.commit()
+    calls: list[Any] = []
+    with pytest.raises(SchemaTooNew, match="pip install -U lab"):
+        Experiment("new", calls.append, store=url, output_dir=tmp_path).run()
+    assert calls == []
+    assert con.execute("SELECT name, status FROM experiments").fetchall() == [("old", "completed")]
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+    con.close()
+
+
+def test_an_interrupt_records_the_run_and_experiment_as_failed_then_propagates(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    def train(run: lab.RunSpec) -> dict[str, float]:
+        if run.repeat == 1:
+            raise KeyboardInterrupt
+        return {"loss": 1.0}
+
+    seen = Everything()
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    with pytest.raises(KeyboardInterrupt):
+        Experiment("ctrl-c", train, repeats=3, callbacks=[seen], store=url,
+                   output_dir=tmp_path).run()  # fmt: skip
+    assert seen.calls == [
+        "on_experiment_start",
+        "on_run_start:base-r0",
+        "on_run_end:base-r0:completed",
+        "on_run_start:base-r1",
+        "on_error:KeyboardInterrupt",
+        "on_run_end:base-r1:failed",
+        "on_experiment_end:failed",
+        "close",
+    ]
+    con = sqlite3.connect(tmp_path / "lab.db")
+    assert con.execute("SELECT status FROM experiments").fetchall() == [("failed",)]
+    assert con.execute("SELECT run_key, status, error FROM runs ORDER BY run_id").fetchall() == [
+        ("base-r0", "completed", None),
+        ("base-r1", "failed", "interrupted (KeyboardInterrupt)"),
+    ]
+    con.close()
+
+
+def test_summary_keys_limit_the_rows() -> None:
+    result = Experiment(
+        "keys", lambda run: {"loss": 1.0 + run.repeat, "acc": 0.5, "lr": 0.1}, repeats=2,
+        store=False,
+    ).run()  # fmt: skip
+    summary = result.summary("loss", keys=("loss", "acc"))
+    assert [(r.arm, r.metric) for r in summary.rows] == [("base", "loss"), ("base", "acc")]
+    assert summary.best_arm == "base"
+    with pytest.raises(ConfigError, match="no run has a final metric 'nope'; known: acc, loss, lr"):
+        result.summary(keys=("nope",))

@@ -21,7 +21,7 @@ from lab import (
     LoopArtifacts,
     TrainingLoop,
 )
-from lab.errors import CallbackError
+from lab.errors import CallbackError, ConfigError
 from lab.hooks import HOOKS, CallbackFailure, Dispatcher
 
 NUM_STEPS = 4
@@ -375,8 +375,13 @@ def test_only_overridden_hooks_are_listened_to() -> None:
 
 
 def test_non_callback_is_rejected() -> None:
-    with pytest.raises(TypeError, match=r"is not a lab\.Callback"):
-        Dispatcher([object()])  # type: ignore[list-item]
+    with pytest.raises(ConfigError) as info:
+        Dispatcher([42])  # type: ignore[list-item]
+    assert str(info.value) == (
+        "42 is not a lab.Callback; subclass lab.Callback (and override the hooks you need) "
+        "to attach it"
+    )
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, TypeError)
 
 
 def test_debug_hooks_logs_every_dispatch(
@@ -423,14 +428,69 @@ def test_dispatcher_isolates_and_counts_failures() -> None:
     d = Dispatcher([after, Boom()], strict=False)  # Boom has the higher priority: runs first
     d.fire("on_step_end", None, 1, None, {})
     d.fire("on_step_end", None, 2, None, {})
-    assert d.failure_counts == {("Boom", "on_step_end"): 2}
-    assert [(f.callback, f.hook, f.error) for f in d.failures] == [
-        ("Boom", "on_step_end", "RuntimeError: boom 1"),
-        ("Boom", "on_step_end", "RuntimeError: boom 2"),
+    d.run_key = "r1"
+    d.fire("on_step_end", None, 3, None, {})
+    assert d.failure_counts == {("Boom", "on_step_end"): 3}
+    # one record per (run, callback, hook): the first error and traceback, then a count
+    assert [(f.callback, f.hook, f.error, f.run_key, f.count) for f in d.failures] == [
+        ("Boom", "on_step_end", "RuntimeError: boom 1", None, 2),
+        ("Boom", "on_step_end", "RuntimeError: boom 3", "r1", 1),
     ]
     assert all(isinstance(f, CallbackFailure) for f in d.failures)
     assert "RuntimeError: boom 1" in d.failures[0].traceback
-    assert after.steps == [1, 2]
+    assert d.failures[0].to_dict() == {
+        "callback": "Boom",
+        "hook": "on_step_end",
+        "error": "RuntimeError: boom 1",
+        "traceback": d.failures[0].traceback,
+        "count": 2,
+    }
+    assert after.steps == [1, 2, 3]
+
+
+def test_a_callback_failing_every_step_is_recorded_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dispatchers: list[Dispatcher] = []
+
+    def train(run: lab.RunSpec) -> LoopArtifacts:
+        dispatchers.append(run.dispatcher)
+        return _loop(num_steps=30).fit(run)
+
+    with caplog.at_level(logging.DEBUG, logger="lab.hooks"):
+        result = Experiment("flood", train, callbacks=[Boom()], store=False, strict=False).run()
+    (run,) = result.runs
+    assert run.status == "completed"
+    assert dispatchers[0].failure_counts == {("Boom", "on_step_end"): 30}
+    assert [(f.run_key, f.count) for f in dispatchers[0].failures] == [("base-r0", 30)]
+    rows = run.callback_errors
+    assert [{k: v for k, v in e.items() if k != "traceback"} for e in rows] == [
+        {"callback": "Boom", "hook": "on_step_end", "error": "RuntimeError: boom 1", "count": 30}
+    ]
+    assert "RuntimeError: boom 1" in rows[0]["traceback"]
+    records = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "lab.hooks"]
+    assert len(records) == 2
+    assert records[0][0] == logging.ERROR
+    assert records[0][1].startswith("callback Boom.on_step_end raised; the run goes on")
+    assert "RuntimeError: boom 1" in records[0][1]  # the traceback, once
+    assert records[1] == (
+        logging.WARNING,
+        "callback Boom.on_step_end has now failed 10 times in run base-r0",
+    )
+
+
+def test_failure_warnings_come_at_each_power_of_ten(caplog: pytest.LogCaptureFixture) -> None:
+    d = Dispatcher([Boom()], strict=False)
+    d.run_key = "k"
+    with caplog.at_level(logging.WARNING, logger="lab.hooks"):
+        for step in range(1, 1001):
+            d.fire("on_step_end", None, step, None, {})
+    assert d.failure_counts == {("Boom", "on_step_end"): 1000}
+    assert [f.count for f in d.failures] == [1000]
+    assert [r.levelno for r in caplog.records] == [logging.ERROR] + [logging.WARNING] * 3
+    assert [r.getMessage() for r in caplog.records[1:]] == [
+        f"callback Boom.on_step_end has now failed {n} times in run k" for n in (10, 100, 1000)
+    ]
 
 
 def test_strict_false_isolates_callback_errors_in_an_experiment() -> None:
@@ -458,13 +518,35 @@ def test_strict_false_isolates_callback_errors_in_an_experiment() -> None:
         ("BoomAtRunEnd", "on_run_end"): 2,
     }
     for run in result.runs:
-        assert [(e["callback"], e["hook"], e["error"]) for e in run.callback_errors] == [
-            ("Boom", "on_step_end", "RuntimeError: boom 1"),
-            ("Boom", "on_step_end", "RuntimeError: boom 2"),
-            ("Boom", "on_step_end", "RuntimeError: boom 3"),
-            ("BoomAtRunEnd", "on_run_end", "KeyError: 'late'"),
+        errors = run.callback_errors
+        assert [(e["callback"], e["hook"], e["error"], e["count"]) for e in errors] == [
+            ("Boom", "on_step_end", "RuntimeError: boom 1", 3),
+            ("BoomAtRunEnd", "on_run_end", "KeyError: 'late'", 1),
         ]
         assert all("Traceback" in e["traceback"] for e in run.callback_errors)
+
+
+def test_a_loop_callback_failing_in_close_is_kept_on_its_run() -> None:
+    class CloseBoom(Callback):
+        def close(self) -> None:
+            raise RuntimeError("cannot close")
+
+    holders: list[Dispatcher] = []
+
+    def train(run: lab.RunSpec) -> LoopArtifacts:
+        holders.append(run.dispatcher)
+        return _loop(num_steps=1, callbacks=[CloseBoom()]).fit(run)
+
+    result = Experiment("own", train, repeats=2, store=False, strict=False).run()
+    assert holders[0].failure_counts == {("CloseBoom", "close"): 2}
+    assert [(f.run_key, f.hook, f.count) for f in holders[0].failures] == [
+        ("base-r0", "close", 1),
+        ("base-r1", "close", 1),
+    ]
+    for run in result.runs:
+        assert [(e["callback"], e["hook"], e["count"]) for e in run.callback_errors] == [
+            ("CloseBoom", "close", 1)
+        ]
 
 
 def test_strict_false_callback_error_in_on_run_start_is_kept_on_the_run() -> None:
@@ -478,8 +560,8 @@ def test_strict_false_callback_error_in_on_run_start_is_kept_on_the_run() -> Non
     (run,) = result.runs
     assert run.status == "completed"
     assert run.metrics == {"loss": 1.0}
-    assert [(e["callback"], e["hook"], e["error"]) for e in run.callback_errors] == [
-        ("Broken", "on_run_start", "RuntimeError: oops")
+    assert [(e["callback"], e["hook"], e["error"], e["count"]) for e in run.callback_errors] == [
+        ("Broken", "on_run_start", "RuntimeError: oops", 1)
     ]
 
 

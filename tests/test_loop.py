@@ -195,6 +195,80 @@ def test_grad_clip_reports_the_pre_clip_norm_and_bounds_the_update() -> None:
     assert moves[0] == pytest.approx(lr * pre_clip, rel=1e-4)
 
 
+class Grads(Callback):
+    """Keeps a copy of each step's gradients, as the optimizer used them."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[torch.Tensor]] = []
+
+    def on_step_end(
+        self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch, metrics: dict
+    ) -> None:
+        self.steps.append([p.grad.clone() for p in state.model.parameters()])
+
+
+def test_without_grad_clip_fp16_gradients_are_untouched_when_the_norm_overflows() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4096, 128).half()
+    ref = copy.deepcopy(model)
+    x = torch.full((4, 4096), 100.0, dtype=torch.float16)
+
+    def loss_fn(m: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return m(batch).sum()
+
+    loss_fn(ref, x).backward()  # the plain gradients: finite, but their fp16 norm overflows
+    assert all(torch.isfinite(p.grad).all() for p in ref.parameters())
+    assert torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]).item() == math.inf
+
+    grads, rows = Grads(), StepRows()
+    TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1e-8),
+        [x],
+        loss_fn,
+        1,
+        callbacks=[grads, rows],
+    ).fit()
+    assert rows.rows[0]["grad_norm"] == math.inf  # the overflow is data, reported as is
+    (used,) = grads.steps
+    assert all(torch.equal(g, p.grad) for g, p in zip(used, ref.parameters(), strict=True))
+    assert not any(torch.isnan(p).any() for p in model.parameters())
+
+
+def test_without_grad_clip_gradients_are_bit_identical_to_plain_backward() -> None:
+    data = _batches(dim=4, scale=100.0)
+    model = _model(4)
+    ref = copy.deepcopy(model)
+    grads, rows = Grads(), StepRows()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    TrainingLoop(model, opt, data, _mse, 3, callbacks=[grads, rows]).fit()
+
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    for step in range(3):
+        ref_opt.zero_grad(set_to_none=True)
+        _mse(ref, data[step % 2]).backward()
+        assert all(
+            torch.equal(g, p.grad) for g, p in zip(grads.steps[step], ref.parameters(), strict=True)
+        )
+        norm = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ref.parameters()]))
+        assert rows.rows[step]["grad_norm"] == pytest.approx(norm.item(), rel=1e-6)
+        ref_opt.step()
+    assert torch.equal(_flat(model), _flat(ref))
+
+
+@pytest.mark.parametrize("grad_clip", [None, 1.0])
+def test_grad_norm_is_nan_when_no_parameter_has_a_gradient(grad_clip: float | None) -> None:
+    def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return batch[0].clone().requires_grad_().sum()  # needs grad, reaches no parameter
+
+    model = _model()
+    before = _flat(model)
+    rows = StepRows()
+    _loop(2, model=model, loss_fn=loss_fn, grad_clip=grad_clip, callbacks=[rows]).fit()
+    assert [math.isnan(r["grad_norm"]) for r in rows.rows] == [True, True]
+    assert torch.equal(_flat(model), before)
+
+
 # --------------------------------------------------------------------------------------------
 # data
 

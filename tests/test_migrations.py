@@ -22,6 +22,7 @@ from lab.store.migrations import (
     alembic_config,
     current_revision,
     head_revision,
+    is_known,
     migrations_dir,
     upgrade,
 )
@@ -74,6 +75,44 @@ def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -
         assert current_revision(engine) == head_revision()
         assert set(sa.inspect(engine).get_table_names()) == {*TABLES, "alembic_version"}
         _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+
+
+def test_is_known_takes_only_the_full_id_of_one_of_our_revisions() -> None:
+    assert is_known("0001") and is_known(head_revision())
+    # Alembic's lookup would resolve these (a prefix, symbols), or fail with other errors
+    for revision in ("f00d_from_lab_9", "0", "000", "head", "heads", "base", "", "0001@x"):
+        assert not is_known(revision), revision
+
+
+def test_the_models_check_constraints_are_the_migrations_word_for_word(sqlite_url: str) -> None:
+    """CHECKs are built from the status tuples; autogenerate does not compare CHECKs, so
+    compare their SQL text with the one the migration wrote (SQLite keeps it as written)."""
+    checks = {
+        c.name: str(c.sqltext)
+        for table in Base.metadata.sorted_tables
+        for c in table.constraints
+        if isinstance(c, sa.CheckConstraint)
+    }
+    assert checks == {
+        "ck_experiments_status": "status IN ('running', 'completed', 'failed')",
+        "ck_groups_kind": "kind IN ('repeats', 'chain')",
+        "ck_runs_status": "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')",
+        "ck_checkpoints_event": "event IN ('save', 'remove')",
+    }
+    engine = make_engine(resolve_url(sqlite_url))
+    try:
+        upgrade(engine)
+        insp = sa.inspect(engine)
+        for table in Base.metadata.sorted_tables:
+            models = {
+                c.name: str(c.sqltext)
+                for c in table.constraints
+                if isinstance(c, sa.CheckConstraint)
+            }
+            built = {c["name"]: c["sqltext"] for c in insp.get_check_constraints(table.name)}
+            assert built == models, table.name
     finally:
         engine.dispose()
 

@@ -30,6 +30,7 @@ from lab import (
     ManifestRow,
     RunSpec,
     SqlLogger,
+    Store,
     TrainingLoop,
 )
 from lab.hooks import LogContext, LoopState
@@ -231,7 +232,7 @@ def test_experiment_rows_match_what_the_loop_reported(store_url: str) -> None:
         assert row["error"] is None and row["traceback"] is None
         assert row["callback_errors"] is None
         assert _json(row["config"]) == _json(arms[list(arm_ids).index(rr.arm)]["config"])
-        assert row["output_dir"] == str(Path("runs") / "sql-e2e" / rr.run_key)
+        assert row["output_dir"] == str((Path("runs") / "sql-e2e" / rr.run_key).resolve())
         assert row["ended_at"] is not None and _ts(row["ended_at"]) >= _ts(row["started_at"])
         summary = _json(row["summary"])
         assert summary == rr.metrics  # final step metrics + val/loss + bench/mae
@@ -464,4 +465,136 @@ def test_nan_loss_and_summary_round_trip(sqlite_url: str) -> None:
         "worst": "-Infinity",
         "acc": 0.5,
     }
+    engine.dispose()
+
+
+def test_nan_loss_from_the_loop_reaches_the_metrics_table(store_url: str, tmp_path: Path) -> None:
+    """A NaN loss is data: the loop goes on, and the store keeps NaN at exactly that step."""
+
+    def nan_at_3(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        loss = _loss(model, batch)
+        return loss * math.nan if nan_at_3.calls == 2 else loss  # type: ignore[attr-defined]
+
+    def counted(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        out = nan_at_3(model, batch)
+        nan_at_3.calls += 1  # type: ignore[attr-defined]
+        return out
+
+    nan_at_3.calls = 0  # type: ignore[attr-defined]
+
+    def train_nan(run: RunSpec) -> LoopArtifacts:
+        x, y = _data(run.seed)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return TrainingLoop(model, opt, [(x, y)], counted, 5).fit(run)
+
+    result = Experiment("nan-loss", train_nan, store=store_url, output_dir=tmp_path).run()
+    assert result.runs[0].status == "completed"
+    store = Store(store_url)
+    try:
+        values = store.metric_values(store.get_experiment("nan-loss")["runs"][0]["run_id"], "loss")
+    finally:
+        store.close()
+    assert [s for s, _ in values] == [1, 2, 3, 4, 5]
+    assert math.isnan(values[2][1])
+    assert all(not math.isnan(v) for s, v in values if s < 3)
+
+
+class Derive(Callback):
+    """A lower-priority callback that adds a derived metric to the step's dict."""
+
+    def on_step_end(self, state, step_idx, batch, metrics):  # type: ignore[no-untyped-def]
+        metrics["derived"] = 2 * metrics["loss"]
+        metrics["loss"] = -1.0
+
+
+def test_store_keeps_the_step_row_as_it_was_handed_over(sqlite_url: str, tmp_path: Path) -> None:
+    Experiment("derive", train, base_config=Cfg(), callbacks=[Derive()], store=sqlite_url,
+               output_dir=tmp_path).run()  # fmt: skip
+    engine = _engine(sqlite_url)
+    keys = _rows(engine, "SELECT DISTINCT key FROM metrics WHERE key NOT LIKE 'val/%' ORDER BY key")
+    assert [k["key"] for k in keys] == sorted(STEP_KEYS)
+    (low,) = _rows(engine, "SELECT min(value) AS v FROM metrics WHERE key = 'loss'")
+    assert low["v"] >= 0  # the later callback's -1.0 never reached the store
+    engine.dispose()
+
+
+def test_running_an_experiment_again_replaces_each_runs_rows(
+    store_url: str, tmp_path: Path
+) -> None:
+    def steps_train(run: RunSpec) -> LoopArtifacts:
+        x, y = _data(run.seed)
+        model = torch.nn.Linear(3, 1)
+        return TrainingLoop(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, y)], _loss,
+            run.config.steps, checkpoint=CheckpointConfig(every=2),
+        ).fit(run)  # fmt: skip
+
+    class Steps(pydantic.BaseModel):
+        steps: int = 8
+
+    for steps in (8, 3):
+        result = Experiment("again", steps_train, base_config=Steps(steps=steps),
+                            store=store_url, output_dir=tmp_path / str(steps)).run()  # fmt: skip
+    engine = _engine(store_url)
+    (run,) = _rows(engine, "SELECT run_id, status, summary FROM runs")
+    assert run["status"] == "completed"
+    assert _json(run["summary"])["loss"] == result.runs[0].metrics["loss"]
+    steps = _rows(engine, "SELECT DISTINCT step FROM metrics ORDER BY step")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    saves = _rows(engine, "SELECT step FROM checkpoints WHERE event = 'save' ORDER BY step")
+    assert [s["step"] for s in saves] == [2, 3]
+    (last,) = _rows(engine, "SELECT value FROM metrics WHERE key = 'loss' AND step = 3")
+    assert last["value"] == result.runs[0].metrics["loss"]
+    engine.dispose()
+
+
+def test_two_bare_fits_get_two_experiments(tmp_path: Path, sqlite_url: str) -> None:
+    _bare_loop(None, tmp_path, sqlite_url).fit(run_dir=tmp_path / "bare")
+    _bare_loop(None, tmp_path, sqlite_url).fit(run_dir=tmp_path / "bare")
+    engine = _engine(sqlite_url)
+    names = [e["name"] for e in _rows(engine, "SELECT name FROM experiments")]
+    assert len(names) == 2 and len(set(names)) == 2
+    per_run = _rows(engine, "SELECT run_id, count(*) AS n FROM metrics GROUP BY run_id")
+    assert [r["n"] for r in per_run] == [4 * len(STEP_KEYS)] * 2
+    engine.dispose()
+
+
+def test_benchmark_hook_does_not_change_the_callers_result(sqlite_url: str) -> None:
+    logger = SqlLogger(sqlite_url)
+    ctx = LogContext(experiment="x", output_dir=Path("."))
+    logger.on_experiment_start(ctx)
+    ctx.group_name, ctx.run_key, ctx.repeat, ctx.seed = "g", "r", 0, 0
+    logger.on_group_start(ctx, "g")
+    logger.on_run_start(ctx)
+    result = EvalResult("b", {"acc": 1.0}, step=None)
+    logger.on_benchmark_eval(ctx, result, [], step=5)
+    assert result.step is None
+    engine = _engine(sqlite_url)
+    assert _rows(engine, "SELECT name, step FROM evals") == [{"name": "b", "step": 5}]
+    engine.dispose()
+    logger.close()
+
+
+def test_experiment_level_callback_failures_are_recorded(store_url: str, tmp_path: Path) -> None:
+    class GroupBreaks(Callback):
+        def on_group_start(self, ctx: LogContext, group_name: str) -> None:
+            raise ValueError(f"no sink for {group_name}")
+
+    result = Experiment(
+        "grp", lambda run: {"loss": 1.0}, arms=[Arm("a"), Arm("b")], callbacks=[GroupBreaks()],
+        store=store_url, strict=False, output_dir=tmp_path,
+    ).run()  # fmt: skip
+    # one record per (callback, hook) outside runs: the first error, and how often it failed
+    assert [(f["hook"], f["error"], f["count"]) for f in result.callback_errors] == [
+        ("on_group_start", "ValueError: no sink for a", 2)
+    ]
+    assert all(r.callback_errors == [] for r in result.runs)
+    engine = _engine(store_url)
+    (exp,) = _rows(engine, "SELECT status, callback_errors FROM experiments")
+    assert exp["status"] == "completed"
+    stored = _json(exp["callback_errors"])
+    assert [(f["callback"], f["hook"]) for f in stored] == [
+        (f["callback"], f["hook"]) for f in result.callback_errors
+    ]
     engine.dispose()

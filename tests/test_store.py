@@ -10,6 +10,8 @@ import json
 import math
 import sqlite3
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from lab.errors import (
     StoreUnreachable,
     UnknownScheme,
 )
+from lab.loop.checkpoints import ManifestRow
 from lab.store import DEFAULT_URL, Store, resolve_url
 from lab.store.migrations import head_revision
 from lab.store.schema import TABLES
@@ -138,18 +141,43 @@ def test_close_flushes_pending_metrics(store_url: str) -> None:
     ]
 
 
-def test_a_rejected_metric_write_surfaces_at_flush(store: Store) -> None:
+def test_a_rejected_metric_write_surfaces_at_flush_and_is_kept(
+    store: Store, store_url: str
+) -> None:
     run_id = _new_run(store)
-    # The store's own write path, with few retries so the test is quick.
-    store._writer = MetricWriter(store._write_metrics, retries=1, backoff_s=0.001)
-    store.log_metrics(run_id + 1000, 1, {"loss": 1.0})  # no such run: foreign key violation
+    # The store's own write path, with few retries and short backoffs so the test is quick.
+    store._writer = MetricWriter(
+        store._write_metrics, retries=1, backoff_s=0.001, max_backoff_s=0.002
+    )
+    store.log_metrics(run_id + 1, 1, {"loss": 1.0})  # no such run yet: foreign key violation
+    store.log_metrics(run_id, 1, {"loss": 2.0})  # queued behind it
     with pytest.raises(StoreError, match="metrics could not be written") as info:
         store.flush()
+    assert str(info.value).endswith("; they are kept and retried")
     assert isinstance(info.value.__cause__, IntegrityError)
-    # The writer goes on: the next good rows are written.
-    store.log_metrics(run_id, 1, {"loss": 2.0})
+    with pytest.raises(StoreError, match="they are kept and retried"):
+        store.flush()  # still rejected: reported again, not dropped
+    assert _scalar(store_url, "SELECT count(*) FROM metrics") == 0  # nothing jumped the queue
+    # Once the run exists, the kept rows are written, in the order they were logged.
+    assert _new_run(store, run_key="r1") == run_id + 1
     store.flush()
+    assert store.metric_values(run_id + 1, "loss") == [(1, 1.0)]
     assert store.metric_values(run_id, "loss") == [(1, 2.0)]
+
+
+def test_log_metrics_queues_a_copy_of_the_dict(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    # A writer that only writes on flush, so the dict is changed while still queued.
+    store._writer = MetricWriter(store._write_metrics, interval_s=WAIT_S * 10)
+    metrics = {"loss": 1.0, "acc": 0.5}
+    store.log_metrics(run_id, 1, metrics)
+    metrics["loss"] = 99.0  # a later callback changes a value ...
+    metrics["derived"] = 7.0  # ... and adds a derived metric
+    store.flush()
+    assert _rows(store_url, 'SELECT "key", step, value FROM metrics ORDER BY "key"') == [
+        {"key": "acc", "step": 1, "value": 0.5},
+        {"key": "loss", "step": 1, "value": 1.0},
+    ]
 
 
 def test_in_memory_sqlite_store_writes_metrics() -> None:
@@ -246,6 +274,57 @@ def test_rerunning_an_eval_replaces_it_and_its_predictions(
         {"eval_id": second, "idx": 0, "output": "b0"}
     ]
     assert _scalar(store_url, "SELECT count(*) FROM predictions WHERE eval_id = :e", e=first) == 0
+
+
+# -- restarting a run ------------------------------------------------------------------------
+def test_a_restarted_run_replaces_its_earlier_record(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    other = _new_run(store, run_key="other")
+    for run in (run_id, other):
+        for step in range(1, 11):
+            store.log_metrics(run, step, {"loss": 10.0 - step, "acc": step / 10})
+    store.flush()
+    for run in (run_id, other):
+        store.write_eval(run, EvalResult("bench", {"acc": 0.9}, step=10), [{"output": "old"}])
+        store.write_checkpoint(run, ManifestRow("r0", 10, "ckpt/step-10", "save", 1.0e9))
+    store.finish_run(run_id, status="crashed", error="OSError: gone", summary={"loss": 0.0})
+
+    assert _new_run(store) == run_id  # the same run_key: the same row, started again
+    for step in range(1, 4):
+        store.log_metrics(run_id, step, {"loss": 100.0 + step})
+    store.flush()
+
+    assert _rows(
+        store_url,
+        'SELECT "key", step, value FROM metrics WHERE run_id = :r ORDER BY step',
+        r=run_id,
+    ) == [
+        {"key": "loss", "step": 1, "value": 101.0},
+        {"key": "loss", "step": 2, "value": 102.0},
+        {"key": "loss", "step": 3, "value": 103.0},
+    ]
+    for table in ("evals", "checkpoints"):
+        assert _scalar(store_url, f"SELECT count(*) FROM {table} WHERE run_id = :r", r=run_id) == 0
+    (run,) = _rows(
+        store_url,
+        "SELECT status, error, summary, ended_at FROM runs WHERE run_id = :r",
+        r=run_id,
+    )
+    assert run == {"status": "running", "error": None, "summary": None, "ended_at": None}
+    # The other run keeps everything; the old eval's predictions went with it.
+    assert _scalar(store_url, "SELECT count(*) FROM metrics WHERE run_id = :r", r=other) == 20
+    assert _rows(store_url, "SELECT run_id FROM evals") == [{"run_id": other}]
+    assert _rows(store_url, "SELECT run_id FROM checkpoints") == [{"run_id": other}]
+    assert _rows(store_url, "SELECT output FROM predictions") == [{"output": "old"}]
+    assert (
+        _scalar(
+            store_url,
+            "SELECT count(*) FROM predictions p JOIN evals e ON e.eval_id = p.eval_id "
+            "WHERE e.run_id = :r",
+            r=other,
+        )
+        == 1
+    )
 
 
 # -- opening a store -------------------------------------------------------------------------
@@ -492,6 +571,7 @@ def test_get_experiment_returns_arms_runs_and_final_metrics(store: Store) -> Non
     assert runs[2]["summary"] == {"loss": 0.25, "acc": 0.75, "best": -math.inf}
     assert runs[3]["summary"] == {"loss": 0.3}
     assert all(r["callback_errors"] is None for r in runs)
+    assert exp["callback_errors"] is None
 
     beta = store.get_experiment("beta")
     assert (beta["status"], beta["arms"], beta["runs"], beta["ended_at"]) == (
@@ -500,6 +580,33 @@ def test_get_experiment_returns_arms_runs_and_final_metrics(store: Store) -> Non
         [],
         None,
     )
+
+
+def test_finish_experiment_records_experiment_callback_errors(store: Store, store_url: str) -> None:
+    errors = [
+        {"callback": "Notify", "hook": "on_experiment_end", "error": "OSError: no network",
+         "traceback": "Traceback (most recent call last): ...", "score": math.nan},
+        {"callback": "Report", "hook": "on_experiment_start", "error": "KeyError: 'ü'"},
+    ]  # fmt: skip
+    exp_id = store.begin_experiment("with-errors", config={}, seed=0, repeats=1)
+    clean_id = store.begin_experiment("clean", config={}, seed=0, repeats=1)
+    store.finish_experiment(exp_id, status="completed", callback_errors=errors)
+    store.finish_experiment(clean_id, status="completed")
+
+    got = store.get_experiment("with-errors")
+    assert got["status"] == "completed"
+    assert got["callback_errors"] == [{**errors[0], "score": "NaN"}, errors[1]]  # JSON: no NaN
+    assert store.get_experiment("clean")["callback_errors"] is None
+    raw = _rows(store_url, "SELECT name, callback_errors FROM experiments ORDER BY name")
+    assert [r["name"] for r in raw] == ["clean", "with-errors"]
+    assert raw[0]["callback_errors"] is None  # SQL NULL, not the JSON text 'null'
+    assert _json(raw[1]["callback_errors"])[1] == errors[1]
+    assert _scalar(store_url, "SELECT count(*) FROM experiments WHERE callback_errors IS NULL") == 1
+
+    store.begin_experiment("with-errors", config={}, seed=0, repeats=1)  # reopened: a new start
+    assert store.get_experiment("with-errors")["callback_errors"] is None
+    store.finish_experiment(exp_id, status="failed", callback_errors=[])  # none: NULL
+    assert store.get_experiment("with-errors")["callback_errors"] is None
 
 
 def test_get_experiment_of_an_unknown_name_lists_the_known_ones(store: Store) -> None:
@@ -584,21 +691,125 @@ def test_writer_flush_returns_only_after_the_write_committed() -> None:
     writer.close()
 
 
-def test_writer_that_keeps_failing_raises_store_error_at_flush() -> None:
-    attempts: list[int] = []
+# A writer that wakes only on flush, close or a full buffer: rounds happen when a test says.
+QUIET_S = WAIT_S * 10
 
-    def broken(items: list[MetricItem]) -> None:
-        attempts.append(len(items))
-        raise OSError("disk full")
 
-    writer = MetricWriter(broken, retries=3, backoff_s=0.001)
+def _wait_until(condition: Callable[[], bool]) -> None:
+    """Poll `condition` until it holds, for at most WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.001)
+
+
+class FailingSink:
+    """A real write function that fails its first `failures` calls, then keeps every batch."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[list[int]] = []  # the steps of each attempt, failed or not
+        self.batches: list[list[MetricItem]] = []
+        self.recovered = threading.Event()
+
+    def write(self, items: list[MetricItem]) -> None:
+        self.calls.append([item[1] for item in items])
+        if len(self.calls) <= self.failures:
+            raise OSError(f"disk full (attempt {len(self.calls)})")
+        self.batches.append(list(items))
+        self.recovered.set()
+
+    @property
+    def written(self) -> list[MetricItem]:
+        return [item for batch in self.batches for item in batch]
+
+
+def test_writer_that_keeps_failing_raises_at_every_flush_and_drops_nothing() -> None:
+    sink = FailingSink(failures=10**9)
+    writer = MetricWriter(
+        sink.write, retries=3, backoff_s=0.001, max_backoff_s=0.002, interval_s=QUIET_S
+    )
     writer.put(*_item(0))
     writer.put(*_item(1))
-    with pytest.raises(StoreError, match="metrics could not be written: disk full") as info:
+    with pytest.raises(StoreError) as info:
         writer.flush()
+    assert str(info.value) == (
+        "metrics could not be written: disk full (attempt 4); they are kept and retried"
+    )
     assert isinstance(info.value.__cause__, OSError)
-    assert sum(attempts) == 2 * 4 and len(attempts) == 4  # 1 try + 3 retries of one batch
-    writer.flush()  # reported once, not again for the same failure
+    # One round for the flush: 1 try + 3 retries of the whole batch, the flush released after
+    # its 4th failure; the writer keeps retrying the kept batch after that.
+    assert sink.calls[:4] == [[0, 1]] * 4
+    writer.put(*_item(2))
+    with pytest.raises(StoreError, match="they are kept and retried"):
+        writer.flush()  # still failing: reported again
+    assert sink.calls[-1] == [0, 1, 2]  # the kept items first, in order, then the new one
+    assert {tuple(c) for c in sink.calls} == {(0, 1), (0, 1, 2)}
+    assert sink.written == []
+    with pytest.raises(StoreError, match="the writer stopped with 3 steps unwritten"):
+        writer.close()
+    assert not writer._thread.is_alive()
+
+
+def test_writer_recovers_after_failing_longer_than_a_round() -> None:
+    # retries=2: a round is 3 attempts; the first 7 fail (two rounds and a bit), the 8th works.
+    sink = FailingSink(failures=7)
+    writer = MetricWriter(
+        sink.write, retries=2, backoff_s=0.001, max_backoff_s=0.002, interval_s=QUIET_S
+    )
+    for i in range(5):
+        writer.put(*_item(i))
+    with pytest.raises(StoreError, match=r"disk full \(attempt 3\); they are kept and retried"):
+        writer.flush()
+    assert sink.recovered.wait(WAIT_S)  # later rounds go on by themselves, and succeed
+    for i in range(5, 10):
+        writer.put(*_item(i))
+    writer.flush()  # raised once; now everything put before it is committed
+    assert sink.written == [_item(i) for i in range(10)]  # each exactly once, in order
+    assert sink.calls == [[0, 1, 2, 3, 4]] * 8 + [[5, 6, 7, 8, 9]]
+    writer.flush()
+    writer.close()
+    assert sink.written == [_item(i) for i in range(10)]
+
+
+def test_a_failed_round_keeps_later_flushes_behind_the_kept_items() -> None:
+    """Items put before a flush are committed before that flush succeeds, even when they
+    failed a round first and items and flushes were queued behind them meanwhile."""
+    sink = GatedSink()
+    failing = {"left": 2}
+
+    def write(items: list[MetricItem]) -> None:
+        sink.write(items)  # waits for the gate
+        if failing["left"]:
+            failing["left"] -= 1
+            sink.batches.pop()
+            raise OSError("locked")
+
+    writer = MetricWriter(write, retries=1, backoff_s=0.001, interval_s=QUIET_S)
+    writer.put(*_item(0))
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            writer.flush()
+        except StoreError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=flush)
+    first.start()
+    assert sink.entered.wait(WAIT_S)  # the round for item 0 has begun
+    writer.put(*_item(1))
+    second = threading.Thread(target=flush)
+    second.start()
+    _wait_until(lambda: len(writer._buffer) == 2)  # [item 1, the second flush's marker]
+    sink.gate.set()  # both attempts of the first round fail, then the next round succeeds
+    first.join(WAIT_S)
+    second.join(WAIT_S)
+    assert not first.is_alive() and not second.is_alive()
+    assert [str(e) for e in errors] == [
+        "metrics could not be written: locked; they are kept and retried"
+    ]  # the first flush failed; the second one, queued behind the kept item 0, succeeded
+    assert sink.written == [_item(0), _item(1)]
     writer.close()
 
 
@@ -606,10 +817,36 @@ def test_writer_error_surfaces_at_close_too() -> None:
     def broken(items: list[MetricItem]) -> None:
         raise OSError("read-only file system")
 
-    writer = MetricWriter(broken, retries=0, backoff_s=0.001)
+    writer = MetricWriter(broken, retries=0, backoff_s=0.001, max_backoff_s=0.002)
     writer.put(*_item(0))
-    with pytest.raises(StoreError, match="read-only file system"):
-        writer.close()
+    raised: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            writer.close()
+        except StoreError as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(WAIT_S)
+    assert not closer.is_alive(), "close() hung on a writer that keeps failing"
+    assert [str(e) for e in raised] == [
+        "metrics could not be written: read-only file system; "
+        "the writer stopped with 1 steps unwritten"
+    ]
+    writer.close()  # closed already: reported once
+
+
+def test_writer_close_after_recovery_raises_nothing() -> None:
+    sink = FailingSink(failures=1)
+    writer = MetricWriter(sink.write, retries=0, backoff_s=0.001, interval_s=QUIET_S)
+    writer.put(*_item(0))
+    with pytest.raises(StoreError):
+        writer.flush()  # round 1: one failed attempt
+    writer.close()  # the next round succeeds: the failure is over, close has nothing to report
+    assert sink.calls == [[0], [0]]
+    assert sink.written == [_item(0)]
 
 
 def test_writer_retries_a_transient_failure_and_loses_nothing() -> None:

@@ -17,8 +17,10 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.evals import EvalResult
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 EXPERIMENT_ID = "sql:experiment_id"
 RUN_ID = "sql:run_id"
+BARE = "sql:bare"  # set when a bare loop (no Experiment) got an experiment of its own
 
 
 def arm_key(name: str) -> str:
@@ -56,19 +59,26 @@ class SqlLogger(Callback):
     def __init__(self, store: Store | str | None = None) -> None:
         self._store_arg = store
         self._owns_store = not isinstance(store, Store)
-        self.store: Store | None = store if isinstance(store, Store) else None
+        self._store: Store | None = store if isinstance(store, Store) else None
         self._run_id: int | None = None
         self._runs: dict[str, int] = {}
-        self._errors_written: dict[str, int] = {}
+        self._errors_written: dict[str, list[dict[str, Any]]] = {}
 
-    def _open(self) -> Store:
-        if self.store is None:
-            self.store = Store(self._store_arg)  # type: ignore[arg-type]
-        return self.store
+    def open(self) -> Store:
+        """Open (create or upgrade) the store now; an Experiment calls this before any hook,
+        so a bad URL, a dead server or a newer schema stops it before anything runs."""
+        if self._store is None:
+            self._store = Store(self._store_arg)  # type: ignore[arg-type]
+        return self._store
+
+    @property
+    def store(self) -> Store:
+        """The open store."""
+        return self.open()
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
-        store = self._open()
+        store = self.open()
         config = ctx.config
         exp_id = store.begin_experiment(
             ctx.experiment,
@@ -84,7 +94,7 @@ class SqlLogger(Callback):
             )
 
     def on_group_start(self, ctx: LogContext, group_name: str) -> None:
-        ctx.ids[group_key(group_name)] = self._open().add_group(
+        ctx.ids[group_key(group_name)] = self.open().add_group(
             ctx.ids[EXPERIMENT_ID],
             group_name,
             kind="repeats",
@@ -93,7 +103,7 @@ class SqlLogger(Callback):
 
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
-        run_id = self._open().start_run(
+        run_id = self.open().start_run(
             ctx.ids[EXPERIMENT_ID],
             ctx.ids[group_key(ctx.group_name)],
             run_key=ctx.run_key,
@@ -102,7 +112,7 @@ class SqlLogger(Callback):
             stage=ctx.stage,
             seed=ctx.seed or 0,
             config=ctx.run_config or {},
-            output_dir=str(ctx.run_dir) if ctx.run_dir is not None else None,
+            output_dir=_folder(ctx),
         )
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
 
@@ -114,13 +124,12 @@ class SqlLogger(Callback):
         *,
         step: int | None = None,
     ) -> None:
-        store = self._open()
+        store = self.open()
         store.flush()
-        eval_result.step = step
-        store.write_eval(self._require_run(ctx), eval_result, predictions)
+        store.write_eval(self._require_run(ctx), replace(eval_result, step=step), predictions)
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
-        store = self._open()
+        store = self.open()
         store.flush()
         store.finish_run(
             self._require_run(ctx),
@@ -130,31 +139,31 @@ class SqlLogger(Callback):
             summary=run_result.metrics,
             callback_errors=run_result.callback_errors,
         )
-        self._errors_written[run_result.run_key] = len(run_result.callback_errors)
+        self._errors_written[run_result.run_key] = list(run_result.callback_errors)
         self._run_id = None
 
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
-        store = self._open()
-        for run in result.runs:  # failures raised after this logger's on_run_end
+        store = self.open()
+        for run in result.runs:  # failures raised (or counted again) after its on_run_end
             run_id = self._runs.get(run.run_key)
-            if run_id is not None and len(run.callback_errors) > self._errors_written.get(
-                run.run_key, 0
-            ):
+            if run_id is not None and run.callback_errors != self._errors_written.get(run.run_key):
                 store.set_callback_errors(run_id, run.callback_errors)
-        store.finish_experiment(ctx.ids[EXPERIMENT_ID], status=result.status)
+        store.finish_experiment(
+            ctx.ids[EXPERIMENT_ID], status=result.status, callback_errors=result.callback_errors
+        )
 
     def on_error(self, ctx: LogContext, exc: BaseException) -> None:
-        if ctx.ids.get("sql:bare") and self.store is not None:  # a bare loop has no on_run_end
-            self.store.flush()
-            self.store.finish_run(
+        if ctx.ids.get(BARE) and self._store is not None:  # a bare loop has no on_run_end
+            self._store.flush()
+            self._store.finish_run(
                 ctx.ids[RUN_ID], status="failed", error=f"{type(exc).__name__}: {exc}"
             )
-            self.store.finish_experiment(ctx.ids[EXPERIMENT_ID], status="failed")
+            self._store.finish_experiment(ctx.ids[EXPERIMENT_ID], status="failed")
 
     def close(self) -> None:
-        if self.store is not None and self._owns_store:
-            self.store.close()
-            self.store = None
+        if self._store is not None and self._owns_store:
+            self._store.close()
+            self._store = None
 
     # -- loop level ----------------------------------------------------------------------
     def on_train_start(self, state: LoopState) -> None:
@@ -164,12 +173,12 @@ class SqlLogger(Callback):
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
-        self.store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr]
+        self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:
-        store = self._open()
+        store = self.open()
         run_id = self._require_run(state.ctx)
         # Eval metrics join the step metrics as "<eval>/<key>", so curves can plot them.
         store.log_metrics(run_id, step_idx, {f"{eval_name}/{k}": v for k, v in metrics.items()})
@@ -177,16 +186,17 @@ class SqlLogger(Callback):
         store.write_eval(run_id, EvalResult(eval_name, metrics, step=step_idx))
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
-        store = self._open()
+        store = self.open()
         store.flush()  # every metric up to a saved checkpoint is durable
         store.write_checkpoint(self._require_run(state.ctx), row)
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        self._open().flush()
-        if state.ctx.ids.get("sql:bare"):
+        store = self.open()
+        store.flush()
+        if state.ctx.ids.get(BARE):
             status = "stopped" if artifacts.stopped else "completed"
-            self.store.finish_run(self._run_id, status=status, summary=artifacts.metrics)  # type: ignore[union-attr, arg-type]
-            self.store.finish_experiment(state.ctx.ids[EXPERIMENT_ID], status="completed")  # type: ignore[union-attr]
+            store.finish_run(self._require_run(state.ctx), status=status, summary=artifacts.metrics)
+            store.finish_experiment(state.ctx.ids[EXPERIMENT_ID], status="completed")
 
     # ------------------------------------------------------------------------------------
     def _require_run(self, ctx: LogContext) -> int:
@@ -196,14 +206,20 @@ class SqlLogger(Callback):
         return run_id
 
     def _start_bare(self, ctx: LogContext) -> None:
-        store = self._open()
-        name = ctx.experiment or f"loop-{time.strftime('%Y%m%d-%H%M%S')}"
+        store = self.open()
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        name = ctx.experiment or f"loop-{stamp}-{uuid.uuid4().hex[:6]}"  # unique per fit
         exp_id = store.begin_experiment(name, config={}, seed=0, repeats=1)
         group_id = store.add_group(exp_id, "loop")
         run_key = ctx.run_key or "loop"
         run_id = store.start_run(
             exp_id, group_id, run_key=run_key, arm_id=None, repeat=0, stage=0, seed=0,
-            config={}, output_dir=str(ctx.run_dir) if ctx.run_dir is not None else None,
+            config={}, output_dir=_folder(ctx),
         )  # fmt: skip
-        ctx.ids.update({EXPERIMENT_ID: exp_id, RUN_ID: run_id, "sql:bare": True})
+        ctx.ids.update({EXPERIMENT_ID: exp_id, RUN_ID: run_id, BARE: True})
         self._run_id = run_id
+
+
+def _folder(ctx: LogContext) -> str | None:
+    """The run folder as an absolute path, so the record holds wherever it is read from."""
+    return str(ctx.run_dir.resolve()) if ctx.run_dir is not None else None

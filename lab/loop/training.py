@@ -133,11 +133,7 @@ class TrainingLoop:
             dispatcher = run.dispatcher.extended(self.callbacks)
             folder = run.dir
         # The loop owns its own callbacks' on_error and close; an Experiment owns the rest.
-        own = (
-            dispatcher
-            if bare
-            else Dispatcher(self.callbacks, strict=dispatcher.strict, failures=dispatcher.failures)
-        )
+        own = dispatcher if bare else dispatcher.sibling(self.callbacks)
         try:
             return self._fit(ctx, dispatcher, folder)
         except BaseException as exc:
@@ -156,7 +152,8 @@ class TrainingLoop:
         saved: list[ManifestRow] = []
         evals: list[EvalResult] = []
         params = [p for p in model.parameters() if p.requires_grad]
-        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        grad_clip = self.grad_clip
+        evaluators = self.evaluators
         batch = TrainingBatch()
         batches = self._batches(state)
         fire = hooks.fire
@@ -167,8 +164,9 @@ class TrainingLoop:
 
         fire("on_train_start", state)
         if state.step == 0:  # `at_start` evals score the untrained model, at step 0
-            starting = [ev for ev in self.evaluators if ev.at_start]
-            self._run_evals(starting, state, hooks, 0, evals, eval_metrics)
+            for evaluator in evaluators:
+                if evaluator.at_start:
+                    self._run_eval(evaluator, state, hooks, 0, evals, eval_metrics)
         for step_idx in range(state.step + 1, self.num_steps + 1):
             # -- one step ----------------------------------------------------------------
             batch.data = next(batches)
@@ -181,7 +179,7 @@ class TrainingLoop:
             loss, extra = _unpack_loss(self.loss_fn(model, batch.data))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+            grad_norm = _grad_norm(params, grad_clip) if params else None
             lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
             optimizer.step()
             if self.scheduler is not None:
@@ -199,9 +197,10 @@ class TrainingLoop:
                 fire("on_step_end", state, step_idx, batch, metrics)
 
             # -- in-loop evals -----------------------------------------------------------
-            if self.evaluators:
-                due = [ev for ev in self.evaluators if ev.due(step_idx, num_steps=self.num_steps)]
-                self._run_evals(due, state, hooks, step_idx, evals, eval_metrics)
+            if evaluators:  # no list is built: a step with nothing due allocates nothing
+                for evaluator in evaluators:
+                    if evaluator.due(step_idx, num_steps=self.num_steps):
+                        self._run_eval(evaluator, state, hooks, step_idx, evals, eval_metrics)
 
             # -- checkpoint --------------------------------------------------------------
             last = step_idx == self.num_steps or state.stop_requested
@@ -251,19 +250,18 @@ class TrainingLoop:
             state.epoch += 1
             state.batch_in_epoch = 0
 
-    def _run_evals(
+    def _run_eval(
         self,
-        due: list[Evaluator],
+        evaluator: Evaluator,
         state: LoopState,
         hooks: Dispatcher,
         step_idx: int,
         evals: list[EvalResult],
         eval_metrics: dict[str, float],
     ) -> None:
-        for evaluator in due:
-            result = self._evaluate(evaluator, state, hooks, step_idx)
-            evals.append(result)
-            eval_metrics.update({f"{result.name}/{k}": v for k, v in result.metrics.items()})
+        result = self._evaluate(evaluator, state, hooks, step_idx)
+        evals.append(result)
+        eval_metrics.update({f"{result.name}/{k}": v for k, v in result.metrics.items()})
 
     def _evaluate(
         self, evaluator: Evaluator, state: LoopState, hooks: Dispatcher, step_idx: int
@@ -307,6 +305,21 @@ class TrainingLoop:
             },
         }
         return manager.save(state.step, payload, {"metrics": dict(state.metrics)})
+
+
+def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:
+    """The total 2-norm of the gradients before clipping; None when no parameter has one.
+
+    Without `grad_clip` the gradients are only measured, never rescaled: `clip_grad_norm_`
+    with an infinite max norm would multiply them by inf / norm, which turns float16
+    gradients into NaN once their total norm overflows to inf.
+    """
+    if grad_clip is not None:
+        if all(p.grad is None for p in params):
+            return None
+        return torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
 def _unpack_loss(out: Any) -> tuple[torch.Tensor, dict[str, Any] | None]:

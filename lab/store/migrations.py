@@ -13,6 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 from lab.errors import NotALabStore, SchemaTooNew
@@ -44,11 +45,18 @@ def head_revision() -> str:
 
 
 def is_known(revision: str) -> bool:
-    """Whether `revision` is one of this `lab`'s own (False for a newer lab's)."""
-    try:
-        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
-    except Exception:
+    """Whether `revision` is the exact id of one of this `lab`'s own (False for a newer lab's).
+
+    Alembic's lookup also takes symbols ("head") and unique prefixes; a database's revision
+    is a full id, so only a full id counts here.
+    """
+    if not revision:
         return False
+    try:
+        script = ScriptDirectory.from_config(alembic_config()).get_revision(revision)
+    except CommandError:  # Alembic's resolution errors for an id it doesn't have
+        return False
+    return script is not None and script.revision == revision
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -87,12 +95,9 @@ def _check(conn: Connection) -> str | None:
                 "alembic_version; point LAB_STORE_URL at a new database"
             )
         return None
-    script = ScriptDirectory.from_config(alembic_config())
-    try:
-        script.get_revision(current)
-    except Exception:
+    if not is_known(current):
         raise SchemaTooNew(
             f"{url} is at schema revision {current}, newer than this lab knows "
-            f"({script.get_current_head()}); upgrade lab: pip install -U lab"
-        ) from None
+            f"({head_revision()}); upgrade lab: pip install -U lab"
+        )
     return current

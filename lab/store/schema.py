@@ -27,6 +27,14 @@ NAMING = {
 
 RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
 EXPERIMENT_STATUSES = ("running", "completed", "failed")
+GROUP_KINDS = ("repeats", "chain")
+CHECKPOINT_EVENTS = ("save", "remove")
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    """A CHECK constraint's SQL: "status IN ('running', 'completed')"."""
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
 
 
 class Base(DeclarativeBase):
@@ -57,10 +65,9 @@ class SqlExperiment(Base):
     repeats: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
     ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    callback_errors: Mapped[list[Any] | None]  # experiment-level callback failures
 
-    __table_args__ = (
-        sa.CheckConstraint("status IN ('running', 'completed', 'failed')", name="status"),
-    )
+    __table_args__ = (sa.CheckConstraint(_one_of("status", EXPERIMENT_STATUSES), name="status"),)
 
 
 class SqlArm(Base):
@@ -90,7 +97,7 @@ class SqlGroup(Base):
 
     __table_args__ = (
         sa.UniqueConstraint("experiment_id", "name"),
-        sa.CheckConstraint("kind IN ('repeats', 'chain')", name="kind"),
+        sa.CheckConstraint(_one_of("kind", GROUP_KINDS), name="kind"),
     )
 
 
@@ -121,9 +128,7 @@ class SqlRun(Base):
         sa.UniqueConstraint("experiment_id", "run_key"),
         sa.Index(None, "experiment_id", "status"),
         sa.Index(None, "group_id"),
-        sa.CheckConstraint(
-            "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')", name="status"
-        ),
+        sa.CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),
     )
 
 
@@ -185,7 +190,7 @@ class SqlCheckpoint(Base):
 
     __table_args__ = (
         sa.Index(None, "run_id", "step"),
-        sa.CheckConstraint("event IN ('save', 'remove')", name="event"),
+        sa.CheckConstraint(_one_of("event", CHECKPOINT_EVENTS), name="event"),
     )
 
 

@@ -101,7 +101,8 @@ class Store:
         return self._writer
 
     def flush(self) -> None:
-        """Make every metric logged so far durable."""
+        """Make every metric logged so far durable; raises `StoreError` when they could not
+        be written yet (they are kept, and retried in the background)."""
         if self._writer is not None:
             self._writer.flush()
 
@@ -125,6 +126,7 @@ class Store:
             "config": config,
             "seed": seed,
             "repeats": repeats,
+            "callback_errors": None,
             "ended_at": None,
         }
         with transaction(self.engine) as conn:
@@ -164,7 +166,13 @@ class Store:
         config: dict[str, Any],
         output_dir: str | None,
     ) -> int:
-        """Record a run as `running` (again, if it ran before); returns its id."""
+        """Record a run as `running`; returns its id.
+
+        A run that ran before (same experiment and `run_key`) starts again from nothing: its
+        row is reset and, in the same transaction, its metrics, evals (with their
+        predictions) and checkpoint rows are deleted, so the restarted run's record replaces
+        the earlier one instead of mixing with it.
+        """
         values = {
             "experiment_id": experiment_id,
             "group_id": group_id,
@@ -177,16 +185,24 @@ class Store:
             "status": "running",
             "error": None,
             "traceback": None,
+            "summary": None,
+            "callback_errors": None,
             "output_dir": output_dir,
             "started_at": _now(),
             "ended_at": None,
         }
         with transaction(self.engine) as conn:
-            return self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+            run_id = self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+            for model in (SqlMetric, SqlEval, SqlCheckpoint):  # predictions: ON DELETE CASCADE
+                conn.execute(sa.delete(model).where(model.run_id == run_id))
+        return run_id
 
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, float]) -> None:
-        """Queue one step's metrics; O(1), waits only while the buffer is full."""
-        self.writer.put(run_id, step, metrics, time.time())
+        """Queue one step's metrics; waits only while the buffer is full.
+
+        A copy of `metrics` is queued: changing the dict afterwards changes nothing written.
+        """
+        self.writer.put(run_id, step, dict(metrics), time.time())
 
     def _write_metrics(self, items: list[MetricItem]) -> None:
         # Plain tuples through the driver's executemany: the writer thread holds the GIL
@@ -306,13 +322,20 @@ class Store:
                 .values(callback_errors=callback_errors or None)
             )
 
-    def finish_experiment(self, experiment_id: int, *, status: str) -> None:
-        """Record an experiment's final status."""
+    def finish_experiment(
+        self,
+        experiment_id: int,
+        *,
+        status: str,
+        callback_errors: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Record an experiment's final status and the failures of its experiment-level
+        callbacks (NULL when there were none)."""
         with transaction(self.engine) as conn:
             conn.execute(
                 sa.update(SqlExperiment)
                 .where(SqlExperiment.experiment_id == experiment_id)
-                .values(status=status, ended_at=_now())
+                .values(status=status, callback_errors=callback_errors or None, ended_at=_now())
             )
 
     # -- reads -------------------------------------------------------------------------------
@@ -351,7 +374,8 @@ class Store:
         ]
 
     def get_experiment(self, name: str) -> dict[str, Any]:
-        """An experiment with its arms and runs (status, error, final metrics)."""
+        """An experiment with its arms and runs (status, error, final metrics), and the
+        failures of its experiment-level callbacks."""
         with self.engine.connect() as conn:
             exp = (
                 conn.execute(sa.select(SqlExperiment).where(SqlExperiment.name == name))
@@ -400,6 +424,7 @@ class Store:
             "config": exp["config"],
             "created_at": exp["created_at"],
             "ended_at": exp["ended_at"],
+            "callback_errors": exp["callback_errors"],
             "arms": [dict(a) for a in arms],
             "runs": [{**r, "summary": _floats_back(r["summary"] or {})} for r in runs],
         }

@@ -3,10 +3,15 @@
 `put` is O(1) and never touches the disk: it appends one step's metric dict to a bounded
 deque (an append is atomic, so the common case takes no lock). The writer thread wakes
 every `interval_s` (or at once for a flush or a full buffer) and writes whatever piled up
-in one transaction. When the buffer is full, `put` waits (back-pressure); nothing is ever
-dropped. `flush`
-returns once everything put before it is committed, and raises a writer error that
-persisted through the retries.
+in one transaction.
+
+Nothing is ever dropped. When the buffer is full, `put` waits (back-pressure). A write that
+fails is retried with a growing backoff (capped at `max_backoff_s`); when a round of
+`retries` retries fails too, the batch goes back to the front of the buffer, in order, and
+later rounds keep retrying it. `flush` returns once everything put before it is committed,
+and raises `StoreError` when the round that should have written it failed: the rows are
+kept and retried, so a later `flush` succeeds once the store takes them. `close` makes one
+last round of attempts and raises if that fails too.
 """
 
 from __future__ import annotations
@@ -28,6 +33,21 @@ MetricItem = tuple[int, int, dict[str, float], float]
 _STOP = object()
 
 
+class _Flush:
+    """A flush marker in the buffer: set once every item before it is committed, or once
+    the round that should have written them failed (then `error` says why)."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+def _kept_error(error: BaseException) -> StoreError:
+    return StoreError(f"metrics could not be written: {error}; they are kept and retried")
+
+
 class MetricWriter:
     """Buffers metric items and writes them in batches from a background thread."""
 
@@ -40,6 +60,7 @@ class MetricWriter:
         interval_s: float = 0.25,
         retries: int = 5,
         backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
     ) -> None:
         self._write = write
         self._interval_s = interval_s
@@ -49,7 +70,10 @@ class MetricWriter:
         self._max_batch = max_batch
         self._retries = retries
         self._backoff_s = backoff_s
-        self._error: BaseException | None = None
+        self._max_backoff_s = max_backoff_s
+        self._delay = backoff_s  # the next backoff; grows across failed rounds, reset on success
+        self._failing = False  # the last attempt failed (read and written by the writer only)
+        self._error: BaseException | None = None  # the failure of the last round, if it failed
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="lab-metric-writer", daemon=True)
         self._thread.start()
@@ -70,18 +94,21 @@ class MetricWriter:
                 self._room.wait(0.05)
 
     def flush(self) -> None:
-        """Return once every item put so far is committed; raise if the writer gave up."""
+        """Return once every item put so far is committed; raise `StoreError` if the round
+        of attempts that should have written them failed (they are kept and retried)."""
         if not self._thread.is_alive():
             self._raise_error()
             return
-        done = threading.Event()
-        self._buffer.append(done)
+        marker = _Flush()
+        self._buffer.append(marker)
         self._wake.set()
-        done.wait()
-        self._raise_error()
+        marker.done.wait()
+        if marker.error is not None:
+            raise _kept_error(marker.error) from marker.error
 
     def close(self) -> None:
-        """Flush, then stop the writer thread."""
+        """Flush, then stop the writer thread; raise `StoreError` if that last round of
+        attempts failed (the rows it could not write stay unwritten)."""
         if self._thread.is_alive():
             self._buffer.append(_STOP)
             self._wake.set()
@@ -91,7 +118,11 @@ class MetricWriter:
     def _raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
-            raise StoreError(f"metrics could not be written: {error}") from error
+            unwritten = sum(1 for item in self._buffer if isinstance(item, tuple))
+            raise StoreError(
+                f"metrics could not be written: {error}; the writer stopped with "
+                f"{unwritten} steps unwritten"
+            ) from error
 
     def _drain(self) -> None:
         """Wake every `interval_s`, or at once on a flush, a stop or a full buffer, and write
@@ -101,7 +132,7 @@ class MetricWriter:
             self._wake.wait(self._interval_s)
             self._wake.clear()
             items: list[MetricItem] = []
-            waiters: list[threading.Event] = []
+            markers: list[_Flush] = []
             stop = False
             while len(items) < self._max_batch:
                 try:
@@ -111,32 +142,45 @@ class MetricWriter:
                 if item is _STOP:
                     stop = True
                     break
-                if isinstance(item, threading.Event):
-                    waiters.append(item)
+                if isinstance(item, _Flush):
+                    markers.append(item)
                     break  # everything put before this flush is in `items`
                 items.append(item)
+            error = self._write_with_retries(items) if items else None
+            if error is not None:
+                # Keep the batch: back at the front, in order, ahead of anything put since.
+                # A popped flush marker is released with the error (its flush raises), so
+                # no flush succeeds before the items put ahead of it are committed.
+                self._buffer.extendleft(reversed(items))
+                for marker in markers:
+                    marker.error = error
+            self._error = error
             with self._room:
                 self._room.notify_all()
-            if items:
-                self._write_with_retries(items)
-            for waiter in waiters:
-                waiter.set()
+            for marker in markers:
+                marker.done.set()
             if stop:
                 return
             if len(items) >= self._max_batch or self._buffer:
                 self._wake.set()  # more is waiting: go round again without sleeping
 
-    def _write_with_retries(self, items: list[MetricItem]) -> None:
-        delay = self._backoff_s
+    def _write_with_retries(self, items: list[MetricItem]) -> BaseException | None:
+        """One round: a try and up to `retries` retries; returns the last error, or None
+        once the items are committed. A round that follows a failure backs off first."""
+        error: BaseException | None = None
         for attempt in range(self._retries + 1):
+            if attempt or self._failing:
+                time.sleep(self._delay)
+                self._delay = min(self._delay * 2, self._max_backoff_s)
             try:
                 self._write(items)
-                return
             except Exception as exc:
-                if attempt == self._retries:
-                    log.error("giving up on %d metric rows: %s", len(items), exc)
-                    self._error = exc
-                    return
-                log.warning("metric write failed (%s); retrying in %.2fs", exc, delay)
-                time.sleep(delay)
-                delay *= 2
+                error = exc
+                self._failing = True
+                log.warning("metric write failed (%s); retrying in %.2fs", exc, self._delay)
+                continue
+            self._failing = False
+            self._delay = self._backoff_s
+            return None
+        log.error("could not write %d metric steps (%s); keeping them to retry", len(items), error)
+        return error

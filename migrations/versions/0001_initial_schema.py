@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column("repeats", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.Column("ended_at", sa.DateTime(), nullable=True),
+        sa.Column("callback_errors", sa.JSON(), nullable=True),
         sa.CheckConstraint(
             "status IN ('running', 'completed', 'failed')", name=op.f("ck_experiments_status")
         ),
