@@ -3,11 +3,12 @@
 The loop: an MLP 32->64->1, batch 32, SGD, 2,000 steps, 10 metrics per step (the loop's 4
 plus 6 from loss_fn). Both arms carry the same timing callback (it runs last, so the gap
 between two of its calls is one whole step, hooks included); the treatment adds SqlLogger
-into a SQLite file. Arms alternate, three rounds each, and the median step of all rounds is
+into a SQLite file, and a second bare arm gives the A/A noise floor of the machine at that
+moment. The arms rotate order over six rounds, and the median step of all rounds is
 compared. Two stamp callbacks bracket SqlLogger's on_step_end to time the work it does on
 the training thread itself. Prints one JSON line.
 
-    python bench/overhead.py [--steps 2000] [--rounds 3]
+    python bench/overhead.py [--steps 2000] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -72,19 +73,26 @@ def one_fit(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(1)
     bare: list[float] = []
+    again: list[float] = []  # a second bare arm: the A/A noise floor of this machine, now
     logged: list[float] = []
     hook_us: list[float] = []
     empty_us: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            bare += one_fit(args.steps, [], empty_us)
             url = f"sqlite:///{Path(tmp) / f'bench{i}.db'}"
-            logged += one_fit(args.steps, [SqlLogger(url)], hook_us)
+            arms = [
+                lambda: bare.extend(one_fit(args.steps, [], empty_us)),
+                lambda url=url: logged.extend(one_fit(args.steps, [SqlLogger(url)], hook_us)),
+                lambda: again.extend(one_fit(args.steps, [])),
+            ]
+            for k in range(3):  # rotate the order, so drift hits every arm alike
+                arms[(i + k) % 3]()
     bare_ms = statistics.median(bare) * 1e3
+    again_ms = statistics.median(again) * 1e3
     logged_ms = statistics.median(logged) * 1e3
     print(json.dumps({
         "bench": "overhead",
@@ -95,6 +103,7 @@ def main() -> None:
         "sql_step_ms_median": round(logged_ms, 4),
         "added_ms_median": round(logged_ms - bare_ms, 4),
         "added_fraction": round((logged_ms - bare_ms) / bare_ms, 4),
+        "aa_noise_fraction": round((again_ms - bare_ms) / bare_ms, 4),
         # SqlLogger.on_step_end itself, on the training thread, less the empty bracket
         "sql_hook_us_median": round(statistics.median(hook_us) - statistics.median(empty_us), 2),
         "sql_hook_us_p99": round(statistics.quantiles(hook_us, n=100)[98], 2),

@@ -26,6 +26,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from lab.errors import ConfigError
 from lab.store.engine import resolve_url
 from lab.store.schema import TABLES, Base
 from lab.store.store import Store
@@ -49,7 +50,7 @@ def connect(url: str | None = None, *, mode: Mode = "auto") -> duckdb.DuckDBPyCo
     ``"auto"`` attaches when the scanner loads and falls back to Arrow otherwise.
     """
     if mode not in ("auto", "attach", "arrow"):
-        raise ValueError(f"mode={mode!r}: use 'auto', 'attach' or 'arrow'")
+        raise ConfigError(f"mode={mode!r}: use 'auto', 'attach' or 'arrow'")
     store = Store(resolve_url(url))
     try:
         con = duckdb.connect()

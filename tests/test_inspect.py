@@ -11,7 +11,7 @@ import pytest
 
 import lab.inspect
 from lab import Arm, Callback, Experiment, RunSpec
-from lab.errors import UnknownScheme
+from lab.errors import ConfigError, UnknownScheme
 from lab.store import Store
 
 ARMS = ("a", "b")
@@ -148,7 +148,7 @@ def test_auto_falls_back_to_arrow_for_an_in_memory_store() -> None:
 def test_connect_bad_inputs() -> None:
     with pytest.raises(UnknownScheme):
         lab.inspect.connect("mysql://x/y")
-    with pytest.raises(ValueError, match="mode='fast'"):
+    with pytest.raises(ConfigError, match="mode='fast'"):
         lab.inspect.connect("sqlite:///:memory:", mode="fast")  # type: ignore[arg-type]
 
 

@@ -6,6 +6,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class ConsoleLogger(Callback):
         summary_mode: str = "min",
     ) -> None:
         if every < 1:
-            raise ValueError(f"ConsoleLogger(every={every}): use a value >= 1")
+            raise ConfigError(f"ConsoleLogger(every={every}): use a value >= 1")
         self.every = every
         self.metrics = metrics
         self.stream = stream
