@@ -29,3 +29,13 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore every generator from `rng_state()`, so a resumed run draws the same numbers."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if _np is not None and "numpy" in state:
+        _np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -46,5 +46,9 @@ class LossError(LabError, TypeError):
     """A `loss_fn` returned something that is not a scalar loss."""
 
 
+class CheckpointError(LabError):
+    """A checkpoint cannot be saved, found or loaded."""
+
+
 class CallbackError(LabError):
     """A callback raised inside a hook while strict mode was on."""

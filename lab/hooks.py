@@ -9,8 +9,7 @@ The lifecycle, with every hook in the place it fires::
             for each run of the group:
                 on_run_start(ctx)                        # ctx.run_config is set
                 train(run) -> TrainingLoop.fit(run):
-                    [post_checkpoint_loaded(state, path)] # when resuming; not fired yet:
-                                                          # fit() always starts at step 0
+                    [post_checkpoint_loaded(state, path)] # only when resuming a checkpoint
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
                     each step:
@@ -150,7 +149,7 @@ class Callback:
     docstring). Callbacks run in `priority` order, higher first; ties keep the order they
     were attached in. A callback that raises is logged and counted, and the run goes on,
     unless strict mode is on. A callback with `state_dict()`/`load_state_dict()` is saved in
-    each checkpoint, for resuming.
+    each checkpoint and restored when the run resumes from it.
     """
 
     priority: ClassVar[int] = 0
@@ -191,8 +190,7 @@ class Callback:
     def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:
         """After a checkpoint was loaded to resume a run, before `on_train_start`.
 
-        Reserved for resuming: today's `fit()` always starts from step 0 and loads no
-        checkpoint, so this hook does not fire yet.
+        `state` already holds the restored step and data position; `path` is the folder.
         """
 
     def on_train_start(self, state: LoopState) -> None:

@@ -683,7 +683,10 @@ def test_checkpoints_are_atomic_recorded_and_retained(tmp_path: Path) -> None:
     assert info["metrics"] == rows[2].metrics
 
     state = torch.load(root / "step_000006" / "state.pt", weights_only=False)
-    assert set(state) == {"model", "optimizer", "scheduler", "loop", "rng", "callbacks"}
+    assert set(state) == {
+        "model", "optimizer", "scheduler", "loop", "metrics", "eval_metrics", "rng",
+        "epoch_rng", "retention", "callbacks",
+    }  # fmt: skip
     assert state["loop"] == {"step": 6, "epoch": 2, "batch_in_epoch": 2}
     assert state["scheduler"] is None
     assert state["callbacks"] == {"0:Stateful": {"seen": 6}}

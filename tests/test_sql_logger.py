@@ -330,7 +330,12 @@ def test_experiment_rows_match_what_the_loop_reported(store_url: str) -> None:
             (6, "step_000006", "save", None),
         ]
         for c, row in zip(mine, manifest, strict=True):
-            assert _json(c["metrics"]) == rec.steps[run_key][c["step"]] == row.metrics
+            # a save carries the step's metrics and the latest eval metrics, as "<eval>/<key>"
+            at_save = {
+                **rec.steps[run_key][c["step"]],
+                **{f"val/{k}": v for k, v in rec.evals[run_key][c["step"]].items()},
+            }
+            assert _json(c["metrics"]) == at_save == row.metrics
             saved_at = datetime.fromtimestamp(row.time, UTC).replace(tzinfo=None)
             assert _ts(c["created_at"]) == saved_at
     engine.dispose()

@@ -290,6 +290,7 @@ def test_a_restarted_run_replaces_its_earlier_record(store: Store, store_url: st
     store.finish_run(run_id, status="crashed", error="OSError: gone", summary={"loss": 0.0})
 
     assert _new_run(store) == run_id  # the same run_key: the same row, started again
+    store.truncate_run(run_id)  # what SqlLogger does when training starts fresh
     for step in range(1, 4):
         store.log_metrics(run_id, step, {"loss": 100.0 + step})
     store.flush()
@@ -866,3 +867,21 @@ def test_writer_retries_a_transient_failure_and_loses_nothing() -> None:
     assert written == [_item(i) for i in range(10)]
     assert calls["n"] >= 3
     writer.close()
+
+
+def test_a_resumed_run_keeps_its_rows_up_to_the_checkpoint(store: Store, store_url: str) -> None:
+    run_id = _new_run(store)
+    for step in range(1, 11):
+        store.log_metrics(run_id, step, {"loss": float(step)})
+    for step in (5, 10, None):
+        store.write_eval(run_id, EvalResult("val", {"acc": 0.5}, step=step), [{"output": "x"}])
+    for step in (5, 10):
+        store.write_checkpoint(run_id, ManifestRow("r0", step, f"step_{step:06d}", "save", 1e9))
+    store.truncate_run(run_id, after_step=5)
+    steps = _rows(store_url, "SELECT step FROM metrics WHERE run_id = :r ORDER BY step", r=run_id)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    evals = _rows(store_url, "SELECT step FROM evals WHERE run_id = :r", r=run_id)
+    assert evals == [{"step": 5}]  # the post-training eval (step NULL) runs again at the end
+    assert _scalar(store_url, "SELECT count(*) FROM predictions") == 1
+    ckpts = _rows(store_url, "SELECT step FROM checkpoints WHERE run_id = :r", r=run_id)
+    assert ckpts == [{"step": 5}]

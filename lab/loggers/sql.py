@@ -27,6 +27,8 @@ from lab.loop.evals import EvalResult
 from lab.store.store import Store
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.training import LoopArtifacts, TrainingBatch
@@ -63,6 +65,7 @@ class SqlLogger(Callback):
         self._run_id: int | None = None
         self._runs: dict[str, int] = {}
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
+        self._resumed_at: int | None = None
 
     def open(self) -> Store:
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
@@ -166,9 +169,15 @@ class SqlLogger(Callback):
             self._store = None
 
     # -- loop level ----------------------------------------------------------------------
+    def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:
+        self._resumed_at = state.step
+
     def on_train_start(self, state: LoopState) -> None:
         if self._run_id is None:  # a bare loop: give it an experiment and run of its own
             self._start_bare(state.ctx)
+        # A fresh start replaces the run's earlier rows; a resume keeps those up to its step.
+        self.store.truncate_run(self._require_run(state.ctx), self._resumed_at)
+        self._resumed_at = None
 
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]

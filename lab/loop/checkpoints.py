@@ -1,27 +1,57 @@
-"""Checkpoints: when to save, how a save is made atomic, and the manifest that records it.
+"""Checkpoints: when to save, how a save is made atomic, which saves are kept, and the manifest.
 
 Layout of a run's checkpoint folder::
 
     checkpoints/
       step_000100/         state.pt + training_info.json + COMPLETE
       tmp_step_000200/     being written; renamed when complete, never read
-      manifest.jsonl       one ManifestRow per save and per removal
-      latest               names the newest complete checkpoint
+      manifest.jsonl       one ManifestRow per save and per removal: the source of truth
+      latest               names the newest committed checkpoint (a convenience for people)
+
+A save commits in this order: write `tmp_step_N/` (state, info, then the COMPLETE marker, each
+fsynced), rename it to `step_N/`, append its `save` row to the manifest (the commit point),
+point `latest` at it, then apply retention. A checkpoint is a `save` row, not followed by a
+`remove` row for its step, whose folder holds COMPLETE and state.pt. Everything the manager
+knows is rebuilt from the manifest, cross-checked against the folders, when it is created.
+
+Retention, applied after each save commits, keeps the union of what each rule keeps:
+
+- `keep_last=N` keeps the N newest non-ephemeral checkpoints (fixed ones count among them);
+- `keep_top_k=K` keeps the K best by `metric` (`mode` "min" or "max"); ties go to the newer;
+  a checkpoint whose value is NaN or missing is never among the best;
+- fixed steps (`fixed_steps`) are kept forever;
+- with neither `keep_last` nor `keep_top_k`, every non-ephemeral checkpoint is kept;
+- an ephemeral checkpoint is kept by no rule above but `keep_top_k`: it goes when the next
+  save commits, unless it is among the best;
+- the newest committed checkpoint is never removed.
+
+"Newest" is commit order (the order of the save rows); in a run that only moves forward that
+is the highest step. A removal appends a `remove` row whose `reason` names the rules that no
+longer keep the checkpoint (e.g. "keep_last=2; keep_top_k=1 by val/loss (min)"), then deletes
+the folder; a folder whose removal was recorded counts as removed even if a kill left it on
+disk, and `remove_stale_tmp()` deletes it later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import math
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from lab.errors import ConfigError
+from lab.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 INFO_FILE = "training_info.json"
@@ -30,43 +60,167 @@ MANIFEST_FILE = "manifest.jsonl"
 LATEST_FILE = "latest"
 TMP_PREFIX = "tmp_"
 
+Kind = Literal["regular", "ephemeral", "fixed"]
+_STEP_DIR = re.compile(r"step_(\d+)")
+
 
 def step_dirname(step: int) -> str:
     """The folder name of the checkpoint taken after `step` steps."""
     return f"step_{step:06d}"
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """When the loop saves, and which saves it keeps.
+    """When the loop saves, and which saves it keeps; every option combines with the others.
 
-    `every` saves each N steps, `save_at_end` saves after the last step, and `keep_last`
-    keeps only the newest N saves (None keeps all). The newest save is never removed.
+    Saving: `every` saves each N steps, `ephemeral_every` each N steps as an ephemeral save
+    (gone when the next save commits, unless `keep_top_k` keeps it; useful against
+    preemption), `fixed_steps` at those steps (kept forever), `save_at_start` at step 0
+    before the first step, `save_at_end` after the last step. A save due to `every`, a fixed
+    step, the start or the end is never ephemeral.
+
+    Keeping (the union; the newest checkpoint is always kept): `keep_last` keeps the newest N
+    non-ephemeral checkpoints (None: no limit), `keep_top_k` keeps the best K by `metric`,
+    which must be in the metrics passed to each save, lower better for `mode="min"`, higher
+    for `mode="max"`. `async_save` is accepted and stored; saving is synchronous for now.
     """
 
     every: int | None = None
     keep_last: int | None = None
+    keep_top_k: int | None = None
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+    ephemeral_every: int | None = None
+    fixed_steps: Sequence[int] = ()
     save_at_end: bool = True
+    save_at_start: bool = False
+    async_save: bool = False
 
     def __post_init__(self) -> None:
-        if self.every is not None and self.every < 1:
-            raise ConfigError(f"CheckpointConfig(every={self.every}): use a value >= 1, or None")
+        for name in ("every", "ephemeral_every"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ConfigError(f"CheckpointConfig({name}={value!r}): use an int >= 1, or None")
+        for name in ("keep_last", "keep_top_k"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ConfigError(f"CheckpointConfig({name}={value!r}): use an int >= 1, or None")
         if self.keep_last is not None and self.keep_last < 1:
             raise ConfigError(
                 f"CheckpointConfig(keep_last={self.keep_last}) would keep nothing; "
                 "use a value >= 1, or None to keep every checkpoint"
             )
+        if self.keep_top_k is not None and self.keep_top_k < 1:
+            raise ConfigError(
+                f"CheckpointConfig(keep_top_k={self.keep_top_k}) would keep nothing; "
+                "use a value >= 1, or None to rank nothing"
+            )
+        for name in ("save_at_end", "save_at_start", "async_save"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"CheckpointConfig({name}={getattr(self, name)!r}): use True or False"
+                )
+        given = self.fixed_steps
+        listed = isinstance(given, Iterable) and not isinstance(given, (str, bytes))
+        steps = tuple(given) if listed else ()
+        if not listed or not all(_is_int(s) and s >= 0 for s in steps):
+            raise ConfigError(
+                f"CheckpointConfig(fixed_steps={given!r}): give a list of steps, ints >= 0"
+            )
+        object.__setattr__(self, "fixed_steps", tuple(sorted(set(steps))))
+        self._check_ranking()
+        if not (self.every or self.ephemeral_every or self.fixed_steps) and not (
+            self.save_at_end or self.save_at_start
+        ):
+            raise ConfigError(
+                "CheckpointConfig never saves: set every=N, ephemeral_every=N, fixed_steps=[...], "
+                "save_at_start=True or save_at_end=True, or pass checkpoint=None"
+            )
 
-    def due(self, step: int, *, num_steps: int) -> bool:
-        """Whether to save after step `step`."""
-        if self.every is not None and step % self.every == 0:
-            return True
-        return self.save_at_end and step == num_steps
+    def _check_ranking(self) -> None:
+        metric, mode, top_k = self.metric, self.mode, self.keep_top_k
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ConfigError(
+                f"CheckpointConfig(metric={metric!r}): name a metric logged before each save, "
+                "e.g. 'val/loss'"
+            )
+        if mode is not None and mode not in ("min", "max"):
+            raise ConfigError(
+                f"CheckpointConfig(mode={mode!r}): use 'min' (lower is better) "
+                "or 'max' (higher is better)"
+            )
+        if top_k is not None and metric is None:
+            raise ConfigError(
+                f"CheckpointConfig(keep_top_k={top_k}) needs a metric to rank by: add "
+                "metric='val/loss' (logged before each save) and mode='min' or mode='max'"
+            )
+        if metric is not None and top_k is None:
+            raise ConfigError(
+                f"CheckpointConfig(metric={metric!r}) ranks nothing without keep_top_k: "
+                "add keep_top_k=N to keep the best N, or drop metric"
+            )
+        if metric is not None and mode is None:
+            raise ConfigError(
+                f"CheckpointConfig(metric={metric!r}) needs a direction: add mode='min' "
+                "(lower is better) or mode='max' (higher is better)"
+            )
+        if mode is not None and metric is None:
+            raise ConfigError(
+                f"CheckpointConfig(mode={mode!r}) ranks nothing without metric and keep_top_k: "
+                "add them, or drop mode"
+            )
+
+    def due(self, step: int, num_steps: int) -> bool:
+        """Whether to save after step `step` (step 0: before the first step) of `num_steps`.
+
+        The loop asks after every step, so this is a few integer tests.
+        """
+        if step == 0:
+            return self.save_at_start or 0 in self.fixed_steps
+        return (
+            (self.every is not None and step % self.every == 0)
+            or (self.ephemeral_every is not None and step % self.ephemeral_every == 0)
+            or step in self.fixed_steps
+            or (self.save_at_end and step == num_steps)
+        )
+
+    def is_ephemeral(self, step: int, num_steps: int | None = None, *, final: bool = False) -> bool:
+        """Whether a save at `step` is ephemeral, i.e. removed once the next save commits.
+
+        Only a save due to `ephemeral_every` alone is: one also due to `every`, a fixed step,
+        the start or the end (`step == num_steps`, or `final` for a run stopped early) is not,
+        since those are the saves the config asked to keep.
+        """
+        if self.ephemeral_every is None or step < 1 or step % self.ephemeral_every:
+            return False
+        if (self.every is not None and step % self.every == 0) or step in self.fixed_steps:
+            return False
+        at_end = final or (num_steps is not None and step == num_steps)
+        return not (self.save_at_end and at_end)
+
+    def kind(self, step: int, num_steps: int | None = None, *, final: bool = False) -> Kind:
+        """How a save at `step` is kept: "fixed" (forever), "ephemeral" or "regular"."""
+        if step in self.fixed_steps:
+            return "fixed"
+        return "ephemeral" if self.is_ephemeral(step, num_steps, final=final) else "regular"
 
 
 @dataclass(frozen=True)
 class ManifestRow:
-    """One line of `manifest.jsonl`: a save or a removal of one checkpoint."""
+    """One line of `manifest.jsonl`: a save or a removal of one checkpoint.
+
+    `kind` is how the checkpoint is kept ("regular", "ephemeral" or "fixed"); a removal row
+    repeats the kind of the checkpoint it removed and names in `reason` the rules that no
+    longer keep it.
+    """
 
     run_key: str
     step: int
@@ -75,6 +229,7 @@ class ManifestRow:
     time: float
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str | None = None
+    kind: Kind = "regular"
 
     def to_json(self) -> str:
         """The manifest line (NaN and inf written as JSON's NaN/Infinity)."""
@@ -84,6 +239,28 @@ class ManifestRow:
     def from_json(cls, line: str) -> ManifestRow:
         """Parse one manifest line."""
         return cls(**json.loads(line))
+
+
+def _reason(config: CheckpointConfig, kind: str) -> str:
+    """The rules that no longer keep a checkpoint of this kind, as its removal row names them."""
+    names = []
+    if kind == "ephemeral":
+        every = config.ephemeral_every
+        names.append(f"ephemeral_every={every}" if every is not None else "ephemeral")
+    elif config.keep_last is not None:
+        names.append(f"keep_last={config.keep_last}")
+    if config.keep_top_k is not None:
+        names.append(f"keep_top_k={config.keep_top_k} by {config.metric} ({config.mode})")
+    return "; ".join(names)
+
+
+@dataclass
+class _Entry:
+    """The bookkeeping of one step: its latest save row, where that sits, and its removal."""
+
+    save: ManifestRow
+    order: int
+    removal: ManifestRow | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -101,88 +278,479 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def _is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file() and (path / STATE_FILE).is_file()
+
+
 class CheckpointManager:
-    """Saves checkpoints atomically into one run's folder and applies retention."""
+    """Saves checkpoints atomically into one run's folder, applies retention, answers queries.
 
-    def __init__(self, root: Path, config: CheckpointConfig, run_key: str) -> None:
+    A new manager over an existing folder rebuilds its bookkeeping from `manifest.jsonl`, so
+    queries and retention carry on across restarts with no state file of their own. A save
+    row whose folder is missing or incomplete is not a checkpoint, and a complete `step_*`
+    folder that no row records (its save was killed before it committed) is logged as a
+    warning and ignored: not listed, not the latest, never removed; load it by path.
+    """
+
+    def __init__(
+        self, root: str | Path, config: CheckpointConfig | None = None, run_key: str = ""
+    ) -> None:
         self.root = Path(root)
-        self.config = config
+        self.config = config if config is not None else CheckpointConfig()
         self.run_key = run_key
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.saved: list[int] = [row.step for row in self.history() if row.event == "save"]
-        removed = {row.step for row in self.history() if row.event == "remove"}
-        self.saved = [s for s in self.saved if s not in removed]
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create the checkpoint folder {self.root}: {_one_line(exc)}; "
+                "pass a writable folder"
+            ) from exc
+        self._rows: list[ManifestRow] = self._read_manifest()
+        self._entries: dict[int, _Entry] = {}
+        self._rebuild()
+        self._warn_inconsistencies()
 
+    # -- queries ---------------------------------------------------------------------------
     def history(self) -> list[ManifestRow]:
-        """Every manifest row, oldest first."""
-        manifest = self.root / MANIFEST_FILE
-        if not manifest.exists():
-            return []
-        lines = manifest.read_text(encoding="utf-8").splitlines()
-        return [ManifestRow.from_json(line) for line in lines if line.strip()]
+        """Every manifest row, oldest first: what was saved and removed, and why."""
+        return list(self._rows)
+
+    def checkpoints(self) -> list[int]:
+        """The steps of the checkpoints that exist now, oldest commit first."""
+        return [e.save.step for e in self._committed()]
+
+    @property
+    def saved(self) -> list[int]:
+        """Alias of `checkpoints()`."""
+        return self.checkpoints()
+
+    def get_latest_checkpoint_path(self) -> Path | None:
+        """The newest committed checkpoint folder (the one to resume from), or None."""
+        committed = self._committed()
+        return self.root / committed[-1].save.path if committed else None
 
     def latest_path(self) -> Path | None:
-        """The newest complete checkpoint folder, ignoring any incomplete one."""
-        complete = [
-            p for p in self.root.glob("step_*") if p.is_dir() and (p / COMPLETE_MARKER).exists()
-        ]
-        return max(complete, key=lambda p: p.name) if complete else None
+        """Alias of `get_latest_checkpoint_path()`, which the loop uses."""
+        return self.get_latest_checkpoint_path()
 
-    def save(self, step: int, state: dict[str, Any], info: dict[str, Any]) -> list[ManifestRow]:
-        """Write `state` for `step`, commit it, then drop what retention no longer keeps."""
-        final = self.root / step_dirname(step)
-        tmp = self.root / f"{TMP_PREFIX}{final.name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        with open(tmp / STATE_FILE, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+    def get_best_checkpoint_path(
+        self, metric: str | None = None, mode: Literal["min", "max"] | None = None
+    ) -> Path | None:
+        """The checkpoint with the best `metric` (ties: the newer), or None if none has one.
+
+        The metric and mode default to the config's `keep_top_k` ranking; the value is the
+        one passed to that checkpoint's save. NaN never ranks as best.
+        """
+        metric = metric if metric is not None else self.config.metric
+        mode = mode if mode is not None else self.config.mode
+        if metric is None:
+            raise ConfigError(
+                "get_best_checkpoint_path() needs a metric: pass metric= and mode=, or set "
+                "CheckpointConfig(keep_top_k=..., metric=..., mode=...)"
+            )
+        if mode not in ("min", "max"):
+            raise ConfigError(
+                f"get_best_checkpoint_path(mode={mode!r}): use 'min' (lower is better) "
+                "or 'max' (higher is better)"
+            )
+        ranked = self._ranked(self._committed(), metric, mode)
+        return self.root / ranked[0].save.path if ranked else None
+
+    def load_training_info(self, target: str | Path | int) -> dict[str, Any]:
+        """The `training_info.json` of a checkpoint (a folder or a step): step, time, metrics."""
+        path = self.resolve(target)
+        try:
+            return json.loads((path / INFO_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"cannot read {path / INFO_FILE}: {_one_line(exc)}; the checkpoint lacks its "
+                "training info"
+            ) from exc
+
+    # -- loading and resuming -----------------------------------------------------------------
+    def resolve(self, target: str | Path | int) -> Path:
+        """The folder of a checkpoint named by a step, a path, or "latest"; or why there is none.
+
+        A relative path that does not exist is also looked up under the checkpoint root, so
+        `resolve("step_000100")` works. The error says what to pass instead.
+        """
+        if isinstance(target, bool):
+            raise CheckpointError(f"resolve({target!r}): pass a step number or a checkpoint path")
+        if _is_int(target):
+            return self._resolve_step(int(target))
+        if target == "latest":
+            latest = self.get_latest_checkpoint_path()
+            if latest is None:
+                raise CheckpointError(f"no checkpoint in {self.root} yet; train first")
+            return latest
+        path = Path(target)
+        if isinstance(target, str) and target.isdigit() and not path.exists():
+            return self._resolve_step(int(target))
+        if not path.exists() and not path.is_absolute() and (self.root / path).exists():
+            path = self.root / path
+        in_root = path.resolve().parent == self.root.resolve()
+        entry = self._entry_named(path.name) if in_root else None
+        if entry is not None and entry.removal is not None:
+            raise CheckpointError(
+                f"{path} was removed ({entry.removal.reason}); {self._available()}"
+            )
+        if not path.exists():
+            raise CheckpointError(
+                f"checkpoint {path} does not exist; pass a checkpoint folder or a step "
+                f"({self._available()})"
+            )
+        if path.is_dir() and path.resolve() == self.root.resolve():
+            raise CheckpointError(
+                f"{path} is the checkpoint root, not a checkpoint; pass a step or one of its "
+                f"step_* folders ({self._available()})"
+            )
+        if not _is_complete(path):
+            raise CheckpointError(
+                f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker or no "
+                f"{STATE_FILE}): an interrupted save or not a checkpoint folder "
+                f"({self._available()})"
+            )
+        return path
+
+    def load(self, target: str | Path | int) -> dict[str, Any]:
+        """The saved state of a checkpoint (a folder, a step, or "latest"), on the CPU.
+
+        `weights_only=False` because the state holds RNG states and callback state: load only
+        checkpoints you trust.
+        """
+        path = self.resolve(target)
+        try:
+            return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot load {path / STATE_FILE}: {_one_line(exc)}; the file is damaged, "
+                "pick another checkpoint"
+            ) from exc
+
+    def remove_stale_tmp(self) -> list[Path]:
+        """Delete the debris of interrupted saves and removals; return what was deleted.
+
+        That is every `tmp_*` folder, a stale `tmp_latest` file, and any folder whose removal
+        the manifest records (a kill between the removal row and the delete). Call it before
+        training starts, when no save is in flight.
+        """
+        removed = []
+        for path in sorted(self.root.glob(f"{TMP_PREFIX}*")):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+                removed.append(path)
+            elif path.name == f"{TMP_PREFIX}{LATEST_FILE}":
+                path.unlink()
+                removed.append(path)
+        for entry in sorted(self._entries.values(), key=lambda e: e.order):
+            folder = self.root / entry.save.path
+            if entry.removal is not None and folder.is_dir():
+                shutil.rmtree(folder)
+                removed.append(folder)
+        return removed
+
+    # -- bookkeeping as checkpoint state --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The retention bookkeeping (the manifest's rows), for a checkpoint to hold."""
+        return {"version": 1, "manifest": [asdict(row) for row in self._rows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore bookkeeping saved by `state_dict`; the manifest stays the source of truth.
+
+        If the manifest already holds those rows (and maybe later ones), nothing changes; if
+        it holds only their beginning (or nothing, e.g. a folder restored from a copy of one
+        checkpoint), the missing rows are appended to it. Rows that disagree are an error.
+        """
+        try:
+            rows = [ManifestRow(**row) for row in state["manifest"]]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(
+                f"load_state_dict got no checkpoint bookkeeping ({_one_line(exc)}); "
+                "pass what CheckpointManager.state_dict() returned"
+            ) from exc
+        others = sorted({r.run_key for r in rows} - {self.run_key})
+        if others:
+            raise CheckpointError(
+                f"the bookkeeping belongs to run {others[0]!r}, not {self.run_key!r}; "
+                "restore it into that run's checkpoint folder"
+            )
+        mine = [r.to_json() for r in self._rows]
+        theirs = [r.to_json() for r in rows]
+        if mine[: len(theirs)] == theirs:
+            return
+        if theirs[: len(mine)] != mine:
+            shared = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
+            raise CheckpointError(
+                f"the bookkeeping disagrees with {self.root / MANIFEST_FILE} from row "
+                f"{shared + 1} on; it comes from another attempt at this run: use a fresh folder"
+            )
+        for row in rows[len(mine) :]:
+            self._append(row)
+            self._rows.append(row)
+        self._rebuild()
+
+    # -- saving --------------------------------------------------------------------------------
+    def save(
+        self, step: int, state: dict[str, Any], info: dict[str, Any], *, final: bool = False
+    ) -> list[ManifestRow]:
+        """Write `state` for `step`, commit it, then drop what retention no longer keeps.
+
+        `info["metrics"]` is recorded in the save row and ranks the checkpoint for
+        `keep_top_k`; `final` marks the last save of a run stopped early (never ephemeral).
+        Returns the save row, then one row per removal. A failed save raises CheckpointError
+        and leaves the earlier checkpoints, the manifest and `latest` as they were.
+        """
+        if not _is_int(step) or step < 0:
+            raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
+        metrics = self._metrics(step, info)
+        kind = self.config.kind(step, final=final)
+        final_dir = self.root / step_dirname(step)
+        tmp = self.root / f"{TMP_PREFIX}{final_dir.name}"
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
-        _write_durable(tmp / INFO_FILE, json.dumps(info, sort_keys=True).encode())
-        _write_durable(tmp / COMPLETE_MARKER, b"")
-        _fsync_dir(tmp)
-        if final.exists():  # re-saving a step (e.g. a restarted run): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.root)
-        row = ManifestRow(
-            self.run_key, step, final.name, "save", info["time"], dict(info.get("metrics", {}))
-        )
-        self._append(row)
-        self._point_latest(final.name)
-        if step not in self.saved:
-            self.saved.append(step)
-        return [row, *self._apply_retention()]
-
-    def _apply_retention(self) -> list[ManifestRow]:
-        keep_last = self.config.keep_last
-        if keep_last is None or len(self.saved) <= keep_last:
-            return []
-        doomed, self.saved = self.saved[:-keep_last], self.saved[-keep_last:]
-        rows = []
-        for step in doomed:
-            shutil.rmtree(self.root / step_dirname(step), ignore_errors=True)
+        info["metrics"] = metrics
+        try:
+            if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot save step {step}: cannot create {tmp}: {_one_line(exc)}"
+            ) from exc
+        renamed = False
+        try:
+            with open(tmp / STATE_FILE, "wb") as fh:
+                torch.save(state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _write_durable(tmp / INFO_FILE, json.dumps(info, sort_keys=True).encode())
+            _write_durable(tmp / COMPLETE_MARKER, b"")
+            _fsync_dir(tmp)
+            if final_dir.is_dir():  # re-saving a step (e.g. a restarted run): replace it whole
+                shutil.rmtree(final_dir)
+            os.replace(tmp, final_dir)
+            renamed = True
+            _fsync_dir(self.root)
             row = ManifestRow(
-                self.run_key,
-                step,
-                step_dirname(step),
-                "remove",
-                time.time(),
-                reason=f"keep_last={keep_last}",
+                self.run_key, step, final_dir.name, "save", info["time"], metrics, kind=kind
             )
             self._append(row)
+        except BaseException as exc:
+            shutil.rmtree(final_dir if renamed else tmp, ignore_errors=True)
+            if not isinstance(exc, Exception):
+                raise
+            raise CheckpointError(
+                f"cannot save step {step} in {final_dir if renamed else tmp}: {_one_line(exc)}"
+            ) from exc
+        self._rows.append(row)
+        self._entries[step] = _Entry(row, len(self._rows) - 1)
+        self._point_latest(final_dir.name)
+        return [row, *self._apply_retention()]
+
+    def _metrics(self, step: int, info: dict[str, Any]) -> dict[str, float]:
+        """The save's metrics as floats; checked before anything is written."""
+        raw = info.get("metrics") or {}
+        try:
+            metrics = {str(k): float(v) for k, v in raw.items()}
+        except (TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"save(step={step}): info['metrics'] must map names to numbers ({_one_line(exc)})"
+            ) from exc
+        metric = self.config.metric
+        if self.config.keep_top_k is not None and metric not in metrics:
+            raise CheckpointError(
+                f"CheckpointConfig(keep_top_k={self.config.keep_top_k}) ranks by {metric!r}, "
+                f"but the metrics of the save at step {step} have no {metric!r} (logged: "
+                f"{sorted(metrics)}); log it before the save, e.g. with an Evaluator due at "
+                "the same step, or fix the name"
+            )
+        return metrics
+
+    # -- retention -----------------------------------------------------------------------------
+    def _keepers(self, committed: list[_Entry]) -> dict[int, list[str]]:
+        """For each committed checkpoint, the rules that keep it (empty: remove it)."""
+        cfg = self.config
+        keep: dict[int, list[str]] = {e.save.step: [] for e in committed}
+        lasting = [e for e in committed if e.save.kind != "ephemeral"]
+        if cfg.keep_last is None and cfg.keep_top_k is None:
+            for e in lasting:
+                keep[e.save.step].append("no limit")
+        if cfg.keep_last is not None:
+            for e in lasting[-cfg.keep_last :]:
+                keep[e.save.step].append(f"keep_last={cfg.keep_last}")
+        if cfg.keep_top_k is not None and cfg.metric is not None and cfg.mode is not None:
+            for e in self._ranked(committed, cfg.metric, cfg.mode)[: cfg.keep_top_k]:
+                keep[e.save.step].append(f"keep_top_k={cfg.keep_top_k}")
+        for e in committed:
+            if e.save.kind == "fixed" or e.save.step in cfg.fixed_steps:
+                keep[e.save.step].append("fixed_steps")
+        if committed:
+            keep[committed[-1].save.step].append("newest")
+        return keep
+
+    @staticmethod
+    def _ranked(entries: list[_Entry], metric: str, mode: str) -> list[_Entry]:
+        """The entries with a number for `metric`, best first; ties: the newer first."""
+        sign = 1.0 if mode == "min" else -1.0
+        scored = [
+            (sign * value, -e.order, e)
+            for e in entries
+            if (value := e.save.metrics.get(metric)) is not None and not math.isnan(value)
+        ]
+        scored.sort(key=lambda t: (t[0], t[1]))
+        return [e for _, _, e in scored]
+
+    def _apply_retention(self) -> list[ManifestRow]:
+        committed = self._committed()
+        keep = self._keepers(committed)
+        rows = []
+        for entry in committed:
+            if keep[entry.save.step]:
+                continue
+            row = ManifestRow(
+                self.run_key,
+                entry.save.step,
+                entry.save.path,
+                "remove",
+                time.time(),
+                reason=_reason(self.config, entry.save.kind),
+                kind=entry.save.kind,
+            )
+            try:
+                self._append(row)
+            except OSError as exc:  # retried after the next save: retention is a query
+                log.warning("cannot record the removal of %s: %s", entry.save.path, exc)
+                break
+            self._rows.append(row)
+            entry.removal = row
+            folder = self.root / entry.save.path
+            shutil.rmtree(folder, ignore_errors=True)
+            if folder.exists():
+                log.warning("%s is recorded as removed but could not be deleted", folder)
             rows.append(row)
         return rows
 
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """Index the rows: each step's latest save, and its removal if one came after it."""
+        self._entries = {}
+        for order, row in enumerate(self._rows):
+            if row.event == "save":
+                self._entries[row.step] = _Entry(row, order)
+            elif row.step in self._entries:
+                self._entries[row.step].removal = row
+
+    def _committed(self) -> list[_Entry]:
+        return sorted(
+            (
+                e
+                for e in self._entries.values()
+                if e.removal is None and _is_complete(self.root / e.save.path)
+            ),
+            key=lambda e: e.order,
+        )
+
+    def _entry_named(self, name: str) -> _Entry | None:
+        return next((e for e in self._entries.values() if e.save.path == name), None)
+
+    def _available(self) -> str:
+        steps = self.checkpoints()
+        return f"available steps: {steps}" if steps else f"no checkpoints in {self.root}"
+
+    def _resolve_step(self, step: int) -> Path:
+        entry = self._entries.get(step)
+        folder = self.root / step_dirname(step)
+        if entry is not None and entry.removal is not None:
+            raise CheckpointError(
+                f"the checkpoint of step {step} was removed ({entry.removal.reason}); "
+                f"{self._available()}"
+            )
+        if entry is not None and _is_complete(self.root / entry.save.path):
+            return self.root / entry.save.path
+        if entry is not None:
+            raise CheckpointError(
+                f"the checkpoint of step {step} is recorded but {self.root / entry.save.path} "
+                f"is missing or incomplete; {self._available()}"
+            )
+        if _is_complete(folder):
+            raise CheckpointError(
+                f"{folder} is not recorded in {MANIFEST_FILE} (its save never committed); pass "
+                f"its path to load it anyway; {self._available()}"
+            )
+        raise CheckpointError(f"no checkpoint of step {step} in {self.root}; {self._available()}")
+
+    def _read_manifest(self) -> list[ManifestRow]:
+        path = self.root / MANIFEST_FILE
+        if not path.exists():
+            return []
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}") from exc
+        if data and not data.endswith(b"\n"):  # a torn append: that row never committed
+            cut = data.rfind(b"\n") + 1
+            log.warning("%s ends with a partial row (an interrupted write); dropping it", path)
+            data = data[:cut]
+            try:
+                os.truncate(path, cut)
+            except OSError as exc:
+                log.warning("cannot drop the partial row of %s: %s", path, exc)
+        rows = []
+        for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(ManifestRow.from_json(line))
+            except (ValueError, TypeError) as exc:
+                raise CheckpointError(
+                    f"{path} line {number} is not a manifest row ({_one_line(exc)}); "
+                    "restore that line or remove it"
+                ) from exc
+        return rows
+
+    def _warn_inconsistencies(self) -> None:
+        known = set()
+        for entry in self._entries.values():
+            known.add(entry.save.path)
+            if entry.removal is None and not _is_complete(self.root / entry.save.path):
+                log.warning(
+                    "%s records step %d, but %s is missing or incomplete: not a checkpoint",
+                    MANIFEST_FILE,
+                    entry.save.step,
+                    self.root / entry.save.path,
+                )
+        for folder in sorted(self.root.glob("step_*")):
+            named = _STEP_DIR.fullmatch(folder.name) and folder.name not in known
+            if named and _is_complete(folder):
+                log.warning(
+                    "%s is a complete checkpoint that %s does not record (its save was "
+                    "interrupted before it committed); it is ignored: not listed, not the "
+                    "latest, never removed; load it by path",
+                    folder,
+                    MANIFEST_FILE,
+                )
+
     def _append(self, row: ManifestRow) -> None:
-        with open(self.root / MANIFEST_FILE, "a", encoding="utf-8") as fh:
-            fh.write(row.to_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        """Append one row durably; a failed append is cut back off, so no torn row remains."""
+        path = self.root / MANIFEST_FILE
+        size = path.stat().st_size if path.is_file() else 0
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(row.to_json() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            if path.is_file():
+                with contextlib.suppress(OSError):
+                    os.truncate(path, size)
+            raise
 
     def _point_latest(self, name: str) -> None:
+        """Point `latest` at `name`; the manifest stays authoritative if this fails."""
         tmp = self.root / f"{TMP_PREFIX}{LATEST_FILE}"
-        _write_durable(tmp, name.encode())
-        os.replace(tmp, self.root / LATEST_FILE)
+        try:
+            _write_durable(tmp, name.encode())
+            os.replace(tmp, self.root / LATEST_FILE)
+        except OSError as exc:
+            log.warning("cannot update %s: %s", self.root / LATEST_FILE, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)

@@ -7,13 +7,14 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lab._seeding import rng_state
-from lab.errors import ConfigError, LossError
+from lab._seeding import rng_state, set_rng_state
+from lab.errors import CheckpointError, ConfigError, LossError
 from lab.hooks import Callback, Dispatcher, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from lab.experiment import RunSpec
 
 log = logging.getLogger("lab.loop")
+
+_END = object()
 
 LossFn = Callable[[torch.nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, Any]]"]
 
@@ -109,12 +112,24 @@ class TrainingLoop:
         self.evaluators = list(evaluators)
         self.checkpoint = checkpoint
         self.callbacks = list(callbacks)
+        self._epoch_rng: dict[str, Any] | None = None  # RNG at the current epoch's start
 
     # ------------------------------------------------------------------------------------
     def fit(
-        self, run: RunSpec | None = None, *, run_dir: str | Path | None = None
+        self,
+        run: RunSpec | None = None,
+        *,
+        run_dir: str | Path | None = None,
+        resume: bool | str | Path | int = True,
     ) -> LoopArtifacts:
         """Train, firing the loop's hooks; under an Experiment pass the `run` it handed you.
+
+        With checkpoints on, `fit` resumes from the run's newest committed checkpoint
+        (``resume=True``), from a given checkpoint folder or step (``resume=path`` or
+        ``resume=57``), or starts fresh (``resume=False``: earlier checkpoints are moved
+        aside to ``checkpoints.replaced-<time>``, never deleted). A resumed run continues the
+        same trajectory: model, optimizer, scheduler, step, data position, every RNG and each
+        stateful callback come back as they were.
 
         Without a run (a bare loop) the loop's own callbacks are dispatched, `close()` is
         called at the end, and checkpoints go under `run_dir`.
@@ -135,31 +150,49 @@ class TrainingLoop:
         # The loop owns its own callbacks' on_error and close; an Experiment owns the rest.
         own = dispatcher if bare else dispatcher.sibling(self.callbacks)
         try:
-            return self._fit(ctx, dispatcher, folder)
+            return self._fit(ctx, dispatcher, folder, resume)
         except BaseException as exc:
             own.fire("on_error", ctx, exc)
             raise
         finally:
             own.fire("close")
 
-    def _fit(self, ctx: LogContext, hooks: Dispatcher, folder: Path | None) -> LoopArtifacts:
+    def _fit(
+        self,
+        ctx: LogContext,
+        hooks: Dispatcher,
+        folder: Path | None,
+        resume: bool | str | Path | int,
+    ) -> LoopArtifacts:
         # -- set up ------------------------------------------------------------------------
         model, optimizer = self.model, self.optimizer
         if self.device is not None:
             model.to(self.device)
         state = LoopState(ctx=ctx, model=model, optimizer=optimizer, num_steps=self.num_steps)
-        checkpoints = self._checkpoint_manager(folder, ctx)
+        checkpoints = self._checkpoint_manager(folder, ctx, fresh=resume is False)
+        eval_metrics: dict[str, float] = {}
+        restored = None
+        if checkpoints is not None:
+            checkpoints.remove_stale_tmp()
+            path = self._resume_path(checkpoints, resume)
+            if path is not None:
+                restored = self._restore(checkpoints, path, state, hooks)
+                eval_metrics.update(restored.get("eval_metrics", {}))
+                hooks.fire("post_checkpoint_loaded", state, path)
+        elif resume not in (True, False):
+            raise ConfigError(
+                f"resume={resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
+            )
         saved: list[ManifestRow] = []
         evals: list[EvalResult] = []
         params = [p for p in model.parameters() if p.requires_grad]
         grad_clip = self.grad_clip
         evaluators = self.evaluators
         batch = TrainingBatch()
-        batches = self._batches(state)
+        batches = self._batches(state, restored)
         fire = hooks.fire
         wants_pre_step = hooks.listens("pre_step")
         wants_step_end = hooks.listens("on_step_end")
-        eval_metrics: dict[str, float] = {}
         model.train()
 
         fire("on_train_start", state)
@@ -167,6 +200,10 @@ class TrainingLoop:
             for evaluator in evaluators:
                 if evaluator.at_start:
                     self._run_eval(evaluator, state, hooks, 0, evals, eval_metrics)
+            if checkpoints is not None and self.checkpoint.due(0, num_steps=self.num_steps):
+                for row in self._save(checkpoints, state, hooks, eval_metrics):
+                    saved.append(row)
+                    fire("on_checkpoint", state, row)
         for step_idx in range(state.step + 1, self.num_steps + 1):
             # -- one step ----------------------------------------------------------------
             batch.data = next(batches)
@@ -208,7 +245,7 @@ class TrainingLoop:
                 self.checkpoint.due(step_idx, num_steps=self.num_steps)
                 or (last and self.checkpoint.save_at_end)
             ):
-                for row in self._save(checkpoints, state, hooks):
+                for row in self._save(checkpoints, state, hooks, eval_metrics, final=last):
                     saved.append(row)
                     fire("on_checkpoint", state, row)
             if state.stop_requested:
@@ -230,12 +267,36 @@ class TrainingLoop:
         return artifacts
 
     # ------------------------------------------------------------------------------------
-    def _batches(self, state: LoopState) -> Iterator[Any]:
-        """Yield batches forever, advancing the epoch each time `data` runs out."""
+    def _batches(self, state: LoopState, restored: dict[str, Any] | None) -> Iterator[Any]:
+        """Yield batches forever, advancing the epoch each time `data` runs out.
+
+        The RNG state at the start of each epoch is kept (`self._epoch_rng`): the order of a
+        shuffled epoch is drawn when its iterator is created, so a resume re-creates the
+        epoch's iterator from that state, skips the batches already taken, and only then
+        restores the RNG of the checkpoint.
+        """
         first_pass = True
         while True:
-            empty = True
-            for item in self.data:
+            if restored is not None and restored.get("epoch_rng") is None:
+                set_rng_state(restored["rng"])  # saved before the first epoch began
+                restored = None
+            if restored is not None:
+                set_rng_state(restored["epoch_rng"])
+                self._epoch_rng = restored["epoch_rng"]
+                items = iter(self.data)
+                for taken in range(state.batch_in_epoch):
+                    if next(items, _END) is _END:
+                        raise CheckpointError(
+                            f"the data has {taken} batches in epoch {state.epoch}, but the "
+                            f"checkpoint was taken after {state.batch_in_epoch}; resume with "
+                            "the same data, or start fresh with resume=False"
+                        )
+                set_rng_state(restored["rng"])
+                restored, empty = None, state.batch_in_epoch == 0
+            else:
+                self._epoch_rng = rng_state()
+                items, empty = iter(self.data), True
+            for item in items:
                 empty = False
                 state.batch_in_epoch += 1
                 yield item
@@ -282,29 +343,81 @@ class TrainingLoop:
             hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step_idx)
         return result
 
-    def _checkpoint_manager(self, folder: Path | None, ctx: LogContext) -> CheckpointManager | None:
+    def _checkpoint_manager(
+        self, folder: Path | None, ctx: LogContext, *, fresh: bool
+    ) -> CheckpointManager | None:
         if self.checkpoint is None:
             return None
         if folder is None:
             raise ConfigError(
                 "checkpoints need a folder: call fit(run) under an Experiment, or fit(run_dir=...)"
             )
-        return CheckpointManager(Path(folder) / "checkpoints", self.checkpoint, ctx.run_key or "")
+        root = Path(folder) / "checkpoints"
+        if fresh and root.exists() and any(root.iterdir()):
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+            aside = root.with_name(f"checkpoints.replaced-{stamp}")
+            root.rename(aside)  # a fresh start never deletes what an earlier run saved
+            log.warning("starting fresh: earlier checkpoints moved to %s", aside)
+        return CheckpointManager(root, self.checkpoint, ctx.run_key or "")
+
+    @staticmethod
+    def _resume_path(manager: CheckpointManager, resume: bool | str | Path | int) -> Path | None:
+        if resume is False:
+            return None
+        if resume is True:
+            return manager.get_latest_checkpoint_path()
+        return manager.resolve(resume)
+
+    def _restore(
+        self, manager: CheckpointManager, path: Path, state: LoopState, hooks: Dispatcher
+    ) -> dict[str, Any]:
+        """Load `path` into the model, optimizer, scheduler, loop state and callbacks."""
+        payload = manager.load(path)
+        try:
+            state.model.load_state_dict(payload["model"])
+        except RuntimeError as exc:
+            reason = " ".join(str(exc).split())
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this model ({reason[:300]}); resume from a "
+                "checkpoint of the same model, or start fresh with resume=False"
+            ) from None
+        state.optimizer.load_state_dict(payload["optimizer"])
+        if self.scheduler is not None and payload.get("scheduler") is not None:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        state.load_state_dict(payload["loop"])
+        state.metrics = dict(payload.get("metrics", {}))
+        saved_callbacks = payload.get("callbacks", {})
+        for i, cb in enumerate(hooks.stateful()):
+            key = f"{i}:{type(cb).__name__}"
+            if key in saved_callbacks:
+                cb.load_state_dict(saved_callbacks[key])
+        return payload
 
     def _save(
-        self, manager: CheckpointManager, state: LoopState, hooks: Dispatcher
+        self,
+        manager: CheckpointManager,
+        state: LoopState,
+        hooks: Dispatcher,
+        eval_metrics: dict[str, float],
+        *,
+        final: bool = False,
     ) -> list[ManifestRow]:
         payload = {
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "loop": state.state_dict(),
+            "metrics": dict(state.metrics),
+            "eval_metrics": dict(eval_metrics),
             "rng": rng_state(),
+            "epoch_rng": self._epoch_rng,
+            "retention": manager.state_dict(),
             "callbacks": {
                 f"{i}:{type(cb).__name__}": cb.state_dict() for i, cb in enumerate(hooks.stateful())
             },
         }
-        return manager.save(state.step, payload, {"metrics": dict(state.metrics)})
+        info = {"metrics": {**state.metrics, **eval_metrics}}
+        return manager.save(state.step, payload, info, final=final)
 
 
 def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:

@@ -166,12 +166,10 @@ class Store:
         config: dict[str, Any],
         output_dir: str | None,
     ) -> int:
-        """Record a run as `running`; returns its id.
+        """Record a run as `running` (its row reset, if it ran before); returns its id.
 
-        A run that ran before (same experiment and `run_key`) starts again from nothing: its
-        row is reset and, in the same transaction, its metrics, evals (with their
-        predictions) and checkpoint rows are deleted, so the restarted run's record replaces
-        the earlier one instead of mixing with it.
+        What the run recorded earlier stays until its training starts: `truncate_run` then
+        drops all of it for a fresh start, or what lies after the checkpoint for a resume.
         """
         values = {
             "experiment_id": experiment_id,
@@ -192,10 +190,26 @@ class Store:
             "ended_at": None,
         }
         with transaction(self.engine) as conn:
-            run_id = self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+            return self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+
+    def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
+        """Drop a run's metrics, evals (with predictions) and checkpoint rows after a step.
+
+        ``after_step=None`` drops all of them: a run that starts again from nothing replaces
+        its earlier record. A run resumed from the checkpoint at step N keeps what it logged
+        up to N, and the steps it trains again are written anew, never twice. Post-training
+        evals (step NULL) always go: they run again at the end.
+        """
+        self.flush()
+        with transaction(self.engine) as conn:
             for model in (SqlMetric, SqlEval, SqlCheckpoint):  # predictions: ON DELETE CASCADE
-                conn.execute(sa.delete(model).where(model.run_id == run_id))
-        return run_id
+                where = model.run_id == run_id
+                if after_step is not None:
+                    later = model.step > after_step
+                    where = sa.and_(
+                        where, sa.or_(later, model.step.is_(None)) if model is SqlEval else later
+                    )
+                conn.execute(sa.delete(model).where(where))
 
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, float]) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
