@@ -305,6 +305,10 @@ TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
 class Experiment:
     """A named study: `train(run)` for every arm x repeat, recorded by the attached callbacks.
 
+    Running an experiment again under the same name and store continues it: runs that
+    completed are skipped (their recorded results are part of the new result), and the
+    others run again, resuming from their newest checkpoint when the loop has checkpoints.
+
     The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
     `SqlLogger` unless one is attached already; ``store=False`` records nothing.
     Each repeat ``i`` is seeded with ``seed + i``.
@@ -361,6 +365,7 @@ class Experiment:
         self.seed = seed
         self.benchmarks = list(benchmarks)
         self.strict = strict
+        self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -372,9 +377,10 @@ class Experiment:
         then propagates.
         """
         callbacks = self._callbacks()
+        self._prior = {}
         for cb in callbacks:
-            if isinstance(cb, SqlLogger):
-                cb.open()
+            if isinstance(cb, SqlLogger):  # opening marks runs whose process died `crashed`
+                self._prior = cb.open().previous_runs(self.name)
         hooks = Dispatcher(callbacks, strict=self.strict)
         ctx = LogContext(
             experiment=self.name,
@@ -439,6 +445,14 @@ class Experiment:
         ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, 0, seed
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
         run_dir = ctx.output_dir / run_key
+        prior = self._prior.get(run_key)
+        if prior is not None and prior["status"] == "completed":
+            log.info("%s: run %s completed before; skipping it", self.name, run_key)
+            arm_result.runs.append(
+                RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=0, seed=seed,
+                          status="completed", metrics=dict(prior["summary"]), seconds=0.0)
+            )  # fmt: skip
+            return
         run_dir.mkdir(parents=True, exist_ok=True)
         hooks.run_key = run_key
         seed_everything(seed)

@@ -109,6 +109,17 @@ def test_sigkill_at_step_57_then_resume_equals_an_uninterrupted_run(tmp_path: Pa
     os.kill(killed.pid, signal.SIGKILL)
     assert killed.wait(timeout=60) == -signal.SIGKILL
 
+    from lab.store import Store
+
+    url = f"sqlite:///{tmp_path / 'killed' / 'lab.db'}"
+    con = sqlite3.connect(tmp_path / "killed" / "lab.db")
+    assert con.execute("SELECT status FROM runs").fetchall() == [("running",)]
+    store = Store(url)  # opening the store notices that the run's process is gone
+    store.close()
+    (status, error) = con.execute("SELECT status, error FROM runs").fetchone()
+    con.close()
+    assert status == "crashed" and f"pid {killed.pid}" in error
+
     checkpoints = tmp_path / "killed" / "runs" / "resume" / "base-r0" / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_000050"
     resumed = _child(tmp_path / "killed", 0)
@@ -223,3 +234,81 @@ def test_resume_without_checkpoints_is_a_config_error(tmp_path: Path) -> None:
                         [(torch.randn(4, 3), torch.randn(4, 1))], _mse, 2)  # fmt: skip
     with pytest.raises(ConfigError, match="needs checkpoints"):
         loop.fit(run_dir=tmp_path, resume=2)
+
+
+def test_running_an_experiment_again_skips_completed_runs(tmp_path: Path) -> None:
+    from lab import Experiment
+
+    calls: list[int] = []
+    flag = tmp_path / "fail-r1"
+    flag.write_text("")
+
+    def train(run: Any) -> dict[str, float]:
+        calls.append(run.repeat)
+        if run.repeat == 1 and flag.exists():
+            raise RuntimeError("pre-empted")
+        return {"loss": float(run.repeat)}
+
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    first = Experiment("again", train, repeats=3, store=url, output_dir=tmp_path).run()
+    assert [r.status for r in first.runs] == ["completed", "failed", "completed"]
+    flag.unlink()
+    calls.clear()
+    second = Experiment("again", train, repeats=3, store=url, output_dir=tmp_path).run()
+    assert calls == [1]  # only the run that failed ran again
+    assert [(r.run_key, r.status, r.metrics) for r in second.runs] == [
+        ("base-r0", "completed", {"loss": 0.0}),
+        ("base-r1", "completed", {"loss": 1.0}),
+        ("base-r2", "completed", {"loss": 2.0}),
+    ]
+    assert second.summary().row("base", "loss").n == 3
+    con = sqlite3.connect(tmp_path / "lab.db")
+    assert con.execute("SELECT status FROM experiments").fetchall() == [("completed",)]
+    assert (
+        con.execute("SELECT status FROM runs ORDER BY run_key").fetchall() == [("completed",)] * 3
+    )
+    con.close()
+
+
+def test_opening_a_store_marks_runs_of_dead_processes_crashed(tmp_path: Path) -> None:
+    import socket
+
+    from lab.store import Store
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    store = Store(url)
+    exp = store.begin_experiment("e", config={}, seed=0, repeats=1)
+    group = store.add_group(exp, "g")
+    ids = {
+        key: store.start_run(
+            exp,
+            group,
+            run_key=key,
+            arm_id=None,
+            repeat=0,
+            stage=0,
+            seed=0,
+            config={},
+            output_dir=None,
+        )
+        for key in ("dead", "alive", "elsewhere")
+    }
+    store.close()
+    con = sqlite3.connect(tmp_path / "lab.db")
+    con.execute("UPDATE runs SET pid = ? WHERE run_key = 'dead'", (gone.pid,))
+    con.execute("UPDATE runs SET host = 'another-host', pid = ? WHERE run_key = 'elsewhere'",
+                (gone.pid,))  # fmt: skip
+    con.commit()
+    store = Store(url)
+    store.close()
+    rows = dict(con.execute("SELECT run_key, status FROM runs").fetchall())
+    assert rows == {"dead": "crashed", "alive": "running", "elsewhere": "running"}
+    (error,) = con.execute("SELECT error FROM runs WHERE run_key = 'dead'").fetchone()
+    assert (
+        error
+        == f"the process (pid {gone.pid} on {socket.gethostname()}) died while the run was running"
+    )
+    assert len(ids) == 3
+    con.close()

@@ -530,10 +530,13 @@ def test_running_an_experiment_again_replaces_each_runs_rows(
     def steps_train(run: RunSpec) -> LoopArtifacts:
         x, y = _data(run.seed)
         model = torch.nn.Linear(3, 1)
-        return TrainingLoop(
+        artifacts = TrainingLoop(
             model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, y)], _loss,
             run.config.steps, checkpoint=CheckpointConfig(every=2),
         ).fit(run)  # fmt: skip
+        if run.config.steps == 8:  # the first attempt fails after training, so it runs again
+            raise RuntimeError("lost the node")
+        return artifacts
 
     class Steps(pydantic.BaseModel):
         steps: int = 8

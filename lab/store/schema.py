@@ -121,6 +121,8 @@ class SqlRun(Base):
     summary: Mapped[dict[str, Any] | None]
     callback_errors: Mapped[list[Any] | None]
     output_dir: Mapped[str | None] = mapped_column(sa.Text)
+    host: Mapped[str | None] = mapped_column(sa.String(255))  # where the run's process lives
+    pid: Mapped[int | None]
     started_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
     ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
 

@@ -7,6 +7,8 @@ transaction. Reads return plain dicts: the ORM rows never leave this package.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import threading
 import time
 from datetime import UTC, datetime
@@ -75,6 +77,8 @@ class Store:
         self.dialect = self.engine.dialect.name
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        if migrate:
+            self.mark_crashed()
 
     def __repr__(self) -> str:
         return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -186,11 +190,58 @@ class Store:
             "summary": None,
             "callback_errors": None,
             "output_dir": output_dir,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             "started_at": _now(),
             "ended_at": None,
         }
         with transaction(self.engine) as conn:
             return self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+
+    def mark_crashed(self) -> list[str]:
+        """Mark `running` runs whose process on this host is gone as `crashed`.
+
+        A run records its host and pid when it starts; a SIGKILL or an OOM kill leaves it
+        `running`, and this turns it `crashed` the next time the store is opened on that
+        host. Runs on other hosts are left alone (a heartbeat would be needed to judge them).
+        Returns the run keys it marked.
+        """
+        host = socket.gethostname()
+        with self.engine.connect() as conn:
+            running = conn.execute(
+                sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.pid).where(
+                    SqlRun.status == "running", SqlRun.host == host
+                )
+            ).all()
+        dead = [(run_id, key, pid) for run_id, key, pid in running if not _alive(pid)]
+        if not dead:
+            return []
+        with transaction(self.engine) as conn:
+            for run_id, _key, pid in dead:
+                conn.execute(
+                    sa.update(SqlRun)
+                    .where(SqlRun.run_id == run_id, SqlRun.status == "running")
+                    .values(
+                        status="crashed",
+                        error=f"the process (pid {pid} on {host}) died while the run was running",
+                        ended_at=_now(),
+                    )
+                )
+        return [key for _run_id, key, _pid in dead]
+
+    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+        """An experiment's recorded runs by run key (status, seed, final metrics), if any."""
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(SqlRun.run_key, SqlRun.status, SqlRun.seed, SqlRun.summary)
+                    .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+                    .where(SqlExperiment.name == experiment)
+                )
+                .mappings()
+                .all()
+            )
+        return {r["run_key"]: {**r, "summary": _floats_back(r["summary"] or {})} for r in rows}
 
     def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
         """Drop a run's metrics, evals (with predictions) and checkpoint rows after a step.
@@ -452,6 +503,19 @@ class Store:
                 .order_by(SqlMetric.step)
             ).all()
         return [(step, math.nan if value is None else value) for step, value in rows]
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process `pid` exists on this host (None: unknown, so assume alive)."""
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

@@ -88,6 +88,8 @@ def upgrade() -> None:
         sa.Column("summary", sa.JSON(), nullable=True),
         sa.Column("callback_errors", sa.JSON(), nullable=True),
         sa.Column("output_dir", sa.Text(), nullable=True),
+        sa.Column("host", sa.String(length=255), nullable=True),
+        sa.Column("pid", sa.Integer(), nullable=True),
         sa.Column("started_at", sa.DateTime(), nullable=False),
         sa.Column("ended_at", sa.DateTime(), nullable=True),
         sa.CheckConstraint(
