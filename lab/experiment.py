@@ -22,7 +22,7 @@ import pydantic
 from lab._seeding import seed_everything
 from lab._stats import Spread, spread
 from lab._table import fmt, render
-from lab.errors import CallbackError, ConfigError
+from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.hooks import Callback, Dispatcher, LogContext
 from lab.loggers.sql import SqlLogger
 from lab.loop.evals import EvalResult, Evaluator
@@ -54,13 +54,46 @@ class Arm:
 
     Keys name fields of the base config; a dotted key reaches into a nested model:
     ``Arm("wide", **{"model.width": 256})``.
+
+    With `stages`, each repeat of the arm is a continual chain, a group of its own: stage k
+    runs with the arm's overrides plus ``stages[k]``, and starts from stage k-1's final
+    checkpoint, its weights only (``carry="weights"``) or its whole training state
+    (``carry="full"``: optimizer, scheduler and callbacks too; the step starts at 0).
     """
 
-    def __init__(self, name: str, /, **overrides: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        /,
+        *,
+        stages: Sequence[dict[str, Any]] | None = None,
+        carry: Literal["weights", "full"] = "weights",
+        **overrides: Any,
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an arm needs a non-empty name, got {name!r}")
+        if stages is not None and (
+            isinstance(stages, dict) or not stages or not all(isinstance(s, dict) for s in stages)
+        ):
+            raise ConfigError(
+                f"arm {name!r}: stages must be a non-empty list of override dicts, one per "
+                "stage, e.g. stages=[{'task': 'a'}, {'task': 'b'}]"
+            )
+        if carry not in ("weights", "full"):
+            raise ConfigError(f"arm {name!r}: carry={carry!r}; use 'weights' or 'full'")
         self.name = name
         self.overrides = overrides
+        self.stages = list(stages) if stages is not None else None
+        self.carry = carry
+
+    def stage_configs(self, base: pydantic.BaseModel | None) -> list[pydantic.BaseModel | None]:
+        """One validated config per stage (one in all for an arm without stages)."""
+        if self.stages is None:
+            return [self.apply(base)]
+        return [
+            Arm(f"{self.name} stage {k}", **{**self.overrides, **stage}).apply(base)
+            for k, stage in enumerate(self.stages)
+        ]
 
     def __repr__(self) -> str:
         args = "".join(f", {k}={v!r}" for k, v in self.overrides.items())
@@ -128,6 +161,8 @@ class RunSpec:
     dir: Path
     ctx: LogContext
     dispatcher: Dispatcher = field(repr=False)
+    parent_checkpoint: Path | None = None  # stage k-1's final checkpoint, in a chain
+    carry: Literal["weights", "full"] = "weights"
 
 
 @dataclass
@@ -146,6 +181,7 @@ class RunResult:
     traceback: str | None = None
     callback_errors: list[dict[str, Any]] = field(default_factory=list)
     artifacts: LoopArtifacts | None = field(default=None, repr=False)
+    parent_run_key: str | None = None
 
 
 @dataclass
@@ -357,7 +393,9 @@ class Experiment:
         self.arms = arms
         self.repeats = repeats
         self.base_config = base_config
-        self.configs = {arm.name: arm.apply(base_config) for arm in arms}  # validates now
+        # validated now, before any run: one config per stage of each arm
+        self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
+        self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
         self.callbacks = list(callbacks)
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
@@ -393,10 +431,23 @@ class Experiment:
             hooks.fire("on_experiment_start", ctx)
             try:
                 for arm, arm_result in zip(self.arms, result.arms, strict=True):
-                    ctx.group_name, ctx.arm = arm.name, arm.name
-                    hooks.fire("on_group_start", ctx, arm.name)
-                    for repeat in range(self.repeats):
-                        self._run_one(hooks, ctx, arm, arm_result, repeat)
+                    if arm.stages is None:  # one group: the arm's repeats
+                        ctx.group_name, ctx.arm, ctx.group_kind = arm.name, arm.name, "repeats"
+                        hooks.fire("on_group_start", ctx, arm.name)
+                        for repeat in range(self.repeats):
+                            self._run_one(hooks, ctx, arm, arm_result, repeat)
+                        continue
+                    for repeat in range(self.repeats):  # one group per chain
+                        chain = f"{arm.name}-r{repeat}"
+                        ctx.group_name, ctx.arm, ctx.group_kind = chain, arm.name, "chain"
+                        hooks.fire("on_group_start", ctx, chain)
+                        parent = None
+                        for stage in range(len(arm.stages)):
+                            run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
+                            if run.status == "failed":
+                                log.error("%s: %s failed; its chain stops", self.name, run.run_key)
+                                break  # a failed stage stops its chain; other chains go on
+                            parent = run
             except CallbackError:
                 raise  # strict mode: a callback bug propagates as it is
             except BaseException as exc:  # an interrupt: close the record, then propagate
@@ -437,26 +488,40 @@ class Experiment:
         }
 
     def _run_one(
-        self, hooks: Dispatcher, ctx: LogContext, arm: Arm, arm_result: ArmResult, repeat: int
-    ) -> None:
-        config = self.configs[arm.name]
+        self,
+        hooks: Dispatcher,
+        ctx: LogContext,
+        arm: Arm,
+        arm_result: ArmResult,
+        repeat: int,
+        stage: int = 0,
+        parent: RunResult | None = None,
+    ) -> RunResult:
+        config = self.stage_configs[arm.name][stage]
         seed = self.seed + repeat
         run_key = f"{safe_name(arm.name)}-r{repeat}"
-        ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, 0, seed
+        if arm.stages is not None:
+            run_key += f"-s{stage}"
+        parent_key = parent.run_key if parent is not None else None
+        ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, stage, seed
+        ctx.parent_run_key = parent_key
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
         run_dir = ctx.output_dir / run_key
         prior = self._prior.get(run_key)
         if prior is not None and prior["status"] == "completed":
             log.info("%s: run %s completed before; skipping it", self.name, run_key)
-            arm_result.runs.append(
-                RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=0, seed=seed,
-                          status="completed", metrics=dict(prior["summary"]), seconds=0.0)
-            )  # fmt: skip
-            return
+            skipped = RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
+                                seed=seed, status="completed", metrics=dict(prior["summary"]),
+                                seconds=0.0, parent_run_key=parent_key)  # fmt: skip
+            arm_result.runs.append(skipped)
+            return skipped
         run_dir.mkdir(parents=True, exist_ok=True)
         hooks.run_key = run_key
         seed_everything(seed)
-        spec = RunSpec(self.name, arm.name, repeat, 0, seed, run_key, config, run_dir, ctx, hooks)
+        spec = RunSpec(
+            self.name, arm.name, repeat, stage, seed, run_key, config, run_dir, ctx, hooks,
+            carry=arm.carry,
+        )  # fmt: skip
 
         hooks.fire("on_run_start", ctx)
         started = time.perf_counter()
@@ -466,6 +531,8 @@ class Experiment:
         artifacts = None
         interrupt: BaseException | None = None
         try:
+            if parent_key is not None:  # inside the try: a missing one fails this stage
+                spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / parent_key)
             out = self.train(spec)
             artifacts = out if isinstance(out, LoopArtifacts) else None
             metrics = _final_metrics(out)
@@ -486,7 +553,7 @@ class Experiment:
             run_key=run_key,
             arm=arm.name,
             repeat=repeat,
-            stage=0,
+            stage=stage,
             seed=seed,
             status=status,
             metrics=metrics,
@@ -495,6 +562,7 @@ class Experiment:
             traceback=tb,
             callback_errors=_failures(hooks, run_key),
             artifacts=artifacts,
+            parent_run_key=parent_key,
         )
         arm_result.runs.append(run_result)
         hooks.fire("on_run_end", ctx, run_result, arm_result)
@@ -503,6 +571,7 @@ class Experiment:
         hooks.run_key = None  # what fails from here on belongs to the experiment
         if interrupt is not None:
             raise interrupt
+        return run_result
 
     def _benchmark(
         self, hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
@@ -519,13 +588,24 @@ class Experiment:
         return metrics
 
 
+def _final_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a chain's next stage starts from: the parent run's newest one."""
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.exists():
+        raise CheckpointError(
+            f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "
+            "give its TrainingLoop checkpoint=CheckpointConfig(save_at_end=True)"
+        )
+    return run_dir / "checkpoints" / latest.read_text().strip()
+
+
 def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
     """The callback failures of one run (or, with None, of the experiment outside runs)."""
     return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
 
 
 def _clear_run(ctx: LogContext) -> None:
-    ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = None
+    ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = ctx.parent_run_key = None
     ctx.group_name = ctx.arm = None
     ctx.stage = 0
 

@@ -98,6 +98,8 @@ class LogContext:
     repeat: int | None = None
     stage: int = 0
     seed: int | None = None
+    group_kind: str = "repeats"  # "chain" for the stages of a continual arm
+    parent_run_key: str | None = None  # the previous stage's run, in a chain
     ids: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 

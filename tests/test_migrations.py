@@ -177,6 +177,7 @@ EXPECTED_CONSTRAINTS = {
             "fk_runs_experiment_id_experiments",
             "fk_runs_group_id_groups",
             "fk_runs_arm_id_arms",
+            "fk_runs_parent_run_id_runs",
         },
         "ck": {"ck_runs_status"},
     },

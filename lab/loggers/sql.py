@@ -100,7 +100,7 @@ class SqlLogger(Callback):
         ctx.ids[group_key(group_name)] = self.open().add_group(
             ctx.ids[EXPERIMENT_ID],
             group_name,
-            kind="repeats",
+            kind=ctx.group_kind,
             arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
         )
 
@@ -116,6 +116,7 @@ class SqlLogger(Callback):
             seed=ctx.seed or 0,
             config=ctx.run_config or {},
             output_dir=_folder(ctx),
+            parent_run_id=self._parent_id(ctx),
         )
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
 
@@ -213,6 +214,16 @@ class SqlLogger(Callback):
         if run_id is None:
             raise RuntimeError("SqlLogger got a run-level hook before on_run_start")
         return run_id
+
+    def _parent_id(self, ctx: LogContext) -> int | None:
+        if ctx.parent_run_key is None:
+            return None
+        known = self._runs.get(ctx.parent_run_key)
+        return (
+            known
+            if known is not None
+            else self.store.find_run(ctx.ids[EXPERIMENT_ID], ctx.parent_run_key)
+        )
 
     def _start_bare(self, ctx: LogContext) -> None:
         store = self.open()

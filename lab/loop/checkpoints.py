@@ -35,12 +35,14 @@ disk, and `remove_stale_tmp()` deletes it later.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -90,7 +92,9 @@ class CheckpointConfig:
     Keeping (the union; the newest checkpoint is always kept): `keep_last` keeps the newest N
     non-ephemeral checkpoints (None: no limit), `keep_top_k` keeps the best K by `metric`,
     which must be in the metrics passed to each save, lower better for `mode="min"`, higher
-    for `mode="max"`. `async_save` is accepted and stored; saving is synchronous for now.
+    for `mode="max"`. `async_save=True` makes the loop's saves asynchronous: the training
+    thread waits only while the state is copied to CPU memory, and one background thread
+    writes and commits it (see `CheckpointManager.save_async`).
     """
 
     every: int | None = None
@@ -278,6 +282,43 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def _snapshot_to_cpu(state: Any) -> Any:
+    """A deep copy of `state` whose tensors are detached copies in CPU memory.
+
+    Tensors are copied first and handed to `copy.deepcopy` through its memo, so containers
+    keep their types and attributes (a state dict's `_metadata`) and a tensor reachable
+    twice (tied weights) stays one tensor in the copy.
+    """
+    memo: dict[int, Any] = {}
+    todo = [state]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in memo:
+                memo[id(obj)] = obj.detach().to("cpu", copy=True)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+    return copy.deepcopy(state, memo)
+
+
+class _PendingSave:
+    """One asynchronous save: its thread, and the rows or the error it ended with."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.thread: threading.Thread
+        self.rows: list[ManifestRow] = []
+        self.error: BaseException | None = None
+
+    def run(self, save: Any) -> None:
+        try:
+            self.rows = save()
+        except BaseException as exc:  # kept for `wait`, which raises it on the caller's side
+            self.error = exc
+
+
 def _is_complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() and (path / STATE_FILE).is_file()
 
@@ -307,6 +348,7 @@ class CheckpointManager:
             ) from exc
         self._rows: list[ManifestRow] = self._read_manifest()
         self._entries: dict[int, _Entry] = {}
+        self._pending: _PendingSave | None = None
         self._rebuild()
         self._warn_inconsistencies()
 
@@ -545,6 +587,58 @@ class CheckpointManager:
         self._entries[step] = _Entry(row, len(self._rows) - 1)
         self._point_latest(final_dir.name)
         return [row, *self._apply_retention()]
+
+    def save_async(
+        self, step: int, state: dict[str, Any], info: dict[str, Any], *, final: bool = False
+    ) -> list[ManifestRow]:
+        """Copy `state` to CPU memory now, then `save` it in a background thread.
+
+        The caller is blocked only for the copy, so training goes on while the file is
+        written, and tensors it changes afterwards do not reach the checkpoint. One save is
+        in flight at a time: this first waits for the previous one and returns its rows (as
+        `wait` does, raising its CheckpointError if it failed). The rows of this save come
+        from the next `save_async` or `wait`; until then it is not a checkpoint: the manifest
+        row, `latest` and retention happen in the background, only after the folder commits.
+        """
+        rows = self.wait()
+        if not _is_int(step) or step < 0:
+            raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
+        self._metrics(step, info)  # a bad metric fails here, on the caller's thread
+        snapshot = _snapshot_to_cpu(state)
+        info = copy.deepcopy(info)
+        pending = _PendingSave(step)
+        pending.thread = threading.Thread(
+            target=pending.run,
+            args=(lambda: self.save(step, snapshot, info, final=final),),
+            name=f"lab-checkpoint-step-{step}",
+        )
+        self._pending = pending
+        pending.thread.start()
+        return rows
+
+    def wait(self) -> list[ManifestRow]:
+        """Wait for the save in flight, if any, and return its rows (none if there is none).
+
+        This is where an asynchronous save's failure surfaces: a write that failed in the
+        background raises CheckpointError here, never silently.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        pending.thread.join()
+        if pending.error is not None:
+            error = pending.error
+            if isinstance(error, CheckpointError):
+                raise CheckpointError(f"background save failed: {error}") from error
+            raise CheckpointError(
+                f"background save of step {pending.step} failed: {_one_line(error)}"
+            ) from error
+        return pending.rows
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an asynchronous save has been started and not yet waited for."""
+        return self._pending is not None
 
     def _metrics(self, step: int, info: dict[str, Any]) -> dict[str, float]:
         """The save's metrics as floats; checked before anything is written."""

@@ -113,6 +113,7 @@ class TrainingLoop:
         self.checkpoint = checkpoint
         self.callbacks = list(callbacks)
         self._epoch_rng: dict[str, Any] | None = None  # RNG at the current epoch's start
+        self._async_manager: CheckpointManager | None = None  # has a save in flight
 
     # ------------------------------------------------------------------------------------
     def fit(
@@ -150,8 +151,10 @@ class TrainingLoop:
         # The loop owns its own callbacks' on_error and close; an Experiment owns the rest.
         own = dispatcher if bare else dispatcher.sibling(self.callbacks)
         try:
-            return self._fit(ctx, dispatcher, folder, resume)
+            parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
+            return self._fit(ctx, dispatcher, folder, resume, parent)
         except BaseException as exc:
+            self._join_async_save()  # never leave a checkpoint thread running past fit
             own.fire("on_error", ctx, exc)
             raise
         finally:
@@ -163,6 +166,7 @@ class TrainingLoop:
         hooks: Dispatcher,
         folder: Path | None,
         resume: bool | str | Path | int,
+        parent: tuple[Path | None, str] = (None, "weights"),
     ) -> LoopArtifacts:
         # -- set up ------------------------------------------------------------------------
         model, optimizer = self.model, self.optimizer
@@ -183,6 +187,9 @@ class TrainingLoop:
             raise ConfigError(
                 f"resume={resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
             )
+        if restored is None and parent[0] is not None:  # a chain's stage k: start from k-1
+            self._start_from(parent[0], parent[1] == "full", state, hooks)
+            hooks.fire("post_checkpoint_loaded", state, parent[0])
         saved: list[ManifestRow] = []
         evals: list[EvalResult] = []
         params = [p for p in model.parameters() if p.requires_grad]
@@ -253,6 +260,11 @@ class TrainingLoop:
                 break
 
         # -- end ---------------------------------------------------------------------------
+        if checkpoints is not None and checkpoints.in_flight:  # the final save is durable
+            self._async_manager = None
+            for row in checkpoints.wait():  # before on_train_end; failures raise here
+                saved.append(row)
+                fire("on_checkpoint", state, row)
         artifacts = LoopArtifacts(
             model=model,
             metrics={**state.metrics, **eval_metrics},
@@ -373,25 +385,31 @@ class TrainingLoop:
     ) -> dict[str, Any]:
         """Load `path` into the model, optimizer, scheduler, loop state and callbacks."""
         payload = manager.load(path)
-        try:
-            state.model.load_state_dict(payload["model"])
-        except RuntimeError as exc:
-            reason = " ".join(str(exc).split())
-            raise CheckpointError(
-                f"checkpoint {path} does not fit this model ({reason[:300]}); resume from a "
-                "checkpoint of the same model, or start fresh with resume=False"
-            ) from None
+        self._load_training_state(payload, path, state, hooks)
+        state.load_state_dict(payload["loop"])
+        state.metrics = dict(payload.get("metrics", {}))
+        return payload
+
+    def _start_from(self, path: Path, full: bool, state: LoopState, hooks: Dispatcher) -> None:
+        """Start at step 0 from another run's checkpoint: its weights, or its whole state."""
+        payload = CheckpointManager(path.parent).load(path)
+        if full:
+            self._load_training_state(payload, path, state, hooks)
+        else:
+            _load_model(state.model, payload, path)
+
+    def _load_training_state(
+        self, payload: dict[str, Any], path: Path, state: LoopState, hooks: Dispatcher
+    ) -> None:
+        _load_model(state.model, payload, path)
         state.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload.get("scheduler") is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
-        state.load_state_dict(payload["loop"])
-        state.metrics = dict(payload.get("metrics", {}))
         saved_callbacks = payload.get("callbacks", {})
         for i, cb in enumerate(hooks.stateful()):
             key = f"{i}:{type(cb).__name__}"
             if key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[key])
-        return payload
 
     def _save(
         self,
@@ -402,6 +420,14 @@ class TrainingLoop:
         *,
         final: bool = False,
     ) -> list[ManifestRow]:
+        """Save the training state; returns the manifest rows to fire `on_checkpoint` for.
+
+        Synchronous: this save's rows. With `async_save`: the rows of the previous save,
+        which is waited for first (so the payload's retention bookkeeping includes it); this
+        save's rows come from the next `_save` or from the wait at the end of `_fit`, so
+        `on_checkpoint` fires for every row, in save order, on the training thread.
+        """
+        rows = manager.wait() if manager.in_flight else []
         payload = {
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
@@ -417,7 +443,35 @@ class TrainingLoop:
             },
         }
         info = {"metrics": {**state.metrics, **eval_metrics}}
-        return manager.save(state.step, payload, info, final=final)
+        if not manager.config.async_save:
+            return manager.save(state.step, payload, info, final=final)
+        self._async_manager = manager
+        return rows + manager.save_async(state.step, payload, info, final=final)
+
+    def _join_async_save(self) -> None:
+        """On a failing fit, wait for the checkpoint save in flight; its own error is logged.
+
+        The thread is joined so none outlives `fit`, and a save that was started is
+        finished, not torn; the fit's exception stays the one that propagates.
+        """
+        manager, self._async_manager = self._async_manager, None
+        if manager is None or not manager.in_flight:
+            return
+        try:
+            manager.wait()
+        except CheckpointError as exc:
+            log.error("the checkpoint save in flight also failed: %s", exc)
+
+
+def _load_model(model: torch.nn.Module, payload: dict[str, Any], path: Path) -> None:
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        reason = " ".join(str(exc).split())
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model ({reason[:300]}); load a checkpoint "
+            "of the same model, or start fresh with resume=False"
+        ) from None
 
 
 def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:

@@ -121,6 +121,9 @@ class SqlRun(Base):
     summary: Mapped[dict[str, Any] | None]
     callback_errors: Mapped[list[Any] | None]
     output_dir: Mapped[str | None] = mapped_column(sa.Text)
+    parent_run_id: Mapped[int | None] = mapped_column(  # the previous stage, in a chain
+        sa.ForeignKey("runs.run_id", ondelete="SET NULL")
+    )
     host: Mapped[str | None] = mapped_column(sa.String(255))  # where the run's process lives
     pid: Mapped[int | None]
     started_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)

@@ -169,6 +169,7 @@ class Store:
         seed: int,
         config: dict[str, Any],
         output_dir: str | None,
+        parent_run_id: int | None = None,
     ) -> int:
         """Record a run as `running` (its row reset, if it ran before); returns its id.
 
@@ -190,6 +191,7 @@ class Store:
             "summary": None,
             "callback_errors": None,
             "output_dir": output_dir,
+            "parent_run_id": parent_run_id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started_at": _now(),
@@ -228,6 +230,15 @@ class Store:
                     )
                 )
         return [key for _run_id, key, _pid in dead]
+
+    def find_run(self, experiment_id: int, run_key: str) -> int | None:
+        """The id of an experiment's run by its key, if it was recorded."""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(SqlRun.run_id).where(
+                    SqlRun.experiment_id == experiment_id, SqlRun.run_key == run_key
+                )
+            ).scalar_one_or_none()
 
     def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
         """An experiment's recorded runs by run key (status, seed, final metrics), if any."""
