@@ -312,3 +312,28 @@ def test_opening_a_store_marks_runs_of_dead_processes_crashed(tmp_path: Path) ->
     )
     assert len(ids) == 3
     con.close()
+
+
+def _amp_loop(steps: int) -> TrainingLoop:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(3)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    return TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, _mse, steps,
+                        scaler=scaler, checkpoint=CheckpointConfig(every=3))  # fmt: skip
+
+
+def test_the_grad_scaler_is_saved_and_restored(tmp_path: Path) -> None:
+    straight = _amp_loop(6)
+    straight.fit(run_dir=tmp_path / "straight")
+    first = _amp_loop(3)
+    first.fit(run_dir=tmp_path / "resumed")
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "step_000003" / "state.pt",
+                       weights_only=False)  # fmt: skip
+    assert saved["scaler"] == first.scaler.state_dict()
+    assert saved["scaler"]["scale"] == 2.0**11  # grew once: after steps 2 (growth_interval=2)
+    resumed = _amp_loop(6)
+    resumed.fit(run_dir=tmp_path / "resumed")
+    assert resumed.scaler.state_dict() == straight.scaler.state_dict()
+    for got, want in zip(resumed.model.parameters(), straight.model.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

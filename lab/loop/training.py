@@ -88,6 +88,7 @@ class TrainingLoop:
         num_steps: int,
         *,
         scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
         grad_clip: float | None = None,
         device: str | torch.device | None = None,
         evaluators: Sequence[Evaluator] = (),
@@ -107,6 +108,7 @@ class TrainingLoop:
         self.loss_fn = loss_fn
         self.num_steps = num_steps
         self.scheduler = scheduler
+        self.scaler = scaler
         self.grad_clip = grad_clip
         self.device = torch.device(device) if device is not None else None
         self.evaluators = list(evaluators)
@@ -194,6 +196,7 @@ class TrainingLoop:
         evals: list[EvalResult] = []
         params = [p for p in model.parameters() if p.requires_grad]
         grad_clip = self.grad_clip
+        scaler = self.scaler
         evaluators = self.evaluators
         batch = TrainingBatch()
         batches = self._batches(state, restored)
@@ -222,10 +225,18 @@ class TrainingLoop:
             started = time.perf_counter()
             loss, extra = _unpack_loss(self.loss_fn(model, batch.data))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = _grad_norm(params, grad_clip) if params else None
-            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
-            optimizer.step()
+            if scaler is None:
+                loss.backward()
+                grad_norm = _grad_norm(params, grad_clip) if params else None
+                lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
+                optimizer.step()
+            else:  # AMP: the norm and the clipping see the unscaled gradients
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                grad_norm = _grad_norm(params, grad_clip) if params else None
+                lr = float(optimizer.param_groups[0]["lr"])
+                scaler.step(optimizer)  # skipped when the gradients overflowed
+                scaler.update()
             if self.scheduler is not None:
                 self.scheduler.step()
             metrics = {
@@ -405,6 +416,8 @@ class TrainingLoop:
         state.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload.get("scheduler") is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
+        if self.scaler is not None and payload.get("scaler") is not None:
+            self.scaler.load_state_dict(payload["scaler"])
         saved_callbacks = payload.get("callbacks", {})
         for i, cb in enumerate(hooks.stateful()):
             key = f"{i}:{type(cb).__name__}"
@@ -432,6 +445,7 @@ class TrainingLoop:
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "loop": state.state_dict(),
             "metrics": dict(state.metrics),
             "eval_metrics": dict(eval_metrics),
