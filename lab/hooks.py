@@ -127,6 +127,9 @@ class LoopState:
     metrics: dict[str, float] = field(default_factory=dict)
     stop_requested: bool = False
     stop_reason: str | None = None
+    # True from on_step_end of a step that a scheduled checkpoint follows: a sink that
+    # buffers flushes there, so every metric up to a committed checkpoint is durable.
+    checkpoint_due: bool = False
 
     def request_stop(self, reason: str = "requested by a callback") -> None:
         """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`."""

@@ -184,6 +184,8 @@ class SqlLogger(Callback):
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
         self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]
+        if state.checkpoint_due:  # durable before the checkpoint commits
+            self._store.flush()  # type: ignore[union-attr]
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]

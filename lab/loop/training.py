@@ -248,6 +248,11 @@ class TrainingLoop:
             if extra:
                 metrics.update(_metric_floats(extra))
             state.step, state.metrics = step_idx, metrics
+            # Sinks see that a save follows this step and make what they hold durable before
+            # the checkpoint commits (a kill in between must not lose the step's metrics).
+            state.checkpoint_due = checkpoints is not None and self.checkpoint.due(
+                step_idx, num_steps=self.num_steps
+            )
             if wants_step_end:
                 fire("on_step_end", state, step_idx, batch, metrics)
 
@@ -260,8 +265,7 @@ class TrainingLoop:
             # -- checkpoint --------------------------------------------------------------
             last = step_idx == self.num_steps or state.stop_requested
             if checkpoints is not None and (
-                self.checkpoint.due(step_idx, num_steps=self.num_steps)
-                or (last and self.checkpoint.save_at_end)
+                state.checkpoint_due or (last and self.checkpoint.save_at_end)
             ):
                 for row in self._save(checkpoints, state, hooks, eval_metrics, final=last):
                     saved.append(row)
