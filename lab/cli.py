@@ -81,7 +81,16 @@ def list_experiments(store: StoreOption = None) -> None:
         return
     typer.echo(
         render(
-            ("experiment", "status", "arms", "repeats", "runs", "by status", "created (UTC)"),
+            (
+                "experiment",
+                "status",
+                "arms",
+                "repeats",
+                "runs",
+                "by status",
+                "points",
+                "created (UTC)",
+            ),
             [
                 (
                     r["name"],
@@ -90,6 +99,7 @@ def list_experiments(store: StoreOption = None) -> None:
                     r["repeats"],
                     r["runs"],
                     ", ".join(f"{n} {k}" for k, n in sorted(r["runs_by_status"].items())),
+                    r["points"],
                     r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
                 )
                 for r in rows
@@ -107,7 +117,7 @@ def show(
         str, typer.Option(help="Comma-separated final metrics to show")
     ] = "loss,val/loss",
 ) -> None:
-    """Show an experiment's arms, runs, statuses and final metrics."""
+    """Show an experiment's arms, runs, statuses, newest steps and last metric values."""
     from lab.store import Store
 
     s = Store(store)
@@ -124,7 +134,7 @@ def show(
     typer.echo("\nruns")
     typer.echo(
         render(
-            ("run", "arm", "repeat", "seed", "status", *keys, "error"),
+            ("run", "arm", "repeat", "seed", "status", "step", *keys, "error"),
             [
                 (
                     r["run_key"],
@@ -132,6 +142,7 @@ def show(
                     r["repeat"],
                     r["seed"],
                     r["status"],
+                    r["step"],
                     *(r["summary"].get(k) for k in keys),
                     r["error"] or "",
                 )

@@ -52,3 +52,15 @@ class CheckpointError(LabError):
 
 class CallbackError(LabError):
     """A callback raised inside a hook while strict mode was on."""
+
+
+class Terminated(SystemExit):
+    """The process got SIGTERM: raised in the main thread so training unwinds, records the
+    run as interrupted and flushes the store before the process exits (status 143)."""
+
+    def __str__(self) -> str:
+        return "terminated by SIGTERM"
+
+
+class MetricError(LabError, ValueError):
+    """A logged metric has a key or value the store cannot hold."""

@@ -1,15 +1,21 @@
 """Experiments: arms x repeats of one `train(run)` function, and what they return.
 
 `Experiment.run()` walks the lifecycle written out in `lab.hooks`: one group per arm (its
-repeats), one run per repeat, every hook through one `Dispatcher`.
+repeats), one run per repeat, every hook through one `Dispatcher`. Every run, in this process
+or in a worker (``executor="processes"``, see `lab.executors`), goes through `execute_run`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import heapq
 import logging
 import math
+import os
+import pickle
 import re
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,9 +26,11 @@ from typing import Any, Literal
 import pydantic
 
 from lab._seeding import seed_everything
+from lab._signals import unwind_on_sigterm
 from lab._stats import Spread, spread
 from lab._table import fmt, render
 from lab.errors import CallbackError, CheckpointError, ConfigError
+from lab.executors import Outcome, ProcessPool, WorkerDied
 from lab.hooks import Callback, Dispatcher, LogContext
 from lab.loggers.sql import SqlLogger
 from lab.loop.evals import EvalResult, Evaluator
@@ -32,6 +40,8 @@ from lab.store.engine import resolve_url
 log = logging.getLogger("lab.experiment")
 
 RunStatus = Literal["completed", "failed", "stopped"]
+Executor = Literal["serial", "processes"]
+EXECUTORS: tuple[str, ...] = ("serial", "processes")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -167,7 +177,12 @@ class RunSpec:
 
 @dataclass
 class RunResult:
-    """How one run ended: its status, final metrics, and any error."""
+    """How one run ended: its status, final metrics, and any error.
+
+    `artifacts` (the trained model, the loop's outputs) is None for a run that executed in a
+    worker process (``executor="processes"``): the model stays in the worker, so a run that
+    needs its model later saves it in its run folder (or a checkpoint) from `train`.
+    """
 
     run_key: str
     arm: str
@@ -348,6 +363,13 @@ class Experiment:
     The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
     `SqlLogger` unless one is attached already; ``store=False`` records nothing.
     Each repeat ``i`` is seeded with ``seed + i``.
+
+    ``executor="serial"`` (the default) runs one run after another in this process;
+    ``executor="processes"`` runs up to `workers` of them at once (default: the CPU count,
+    at most one per run), each in a fresh ``spawn`` worker process that gets pickled copies
+    of the callbacks and the context, so `train`, the callbacks and the configs' classes
+    must be importable (defined at module top level). See `lab.executors` for what fires
+    where; a run's `RunResult.artifacts` is None there.
     """
 
     def __init__(
@@ -364,6 +386,8 @@ class Experiment:
         seed: int = 0,
         benchmarks: Sequence[Evaluator] = (),
         strict: bool | None = None,
+        executor: Executor = "serial",
+        workers: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
@@ -371,6 +395,15 @@ class Experiment:
             raise ConfigError("train must be a function train(run) -> LoopArtifacts | dict")
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
+        if not isinstance(executor, str) or executor not in EXECUTORS:
+            raise ConfigError(f"executor={executor!r}: use 'serial' or 'processes'")
+        if workers is not None and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+        ):
+            raise ConfigError(
+                f"workers={workers!r}: use an int >= 1, or None for one per CPU (at most one "
+                "per run)"
+            )
         if base_config is not None and not isinstance(base_config, pydantic.BaseModel):
             raise ConfigError(
                 "base_config must be a pydantic model instance, e.g. base_config=Config()"
@@ -403,6 +436,9 @@ class Experiment:
         self.seed = seed
         self.benchmarks = list(benchmarks)
         self.strict = strict
+        self.executor: Executor = executor
+        n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
+        self.workers = min(workers or os.cpu_count() or 1, n_runs)
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
 
     # ------------------------------------------------------------------------------------
@@ -412,9 +448,12 @@ class Experiment:
         The store is opened before any hook fires, so an unreachable server or a schema
         from a newer `lab` stops the experiment at once, with one line that says what to do.
         An interrupt (Ctrl-C) records the run it hit as failed and the experiment as failed,
-        then propagates.
+        then propagates. With ``executor="processes"``, what cannot be sent to a worker
+        process fails here first, as a `ConfigError`, before anything runs.
         """
         callbacks = self._callbacks()
+        if self.executor == "processes":
+            self._check_sendable(callbacks)
         self._prior = {}
         for cb in callbacks:
             if isinstance(cb, SqlLogger):  # opening marks runs whose process died `crashed`
@@ -427,37 +466,234 @@ class Experiment:
         )
         result = ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
         started = time.perf_counter()
+        unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
         try:
             hooks.fire("on_experiment_start", ctx)
             try:
-                for arm, arm_result in zip(self.arms, result.arms, strict=True):
-                    if arm.stages is None:  # one group: the arm's repeats
-                        ctx.group_name, ctx.arm, ctx.group_kind = arm.name, arm.name, "repeats"
-                        hooks.fire("on_group_start", ctx, arm.name)
-                        for repeat in range(self.repeats):
-                            self._run_one(hooks, ctx, arm, arm_result, repeat)
-                        continue
-                    for repeat in range(self.repeats):  # one group per chain
-                        chain = f"{arm.name}-r{repeat}"
-                        ctx.group_name, ctx.arm, ctx.group_kind = chain, arm.name, "chain"
-                        hooks.fire("on_group_start", ctx, chain)
-                        parent = None
-                        for stage in range(len(arm.stages)):
-                            run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
-                            if run.status == "failed":
-                                log.error("%s: %s failed; its chain stops", self.name, run.run_key)
-                                break  # a failed stage stops its chain; other chains go on
-                            parent = run
+                if self.executor == "processes":
+                    self._run_processes(hooks, ctx, result, callbacks)
+                else:
+                    self._run_serial(hooks, ctx, result)
             except CallbackError:
                 raise  # strict mode: a callback bug propagates as it is
             except BaseException as exc:  # an interrupt: close the record, then propagate
                 result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                self._end(hooks, ctx, result, started)
+                _quietly(self._end, hooks, ctx, result, started)
                 raise
             self._end(hooks, ctx, result, started)
-        finally:
-            hooks.fire("close")
+        except BaseException:
+            _quietly(hooks.fire, "close")  # the error in flight is the one to report
+            raise
+        hooks.fire("close")
         return result
+
+    def _run_serial(self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult) -> None:
+        """Every run in this process, one after another, in the order of the lifecycle."""
+        for arm, arm_result in zip(self.arms, result.arms, strict=True):
+            if arm.stages is None:  # one group: the arm's repeats
+                hooks.fire("on_group_start", ctx, self._group(ctx, arm, 0))
+                for repeat in range(self.repeats):
+                    self._run_one(hooks, ctx, arm, arm_result, repeat)
+                continue
+            for repeat in range(self.repeats):  # one group per chain
+                hooks.fire("on_group_start", ctx, self._group(ctx, arm, repeat))
+                parent = None
+                for stage in range(len(arm.stages)):
+                    run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
+                    if run.status == "failed":
+                        log.error("%s: %s failed; its chain stops", self.name, run.run_key)
+                        break  # a failed stage stops its chain; other chains go on
+                    parent = run
+
+    @staticmethod
+    def _group(ctx: LogContext, arm: Arm, repeat: int) -> str:
+        """Point `ctx` at the group of a run: its arm's repeats, or its chain; its name."""
+        if arm.stages is None:
+            ctx.group_name, ctx.group_kind = arm.name, "repeats"
+        else:
+            ctx.group_name, ctx.group_kind = f"{arm.name}-r{repeat}", "chain"
+        ctx.arm = arm.name
+        return ctx.group_name
+
+    def _run_processes(
+        self,
+        hooks: Dispatcher,
+        ctx: LogContext,
+        result: ExperimentResult,
+        callbacks: list[Callback],
+    ) -> None:
+        """Every run in a worker process, up to `workers` at once.
+
+        Each repeat of an arm is a chain of one run, each repeat of an arm with stages a
+        chain of its stages. Chains run in parallel; a stage starts once the stage before it
+        completed, since it starts from that stage's checkpoint. Runs start in the
+        lifecycle's order, and `result` lists them in it too, whatever order they end in.
+        If this process is interrupted (Ctrl-C, SIGTERM, an exception), nothing more starts,
+        the running workers are interrupted and their runs recorded, and it propagates.
+        """
+        chains = [(index, arm, repeat) for index, arm in enumerate(self.arms)
+                  for repeat in range(self.repeats)]  # fmt: skip
+        next_stage = [0] * len(chains)
+        parents: list[RunResult | None] = [None] * len(chains)
+        ready = list(range(len(chains)))  # a heap of chain numbers: the first chain first
+        groups: set[str] = set()
+        jobs: dict[tuple[int, int, int], tuple[int, RunJob]] = {}  # running, by key
+        done: dict[tuple[int, int, int], RunResult] = {}  # key: (arm index, repeat, stage)
+        pool = ProcessPool(self.workers)
+
+        def arm_so_far(index: int) -> ArmResult:
+            """The arm's runs that have ended, for `on_run_end`'s `arm` in a worker."""
+            runs = [done[key] for key in sorted(done) if key[0] == index]
+            return ArmResult(self.arms[index].name, self.arms[index].overrides, runs)
+
+        def start(chain: int) -> None:
+            """Start the chain's next run in a worker (or skip it: it completed before)."""
+            index, arm, repeat = chains[chain]
+            group = self._group(ctx, arm, repeat)
+            if group not in groups:  # fired as the group's first run is about to start
+                groups.add(group)
+                hooks.fire("on_group_start", ctx, group)
+            job = self._job(ctx, arm, repeat, next_stage[chain], parents[chain])
+            if isinstance(job, RunResult):
+                finished(chain, job)
+                return
+            # a copy: this process's ctx moves on to the next run before this one ends
+            job.ctx = dataclasses.replace(ctx, ids=dict(ctx.ids), extras=dict(ctx.extras))
+            key = (index, repeat, job.stage)
+            jobs[key] = (chain, job)
+            try:
+                pool.submit(key, run_in_worker, job, callbacks, self.strict, arm_so_far(index))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                raise ConfigError(
+                    f"executor='processes' cannot send run {job.run_key} to a worker process "
+                    f"({reason}); keep ctx.ids and ctx.extras to plain values"
+                ) from None
+
+        def finished(chain: int, run: RunResult) -> None:
+            index, arm, repeat = chains[chain]
+            done[(index, repeat, run.stage)] = run
+            if arm.stages is None:
+                return
+            if run.status == "failed":
+                log.error("%s: %s failed; its chain stops", self.name, run.run_key)
+            elif run.stage + 1 < len(arm.stages):
+                next_stage[chain], parents[chain] = run.stage + 1, run
+                heapq.heappush(ready, chain)
+
+        def collect(outcome: Outcome, interrupted: bool = False) -> None:
+            chain, job = jobs.pop(outcome.key)
+            if outcome.ok:
+                finished(chain, outcome.value)
+            elif not (interrupted and outcome.progress is None):  # else: it never started
+                arm_result = arm_so_far(chains[chain][0])
+                finished(chain, self._record_lost(hooks, outcome, job, arm_result, interrupted))
+
+        unwind_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does
+        try:
+            while ready or pool.running:
+                while ready and pool.free:
+                    start(heapq.heappop(ready))
+                ended = pool.wait()
+                for outcome in ended:
+                    if not isinstance(outcome.error, CallbackError):
+                        collect(outcome)
+                for outcome in ended:  # strict mode, in a worker: propagates from here
+                    if isinstance(outcome.error, CallbackError):
+                        raise outcome.error
+        except BaseException:
+            for outcome in pool.stop():
+                if not isinstance(outcome.error, CallbackError):
+                    collect(outcome, interrupted=True)
+            raise
+        finally:
+            _clear_run(ctx)
+            for key in sorted(done):
+                result.arms[key[0]].runs.append(done[key])
+
+    def _record_lost(
+        self,
+        hooks: Dispatcher,
+        outcome: Outcome,
+        job: RunJob,
+        arm_result: ArmResult,
+        interrupted: bool = False,
+    ) -> RunResult:
+        """Record, in this process, a run whose worker ended without a result.
+
+        The worker sent `ctx.ids` once `on_run_start` had fired there (the run's record
+        exists then); without them, `on_run_start` fires here first. Then `on_error` and
+        `on_run_end` fire here, so the run is recorded as failed with how its worker ended.
+        """
+        ctx = job.ctx
+        if outcome.died is not None:
+            error = f"worker process died ({outcome.died}, pid {outcome.pid}) before the run ended"
+            exc: BaseException = WorkerDied(error)
+        elif outcome.unloadable is not None:
+            error = (
+                f"the worker process could not load the run ({outcome.unloadable}); define "
+                "train, callbacks and config classes in an importable module"
+            )
+            exc = WorkerDied(error)
+        else:
+            exc = outcome.error or WorkerDied("the worker process failed")
+            error = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, Exception):  # interrupted before its training started
+                error = f"interrupted ({type(exc).__name__})"
+        if interrupted and not error.startswith("interrupted"):
+            error = f"interrupted; {error}"
+        hooks.run_key = job.run_key
+        try:
+            if outcome.progress is None:
+                hooks.fire("on_run_start", ctx)
+            else:
+                ctx.ids.update(outcome.progress)
+            hooks.fire("on_error", ctx, exc)
+            run_result = job.result(
+                hooks, status="failed", metrics={}, seconds=outcome.seconds, error=error,
+                traceback=outcome.traceback,
+            )  # fmt: skip
+            log.error("run %s of %s failed; the other runs go on: %s", job.run_key, self.name,
+                      error)  # fmt: skip
+            arm_result.runs.append(run_result)
+            hooks.fire("on_run_end", ctx, run_result, arm_result)
+            run_result.callback_errors = _failures(hooks, job.run_key)
+        finally:
+            hooks.run_key = None
+        return run_result
+
+    def _check_sendable(self, callbacks: list[Callback]) -> None:
+        """Fail now, in one line, if a worker process could not get what a run needs."""
+        lambdas = "(a lambda or local function cannot cross to a worker process)"
+        items: list[tuple[str, Any, str]] = [
+            ("train", self.train, f"define train at module top level {lambdas}"),
+            *[
+                (f"callback {type(cb).__name__}", cb, "define its class at module top level and "
+                 "keep no open file, lock or connection in it")
+                for cb in callbacks
+            ],
+            *[
+                (f"benchmark {b.name!r}", b, f"give it a function defined at module top level "
+                 f"{lambdas}")
+                for b in self.benchmarks
+            ],
+            *[
+                (f"the config of arm {name!r}", cfgs[0], "define its class at module top level")
+                for name, cfgs in self.stage_configs.items()
+            ],
+        ]  # fmt: skip
+        interactive = not hasattr(sys.modules["__main__"], "__file__")  # a notebook, a REPL
+        for what, obj, fix in items:
+            try:
+                pickle.dumps(obj)
+                if interactive and getattr(obj, "__module__", None) == "__main__":
+                    raise TypeError("it is defined in an interactive session, which a worker "
+                                    "process cannot import")  # fmt: skip
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                raise ConfigError(
+                    f"executor='processes' cannot send {what} to a worker process ({reason}); {fix}"
+                ) from None
 
     def _end(
         self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult, started: float
@@ -497,6 +733,21 @@ class Experiment:
         stage: int = 0,
         parent: RunResult | None = None,
     ) -> RunResult:
+        """One run in this process: skipped if it completed before, else `execute_run`."""
+        job = self._job(ctx, arm, repeat, stage, parent)
+        if isinstance(job, RunResult):
+            arm_result.runs.append(job)
+            return job
+        run_result, interrupt = execute_run(job, hooks, arm_result)
+        if interrupt is not None:
+            raise interrupt
+        return run_result
+
+    def _job(
+        self, ctx: LogContext, arm: Arm, repeat: int, stage: int, parent: RunResult | None
+    ) -> RunJob | RunResult:
+        """Point `ctx` at a run and describe it as a `RunJob`; or, for a run that completed
+        before, its recorded result (nothing runs again)."""
         config = self.stage_configs[arm.name][stage]
         seed = self.seed + repeat
         run_key = f"{safe_name(arm.name)}-r{repeat}"
@@ -506,86 +757,166 @@ class Experiment:
         ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, stage, seed
         ctx.parent_run_key = parent_key
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
-        run_dir = ctx.output_dir / run_key
         prior = self._prior.get(run_key)
         if prior is not None and prior["status"] == "completed":
             log.info("%s: run %s completed before; skipping it", self.name, run_key)
-            skipped = RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
-                                seed=seed, status="completed", metrics=dict(prior["summary"]),
-                                seconds=0.0, parent_run_key=parent_key)  # fmt: skip
-            arm_result.runs.append(skipped)
-            return skipped
-        run_dir.mkdir(parents=True, exist_ok=True)
-        hooks.run_key = run_key
-        seed_everything(seed)
-        spec = RunSpec(
-            self.name, arm.name, repeat, stage, seed, run_key, config, run_dir, ctx, hooks,
-            carry=arm.carry,
+            return RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
+                             seed=seed, status="completed", metrics=dict(prior["summary"]),
+                             seconds=0.0, parent_run_key=parent_key)  # fmt: skip
+        return RunJob(
+            train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
+            seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,
+            parent_run_key=parent_key, benchmarks=self.benchmarks,
         )  # fmt: skip
 
-        hooks.fire("on_run_start", ctx)
-        started = time.perf_counter()
-        status: RunStatus = "completed"
-        metrics: dict[str, float] = {}
-        error = tb = None
-        artifacts = None
-        interrupt: BaseException | None = None
-        try:
-            if parent_key is not None:  # inside the try: a missing one fails this stage
-                spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / parent_key)
-            out = self.train(spec)
-            artifacts = out if isinstance(out, LoopArtifacts) else None
-            metrics = _final_metrics(out)
-            if artifacts is not None and artifacts.stopped:
-                status = "stopped"
-            if artifacts is not None:
-                metrics.update(self._benchmark(hooks, ctx, artifacts))
-        except CallbackError:
-            raise  # strict mode: a callback bug must not look like a training failure
-        except BaseException as exc:
-            status, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            if isinstance(exc, Exception):
-                log.error("run %s of %s failed; the other runs go on:\n%s", run_key, self.name, tb)
-            else:
-                error, interrupt = f"interrupted ({type(exc).__name__})", exc
-            hooks.fire("on_error", ctx, exc)
-        run_result = RunResult(
-            run_key=run_key,
-            arm=arm.name,
-            repeat=repeat,
-            stage=stage,
-            seed=seed,
-            status=status,
-            metrics=metrics,
-            seconds=time.perf_counter() - started,
-            error=error,
-            traceback=tb,
-            callback_errors=_failures(hooks, run_key),
-            artifacts=artifacts,
-            parent_run_key=parent_key,
-        )
-        arm_result.runs.append(run_result)
-        hooks.fire("on_run_end", ctx, run_result, arm_result)
-        # failures inside on_run_end itself still reach the run's record
-        run_result.callback_errors = _failures(hooks, run_key)
-        hooks.run_key = None  # what fails from here on belongs to the experiment
-        if interrupt is not None:
-            raise interrupt
-        return run_result
 
-    def _benchmark(
-        self, hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
-    ) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        for bench in self.benchmarks:
-            try:
-                res = bench.run(artifacts.model, None)
-            except Exception as exc:
-                log.exception("benchmark %r failed; the run goes on", bench.name)
-                res = EvalResult(bench.name, {}, error=f"{type(exc).__name__}: {exc}")
-            hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
-            metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
-        return metrics
+@dataclass
+class RunJob:
+    """One run, ready to execute: everything `execute_run` needs, all of it picklable.
+
+    `ctx` already points at the run (run key, arm, repeat, stage, seed, run config) and holds
+    the ids the experiment-level hooks created.
+    """
+
+    train: TrainFn
+    experiment: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    run_key: str
+    config: Any
+    ctx: LogContext
+    carry: Literal["weights", "full"] = "weights"
+    parent_run_key: str | None = None
+    benchmarks: list[Evaluator] = field(default_factory=list)
+
+    def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
+        """This run's result, with its identity and the callback failures recorded so far."""
+        return RunResult(
+            run_key=self.run_key, arm=self.arm, repeat=self.repeat, stage=self.stage,
+            seed=self.seed, parent_run_key=self.parent_run_key,
+            callback_errors=_failures(hooks, self.run_key), **fields,
+        )  # fmt: skip
+
+
+def execute_run(
+    job: RunJob,
+    hooks: Dispatcher,
+    arm_result: ArmResult,
+    *,
+    started: Callable[[LogContext], None] | None = None,
+) -> tuple[RunResult, BaseException | None]:
+    """Execute one run, from `on_run_start` to `on_run_end`: the one code path of every run,
+    in the experiment's process and in a worker process alike.
+
+    Seeds every generator with the run's seed, calls `train`, runs the post-training
+    benchmarks, and records the outcome: a run that raises is `failed` (its error and
+    traceback kept) and the others go on. The result is appended to `arm_result` before
+    `on_run_end` sees it. `started(ctx)` is called once `on_run_start` has fired (a worker
+    reports the run's ids with it). Returns the result and, when the run was interrupted
+    (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
+    `CallbackError` propagates at once.
+    """
+    ctx = job.ctx
+    run_dir = ctx.output_dir / job.run_key
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hooks.run_key = job.run_key
+    seed_everything(job.seed)
+    spec = RunSpec(
+        job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
+        run_dir, ctx, hooks, carry=job.carry,
+    )  # fmt: skip
+
+    hooks.fire("on_run_start", ctx)
+    if started is not None:
+        started(ctx)
+    t0 = time.perf_counter()
+    status: RunStatus = "completed"
+    metrics: dict[str, float] = {}
+    error = tb = None
+    artifacts = None
+    interrupt: BaseException | None = None
+    try:
+        if job.parent_run_key is not None:  # inside the try: a missing one fails this stage
+            spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
+        out = job.train(spec)
+        artifacts = out if isinstance(out, LoopArtifacts) else None
+        metrics = _final_metrics(out)
+        if artifacts is not None and artifacts.stopped:
+            status = "stopped"
+        if artifacts is not None:
+            metrics.update(_benchmark(job.benchmarks, hooks, ctx, artifacts))
+    except CallbackError:
+        raise  # strict mode: a callback bug must not look like a training failure
+    except BaseException as exc:
+        status, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        if isinstance(exc, Exception):
+            log.error(
+                "run %s of %s failed; the other runs go on:\n%s", job.run_key, job.experiment, tb
+            )
+        else:
+            error, interrupt = f"interrupted ({type(exc).__name__})", exc
+        hooks.fire("on_error", ctx, exc)
+    run_result = job.result(
+        hooks, status=status, metrics=metrics, seconds=time.perf_counter() - t0, error=error,
+        traceback=tb, artifacts=artifacts,
+    )  # fmt: skip
+    arm_result.runs.append(run_result)
+    hooks.fire("on_run_end", ctx, run_result, arm_result)
+    # failures inside on_run_end itself still reach the run's record
+    run_result.callback_errors = _failures(hooks, job.run_key)
+    hooks.run_key = None  # what fails from here on belongs to the experiment
+    return run_result, interrupt
+
+
+def run_in_worker(
+    job: RunJob,
+    callbacks: list[Callback],
+    strict: bool | None,
+    arm_result: ArmResult,
+    *,
+    progress: Callable[[Any], None],
+) -> RunResult:
+    """A run inside a worker process, on the worker's own copies of the callbacks.
+
+    The run-level hooks fire here, then `close`, so every store the copies opened is flushed
+    before the result goes back. `progress` sends `ctx.ids` to the parent once the run has
+    started, so the parent can still record the run if this process dies. The model stays
+    here: the result's `artifacts` is None. An interrupt is recorded in the result (the
+    parent, which decides whether the experiment goes on, gets it as a failed run).
+    """
+
+    def started(ctx: LogContext) -> None:
+        try:
+            progress(dict(ctx.ids))
+        except Exception:  # an id that won't pickle: send the plain ones
+            plain = (str, int, float, bool, type(None))
+            progress({k: v for k, v in ctx.ids.items() if isinstance(v, plain)})
+
+    hooks = Dispatcher(callbacks, strict=strict)
+    try:
+        run_result, _interrupt = execute_run(job, hooks, arm_result, started=started)
+    finally:
+        hooks.run_key = None
+        hooks.fire("close")
+    run_result.artifacts = None
+    return run_result
+
+
+def _benchmark(
+    benchmarks: Sequence[Evaluator], hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
+) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for bench in benchmarks:
+        try:
+            res = bench.run(artifacts.model, None)
+        except Exception as exc:
+            log.exception("benchmark %r failed; the run goes on", bench.name)
+            res = EvalResult(bench.name, {}, error=f"{type(exc).__name__}: {exc}")
+        hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
+        metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
+    return metrics
 
 
 def _final_checkpoint(run_dir: Path) -> Path:
@@ -602,6 +933,15 @@ def _final_checkpoint(run_dir: Path) -> Path:
 def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
     """The callback failures of one run (or, with None, of the experiment outside runs)."""
     return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    """Call `fn` while another error propagates: a critical callback that fails here (a
+    store that is down, say) is logged, and must not replace the error that got us here."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("while recording the end of an interrupted experiment")
 
 
 def _clear_run(ctx: LogContext) -> None:

@@ -29,8 +29,12 @@ The lifecycle, with every hook in the place it fires::
         close()
 
 A bare `TrainingLoop.fit()` (no Experiment) fires the loop's part of this list, then
-`close()`. `HOOKS` below is the same list in order; a test keeps it equal to the methods of
-`Callback`.
+`close()`. With ``Experiment(executor="processes")`` the experiment-level hooks
+(`on_experiment_start`, `on_group_start`, `on_experiment_end`, `close`) fire in the parent
+process, and everything from `on_run_start` to `on_run_end` fires in the run's worker
+process, on pickled copies of the callbacks, which then get a `close()` of their own there.
+
+`HOOKS` below is the same list in order; a test keeps it equal to the methods of `Callback`.
 
 `step_idx` is the number of the optimizer step: steps are numbered 1..num_steps, and
 `state.step` counts the steps completed, so after `on_step_end(state, 7, ...)` the state
@@ -153,11 +157,15 @@ class Callback:
     Hooks are positional and typed, one method per moment of the lifecycle (see the module
     docstring). Callbacks run in `priority` order, higher first; ties keep the order they
     were attached in. A callback that raises is logged and counted, and the run goes on,
-    unless strict mode is on. A callback with `state_dict()`/`load_state_dict()` is saved in
+    unless strict mode is on, or the callback is `critical`: then its exception propagates
+    as it is and fails the run (`SqlLogger` is critical: a run it cannot record must not
+    look recorded). `on_error` stays isolated even then, so it never hides the error that
+    fired it. A callback with `state_dict()`/`load_state_dict()` is saved in
     each checkpoint and restored when the run resumes from it.
     """
 
     priority: ClassVar[int] = 0
+    critical: bool = False
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
@@ -298,9 +306,9 @@ class Dispatcher:
         self.failure_counts: Counter[tuple[str, str]] = Counter()
         self._failure_index: dict[tuple[str | None, str, str], CallbackFailure] = {}
         self.run_key: str | None = None
-        self._listeners: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
+        self._listeners: dict[str, tuple[tuple[str, Callable[..., Any], bool], ...]] = {
             hook: tuple(
-                (type(cb).__name__, getattr(cb, hook))
+                (type(cb).__name__, getattr(cb, hook), cb.critical and hook != "on_error")
                 for cb in self.callbacks
                 if _overrides(cb, hook)
             )
@@ -337,12 +345,14 @@ class Dispatcher:
 
     def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
         """Call `hook` on every callback that overrides it, highest priority first."""
-        for name, method in self._listeners[hook]:
+        for name, method, critical in self._listeners[hook]:
             if self.trace:
                 log.debug("hook %s -> %s", hook, name)
             try:
                 method(*args, **kwargs)
             except Exception as exc:
+                if critical:
+                    raise
                 if self.strict:
                     raise CallbackError(f"{name}.{hook} raised {exc!r}") from exc
                 self._record(name, hook, exc)

@@ -1,8 +1,10 @@
 """Reading a store back with DuckDB, for notebooks and the command line.
 
 `connect()` returns a DuckDB connection whose views are the store's tables (experiments,
-arms, groups, runs, metrics, evals, predictions, checkpoints), plus `final_metrics`: the
-last value of every metric of every run, with its experiment, arm and repeat.
+arms, groups, runs, metrics, summaries, evals, predictions, checkpoints), plus
+`final_metrics`: the last value (and min, max and count) of every metric of every run, with
+its experiment, arm and repeat. It reads `summaries`, which every flush keeps up to date,
+so it costs one row per run and key however many points the runs hold.
 
 How the store is read: DuckDB's sqlite and postgres scanners ship as Python packages for
 DuckDB 1.5.x (``duckdb-extension-sqlite-scanner``, ``duckdb-extension-postgres-scanner``),
@@ -148,6 +150,9 @@ def _copy_through_arrow(con: duckdb.DuckDBPyConnection, store: Store) -> None:
             con.unregister("_lab_arrow")
 
 
+_NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
+
+
 def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
     for name in TABLES:
         columns = []
@@ -155,7 +160,7 @@ def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
             quoted = f'"{column.name}"'
             if isinstance(column.type, sa.JSON):
                 columns.append(f"{quoted}::JSON AS {quoted}")
-            elif name == "metrics" and column.name == "value" and nan_is_null:
+            elif (name, column.name) in _NAN_AS_NULL and nan_is_null:
                 columns.append(f"coalesce({quoted}, 'nan'::DOUBLE) AS {quoted}")
             else:
                 columns.append(quoted)
@@ -164,14 +169,11 @@ def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
         """
         CREATE VIEW final_metrics AS
         SELECT e.name AS experiment, a.name AS arm, r.repeat, r.run_key, r.status,
-               m.run_id, m.key, m.step, m.value
-        FROM (
-            SELECT *, row_number() OVER (PARTITION BY run_id, key ORDER BY step DESC) AS k
-            FROM metrics
-        ) m
+               s.run_id, s.key, s.last_step AS step, s.last_value AS value,
+               s.min_value, s.max_value, s.count
+        FROM summaries s
         JOIN runs r USING (run_id)
         JOIN experiments e USING (experiment_id)
         LEFT JOIN arms a ON a.arm_id = r.arm_id
-        WHERE m.k = 1
         """
     )

@@ -14,8 +14,8 @@ from lab.cli import app
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+def _blocks(lang: str, page: Path = README) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
 
 
 @pytest.mark.slow
@@ -27,6 +27,18 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
     assert "best arm by val/loss (min)" in out
     assert "on_run_start" in out
     assert "lr-sweep" in out and "bench-demo" in out
+
+
+@pytest.mark.parametrize("page", ["store.md"])
+def test_docs_python_examples_run_in_order(page: str, capsys: pytest.CaptureFixture[str]) -> None:
+    namespace: dict[str, object] = {"__name__": "docs"}
+    for block in _blocks("python", README.parent / "docs" / page):
+        exec(compile(block, page, "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "metric 'acc' at step 2 is a str ('high')" in out
+    assert "keys hold at most 255" in out
+    table = out.splitlines()[-4:]  # final_metrics: acc, grad, loss (any order), under a header
+    assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 
 
 def test_every_public_name_is_in_the_readme() -> None:

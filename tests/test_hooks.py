@@ -355,16 +355,16 @@ class InheritsStepEnd(OnlyStepEnd):
 def test_only_overridden_hooks_are_listened_to() -> None:
     only, inherits, full = OnlyStepEnd(), InheritsStepEnd(), Recorder()
     d = Dispatcher([only, inherits, full])
-    assert [name for name, _ in d._listeners["on_step_end"]] == [
+    assert [name for name, _, _ in d._listeners["on_step_end"]] == [
         "OnlyStepEnd",
         "InheritsStepEnd",
         "Recorder",
     ]
-    bound = [m for _, m in d._listeners["on_step_end"]]
+    bound = [m for _, m, _ in d._listeners["on_step_end"]]
     assert [m.__self__ for m in bound] == [only, inherits, full]
     for hook in HOOKS:
         if hook != "on_step_end":
-            assert [name for name, _ in d._listeners[hook]] == ["Recorder"], hook
+            assert [name for name, _, _ in d._listeners[hook]] == ["Recorder"], hook
     assert set(d._listeners) == set(HOOKS)
 
     lonely = Dispatcher([only])

@@ -1,11 +1,23 @@
-"""Alembic: one head, revisions that build exactly the models' schema, and the wheel ships them."""
+"""Alembic: one head, revisions that build exactly the models' schema, and the wheel ships them.
+
+Upgrades keep every row (both ways), run under the database's own lock with the revision read
+after it, and back a SQLite file with data up first.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
+import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from pprint import pformat
 
@@ -17,10 +29,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 import lab
-from lab.store.engine import make_engine, resolve_url
+from lab.store import Store
+from lab.store.engine import make_engine, resolve_url, transaction
 from lab.store.migrations import (
+    PG_MIGRATION_LOCK_KEY,
     alembic_config,
     current_revision,
+    ensure_schema,
     head_revision,
     is_known,
     migrations_dir,
@@ -182,6 +197,7 @@ EXPECTED_CONSTRAINTS = {
         "ck": {"ck_runs_status"},
     },
     "metrics": {"uq": set(), "fk": {"fk_metrics_run_id_runs"}, "ck": set()},
+    "summaries": {"uq": set(), "fk": {"fk_summaries_run_id_runs"}, "ck": set()},
     "evals": {"uq": set(), "fk": {"fk_evals_run_id_runs"}, "ck": set()},
     "predictions": {"uq": set(), "fk": {"fk_predictions_eval_id_evals"}, "ck": set()},
     "checkpoints": {
@@ -247,3 +263,425 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
         for p in (REPO / "migrations" / "versions").glob("*.py")
     }
     assert shipped == in_repo
+
+
+# -- upgrading a store that holds data ------------------------------------------------------
+
+NAN = float("nan")
+# The metrics seeded at 0001: {(run_id, key): [(step, value)]}; None is a NaN point (seeded as
+# NaN on PostgreSQL, as NULL on SQLite, where NULL is how a NaN is stored).
+SEEDED = {
+    (1, "loss"): [(0, 2.5), (1, 1.25), (2, -0.5), (5, 0.75), (9, 0.125)],
+    (1, "acc"): [(0, 0.1), (3, None), (4, 0.9), (7, 0.4), (8, None)],  # last point: NaN
+    (1, "lr"): [(2, 1e-3)],
+    (2, "loss"): [(10, None), (11, None)],  # every point NaN: min and max are NULL
+    (2, "grad_norm"): [(0, float("inf")), (1, 3.0), (2, float("-inf")), (3, 2.0)],
+    (3, "loss"): [(i, 100.0 - i * 0.5) for i in range(0, 400, 7)],
+}
+ZERO_ONE_TABLES = ("experiments", "arms", "groups", "runs", "metrics", "evals", "predictions",
+                   "checkpoints")  # fmt: skip
+PK = {
+    "experiments": "experiment_id",
+    "arms": "arm_id",
+    "groups": "group_id",
+    "runs": "run_id",
+    "metrics": 'run_id, "key", step',
+    "evals": "eval_id",
+    "predictions": "eval_id, idx",
+    "checkpoints": "checkpoint_id",
+}
+
+
+def _seed_0001(conn: sa.Connection) -> None:
+    """Rows in every table of revision 0001, written with raw SQL as 0001 knew them."""
+    pg = conn.dialect.name == "postgresql"
+    nan = NAN if pg else None
+    ts = "2026-11-22 10:15:00"
+    conn.execute(
+        sa.text(
+            "INSERT INTO experiments (experiment_id, name, status, config, seed, repeats, "
+            "created_at, ended_at, callback_errors) VALUES "
+            "(1, 'sweep', 'completed', :cfg, 7, 2, :ts, :ts, NULL), "
+            "(2, 'other', 'running', '{}', 8, 1, :ts, NULL, :errs)"
+        ),
+        {"cfg": '{"lr": 0.001}', "ts": ts, "errs": '[{"callback": "x"}]'},
+    )
+    conn.execute(
+        sa.text(
+            "INSERT INTO arms (arm_id, experiment_id, name, overrides, config) VALUES "
+            "(1, 1, 'base', '{}', '{\"lr\": 0.001}'), (2, 1, 'big', '{\"w\": 2}', '{}')"
+        )
+    )
+    conn.execute(
+        sa.text(
+            'INSERT INTO "groups" (group_id, experiment_id, arm_id, name, kind) VALUES '
+            "(1, 1, 1, 'base', 'repeats'), (2, 1, 2, 'big', 'chain'), "
+            "(3, 2, NULL, 'solo', 'repeats')"
+        )
+    )
+    conn.execute(
+        sa.text(
+            'INSERT INTO runs (run_id, experiment_id, group_id, arm_id, run_key, "repeat", '
+            "stage, seed, config, status, error, traceback, summary, callback_errors, "
+            "output_dir, parent_run_id, host, pid, started_at, ended_at) VALUES "
+            "(1, 1, 1, 1, 'base/0', 0, 0, 11, '{}', 'completed', NULL, NULL, "
+            "'{\"loss\": 0.125}', NULL, '/out/1', NULL, 'h', 101, :ts, :ts), "
+            "(2, 1, 2, 2, 'big/0', 0, 0, 12, '{}', 'failed', 'boom', 'Traceback', NULL, "
+            "NULL, NULL, NULL, 'h', 102, :ts, :ts), "
+            "(3, 1, 2, 2, 'big/0/1', 0, 1, 13, '{}', 'crashed', NULL, NULL, NULL, NULL, "
+            "'/out/3', 2, 'h', 103, :ts, NULL), "
+            "(4, 2, 3, NULL, 'solo/0', 0, 0, 14, '{}', 'running', NULL, NULL, NULL, NULL, "
+            "NULL, NULL, 'h', 104, :ts, NULL)"
+        ),
+        {"ts": ts},
+    )
+    rows = [
+        {"r": run, "k": key, "s": step, "v": nan if value is None else value, "w": 1000.0 + step}
+        for (run, key), points in SEEDED.items()
+        for step, value in points
+    ]
+    conn.execute(
+        sa.text('INSERT INTO metrics (run_id, "key", step, value, wall_time) '
+                "VALUES (:r, :k, :s, :v, :w)"),
+        rows,
+    )  # fmt: skip
+    conn.execute(
+        sa.text(
+            "INSERT INTO evals (eval_id, run_id, name, step, metrics, breakdowns, tags, seconds, "
+            "error, created_at) VALUES (1, 1, 'val', 9, '{\"acc\": 0.5}', '{}', '{}', 0.5, NULL, "
+            ":ts), (2, 3, 'val', NULL, '{}', '{}', '{}', 1.0, 'failed', :ts)"
+        ),
+        {"ts": ts},
+    )
+    conn.execute(
+        sa.text(
+            "INSERT INTO predictions (eval_id, idx, example_id, input, output, target, score, "
+            "extras) VALUES (1, 0, 'a', 'in', 'out', 'tgt', 1.0, NULL), "
+            "(1, 1, 'b', NULL, NULL, NULL, NULL, '{\"k\": 1}')"
+        )
+    )
+    conn.execute(
+        sa.text(
+            "INSERT INTO checkpoints (checkpoint_id, run_id, step, path, event, metrics, reason, "
+            "created_at) VALUES (1, 1, 5, '/ck/5', 'save', '{}', NULL, :ts), "
+            "(2, 1, 5, '/ck/5', 'remove', '{}', 'kept 1', :ts)"
+        ),
+        {"ts": ts},
+    )
+
+
+def _nan_safe(value: object) -> object:
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+
+def _dump(conn: sa.Connection, columns: dict[str, list[str]]) -> dict[str, list[tuple]]:
+    """Every row of each table, in primary-key order, through the given columns only."""
+    out = {}
+    for table, names in columns.items():
+        select = ", ".join(f'"{n}"' for n in names)
+        rows = conn.exec_driver_sql(f'SELECT {select} FROM "{table}" ORDER BY {PK[table]}')
+        out[table] = [tuple(_nan_safe(v) for v in row) for row in rows]
+    return out
+
+
+def _columns(engine: sa.Engine) -> dict[str, list[str]]:
+    insp = sa.inspect(engine)
+    return {t: [c["name"] for c in insp.get_columns(t)] for t in ZERO_ONE_TABLES}
+
+
+def _expected_summaries(pg: bool) -> list[tuple]:
+    """The summaries 0002's backfill must compute from SEEDED, in (run_id, key) order."""
+    out = []
+    for (run, key), points in sorted(SEEDED.items()):
+        finite = [v for _s, v in points if v is not None]
+        last_step, last_value = max(points)[0], sorted(points)[-1][1]
+        stored_last = ("NaN" if pg else None) if last_value is None else last_value
+        out.append((run, key, len(points), min(points)[0], last_step, stored_last,
+                    min(finite, default=None), max(finite, default=None),
+                    1000.0 + last_step))  # fmt: skip
+    return out
+
+
+def _summaries(conn: sa.Connection) -> list[tuple]:
+    rows = conn.exec_driver_sql(
+        'SELECT run_id, "key", "count", first_step, last_step, last_value, min_value, '
+        'max_value, last_wall_time FROM summaries ORDER BY run_id, "key"'
+    )
+    return [tuple(_nan_safe(v) for v in row) for row in rows]
+
+
+def _at_0001_with_data(
+    engine: sa.Engine, then: Callable[[], object] = lambda: None
+) -> tuple[dict[str, list[str]], dict[str, list]]:
+    """Migrate an empty database to 0001, call `then`, and seed it; returns its columns and
+    rows."""
+    assert upgrade(engine, "0001") == (None, "0001")
+    then()
+    with transaction(engine) as conn:
+        _seed_0001(conn)
+    columns = _columns(engine)
+    with engine.connect() as conn:
+        before = _dump(conn, columns)
+    assert len(before["metrics"]) == sum(map(len, SEEDED.values()))
+    return columns, before
+
+
+def test_upgrade_keeps_every_row_and_backfills_summaries_exactly(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0001 with data -> head -> 0001 -> head: no row lost either way, and the summaries
+    are exact (NaN counted, left out of min and max, kept as the last value)."""
+    engine = make_engine(resolve_url(store_url))
+    pg = engine.dialect.name == "postgresql"
+    try:
+        columns, seeded = _at_0001_with_data(engine)
+        assert upgrade(engine) == ("0001", head_revision())
+        _assert_matches_models(engine)
+        with engine.connect() as conn:
+            assert _dump(conn, columns) == seeded
+            assert _summaries(conn) == _expected_summaries(pg)
+            heartbeats = conn.exec_driver_sql("SELECT heartbeat_at FROM runs").scalars().all()
+            assert heartbeats == [None] * 4
+
+        with transaction(engine) as conn:  # down: drop the column in place, drop summaries
+            command.downgrade(alembic_config(conn), "0001")
+        assert current_revision(engine) == "0001"
+        assert "summaries" not in sa.inspect(engine).get_table_names()
+        assert _columns(engine) == columns
+        with engine.connect() as conn:
+            assert _dump(conn, columns) == seeded  # runs, and all that cascades from them
+
+        assert upgrade(engine) == ("0001", head_revision())
+        _assert_matches_models(engine)
+        with engine.connect() as conn:
+            assert _dump(conn, columns) == seeded
+            assert _summaries(conn) == _expected_summaries(pg)
+    finally:
+        engine.dispose()
+    capsys.readouterr()  # SQLite announced its backups; the backup tests check that
+
+
+# -- the lock: taken first, the revision read after it ----------------------------------------
+
+
+def _lock_statement(engine: sa.Engine) -> str:
+    return "pg_advisory_xact_lock" if engine.dialect.name == "postgresql" else "BEGIN IMMEDIATE"
+
+
+def _record_statements(engine: sa.Engine) -> list[str]:
+    statements: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _seen(_conn, _cursor, statement, parameters, _context, _many) -> None:
+        statements.append(f"{statement} {parameters}")
+
+    return statements
+
+
+def test_upgrade_locks_before_it_reads_the_revision(store_url: str) -> None:
+    engine = make_engine(resolve_url(store_url))
+    try:
+        statements = _record_statements(engine)
+        upgrade(engine)
+        lock = next(i for i, s in enumerate(statements) if _lock_statement(engine) in s)
+        read = next(i for i, s in enumerate(statements) if "alembic_version" in s)
+        assert lock == 0 and lock < read, statements[: read + 1]
+    finally:
+        engine.dispose()
+
+
+def _hold_the_lock(conn: sa.Connection) -> None:
+    """Take the migration lock on `conn` the way `upgrade` does (the transaction holds it)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(PG_MIGRATION_LOCK_KEY)))
+
+
+def _wait_until_blocked(engine: sa.Engine) -> None:
+    """Return once another session waits for the advisory lock (on SQLite, give it a moment:
+    it waits inside sqlite3's busy handler, which nothing can observe)."""
+    if engine.dialect.name != "postgresql":
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + 20
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).scalar()
+            conn.rollback()
+            if waiting:
+                return
+            time.sleep(0.05)
+    pytest.fail("the second upgrade never waited for the advisory lock")
+
+
+def test_an_upgrade_that_waited_for_the_lock_finds_head_and_does_nothing(store_url: str) -> None:
+    """While one session holds the lock and migrates, a second `upgrade` waits; once the
+    first commits, the second reads head (not the empty database it saw before) and does
+    nothing. Reading the revision before taking the lock would try to create every table
+    a second time."""
+    engine = make_engine(resolve_url(store_url))
+    results: list[object] = []
+
+    def second() -> None:
+        try:
+            results.append(upgrade(engine))
+        except Exception as exc:  # reported by the assertion below
+            results.append(exc)
+
+    try:
+        with transaction(engine) as holder:
+            _hold_the_lock(holder)
+            thread = threading.Thread(target=second)
+            thread.start()
+            _wait_until_blocked(engine)
+            assert thread.is_alive() and not results
+            command.upgrade(alembic_config(holder), "head")
+        thread.join(30)
+        assert not thread.is_alive()
+        assert results == [(head_revision(), head_revision())]
+        assert results[0].backup is None
+        with engine.connect() as conn:
+            versions = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+        assert versions == [(head_revision(),)]
+    finally:
+        engine.dispose()
+
+
+def test_ensure_schema_at_head_reads_once_and_takes_no_lock(store_url: str) -> None:
+    """Opening a store at head must not wait for a writer (or a migration) elsewhere."""
+    engine = make_engine(resolve_url(store_url))
+    other = make_engine(resolve_url(store_url))
+    try:
+        upgrade(engine)
+        statements = _record_statements(engine)
+        done = threading.Event()
+        with transaction(other) as holder:  # the write lock (SQLite), the advisory lock (PG)
+            _hold_the_lock(holder)
+            thread = threading.Thread(target=lambda: (ensure_schema(engine), done.set()))
+            thread.start()
+            thread.join(10)
+            assert done.is_set(), "ensure_schema waited for the lock at head"
+        assert not any(_lock_statement(engine) in s for s in statements), statements
+        assert not any("CREATE" in s or "INSERT" in s for s in statements), statements
+    finally:
+        engine.dispose()
+        other.dispose()
+
+
+# -- backups of SQLite files before an upgrade ------------------------------------------------
+
+BACKUP_NAME = re.compile(r"lab\.db\.bak-0001-\d{8}T\d{6}")
+
+
+def _rows(path: Path, table: str) -> int:
+    """How many rows `table` has in the SQLite file at `path` (-1: no such table)."""
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+    except sqlite3.OperationalError:
+        return -1
+    finally:
+        con.close()
+
+
+def test_a_sqlite_file_with_data_is_backed_up_before_it_is_upgraded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "lab.db"
+    url = f"sqlite:///{db}"
+    engine = make_engine(url)
+    # A reader that stays open keeps the WAL from being checkpointed into the main file
+    # when the engine's connections close: the seeded rows are in lab.db-wal only.
+    keeper = sqlite3.connect(db)
+    try:
+        columns, seeded = _at_0001_with_data(
+            engine, then=lambda: keeper.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        )
+        engine.dispose()
+        main_only = tmp_path / "main-only.db"
+        shutil.copyfile(db, main_only)
+        assert _rows(main_only, "metrics") < len(seeded["metrics"])  # a copy would lose them
+
+        engine = make_engine(url)
+        capsys.readouterr()
+        with caplog.at_level(logging.WARNING, logger="lab.store.migrations"):
+            result = upgrade(engine)
+        assert result == ("0001", head_revision())
+        backup = result.backup
+        assert backup is not None and backup.parent == db.parent
+        assert BACKUP_NAME.fullmatch(backup.name), backup.name
+        line = f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> 0002"
+        assert capsys.readouterr().err.splitlines() == [line]
+        assert [r.getMessage() for r in caplog.records] == [line.removeprefix("lab: ")]
+        assert caplog.records[0].levelno == logging.WARNING
+
+        con = sqlite3.connect(backup)
+        try:
+            assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)  # one file
+            assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+            assert "summaries" not in {
+                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        finally:
+            con.close()
+        copy = make_engine(f"sqlite:///{backup}")
+        try:
+            with copy.connect() as conn:
+                assert _dump(conn, columns) == seeded
+        finally:
+            copy.dispose()
+        with engine.connect() as conn:  # and the upgraded store kept its rows
+            assert _dump(conn, columns) == seeded
+
+        assert upgrade(engine).backup is None  # at head: nothing to do, nothing to back up
+        # "upgrading" to an older revision does nothing (as in Alembic), and backs up nothing
+        assert upgrade(engine, "0001") == (head_revision(), head_revision())
+        assert capsys.readouterr().err == ""
+        assert len([p for p in tmp_path.iterdir() if ".bak-" in p.name]) == 1
+    finally:
+        keeper.close()
+        engine.dispose()
+
+
+def test_no_backup_of_an_empty_database_or_one_in_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store(f"sqlite:///{tmp_path / 'fresh.db'}").close()  # new: created at head
+    engine = make_engine(f"sqlite:///{tmp_path / 'lab.db'}")
+    try:  # at 0001 with no rows
+        upgrade(engine, "0001")
+        assert upgrade(engine) == ("0001", head_revision())
+    finally:
+        engine.dispose()
+    memory = make_engine("sqlite:///:memory:")
+    try:  # at 0001 with rows, but no file to copy
+        _at_0001_with_data(memory)
+        result = upgrade(memory)
+        assert result == ("0001", head_revision()) and result.backup is None
+    finally:
+        memory.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir() if ".bak-" in p.name) == []
+    assert "backed up" not in capsys.readouterr().err
+
+
+def test_lab_db_upgrade_says_once_where_the_backup_is(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from lab.cli import app
+
+    db = tmp_path / "lab.db"
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        _at_0001_with_data(engine)
+    finally:
+        engine.dispose()
+    capfd.readouterr()
+    app(["db", "upgrade", "--store", f"sqlite:///{db}"], standalone_mode=False)
+    out, err = capfd.readouterr()
+    (backup,) = (p for p in tmp_path.iterdir() if ".bak-" in p.name)
+    assert err.splitlines() == [
+        f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> 0002"
+    ]
+    assert out.strip() == f"upgraded sqlite:///{db} from 0001 to {head_revision()}"

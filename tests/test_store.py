@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import threading
 import time
@@ -145,18 +146,17 @@ def test_a_rejected_metric_write_surfaces_at_flush_and_is_kept(
     store: Store, store_url: str
 ) -> None:
     run_id = _new_run(store)
-    # The store's own write path, with few retries and short backoffs so the test is quick.
-    store._writer = MetricWriter(
-        store._write_metrics, retries=1, backoff_s=0.001, max_backoff_s=0.002
-    )
+    # The store's own write path, with short backoffs so the test is quick.
+    _swap_writer(store, backoff_s=0.001, max_backoff_s=0.002)
     store.log_metrics(run_id + 1, 1, {"loss": 1.0})  # no such run yet: foreign key violation
     store.log_metrics(run_id, 1, {"loss": 2.0})  # queued behind it
-    with pytest.raises(StoreError, match="metrics could not be written") as info:
+    # A rejection is not waited out (no retry fixes it): the flush raises at once.
+    with pytest.raises(StoreError, match=r"^2 metric rows are not written: the store rejected"):
         store.flush()
-    assert str(info.value).endswith("; they are kept and retried")
-    assert isinstance(info.value.__cause__, IntegrityError)
-    with pytest.raises(StoreError, match="they are kept and retried"):
+    with pytest.raises(StoreError) as info:
         store.flush()  # still rejected: reported again, not dropped
+    assert "they are kept and retried" in str(info.value)
+    assert isinstance(info.value.__cause__, IntegrityError)
     assert _scalar(store_url, "SELECT count(*) FROM metrics") == 0  # nothing jumped the queue
     # Once the run exists, the kept rows are written, in the order they were logged.
     assert _new_run(store, run_key="r1") == run_id + 1
@@ -168,7 +168,7 @@ def test_a_rejected_metric_write_surfaces_at_flush_and_is_kept(
 def test_log_metrics_queues_a_copy_of_the_dict(store: Store, store_url: str) -> None:
     run_id = _new_run(store)
     # A writer that only writes on flush, so the dict is changed while still queued.
-    store._writer = MetricWriter(store._write_metrics, interval_s=WAIT_S * 10)
+    _swap_writer(store, interval_s=WAIT_S * 10)
     metrics = {"loss": 1.0, "acc": 0.5}
     store.log_metrics(run_id, 1, metrics)
     metrics["loss"] = 99.0  # a later callback changes a value ...
@@ -512,6 +512,12 @@ def test_an_open_sqlite_reader_does_not_block_the_writer(sqlite_url: str) -> Non
 
 
 # -- reading experiments ---------------------------------------------------------------------
+# Logged loss of two runs: the failed one returned no final metrics, so its listing shows
+# where it got to; b-r0's returned final loss (0.25) overrides its last logged one.
+LOGGED = {"a-r1": [(1, 4.0), (2, 3.0), (3, 2.0), (4, 1.0)], "b-r0": [(1, 0.9), (2, 0.8)]}
+POINTS = 6
+
+
 def _two_experiments(store: Store) -> None:
     alpha = store.begin_experiment("alpha", config={"lr": 0.1}, seed=3, repeats=2)
     arms = {
@@ -530,6 +536,9 @@ def _two_experiments(store: Store) -> None:
             alpha, groups[arm], run_key=f"{arm}-r{repeat}", arm_id=arms[arm], repeat=repeat,
             stage=0, seed=3 + repeat, config={"lr": 0.1}, output_dir=None,
         )  # fmt: skip
+        for step, value in LOGGED.get(f"{arm}-r{repeat}", []):
+            store.log_metrics(run_id, step, {"loss": value})
+        store.flush()
         store.finish_run(run_id, status=status, error=error, summary=summary)
     store.finish_experiment(alpha, status="failed")
     store.begin_experiment("beta", config={}, seed=0, repeats=1)  # still running, no runs
@@ -541,9 +550,10 @@ def test_list_experiments_counts_runs_by_status(store: Store) -> None:
     listed = store.list_experiments()
     assert [{k: v for k, v in e.items() if k != "created_at"} for e in listed] == [
         {"name": "beta", "status": "running", "arms": 0, "repeats": 1, "runs": 0,
-         "runs_by_status": {}},
+         "runs_by_status": {}, "points": 0},
         {"name": "alpha", "status": "failed", "arms": 2, "repeats": 2, "runs": 4,
-         "runs_by_status": {"completed": 2, "failed": 1, "stopped": 1}},
+         "runs_by_status": {"completed": 2, "failed": 1, "stopped": 1},
+         "points": POINTS},
     ]  # fmt: skip
     assert all(e["created_at"] is not None for e in listed)
 
@@ -568,7 +578,8 @@ def test_get_experiment_returns_arms_runs_and_final_metrics(store: Store) -> Non
     ]  # fmt: skip
     first = runs[0]["summary"]
     assert first["loss"] == 0.5 and first["best"] == math.inf and math.isnan(first["acc"])
-    assert runs[1]["summary"] == {}
+    assert runs[1]["summary"] == {"loss": 1.0}
+    assert [r["step"] for r in runs] == [None, 4, 2, None]
     assert runs[2]["summary"] == {"loss": 0.25, "acc": 0.75, "best": -math.inf}
     assert runs[3]["summary"] == {"loss": 0.3}
     assert all(r["callback_errors"] is None for r in runs)
@@ -622,6 +633,14 @@ def test_get_experiment_of_an_unknown_name_lists_the_known_ones(store: Store) ->
 
 
 # -- the metric writer -----------------------------------------------------------------------
+def _swap_writer(store: Store, **options: Any) -> MetricWriter:
+    """Give `store` a writer with test settings, closing the one it started itself."""
+    if store._writer is not None:
+        store._writer.close()
+    store._writer = MetricWriter(store._write_metrics, **options)
+    return store._writer
+
+
 def _item(i: int) -> MetricItem:
     return (1, i, {"v": float(i)}, 0.0)
 
@@ -725,59 +744,71 @@ class FailingSink:
         return [item for batch in self.batches for item in batch]
 
 
-def test_writer_that_keeps_failing_raises_at_every_flush_and_drops_nothing() -> None:
+def test_writer_that_keeps_failing_raises_after_the_window_and_drops_nothing() -> None:
     sink = FailingSink(failures=10**9)
     writer = MetricWriter(
-        sink.write, retries=3, backoff_s=0.001, max_backoff_s=0.002, interval_s=QUIET_S
+        sink.write, backoff_s=0.001, max_backoff_s=0.002, give_up_s=0.05, interval_s=QUIET_S
     )
     writer.put(*_item(0))
     writer.put(*_item(1))
+    started = time.monotonic()
     with pytest.raises(StoreError) as info:
         writer.flush()
-    assert str(info.value) == (
-        "metrics could not be written: disk full (attempt 4); they are kept and retried"
-    )
+    assert time.monotonic() - started >= 0.05  # the outage was waited out first
+    assert re.fullmatch(
+        r"2 metric rows are not written: the store has failed for 0\.\ds "
+        r"\(disk full \(attempt \d+\)\); they are kept and retried "
+        r"\(LAB_STORE_RETRY_S sets how long to wait, now 0\.05s\)",
+        str(info.value),
+    ), str(info.value)
     assert isinstance(info.value.__cause__, OSError)
-    # One round for the flush: 1 try + 3 retries of the whole batch, the flush released after
-    # its 4th failure; the writer keeps retrying the kept batch after that.
-    assert sink.calls[:4] == [[0, 1]] * 4
+    assert len(sink.calls) >= 3 and set(map(tuple, sink.calls)) == {(0, 1)}  # retried, whole
     writer.put(*_item(2))
-    with pytest.raises(StoreError, match="they are kept and retried"):
-        writer.flush()  # still failing: reported again
+    with pytest.raises(StoreError, match=r"^3 metric rows are not written"):
+        writer.flush()  # still failing, past the window: reported at once
     assert sink.calls[-1] == [0, 1, 2]  # the kept items first, in order, then the new one
-    assert {tuple(c) for c in sink.calls} == {(0, 1), (0, 1, 2)}
     assert sink.written == []
-    with pytest.raises(StoreError, match="the writer stopped with 3 steps unwritten"):
+    with pytest.raises(StoreError, match=r"the writer stopped with 3 metric rows unwritten$"):
         writer.close()
     assert not writer._thread.is_alive()
 
 
-def test_writer_recovers_after_failing_longer_than_a_round() -> None:
-    # retries=2: a round is 3 attempts; the first 7 fail (two rounds and a bit), the 8th works.
+def test_a_flush_waits_out_an_outage_shorter_than_the_window() -> None:
     sink = FailingSink(failures=7)
     writer = MetricWriter(
-        sink.write, retries=2, backoff_s=0.001, max_backoff_s=0.002, interval_s=QUIET_S
+        sink.write, backoff_s=0.001, max_backoff_s=0.002, give_up_s=WAIT_S, interval_s=QUIET_S
     )
     for i in range(5):
         writer.put(*_item(i))
-    with pytest.raises(StoreError, match=r"disk full \(attempt 3\); they are kept and retried"):
+    writer.flush()  # seven failures, then the store is back: the flush never raised
+    assert sink.calls == [[0, 1, 2, 3, 4]] * 8
+    assert sink.written == [_item(i) for i in range(5)]
+    writer.close()
+
+
+def test_writer_recovers_after_a_flush_gave_up() -> None:
+    sink = FailingSink(failures=7)
+    writer = MetricWriter(
+        sink.write, backoff_s=0.001, max_backoff_s=0.002, give_up_s=0.0, interval_s=QUIET_S
+    )
+    for i in range(5):
+        writer.put(*_item(i))
+    with pytest.raises(StoreError, match=r"^5 metric rows are not written: .*disk full"):
         writer.flush()
-    assert sink.recovered.wait(WAIT_S)  # later rounds go on by themselves, and succeed
+    assert sink.recovered.wait(WAIT_S)  # the writer goes on retrying by itself, and succeeds
     for i in range(5, 10):
         writer.put(*_item(i))
     writer.flush()  # raised once; now everything put before it is committed
     assert sink.written == [_item(i) for i in range(10)]  # each exactly once, in order
     assert sink.calls == [[0, 1, 2, 3, 4]] * 8 + [[5, 6, 7, 8, 9]]
-    writer.flush()
     writer.close()
-    assert sink.written == [_item(i) for i in range(10)]
 
 
-def test_a_failed_round_keeps_later_flushes_behind_the_kept_items() -> None:
+def test_a_failed_attempt_keeps_later_flushes_behind_the_kept_items() -> None:
     """Items put before a flush are committed before that flush succeeds, even when they
-    failed a round first and items and flushes were queued behind them meanwhile."""
+    failed first and items and flushes were queued behind them meanwhile."""
     sink = GatedSink()
-    failing = {"left": 2}
+    failing = {"left": 1}
 
     def write(items: list[MetricItem]) -> None:
         sink.write(items)  # waits for the gate
@@ -786,7 +817,7 @@ def test_a_failed_round_keeps_later_flushes_behind_the_kept_items() -> None:
             sink.batches.pop()
             raise OSError("locked")
 
-    writer = MetricWriter(write, retries=1, backoff_s=0.001, interval_s=QUIET_S)
+    writer = MetricWriter(write, backoff_s=0.001, give_up_s=0.0, interval_s=QUIET_S)
     writer.put(*_item(0))
     errors: list[BaseException] = []
 
@@ -798,18 +829,18 @@ def test_a_failed_round_keeps_later_flushes_behind_the_kept_items() -> None:
 
     first = threading.Thread(target=flush)
     first.start()
-    assert sink.entered.wait(WAIT_S)  # the round for item 0 has begun
+    assert sink.entered.wait(WAIT_S)  # the attempt for item 0 has begun
     writer.put(*_item(1))
     second = threading.Thread(target=flush)
     second.start()
     _wait_until(lambda: len(writer._buffer) == 2)  # [item 1, the second flush's marker]
-    sink.gate.set()  # both attempts of the first round fail, then the next round succeeds
+    sink.gate.set()  # the first attempt fails (and is given up at once), the next succeeds
     first.join(WAIT_S)
     second.join(WAIT_S)
     assert not first.is_alive() and not second.is_alive()
-    assert [str(e) for e in errors] == [
-        "metrics could not be written: locked; they are kept and retried"
-    ]  # the first flush failed; the second one, queued behind the kept item 0, succeeded
+    # both rows are buffered and unwritten when the first flush gives up
+    assert [str(e).split(":")[0] for e in errors] == ["2 metric rows are not written"]
+    # the first flush failed; the second one, queued behind the kept item 0, succeeded
     assert sink.written == [_item(0), _item(1)]
     writer.close()
 
@@ -818,7 +849,7 @@ def test_writer_error_surfaces_at_close_too() -> None:
     def broken(items: list[MetricItem]) -> None:
         raise OSError("read-only file system")
 
-    writer = MetricWriter(broken, retries=0, backoff_s=0.001, max_backoff_s=0.002)
+    writer = MetricWriter(broken, backoff_s=0.001, max_backoff_s=0.002, give_up_s=0.01)
     writer.put(*_item(0))
     raised: list[BaseException] = []
 
@@ -832,20 +863,22 @@ def test_writer_error_surfaces_at_close_too() -> None:
     closer.start()
     closer.join(WAIT_S)
     assert not closer.is_alive(), "close() hung on a writer that keeps failing"
-    assert [str(e) for e in raised] == [
-        "metrics could not be written: read-only file system; "
-        "the writer stopped with 1 steps unwritten"
-    ]
+    assert len(raised) == 1
+    assert re.fullmatch(
+        r"metrics could not be written: the store has failed for 0\.\ds \(read-only file "
+        r"system\); the writer stopped with 1 metric rows unwritten",
+        str(raised[0]),
+    ), str(raised[0])
     writer.close()  # closed already: reported once
 
 
 def test_writer_close_after_recovery_raises_nothing() -> None:
     sink = FailingSink(failures=1)
-    writer = MetricWriter(sink.write, retries=0, backoff_s=0.001, interval_s=QUIET_S)
+    writer = MetricWriter(sink.write, backoff_s=0.001, give_up_s=0.0, interval_s=QUIET_S)
     writer.put(*_item(0))
     with pytest.raises(StoreError):
-        writer.flush()  # round 1: one failed attempt
-    writer.close()  # the next round succeeds: the failure is over, close has nothing to report
+        writer.flush()  # one failed attempt, given up at once
+    writer.close()  # the next attempt succeeds: the failure is over, close has nothing to report
     assert sink.calls == [[0], [0]]
     assert sink.written == [_item(0)]
 
@@ -860,7 +893,7 @@ def test_writer_retries_a_transient_failure_and_loses_nothing() -> None:
             raise OSError("database is locked")
         written.extend(items)
 
-    writer = MetricWriter(flaky, retries=5, backoff_s=0.001)
+    writer = MetricWriter(flaky, backoff_s=0.001)
     for i in range(10):
         writer.put(*_item(i))
     writer.flush()

@@ -53,10 +53,12 @@ class SqlLogger(Callback):
 
     Pass a `Store`, a URL, or nothing (``LAB_STORE_URL``, else ``sqlite:///lab.db``). It runs
     first (priority 100), so every other callback's `on_step_end` sees a step whose metric
-    row is already handed to the store.
+    row is already handed to the store. It is critical: a metric the store cannot hold, or a
+    store that stays down longer than its retry window, fails the run with that reason.
     """
 
     priority = 100
+    critical = True  # a run whose record cannot be written fails, with the reason
 
     def __init__(self, store: Store | str | None = None) -> None:
         self._store_arg = store
@@ -78,6 +80,22 @@ class SqlLogger(Callback):
     def store(self) -> Store:
         """The open store."""
         return self.open()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the open store: its connections and writer thread cannot cross to
+        a worker process (``executor="processes"``). The copy reopens the same store from
+        its URL (password included) on first use, and closes it at `close`."""
+        state = self.__dict__.copy()
+        store = state["_store"] if state["_store"] is not None else state["_store_arg"]
+        if isinstance(store, Store):
+            state["_store_arg"] = store.url
+        state["_store"] = None
+        state["_owns_store"] = True
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled copy; its store opens on first use (see `__getstate__`)."""
+        self.__dict__.update(state)
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:

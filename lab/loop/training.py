@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lab._metrics import as_number
 from lab._seeding import rng_state, set_rng_state
 from lab.errors import CheckpointError, ConfigError, LossError
 from lab.hooks import Callback, Dispatcher, LogContext, LoopState
@@ -246,7 +247,7 @@ class TrainingLoop:
                 "step_time": time.perf_counter() - started,
             }
             if extra:
-                metrics.update(_metric_floats(extra))
+                metrics.update(_metric_floats(extra, step_idx))
             state.step, state.metrics = step_idx, metrics
             # Sinks see that a save follows this step and make what they hold durable before
             # the checkpoint commits (a kill in between must not lose the step's metrics).
@@ -530,10 +531,8 @@ def _unpack_loss(out: Any) -> tuple[torch.Tensor, dict[str, Any] | None]:
     return out, extra
 
 
-def _metric_floats(extra: dict[str, Any]) -> dict[str, float]:
-    return {
-        str(k): (v.item() if isinstance(v, torch.Tensor) else float(v)) for k, v in extra.items()
-    }
+def _metric_floats(extra: dict[str, Any], step: int) -> dict[str, float]:
+    return {str(k): as_number(str(k), step, v) for k, v in extra.items()}
 
 
 def _to_device(data: Any, device: torch.device) -> Any:

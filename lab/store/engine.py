@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,11 +110,31 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # Autocommit at the driver level; transactions are opened by the "begin" listener.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    _set_wal(cur)
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _set_wal(cur: Any) -> None:
+    """Switch to WAL, retrying while another connection holds the lock that takes.
+
+    Turning a new file to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once there rather than calling the busy handler: processes opening a new
+    store together would fail. Retry for as long as the busy timeout would have waited.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.001
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
 
 def _sqlite_begin(conn: Connection) -> None:

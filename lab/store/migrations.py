@@ -2,10 +2,23 @@
 
 Opening a store upgrades an empty or older database. A database migrated by a newer `lab`
 is refused with the command to run.
+
+Many processes may open one store at the same moment (a sweep starting on a cluster, or
+eight workers on one machine), so an upgrade runs under a lock held by the database
+itself, never a lock file (which a network file system or a second machine would not
+see): PostgreSQL's transaction-level advisory lock, SQLite's write lock (`BEGIN
+IMMEDIATE`). The revision is read only once the lock is held, so a process that waited
+finds the schema at head and does nothing. Before an upgrade changes a SQLite file that
+holds data, the file is backed up next to itself.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import sqlite3
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -16,9 +29,44 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
-from lab.errors import NotALabStore, SchemaTooNew
-from lab.store.engine import transaction
+from lab.errors import NotALabStore, SchemaTooNew, StoreError
+from lab.store.engine import SQLITE_BUSY_TIMEOUT_MS, transaction
 from lab.store.schema import TABLES
+
+log = logging.getLogger(__name__)
+# The backup notice is printed to stderr by `upgrade` itself; without this, logging's
+# last-resort handler would print it a second time when the application set up no logging.
+log.addHandler(logging.NullHandler())
+
+#: The key of the PostgreSQL advisory lock that upgrades take: ASCII "lab_migr" as a
+#: signed 64-bit integer. Advisory locks are per database, so stores on one server don't
+#: wait for each other.
+PG_MIGRATION_LOCK_KEY = 0x6C61625F6D696772
+
+
+class Upgraded(tuple[str | None, str | None]):
+    """What `upgrade` did: ``(before, after)`` (so ``before, after = upgrade(e)`` works),
+    and `backup`, the copy of the SQLite file made before changing it, if one was made."""
+
+    backup: Path | None
+
+    def __new__(cls, before: str | None, after: str | None, backup: Path | None = None) -> Upgraded:
+        self = super().__new__(cls, (before, after))
+        self.backup = backup
+        return self
+
+    @property
+    def before(self) -> str | None:
+        """The revision the database was at (None: empty)."""
+        return self[0]
+
+    @property
+    def after(self) -> str | None:
+        """The revision the database is at now."""
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Upgraded(before={self[0]!r}, after={self[1]!r}, backup={self.backup!r})"
 
 
 def migrations_dir() -> Path:
@@ -39,9 +87,16 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    # Loading the revision files costs milliseconds, and every `Store()` asks for the head:
+    # they don't change while a process runs, so load them once.
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def head_revision() -> str:
     """The newest revision this `lab` knows."""
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    return _scripts().get_current_head()
 
 
 def is_known(revision: str) -> bool:
@@ -53,7 +108,7 @@ def is_known(revision: str) -> bool:
     if not revision:
         return False
     try:
-        script = ScriptDirectory.from_config(alembic_config()).get_revision(revision)
+        script = _scripts().get_revision(revision)
     except CommandError:  # Alembic's resolution errors for an id it doesn't have
         return False
     return script is not None and script.revision == revision
@@ -65,22 +120,65 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
-    """Upgrade the database to `revision`; returns (before, after)."""
-    with transaction(engine) as conn:
+def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
+    """Upgrade the database to `revision` under the database's own lock; returns
+    ``(before, after)`` with the backup made first, if any, as ``.backup``.
+
+    Every step runs in one transaction that takes the lock first and only then reads the
+    revision: of many processes upgrading one store at once, one migrates and the others,
+    once it commits, find nothing to do. A SQLite file with data in it is backed up first,
+    under the same lock, and the backup is announced on stderr and in the log.
+    """
+    with transaction(engine) as conn:  # SQLite: BEGIN IMMEDIATE, the write lock, taken here
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(PG_MIGRATION_LOCK_KEY)))
         before = _check(conn)
-        command.upgrade(alembic_config(conn), revision)
+        target = _resolve(revision)
+        backup = None
+        if _moves_up(before, target):
+            backup = _backup_sqlite(conn, before, target)
+            command.upgrade(alembic_config(conn), revision)
         after = MigrationContext.configure(conn).get_current_revision()
-    return before, after
+    return Upgraded(before, after, backup)
 
 
 def ensure_schema(engine: Engine) -> None:
-    """Make the database usable by this `lab`: create or upgrade it, or refuse it."""
+    """Make the database usable by this `lab`: create or upgrade it, or refuse it.
+
+    At head (every open but the first) this is one read that takes no lock, so opening a
+    store never waits for another process's writes.
+    """
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     if current == head_revision():
         return
+    if current is not None and not is_known(current):  # refused at once, without the lock
+        raise _too_new(engine, current)
+    # Anything else is judged under the lock: on PostgreSQL two reads outside it may see
+    # two different moments (before and after another process's migration commits).
     upgrade(engine)
+
+
+def _resolve(revision: str) -> str | None:
+    """The id `revision` names ("head" -> "0002"), or itself when it is relative ("+1")."""
+    try:
+        script = _scripts().get_revision(revision)
+    except CommandError:
+        return revision
+    return None if script is None else script.revision
+
+
+def _moves_up(before: str | None, target: str | None) -> bool:
+    """Whether upgrading from `before` to `target` has anything to do (Alembic does nothing,
+    silently, when asked to "upgrade" to an older revision)."""
+    if before == target:
+        return False
+    if before is None:
+        return True
+    try:
+        return any(s.revision == before for s in _scripts().iterate_revisions(target, "base"))
+    except CommandError:  # a relative target ("+1"): let Alembic work it out
+        return True
 
 
 def _check(conn: Connection) -> str | None:
@@ -96,8 +194,69 @@ def _check(conn: Connection) -> str | None:
             )
         return None
     if not is_known(current):
-        raise SchemaTooNew(
-            f"{url} is at schema revision {current}, newer than this lab knows "
-            f"({head_revision()}); upgrade lab: pip install -U lab"
-        )
+        raise _too_new(conn.engine, current)
     return current
+
+
+def _too_new(engine: Engine, current: str) -> SchemaTooNew:
+    url = engine.url.render_as_string(hide_password=True)
+    return SchemaTooNew(
+        f"{url} is at schema revision {current}, newer than this lab knows "
+        f"({head_revision()}); upgrade lab: pip install -U lab"
+    )
+
+
+def _sqlite_file(conn: Connection) -> Path | None:
+    """The file behind a SQLite connection's main database; None when it is in memory."""
+    for _seq, name, file in conn.exec_driver_sql("PRAGMA database_list"):
+        if name == "main":
+            return Path(file) if file else None
+    return None
+
+
+def _backup_sqlite(conn: Connection, before: str | None, target: str | None) -> Path | None:
+    """Copy a SQLite store that holds data next to itself before `conn` upgrades it.
+
+    `conn` holds the write lock, so nothing commits between this copy and the upgrade; a
+    second connection reads the file meanwhile, which WAL allows. The online backup API
+    copies what the WAL file holds too, which copying the main file would miss.
+    """
+    if conn.dialect.name != "sqlite" or before is None:
+        return None
+    path = _sqlite_file(conn)
+    if path is None:
+        return None
+    has_data = conn.exec_driver_sql(
+        "SELECT EXISTS (SELECT 1 FROM experiments) OR EXISTS (SELECT 1 FROM runs)"
+    ).scalar()
+    if not has_data:
+        return None
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    backup = path.with_name(f"{path.name}.bak-{before}-{stamp}")
+    n = 1
+    while backup.exists():  # two upgrades within a second: never overwrite a backup
+        n += 1
+        backup = path.with_name(f"{path.name}.bak-{before}-{stamp}-{n}")
+    try:
+        source = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        try:
+            copy = sqlite3.connect(backup)
+            try:
+                source.backup(copy)
+                # The copy inherits WAL from the header; make it one self-contained file.
+                copy.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                copy.close()
+        finally:
+            source.close()
+    except (sqlite3.Error, OSError) as exc:
+        backup.unlink(missing_ok=True)
+        raise StoreError(
+            f"could not back up {path} to {backup} before upgrading its schema "
+            f"({exc}); nothing was changed: make room or fix permissions in {path.parent}, "
+            "then open the store again"
+        ) from exc
+    message = f"backed up {path} to {backup} before upgrading its schema {before} -> {target}"
+    log.warning(message)
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+    return backup

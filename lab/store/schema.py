@@ -128,6 +128,8 @@ class SqlRun(Base):
     pid: Mapped[int | None]
     started_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
     ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # last seen alive: set by the run's metric writer while the run is `running`
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
         sa.UniqueConstraint("experiment_id", "run_key"),
@@ -147,6 +149,27 @@ class SqlMetric(Base):
     step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(sa.Double)  # NULL is NaN on SQLite
     wall_time: Mapped[float] = mapped_column(sa.Double)
+
+
+class SqlSummary(Base):
+    """One row per (run, key), kept up to date by every metric flush, so that listing runs
+    and their final values never scans `metrics`. `min_value` and `max_value` leave NaN out
+    (NULL when every point was NaN); `count` counts every point; `last_value` may be NaN
+    (NULL on SQLite, as in `metrics`)."""
+
+    __tablename__ = "summaries"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    count: Mapped[int] = mapped_column(sa.BigInteger)
+    first_step: Mapped[int] = mapped_column(sa.BigInteger)
+    last_step: Mapped[int] = mapped_column(sa.BigInteger)
+    last_value: Mapped[float | None] = mapped_column(sa.Double)
+    min_value: Mapped[float | None] = mapped_column(sa.Double)
+    max_value: Mapped[float | None] = mapped_column(sa.Double)
+    last_wall_time: Mapped[float] = mapped_column(sa.Double)
 
 
 class SqlEval(Base):
@@ -205,6 +228,7 @@ TABLES = (
     "groups",
     "runs",
     "metrics",
+    "summaries",
     "evals",
     "predictions",
     "checkpoints",

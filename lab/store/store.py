@@ -11,13 +11,14 @@ import os
 import socket
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from lab._metrics import as_number, check_key
 from lab.errors import NoExperiment
 from lab.store.engine import (
     check_reachable,
@@ -36,6 +37,7 @@ from lab.store.schema import (
     SqlMetric,
     SqlPrediction,
     SqlRun,
+    SqlSummary,
 )
 from lab.store.writer import MetricItem, MetricWriter
 
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
     from lab.loop.evals import EvalResult
 
 _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
+HEARTBEAT_S = 30.0  # how often a running run's heartbeat is refreshed, at the least
+STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
+_INF = math.inf
 
 
 def _now() -> datetime:
@@ -68,15 +73,35 @@ class Store:
     []
     """
 
-    def __init__(self, url: str | None = None, *, migrate: bool = True) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        migrate: bool = True,
+        give_up_s: float | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
+        """`give_up_s`: how long a flush waits out a failing store before it raises (default
+        ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
+        running run says it is alive, and after how long without a word it counts as crashed.
+        """
         self.url = resolve_url(url)
         self.engine: Engine = make_engine(self.url)
         check_reachable(self.engine)
         if migrate:
             ensure_schema(self.engine)
         self.dialect = self.engine.dialect.name
+        self.give_up_s = give_up_s
+        self.heartbeat_s = heartbeat_s
+        self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        self._active: set[int] = set()  # runs started here and not finished: heartbeats
+        self._good_keys: set[str] = set()  # metric keys checked already
+        mark = "%s" if self.dialect == "postgresql" else "?"
+        self._metric_upsert = _METRIC_UPSERT.format(m=mark)
+        self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
         if migrate:
             self.mark_crashed()
 
@@ -101,7 +126,9 @@ class Store:
         if self._writer is None:
             with self._writer_lock:
                 if self._writer is None:
-                    self._writer = MetricWriter(self._write_metrics)
+                    self._writer = MetricWriter(
+                        self._write_metrics, give_up_s=self.give_up_s, idle_s=self.heartbeat_s
+                    )
         return self._writer
 
     def flush(self) -> None:
@@ -196,40 +223,52 @@ class Store:
             "pid": os.getpid(),
             "started_at": _now(),
             "ended_at": None,
+            "heartbeat_at": _now(),
         }
         with transaction(self.engine) as conn:
-            return self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+            run_id = self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
+        self._active.add(run_id)
+        _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
+        return run_id
 
     def mark_crashed(self) -> list[str]:
-        """Mark `running` runs whose process on this host is gone as `crashed`.
+        """Mark `running` runs that are gone as `crashed`; returns their run keys.
 
-        A run records its host and pid when it starts; a SIGKILL or an OOM kill leaves it
-        `running`, and this turns it `crashed` the next time the store is opened on that
-        host. Runs on other hosts are left alone (a heartbeat would be needed to judge them).
-        Returns the run keys it marked.
+        A run is gone when its process on this host no longer exists (a SIGKILL or an OOM
+        kill leaves it `running`), or, on any host, when its heartbeat is older than
+        `stale_after_s`: the metric writer of a live run refreshes it every `heartbeat_s`
+        at the least. Runs recorded before heartbeats existed (NULL) are judged by pid only.
         """
         host = socket.gethostname()
+        now = _now()
+        cutoff = now - timedelta(seconds=self.stale_after_s)
         with self.engine.connect() as conn:
             running = conn.execute(
-                sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.pid).where(
-                    SqlRun.status == "running", SqlRun.host == host
-                )
+                sa.select(
+                    SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid, SqlRun.heartbeat_at
+                ).where(SqlRun.status == "running")
             ).all()
-        dead = [(run_id, key, pid) for run_id, key, pid in running if not _alive(pid)]
-        if not dead:
+        gone: list[tuple[int, str, str]] = []
+        for run_id, key, run_host, pid, beat in running:
+            if run_host == host and not _alive(pid):
+                gone.append((run_id, key, f"the process (pid {pid} on {host}) died"))
+            elif beat is not None and beat < cutoff:
+                age = (now - beat).total_seconds()
+                gone.append(
+                    (run_id, key, f"its process (pid {pid} on {run_host}) was last seen "
+                     f"{age:.0f}s ago")
+                )  # fmt: skip
+        if not gone:
             return []
         with transaction(self.engine) as conn:
-            for run_id, _key, pid in dead:
+            for run_id, _key, why in gone:
                 conn.execute(
                     sa.update(SqlRun)
                     .where(SqlRun.run_id == run_id, SqlRun.status == "running")
-                    .values(
-                        status="crashed",
-                        error=f"the process (pid {pid} on {host}) died while the run was running",
-                        ended_at=_now(),
-                    )
-                )
-        return [key for _run_id, key, _pid in dead]
+                    .values(status="crashed", error=f"{why} while the run was running",
+                            ended_at=now)
+                )  # fmt: skip
+        return [key for _run_id, key, _why in gone]
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
@@ -272,34 +311,109 @@ class Store:
                         where, sa.or_(later, model.step.is_(None)) if model is SqlEval else later
                     )
                 conn.execute(sa.delete(model).where(where))
+            self._resummarize(conn, run_id)
 
-    def log_metrics(self, run_id: int, step: int, metrics: dict[str, float]) -> None:
+    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
 
-        A copy of `metrics` is queued: changing the dict afterwards changes nothing written.
+        Values must be numbers: ints, floats, numpy scalars and one-element tensors are
+        taken (NaN and inf included); anything else raises `MetricError` naming the key and
+        the step, and nothing of that step is queued. A copy is queued, so changing the dict
+        afterwards changes nothing written.
         """
-        self.writer.put(run_id, step, dict(metrics), time.time())
+        row = {}
+        good = self._good_keys
+        for key, value in metrics.items():
+            if key not in good:
+                self._check_key(key, step)
+            row[key] = value if type(value) is float else as_number(key, step, value)
+        self.writer.put(run_id, step, row, time.time())
+
+    def _check_key(self, key: Any, step: int) -> None:
+        check_key(key, step)
+        self._good_keys.add(key)
 
     def _write_metrics(self, items: list[MetricItem]) -> None:
         # Plain tuples through the driver's executemany: the writer thread holds the GIL
         # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
-        rows = [
-            (run_id, key, step, value, wall_time)
-            for run_id, step, metrics, wall_time in items
-            for key, value in metrics.items()
-        ]
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        # Per run and key: [count, first step, last step, last value, min, max, wall time].
+        # min and max start at +inf and -inf; NaN never compares, so it never enters them,
+        # and min > max at the end means every point was NaN.
+        acc: dict[int, dict[str, list[Any]]] = {}
+        for run_id, step, metrics, wall_time in items:
+            per = acc.get(run_id)
+            if per is None:
+                per = acc[run_id] = {}
+            for key, value in metrics.items():
+                append((run_id, key, step, value, wall_time))
+                s = per.get(key)
+                if s is None:
+                    s = per[key] = [0, step, step, value, _INF, -_INF, wall_time]
+                s[0] += 1
+                if step >= s[2]:
+                    s[2], s[3], s[6] = step, value, wall_time
+                elif step < s[1]:
+                    s[1] = step
+                if value < s[4]:
+                    s[4] = value
+                if value > s[5]:
+                    s[5] = value
+        beating = set(acc) | self._active
+        if not rows and not beating:
+            return
         with transaction(self.engine) as conn:
-            conn.exec_driver_sql(self._metric_upsert, rows)
+            if rows:
+                conn.exec_driver_sql(self._metric_upsert, rows)
+                self._summarize(conn, acc)
+            if beating:
+                conn.execute(
+                    sa.update(SqlRun)
+                    .where(SqlRun.run_id.in_(sorted(beating)), SqlRun.status == "running")
+                    .values(heartbeat_at=_now())
+                )
 
-    @property
-    def _metric_upsert(self) -> str:
-        mark = "%s" if self.dialect == "postgresql" else "?"
-        return (
-            'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
-            f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}) "
-            'ON CONFLICT (run_id, "key", step) DO UPDATE '
-            "SET value = excluded.value, wall_time = excluded.wall_time"
-        )
+    def _summarize(self, conn: Connection, acc: dict[int, dict[str, list[Any]]]) -> None:
+        """Fold a batch into `summaries`. A batch that only extends a series (its first step
+        after the stored last step) is merged in place; one that logs a step again, which
+        may replace a min, a max or the last value, is recomputed from `metrics`."""
+        known = {
+            (run_id, key): last
+            for run_id, key, last in conn.execute(
+                sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
+                    SqlSummary.run_id.in_(list(acc))
+                )
+            )
+        }
+        merge = []
+        again: dict[int, list[str]] = {}
+        for run_id, per in acc.items():
+            for key, (n, first, last, value, lo, hi, wall) in per.items():
+                stored = known.get((run_id, key))
+                if stored is not None and first <= stored:
+                    again.setdefault(run_id, []).append(key)
+                    continue
+                if lo > hi:  # every point was NaN
+                    lo = hi = None
+                merge.append((run_id, key, n, first, last, value, lo, hi, wall))
+        if merge:
+            conn.exec_driver_sql(self._summary_upsert, merge)
+        for run_id, keys in again.items():
+            self._resummarize(conn, run_id, keys)
+
+    def _resummarize(self, conn: Connection, run_id: int, keys: list[str] | None = None) -> None:
+        """Rebuild a run's summaries (or some keys' of them) from its metrics."""
+        where = [SqlSummary.run_id == run_id]
+        if keys is not None:
+            where.append(SqlSummary.key.in_(keys))
+        conn.execute(sa.delete(SqlSummary).where(*where))
+        finite = "" if self.dialect == "sqlite" else " FILTER (WHERE m.value <> 'NaN')"
+        only = ' AND m."key" IN :keys' if keys is not None else ""
+        sql = sa.text(_RESUMMARIZE.format(finite=finite, only=only))
+        if keys is not None:
+            sql = sql.bindparams(sa.bindparam("keys", expanding=True))
+        conn.execute(sql, {"run_id": run_id, **({"keys": keys} if keys is not None else {})})
 
     def write_eval(
         self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
@@ -375,6 +489,7 @@ class Store:
         callback_errors: list[dict[str, Any]] | None = None,
     ) -> None:
         """Record a run's final status, error and final metrics."""
+        self._active.discard(run_id)
         with transaction(self.engine) as conn:
             conn.execute(
                 sa.update(SqlRun)
@@ -436,6 +551,13 @@ class Store:
                     sa.select(SqlArm.experiment_id, sa.func.count()).group_by(SqlArm.experiment_id)
                 ).all()
             )
+            points = dict(  # from summaries: one row per run and key, however long the runs
+                conn.execute(
+                    sa.select(SqlRun.experiment_id, sa.func.sum(SqlSummary.count))
+                    .join(SqlSummary, SqlSummary.run_id == SqlRun.run_id)
+                    .group_by(SqlRun.experiment_id)
+                ).all()
+            )
         return [
             {
                 "name": e["name"],
@@ -444,14 +566,19 @@ class Store:
                 "repeats": e["repeats"],
                 "runs": sum(by_status.get(e["experiment_id"], {}).values()),
                 "runs_by_status": by_status.get(e["experiment_id"], {}),
+                "points": int(points.get(e["experiment_id"]) or 0),
                 "created_at": e["created_at"],
             }
             for e in experiments
         ]
 
     def get_experiment(self, name: str) -> dict[str, Any]:
-        """An experiment with its arms and runs (status, error, final metrics), and the
-        failures of its experiment-level callbacks."""
+        """An experiment with its arms and runs (status, newest step, error, final metrics),
+        and the failures of its experiment-level callbacks.
+
+        A run's metrics are the last value of each key from `summaries` (so a running or
+        crashed run shows where it got to), overlaid with the final metrics it returned.
+        """
         with self.engine.connect() as conn:
             exp = (
                 conn.execute(sa.select(SqlExperiment).where(SqlExperiment.name == name))
@@ -492,6 +619,16 @@ class Store:
                 .mappings()
                 .all()
             )
+            latest: dict[int, dict[str, Any]] = {}
+            for run_id, key, step, value in conn.execute(
+                sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step,
+                          SqlSummary.last_value)
+                .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
+                .where(SqlRun.experiment_id == exp["experiment_id"])
+            ):  # fmt: skip
+                per = latest.setdefault(run_id, {"step": 0, "values": {}})
+                per["step"] = max(per["step"], step)
+                per["values"][key] = math.nan if value is None else value
         return {
             "name": exp["name"],
             "status": exp["status"],
@@ -502,7 +639,7 @@ class Store:
             "ended_at": exp["ended_at"],
             "callback_errors": exp["callback_errors"],
             "arms": [dict(a) for a in arms],
-            "runs": [{**r, "summary": _floats_back(r["summary"] or {})} for r in runs],
+            "runs": [_with_latest(r, latest.get(r["run_id"])) for r in runs],
         }
 
     def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
@@ -516,6 +653,45 @@ class Store:
         return [(step, math.nan if value is None else value) for step, value in rows]
 
 
+_METRIC_UPSERT = (
+    'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
+    "VALUES ({m}, {m}, {m}, {m}, {m}) "
+    'ON CONFLICT (run_id, "key", step) DO UPDATE '
+    "SET value = excluded.value, wall_time = excluded.wall_time"
+)
+# Merges a batch that extends a series: NULL (all NaN) never replaces a stored min or max.
+_SUMMARY_UPSERT = (
+    'INSERT INTO summaries (run_id, "key", "count", first_step, last_step, last_value, '
+    "min_value, max_value, last_wall_time) "
+    "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m}, {m}) "
+    'ON CONFLICT (run_id, "key") DO UPDATE SET '
+    '"count" = summaries."count" + excluded."count", '
+    "last_step = excluded.last_step, last_value = excluded.last_value, "
+    "last_wall_time = excluded.last_wall_time, "
+    "min_value = CASE WHEN summaries.min_value IS NULL OR excluded.min_value < "
+    "summaries.min_value THEN excluded.min_value ELSE summaries.min_value END, "
+    "max_value = CASE WHEN summaries.max_value IS NULL OR excluded.max_value > "
+    "summaries.max_value THEN excluded.max_value ELSE summaries.max_value END"
+)
+
+
+# Rebuilds summaries from metrics. PostgreSQL keeps NaN and orders it above inf, so its
+# min and max filter NaN out; SQLite stores NaN as NULL, which min and max skip anyway.
+_RESUMMARIZE = """
+INSERT INTO summaries (run_id, "key", "count", first_step, last_step, last_value,
+                       min_value, max_value, last_wall_time)
+SELECT m.run_id, m."key", count(*), min(m.step), max(m.step),
+       (SELECT l.value FROM metrics l WHERE l.run_id = m.run_id AND l."key" = m."key"
+        ORDER BY l.step DESC LIMIT 1),
+       min(m.value){finite}, max(m.value){finite},
+       (SELECT l.wall_time FROM metrics l WHERE l.run_id = m.run_id AND l."key" = m."key"
+        ORDER BY l.step DESC LIMIT 1)
+FROM metrics m
+WHERE m.run_id = :run_id{only}
+GROUP BY m.run_id, m."key"
+"""
+
+
 def _alive(pid: int | None) -> bool:
     """Whether process `pid` exists on this host (None: unknown, so assume alive)."""
     if pid is None:
@@ -527,6 +703,14 @@ def _alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _with_latest(run: Any, latest: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's record with its newest step and its metrics' last values from `summaries`,
+    then the final metrics the run returned (which add post-training evals) over them."""
+    values = dict(latest["values"]) if latest else {}
+    values.update(_floats_back(run["summary"] or {}))
+    return {**run, "step": latest["step"] if latest else None, "summary": values}
 
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

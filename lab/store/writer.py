@@ -6,23 +6,35 @@ every `interval_s` (or at once for a flush or a full buffer) and writes whatever
 in one transaction.
 
 Nothing is ever dropped. When the buffer is full, `put` waits (back-pressure). A write that
-fails is retried with a growing backoff (capped at `max_backoff_s`); when a round of
-`retries` retries fails too, the batch goes back to the front of the buffer, in order, and
-later rounds keep retrying it. `flush` returns once everything put before it is committed,
-and raises `StoreError` when the round that should have written it failed: the rows are
-kept and retried, so a later `flush` succeeds once the store takes them. `close` makes one
-last round of attempts and raises if that fails too.
+fails stays at the front of the buffer, in order, and is tried again with a growing backoff
+(capped at `max_backoff_s`) for as long as the writer runs. `flush` returns once everything
+put before it is committed. It raises `StoreError`, with the number of rows still unwritten,
+when the store has been failing for `give_up_s` (a lost server that does not come back), or
+at once when the store rejects the rows outright (a constraint or a bad value, which no
+retry can fix). The rows stay buffered either way, so a later `flush` succeeds once the store
+takes them. `close` gives the store one last window of `give_up_s` and raises if that fails.
+
+Every live writer is flushed and closed when the interpreter exits (`atexit`), and a SIGTERM
+to the main thread is turned into `Terminated`, an exception that unwinds the training code
+(so runs are recorded as interrupted) and then exits through that same flush.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy.exc as sa_exc
+
+from lab._signals import unwind_on_sigterm
 from lab.errors import StoreError
 
 log = logging.getLogger("lab.store")
@@ -30,26 +42,50 @@ log = logging.getLogger("lab.store")
 #: One step of one run: (run_id, step, {key: value}, wall_time).
 MetricItem = tuple[int, int, dict[str, float], float]
 
+DEFAULT_GIVE_UP_S = 120.0
+#: Errors that no retry can fix: the store refused the rows themselves.
+_REJECTED = (
+    sa_exc.IntegrityError,
+    sa_exc.DataError,
+    sa_exc.ProgrammingError,
+    TypeError,
+    ValueError,
+)
+
 _STOP = object()
 
 
 class _Flush:
     """A flush marker in the buffer: set once every item before it is committed, or once
-    the round that should have written them failed (then `error` says why)."""
+    the writer gave up on them for now (then `error` says why)."""
 
     __slots__ = ("done", "error")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.error: BaseException | None = None
+        self.error: StoreError | None = None
 
 
-def _kept_error(error: BaseException) -> StoreError:
-    return StoreError(f"metrics could not be written: {error}; they are kept and retried")
+def give_up_after() -> float:
+    """How long a flush waits out a failing store: ``LAB_STORE_RETRY_S``, else 120 s."""
+    raw = os.environ.get("LAB_STORE_RETRY_S")
+    if not raw:
+        return DEFAULT_GIVE_UP_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreError(f"LAB_STORE_RETRY_S={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise StoreError(f"LAB_STORE_RETRY_S={raw!r} must be >= 0 seconds")
+    return value
 
 
 class MetricWriter:
-    """Buffers metric items and writes them in batches from a background thread."""
+    """Buffers metric items and writes them in batches from a background thread.
+
+    `idle_s`: when nothing was written for that long, `write([])` is called anyway, so the
+    store can refresh the heartbeats of its running runs.
+    """
 
     def __init__(
         self,
@@ -58,9 +94,10 @@ class MetricWriter:
         max_pending: int = 8192,
         max_batch: int = 50_000,
         interval_s: float = 0.25,
-        retries: int = 5,
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
+        give_up_s: float | None = None,
+        idle_s: float | None = None,
     ) -> None:
         self._write = write
         self._interval_s = interval_s
@@ -68,16 +105,22 @@ class MetricWriter:
         self._max_pending = max_pending
         self._room = threading.Condition()
         self._max_batch = max_batch
-        self._retries = retries
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
-        self._delay = backoff_s  # the next backoff; grows across failed rounds, reset on success
-        self._failing = False  # the last attempt failed (read and written by the writer only)
-        self._error: BaseException | None = None  # the failure of the last round, if it failed
+        self._give_up_s = give_up_after() if give_up_s is None else give_up_s
+        self._idle_s = idle_s
+        self._delay = backoff_s  # the next backoff; grows while failing, reset on success
+        self._failing_since: float | None = None  # monotonic time of the first failure
+        self._last_error: BaseException | None = None
+        self._final: StoreError | None = None  # why the writer stopped with rows unwritten
+        self._last_write = time.monotonic()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="lab-metric-writer", daemon=True)
         self._thread.start()
+        _live.add(self)
+        _install_exit_handlers()
 
+    # -- the training thread's side ------------------------------------------------------
     def put(self, run_id: int, step: int, metrics: dict[str, float], wall_time: float) -> None:
         """Buffer one step's metrics; waits only while the buffer is full."""
         if len(self._buffer) >= self._max_pending:
@@ -88,99 +131,187 @@ class MetricWriter:
         with self._room:
             while len(self._buffer) >= self._max_pending:
                 if not self._thread.is_alive():
-                    self._raise_error()
+                    self._raise_final()
                     raise StoreError("the metric writer has stopped; this store is closed")
+                if self._given_up():
+                    raise self._not_written()
                 self._wake.set()
                 self._room.wait(0.05)
 
     def flush(self) -> None:
-        """Return once every item put so far is committed; raise `StoreError` if the round
-        of attempts that should have written them failed (they are kept and retried)."""
+        """Return once every item put so far is committed; raise `StoreError` when the store
+        has failed for longer than `give_up_s`, or rejected the rows (they are kept)."""
         if not self._thread.is_alive():
-            self._raise_error()
+            self._raise_final()
             return
         marker = _Flush()
         self._buffer.append(marker)
         self._wake.set()
         marker.done.wait()
         if marker.error is not None:
-            raise _kept_error(marker.error) from marker.error
+            raise marker.error from marker.error.__cause__
 
     def close(self) -> None:
-        """Flush, then stop the writer thread; raise `StoreError` if that last round of
-        attempts failed (the rows it could not write stay unwritten)."""
+        """Flush, then stop the writer thread; raise `StoreError` if the store still failed
+        after one last `give_up_s` (the rows it could not write are lost with the process)."""
+        _live.discard(self)
         if self._thread.is_alive():
             self._buffer.append(_STOP)
             self._wake.set()
             self._thread.join()
-        self._raise_error()
+        self._raise_final()
 
-    def _raise_error(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            unwritten = sum(1 for item in self._buffer if isinstance(item, tuple))
-            raise StoreError(
-                f"metrics could not be written: {error}; the writer stopped with "
-                f"{unwritten} steps unwritten"
-            ) from error
+    def unwritten(self) -> int:
+        """How many metric rows (points) are buffered and not yet committed."""
+        items = list(self._buffer)  # one C call under the GIL: a consistent snapshot
+        return sum(len(item[2]) for item in items if type(item) is tuple)
+
+    # -- errors ----------------------------------------------------------------------------
+    def _given_up(self) -> bool:
+        since = self._failing_since
+        error = self._last_error
+        if since is None or error is None:
+            return False
+        return isinstance(error, _REJECTED) or time.monotonic() - since >= self._give_up_s
+
+    def _not_written(self, *, stopping: bool = False) -> StoreError:
+        error = self._last_error
+        since = self._failing_since
+        seconds = 0.0 if since is None else time.monotonic() - since
+        n = self.unwritten()
+        if isinstance(error, _REJECTED):
+            why = f"the store rejected them ({_reason(error)})"
+        else:
+            why = f"the store has failed for {seconds:.1f}s ({_reason(error)})"
+        if stopping:
+            tail = f"the writer stopped with {n} metric rows unwritten"
+            return _chained(StoreError(f"metrics could not be written: {why}; {tail}"), error)
+        return _chained(
+            StoreError(
+                f"{n} metric rows are not written: {why}; they are kept and retried "
+                f"(LAB_STORE_RETRY_S sets how long to wait, now {self._give_up_s:g}s)"
+            ),
+            error,
+        )
+
+    def _raise_final(self) -> None:
+        final, self._final = self._final, None
+        if final is not None:
+            raise final from final.__cause__
+
+    # -- the writer thread -----------------------------------------------------------------
+    def _take(self) -> tuple[list[MetricItem], _Flush | None, bool]:
+        """Pop what is buffered up to the first flush marker or stop (or `max_batch`)."""
+        items: list[MetricItem] = []
+        while len(items) < self._max_batch:
+            try:
+                item = self._buffer.popleft()
+            except IndexError:
+                break
+            if item is _STOP:
+                return items, None, True
+            if type(item) is _Flush:
+                return items, item, False  # everything put before this flush is in `items`
+            items.append(item)
+        return items, None, False
 
     def _drain(self) -> None:
         """Wake every `interval_s`, or at once on a flush, a stop or a full buffer, and write
         what piled up in one transaction. `put` never wakes this thread by itself: a wake-up
         per step would hand the GIL back and forth with the training thread every step."""
         while True:
-            self._wake.wait(self._interval_s)
+            if self._failing_since is None:
+                self._wake.wait(self._interval_s)
+            else:
+                time.sleep(self._delay)  # back off; flushes wait for the retry
+                self._delay = min(self._delay * 2, self._max_backoff_s)
             self._wake.clear()
-            items: list[MetricItem] = []
-            markers: list[_Flush] = []
-            stop = False
-            while len(items) < self._max_batch:
-                try:
-                    item = self._buffer.popleft()
-                except IndexError:
-                    break
-                if item is _STOP:
-                    stop = True
-                    break
-                if isinstance(item, _Flush):
-                    markers.append(item)
-                    break  # everything put before this flush is in `items`
-                items.append(item)
-            error = self._write_with_retries(items) if items else None
-            if error is not None:
-                # Keep the batch: back at the front, in order, ahead of anything put since.
-                # A popped flush marker is released with the error (its flush raises), so
-                # no flush succeeds before the items put ahead of it are committed.
-                self._buffer.extendleft(reversed(items))
-                for marker in markers:
-                    marker.error = error
-            self._error = error
-            with self._room:
-                self._room.notify_all()
-            for marker in markers:
-                marker.done.set()
+            items, marker, stop = self._take()
+            idle = (
+                not items
+                and self._idle_s is not None
+                and time.monotonic() - self._last_write >= self._idle_s
+            )
+            error = self._attempt(items) if items or idle else None
+            if error is None:
+                if marker is not None:
+                    marker.done.set()
+            else:
+                self._buffer.extendleft(reversed(items))  # back at the front, in order
+                if self._given_up() or (stop and self._window_over()):
+                    if marker is not None:
+                        marker.error = self._not_written()
+                        marker.done.set()
+                    if stop:
+                        self._final = self._not_written(stopping=True)
+                        self._notify_room()
+                        return
+                else:  # the flush or the stop waits for the retry, behind the kept items
+                    tail = [m for m in (marker,) if m is not None] + ([_STOP] if stop else [])
+                    for entry in reversed(tail):
+                        self._buffer.insert(len(items), entry)
+                    stop = False
+            self._notify_room()
             if stop:
                 return
-            if len(items) >= self._max_batch or self._buffer:
+            if self._failing_since is None and (len(items) >= self._max_batch or self._buffer):
                 self._wake.set()  # more is waiting: go round again without sleeping
 
-    def _write_with_retries(self, items: list[MetricItem]) -> BaseException | None:
-        """One round: a try and up to `retries` retries; returns the last error, or None
-        once the items are committed. A round that follows a failure backs off first."""
-        error: BaseException | None = None
-        for attempt in range(self._retries + 1):
-            if attempt or self._failing:
-                time.sleep(self._delay)
-                self._delay = min(self._delay * 2, self._max_backoff_s)
-            try:
-                self._write(items)
-            except Exception as exc:
-                error = exc
-                self._failing = True
-                log.warning("metric write failed (%s); retrying in %.2fs", exc, self._delay)
-                continue
-            self._failing = False
-            self._delay = self._backoff_s
-            return None
-        log.error("could not write %d metric steps (%s); keeping them to retry", len(items), error)
-        return error
+    def _window_over(self) -> bool:
+        since = self._failing_since
+        return since is not None and time.monotonic() - since >= self._give_up_s
+
+    def _attempt(self, items: list[MetricItem]) -> BaseException | None:
+        try:
+            self._write(items)
+        except Exception as exc:
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+                log.warning("metric write failed (%s); retrying with backoff", exc)
+            self._last_error = exc
+            return exc if items else None  # a failed heartbeat alone is not an error
+        self._failing_since = None
+        self._last_error = None
+        self._delay = self._backoff_s
+        self._last_write = time.monotonic()
+        return None
+
+    def _notify_room(self) -> None:
+        with self._room:
+            self._room.notify_all()
+
+
+def _reason(error: BaseException | None) -> str:
+    """The first line of what went wrong, without SQLAlchemy's statement and parameters."""
+    orig = getattr(error, "orig", None)
+    text = str(orig if orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _chained(error: StoreError, cause: BaseException | None) -> StoreError:
+    error.__cause__ = cause
+    return error
+
+
+# -- the end of the process -------------------------------------------------------------------
+_live: weakref.WeakSet[MetricWriter] = weakref.WeakSet()
+_installed = False
+
+
+def _install_exit_handlers() -> None:
+    """Once per process: flush every writer at exit, and make SIGTERM unwind like Ctrl-C."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(close_all)
+    unwind_on_sigterm()
+
+
+def close_all() -> None:
+    """Flush and close every live writer; at exit, so no buffered metric is left behind."""
+    for writer in list(_live):
+        try:
+            writer.close()
+        except StoreError as exc:
+            print(f"lab: {exc}", file=sys.stderr)

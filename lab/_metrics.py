@@ -1,0 +1,57 @@
+"""What a metric may be: a key the store can hold and a value that is a number.
+
+Shared by the loop (which turns `loss_fn`'s extra metrics into floats) and the store (which
+checks every logged step), so both refuse bad input with the same line, naming the key and
+the step. NaN and inf are numbers here: they are data, never errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.errors import MetricError
+
+MAX_KEY = 255  # characters a metric key may hold: the width of the `key` columns
+
+
+def check_key(key: Any, step: int) -> None:
+    """Refuse a key the store cannot hold, before anything of its step is queued."""
+    if not isinstance(key, str) or not key:
+        raise MetricError(f"metric key {key!r} at step {step} is not a non-empty string")
+    if len(key) > MAX_KEY:
+        raise MetricError(
+            f"metric key {key[:40]!r}... at step {step} is {len(key)} characters long; "
+            f"keys hold at most {MAX_KEY}"
+        )
+    if "\x00" in key:
+        raise MetricError(f"metric key {key!r} at step {step} holds a NUL character")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MetricError(
+            f"metric key {key!r} at step {step} is not valid unicode (a lone surrogate)"
+        ) from None
+
+
+def as_number(key: str, step: int, value: Any) -> float:
+    """A metric value as a float: ints, bools, numpy scalars and one-element tensors are
+    numbers; anything else is a `MetricError` naming the key and the step."""
+    if isinstance(value, (int, float)):  # bool too: True is 1.0
+        return float(value)
+    numel = getattr(value, "numel", None)  # a torch tensor
+    if callable(numel):
+        if numel() == 1:
+            return float(value.item())
+        raise MetricError(
+            f"metric {key!r} at step {step} is a tensor of shape {tuple(value.shape)}; log a "
+            "number or a one-element tensor (e.g. t.mean())"
+        )
+    if getattr(value, "shape", None) == () and hasattr(value, "dtype"):  # a numpy scalar
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise MetricError(
+        f"metric {key!r} at step {step} is a {type(value).__name__} ({value!r:.60}); "
+        "log a number (int, float or a one-element tensor)"
+    )
