@@ -162,3 +162,23 @@ def test_store_reads_restore_nan(recorded: tuple[str, Recorder]) -> None:
         store.close()
     assert [s for s, _ in values] == list(range(1, STEPS + 1))
     assert math.isnan(values[-1][1]) and all(v == math.inf for _, v in values[:-1])
+
+
+@pytest.mark.parametrize("mode", ["attach", "arrow"])
+def test_history_reads_one_series_through_the_store(
+    recorded: tuple[str, Recorder], mode: str
+) -> None:
+    url, recorder = recorded
+    con = lab.inspect.connect(url, mode=mode)
+    got = lab.inspect.history(con, "b-r1", "loss").fetchall()
+    want = sorted((step, value) for arm, repeat, step, key, value in recorder.points
+                  if (arm, repeat, key) == ("b", 1, "loss"))  # fmt: skip
+    assert got == want and len(got) > 1
+    assert list(lab.inspect.history(con, "b-r1", "loss", experiment="inspect-me").df()) == [
+        "step",
+        "value",
+    ]
+    with pytest.raises(ConfigError, match=r"^no run 'z-r0'; runs: a-r0, a-r1, a-r2, b-r0"):
+        lab.inspect.history(con, "z-r0", "loss")
+    with pytest.raises(ConfigError, match=r"^run 'a-r0' has no metric 'acc'; it has: .*loss"):
+        lab.inspect.history(con, "a-r0", "acc")

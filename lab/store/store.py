@@ -35,7 +35,6 @@ from lab.store.schema import (
     SqlExperiment,
     SqlGroup,
     SqlMetric,
-    SqlPrediction,
     SqlRun,
     SqlSummary,
 )
@@ -59,10 +58,6 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return dumps_json(value)
-
-
-def _score(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 class Store:
@@ -102,6 +97,18 @@ class Store:
         mark = "%s" if self.dialect == "postgresql" else "?"
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
         self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
+        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
+        # Built once: the writer runs these with every batch, and building a statement
+        # costs more than running it.
+        ids = sa.bindparam("ids", expanding=True)
+        self._beat = (
+            sa.update(SqlRun)
+            .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")
+            .values(heartbeat_at=sa.bindparam("now"))
+        )
+        self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
+            SqlSummary.run_id.in_(ids)
+        )
         if migrate:
             self.mark_crashed()
 
@@ -368,11 +375,7 @@ class Store:
                 conn.exec_driver_sql(self._metric_upsert, rows)
                 self._summarize(conn, acc)
             if beating:
-                conn.execute(
-                    sa.update(SqlRun)
-                    .where(SqlRun.run_id.in_(sorted(beating)), SqlRun.status == "running")
-                    .values(heartbeat_at=_now())
-                )
+                conn.execute(self._beat, {"ids": sorted(beating), "now": _now()})
 
     def _summarize(self, conn: Connection, acc: dict[int, dict[str, list[Any]]]) -> None:
         """Fold a batch into `summaries`. A batch that only extends a series (its first step
@@ -380,11 +383,7 @@ class Store:
         may replace a min, a max or the last value, is recomputed from `metrics`."""
         known = {
             (run_id, key): last
-            for run_id, key, last in conn.execute(
-                sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
-                    SqlSummary.run_id.in_(list(acc))
-                )
-            )
+            for run_id, key, last in conn.execute(self._last_steps, {"ids": list(acc)})
         }
         merge = []
         again: dict[int, list[str]] = {}
@@ -441,27 +440,12 @@ class Store:
                 )
                 .returning(SqlEval.eval_id)
             ).scalar_one()
-            if predictions:
-                conn.execute(
-                    sa.insert(SqlPrediction),
-                    [self._prediction_row(eval_id, i, p) for i, p in enumerate(predictions)],
+            if predictions:  # plain tuples through the driver: no per-row dict to compile
+                conn.exec_driver_sql(
+                    self._prediction_insert,
+                    [_prediction_row(eval_id, i, p) for i, p in enumerate(predictions)],
                 )
         return eval_id
-
-    @staticmethod
-    def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> dict[str, Any]:
-        extras = {k: v for k, v in pred.items() if k not in _PREDICTION_FIELDS}
-        example_id = pred.get("example_id")
-        return {
-            "eval_id": eval_id,
-            "idx": idx,
-            "example_id": None if example_id is None else str(example_id),
-            "input": _text(pred.get("input")),
-            "output": _text(pred.get("output")),
-            "target": _text(pred.get("target")),
-            "score": _score(pred.get("score")),
-            "extras": extras or None,
-        }
 
     def write_checkpoint(self, run_id: int, row: ManifestRow) -> None:
         """Record one manifest row (a save or a removal)."""
@@ -690,6 +674,30 @@ FROM metrics m
 WHERE m.run_id = :run_id{only}
 GROUP BY m.run_id, m."key"
 """
+
+
+_PREDICTION_INSERT = (
+    "INSERT INTO predictions (eval_id, idx, example_id, input, output, target, score, extras) "
+    "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m})"
+)
+
+
+def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:
+    """One prediction as the driver's parameters: the known fields, the rest as JSON."""
+    get = pred.get
+    extras = {k: v for k, v in pred.items() if k not in _PREDICTION_FIELDS}
+    example_id = get("example_id")
+    score = get("score")
+    return (
+        eval_id,
+        idx,
+        None if example_id is None else str(example_id),
+        _text(get("input")),
+        _text(get("output")),
+        _text(get("target")),
+        None if score is None else float(score),
+        dumps_json(extras) if extras else None,
+    )
 
 
 def _alive(pid: int | None) -> bool:

@@ -115,6 +115,7 @@ class MetricWriter:
         self._final: StoreError | None = None  # why the writer stopped with rows unwritten
         self._last_write = time.monotonic()
         self._wake = threading.Event()
+        self._asked: deque[None] = deque()  # one entry per flush or stop not yet taken
         self._thread = threading.Thread(target=self._drain, name="lab-metric-writer", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -145,6 +146,7 @@ class MetricWriter:
             self._raise_final()
             return
         marker = _Flush()
+        self._asked.append(None)
         self._buffer.append(marker)
         self._wake.set()
         marker.done.wait()
@@ -156,6 +158,7 @@ class MetricWriter:
         after one last `give_up_s` (the rows it could not write are lost with the process)."""
         _live.discard(self)
         if self._thread.is_alive():
+            self._asked.append(None)
             self._buffer.append(_STOP)
             self._wake.set()
             self._thread.join()
@@ -209,8 +212,10 @@ class MetricWriter:
             except IndexError:
                 break
             if item is _STOP:
+                self._asked.popleft()
                 return items, None, True
             if type(item) is _Flush:
+                self._asked.popleft()
                 return items, item, False  # everything put before this flush is in `items`
             items.append(item)
         return items, None, False
@@ -250,12 +255,20 @@ class MetricWriter:
                     tail = [m for m in (marker,) if m is not None] + ([_STOP] if stop else [])
                     for entry in reversed(tail):
                         self._buffer.insert(len(items), entry)
+                        self._asked.append(None)  # waiting again, to be taken again
                     stop = False
             self._notify_room()
             if stop:
                 return
-            if self._failing_since is None and (len(items) >= self._max_batch or self._buffer):
-                self._wake.set()  # more is waiting: go round again without sleeping
+            if self._failing_since is None and (
+                self._asked
+                or len(items) >= self._max_batch
+                or len(self._buffer) >= self._max_pending // 2
+            ):
+                # Much more is waiting: go round again at once. A few steps that came in
+                # during the write wait for the next wake-up instead, so the writer does not
+                # chase the training thread with tiny transactions.
+                self._wake.set()
 
     def _window_over(self) -> bool:
         since = self._failing_since

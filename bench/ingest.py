@@ -1,0 +1,311 @@
+"""Metric ingest through `Store.log_metrics`, against raw driver `executemany` of the same rows.
+
+The workload: 4 runs x 5,000 steps x 20 metrics (400,000 points), one step's dict per
+`log_metrics` call, run after run, then `flush()`: the clock stops when every point is
+committed. The baseline gets the same step dicts and writes the same rows with the bare
+driver (`sqlite3`, or psycopg for PostgreSQL) in one `executemany` and one commit, into an
+equivalent table: the same columns and primary key (run_id, key, step), and on SQLite the
+engine settings `lab` uses (WAL, synchronous=NORMAL).
+
+A third arm, `raw_lab_schema`, runs the bare driver with lab's own statement (the upsert
+`Store` runs) into lab's own tables, foreign key to `runs` included: lab against it is
+the cost of lab's code alone, and it against `raw` the cost of lab's schema.
+
+Each round writes into fresh databases (on PostgreSQL, a scratch database emptied before
+every arm); the arms rotate their order every round and medians are compared. Every arm's
+row count is checked after its clock stops. CPU seconds of this process are reported too
+(they leave out PostgreSQL's server processes).
+
+Prints one JSON line (everything else goes to stderr).
+
+    python bench/ingest.py                     # SQLite, 5 rounds
+    python bench/ingest.py --quick             # a smoke run
+    python bench/ingest.py --postgres postgresql://user:pw@host/admin_db  # or set
+                                               # LAB_BENCH_POSTGRES_URL; adds PostgreSQL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    add_postgres_option,
+    alternate,
+    machine,
+    pg_reset,
+    pg_server_version,
+    scratch_database,
+)
+
+from lab.store import Store
+
+Steps = list[dict[str, float]]  # one dict of metrics per step
+
+
+def make_steps(runs: int, steps: int, keys: int, seed: int = 0) -> list[Steps]:
+    """Per run, one metric dict per step: what a training loop would hand `log_metrics`."""
+    rng = random.Random(seed)
+    names = [f"metric_{k:02d}" for k in range(keys)]
+    return [[{n: rng.random() for n in names} for _ in range(steps)] for _ in range(runs)]
+
+
+# -- lab -----------------------------------------------------------------------------------
+def make_runs(store: Store, runs: int) -> list[int]:
+    """An experiment with `runs` runs, through the public API; returns the run ids."""
+    exp = store.begin_experiment(f"ingest-{uuid.uuid4().hex[:8]}", config={}, seed=0, repeats=1)
+    group = store.add_group(exp, "g")
+    return [
+        store.start_run(exp, group, run_key=f"r{i}", arm_id=None, repeat=i, stage=0, seed=i,
+                        config={}, output_dir=None)
+        for i in range(runs)
+    ]  # fmt: skip
+
+
+def lab_round(url: str, data: list[Steps]) -> dict[str, float]:
+    """Open a store, create the runs, then time log_metrics for every step and the flush."""
+    store = Store(url)
+    try:
+        run_ids = make_runs(store, len(data))
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for run_id, steps in zip(run_ids, data, strict=True):
+            for step, metrics in enumerate(steps, 1):
+                store.log_metrics(run_id, step, metrics)
+        logged = time.perf_counter()
+        store.flush()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        with store.engine.connect() as conn:
+            count = conn.exec_driver_sql("SELECT count(*) FROM metrics").scalar_one()
+    finally:
+        store.close()
+    expected = sum(len(s) * len(s[0]) for s in data)
+    assert count == expected, f"lab wrote {count} rows, expected {expected}"
+    return {"s": seconds, "cpu_s": cpu, "log_calls_s": logged - t0}
+
+
+# -- raw sqlite3 ---------------------------------------------------------------------------
+SQLITE_TABLE = """
+CREATE TABLE metrics (
+    run_id INTEGER NOT NULL, "key" VARCHAR(255) NOT NULL, step BIGINT NOT NULL,
+    value DOUBLE, wall_time DOUBLE NOT NULL,
+    PRIMARY KEY (run_id, "key", step)
+)"""
+
+
+def rows_of(
+    data: list[Steps], run_ids: list[int] | None = None
+) -> Iterator[tuple[int, str, int, float, float]]:
+    """The rows of every step, stamped with the time they are read, as lab stamps a step."""
+    for run_id, steps in zip(run_ids or range(1, len(data) + 1), data, strict=True):
+        for step, metrics in enumerate(steps, 1):
+            now = time.time()
+            for key, value in metrics.items():
+                yield run_id, key, step, value, now
+
+
+def raw_sqlite_round(path: Path, data: list[Steps]) -> dict[str, float]:
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute(SQLITE_TABLE)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany(
+            'INSERT INTO metrics (run_id, "key", step, value, wall_time) VALUES (?, ?, ?, ?, ?)',
+            rows_of(data),
+        )
+        con.execute("COMMIT")
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        count = con.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    finally:
+        con.close()
+    expected = sum(len(s) * len(s[0]) for s in data)
+    assert count == expected, f"raw sqlite3 wrote {count} rows, expected {expected}"
+    return {"s": seconds, "cpu_s": cpu}
+
+
+# The statement lab's writer runs (`Store._metric_upsert`), for the third arm: the bare
+# driver writing into lab's own tables (foreign key to runs included), which tells the cost
+# of lab's schema and statement apart from the cost of lab's code.
+UPSERT = (
+    'INSERT INTO metrics (run_id, "key", step, value, wall_time) VALUES ({0}, {0}, {0}, {0}, {0}) '
+    'ON CONFLICT (run_id, "key", step) DO UPDATE '
+    "SET value = excluded.value, wall_time = excluded.wall_time"
+)
+
+
+def lab_schema_runs(url: str, runs: int) -> list[int]:
+    store = Store(url)
+    try:
+        return make_runs(store, runs)
+    finally:
+        store.close()
+
+
+def raw_sqlite_lab_schema_round(path: Path, data: list[Steps]) -> dict[str, float]:
+    run_ids = lab_schema_runs(f"sqlite:///{path}", len(data))
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+            con.execute(f"PRAGMA {pragma}")  # as lab.store.engine sets them
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany(UPSERT.format("?"), rows_of(data, run_ids))
+        con.execute("COMMIT")
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        count = con.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    finally:
+        con.close()
+    expected = sum(len(s) * len(s[0]) for s in data)
+    assert count == expected, f"raw sqlite3 wrote {count} rows, expected {expected}"
+    return {"s": seconds, "cpu_s": cpu}
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+PG_TABLE = """
+CREATE TABLE raw_metrics (
+    run_id INTEGER NOT NULL, "key" VARCHAR(255) NOT NULL, step BIGINT NOT NULL,
+    value DOUBLE PRECISION, wall_time DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, "key", step)
+)"""
+
+
+def raw_pg_round(libpq: str, data: list[Steps]) -> dict[str, float]:
+    import psycopg
+
+    with psycopg.connect(libpq) as con:
+        con.execute(PG_TABLE)
+        con.commit()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        with con.cursor() as cur:
+            cur.executemany(
+                'INSERT INTO raw_metrics (run_id, "key", step, value, wall_time) '
+                "VALUES (%s, %s, %s, %s, %s)",
+                rows_of(data),
+            )
+        con.commit()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        count = con.execute("SELECT count(*) FROM raw_metrics").fetchone()[0]  # type: ignore[index]
+    expected = sum(len(s) * len(s[0]) for s in data)
+    assert count == expected, f"raw psycopg wrote {count} rows, expected {expected}"
+    return {"s": seconds, "cpu_s": cpu}
+
+
+def raw_pg_lab_schema_round(url: str, libpq: str, data: list[Steps]) -> dict[str, float]:
+    import psycopg
+
+    run_ids = lab_schema_runs(url, len(data))
+    with psycopg.connect(libpq) as con:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        with con.cursor() as cur:
+            cur.executemany(UPSERT.format("%s"), rows_of(data, run_ids))
+        con.commit()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        count = con.execute("SELECT count(*) FROM metrics").fetchone()[0]  # type: ignore[index]
+    expected = sum(len(s) * len(s[0]) for s in data)
+    assert count == expected, f"raw psycopg wrote {count} rows, expected {expected}"
+    return {"s": seconds, "cpu_s": cpu}
+
+
+def summarize(points: int, results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    lab_s = statistics.median(r["s"] for r in results["lab"])
+    raw_s = statistics.median(r["s"] for r in results["raw"])
+    same_s = statistics.median(r["s"] for r in results["raw_lab_schema"])
+    lab_cpu = statistics.median(r["cpu_s"] for r in results["lab"])
+    raw_cpu = statistics.median(r["cpu_s"] for r in results["raw"])
+    paired = [raw["s"] / lab["s"] for lab, raw in zip(results["lab"], results["raw"], strict=True)]
+    return {
+        "lab_points_per_s": round(points / lab_s),
+        "raw_points_per_s": round(points / raw_s),
+        "ratio": round(raw_s / lab_s, 3),  # lab's rate as a fraction of raw's
+        "ratio_per_round": [round(r, 3) for r in paired],
+        "lab_s": [round(r["s"], 3) for r in results["lab"]],
+        "raw_s": [round(r["s"], 3) for r in results["raw"]],
+        # this process's CPU seconds (both threads): less sensitive to other processes
+        "lab_cpu_s_median": round(lab_cpu, 3),
+        "raw_cpu_s_median": round(raw_cpu, 3),
+        "cpu_ratio": round(raw_cpu / lab_cpu, 3),
+        "lab_log_calls_s_median": round(
+            statistics.median(r["log_calls_s"] for r in results["lab"]), 3
+        ),
+        # the bare driver running lab's own statement into lab's own tables (foreign key
+        # included): lab's rate against it is the cost of lab's code alone
+        "raw_lab_schema_points_per_s": round(points / same_s),
+        "ratio_vs_raw_lab_schema": round(same_s / lab_s, 3),
+        "raw_lab_schema_s": [round(r["s"], 3) for r in results["raw_lab_schema"]],
+        "target_ratio": 0.5,
+        "meets_target": raw_s / lab_s >= 0.5,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--keys", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="4 x 500 x 20, 3 rounds")
+    add_postgres_option(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds = 500, 3
+    data = make_steps(args.runs, args.steps, args.keys)
+    points = args.runs * args.steps * args.keys
+    out: dict[str, Any] = {
+        "bench": "ingest",
+        "runs": args.runs,
+        "steps": args.steps,
+        "keys": args.keys,
+        "points": points,
+        "rounds": args.rounds,
+    }
+    with tempfile.TemporaryDirectory(prefix="lab-bench-ingest-") as tmp:
+        folder = Path(tmp)
+        out["sqlite"] = summarize(
+            points,
+            alternate(
+                args.rounds,
+                {
+                    "lab": lambda i: lab_round(f"sqlite:///{folder / f'lab{i}.db'}", data),
+                    "raw": lambda i: raw_sqlite_round(folder / f"raw{i}.db", data),
+                    "raw_lab_schema": lambda i: raw_sqlite_lab_schema_round(
+                        folder / f"same{i}.db", data
+                    ),
+                },
+            ),
+        )
+    if args.postgres:
+        with scratch_database(args.postgres, "ingest") as (url, libpq):
+
+            def lab_pg(_i: int) -> dict[str, float]:
+                pg_reset(libpq, "raw_metrics")
+                return lab_round(url, data)
+
+            def raw_pg(_i: int) -> dict[str, float]:
+                pg_reset(libpq, "raw_metrics")
+                return raw_pg_round(libpq, data)
+
+            def raw_pg_lab_schema(_i: int) -> dict[str, float]:
+                pg_reset(libpq, "raw_metrics")
+                return raw_pg_lab_schema_round(url, libpq, data)
+
+            Store(url).close()  # migrate once, outside the rounds
+            arms = {"lab": lab_pg, "raw": raw_pg, "raw_lab_schema": raw_pg_lab_schema}
+            out["postgres"] = summarize(points, alternate(args.rounds, arms))
+            out["postgres"]["server"] = pg_server_version(libpq)
+    out["machine"] = machine()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
