@@ -57,12 +57,17 @@ def quickstart(
 
     url = resolve_url(store)
     result = run_demo(url, output_dir=output_dir, steps=steps)
-    typer.echo(str(result.summary("val/loss", "min", keys=("loss", "val/loss"))))
+    keys = ("loss", "val/loss", "holdout/acc")
+    typer.echo(str(result.summary("val/loss", "min", keys=keys)))
     shown = make_url(url).render_as_string(hide_password=True)
     typer.echo(f"\nRecorded in {shown}. Next: lab ls, lab show quickstart, or in Python:")
     typer.echo('  import lab.inspect; lab.inspect.connect("' + shown + '").sql(')
     typer.echo("      \"select arm, avg(value) from final_metrics where key = 'val/loss' "
                "group by arm\").df()")  # fmt: skip
+    query = "select * from predictions limit 5"
+    typer.echo("Per-example predictions of the holdout benchmark:")
+    typer.echo(f'  lab.inspect.connect("{shown}").sql("{query}").df()')
+    typer.echo("A walk-through of arms, curves and predictions: notebooks/quickstart.ipynb")
 
 
 @app.command("ls")
@@ -159,6 +164,21 @@ def show(
                 [(key, f["callback"], f["hook"], f["error"]) for key, f in failures],
             )
         )
+
+
+@app.command("export")
+@_clean_errors
+def export_experiment(
+    name: Annotated[str, typer.Argument(help="Experiment name")],
+    to: Annotated[str, typer.Option("--to", help="Folder for the Parquet files")],
+    store: StoreOption = None,
+) -> None:
+    """Write one experiment's rows as Parquet files, one per table, into a folder."""
+    from lab.export import export
+
+    counts = export(name, to, store=store)
+    typer.echo(render(("table", "rows"), list(counts.items())))
+    typer.echo(f'\nWrote {to}/<table>.parquet. Read it back: lab.inspect.connect("{to}")')
 
 
 @db_app.command("upgrade")

@@ -134,6 +134,8 @@ class LoopState:
     # True from on_step_end of a step that a scheduled checkpoint follows: a sink that
     # buffers flushes there, so every metric up to a committed checkpoint is durable.
     checkpoint_due: bool = False
+    # The in-loop eval being reported, while on_eval fires (its wall time, tags); else None.
+    current_eval: EvalResult | None = None
 
     def request_stop(self, reason: str = "requested by a callback") -> None:
         """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`."""

@@ -10,6 +10,8 @@ How the store is read: DuckDB's sqlite and postgres scanners ship as Python pack
 DuckDB 1.5.x (``duckdb-extension-sqlite-scanner``, ``duckdb-extension-postgres-scanner``),
 so the store is ATTACHed read-only and queried in place, with no download. If a scanner
 cannot be loaded, the tables are copied in through Arrow instead; the views are the same.
+A folder written by ``lab export`` (one Parquet file per table) is read the same way: the
+views are built over its files, so a notebook reads an export like the store it came from.
 
 >>> import lab.inspect
 >>> con = lab.inspect.connect("sqlite:///:memory:")          # doctest: +SKIP
@@ -20,6 +22,7 @@ cannot be loaded, the tables are copied in through Arrow instead; the views are 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +32,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from lab.errors import ConfigError
+from lab.errors import ConfigError, StoreError
 from lab.store.engine import make_engine, resolve_url
 from lab.store.schema import TABLES, Base
 from lab.store.store import Store
@@ -47,17 +50,30 @@ _SCANNERS = {
 }
 
 
-def connect(url: str | None = None, *, mode: Mode = "auto") -> duckdb.DuckDBPyConnection:
+def connect(
+    url: str | os.PathLike[str] | None = None, *, mode: Mode = "auto"
+) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per store table, read from `url`.
 
     `url` resolves like every store URL (argument, ``LAB_STORE_URL``, ``sqlite:///lab.db``);
     the store is opened once first, so an old schema is upgraded and a newer one refused.
     `mode` forces ATTACH in place (``"attach"``) or a copy through Arrow (``"arrow"``);
     ``"auto"`` attaches when the scanner loads and falls back to Arrow otherwise.
+
+    `url` may instead be a folder written by ``lab export`` (or `lab.export.export`): the
+    views then read its Parquet files in place (`lab_source.mode` is ``'parquet'``), so an
+    experiment shared as a folder is queried with the same SQL as the store itself.
     """
     if mode not in ("auto", "attach", "arrow"):
         raise ConfigError(f"mode={mode!r}: use 'auto', 'attach' or 'arrow'")
-    store = Store(resolve_url(url))
+    if url is not None and _is_folder(url):
+        if mode != "auto":
+            raise ConfigError(
+                f"mode={mode!r} applies to a store URL; {os.fspath(url)} is an export folder, "
+                "read in place: leave mode out"
+            )
+        return _connect_parquet(Path(url))
+    store = Store(resolve_url(os.fspath(url) if url is not None else None))
     try:
         con = duckdb.connect()
         used = None
@@ -82,6 +98,36 @@ def connect(url: str | None = None, *, mode: Mode = "auto") -> duckdb.DuckDBPyCo
         return con
     finally:
         store.close()
+
+
+def _is_folder(url: str | os.PathLike[str]) -> bool:
+    """Whether `url` names a folder (an export) rather than a store URL."""
+    text = os.fspath(url)
+    return "://" not in text and Path(text).expanduser().is_dir()
+
+
+def _connect_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
+    """The views of `connect`, over the Parquet files of an export folder.
+
+    An export holds what the views showed (NaN already restored, JSON typed), so the views
+    are built over the files as over a PostgreSQL store: with nothing to map back.
+    """
+    folder = folder.expanduser().resolve()
+    missing = [name for name in TABLES if not (folder / f"{name}.parquet").is_file()]
+    if missing:
+        files = ", ".join(f"{name}.parquet" for name in missing)
+        raise StoreError(
+            f"{folder} is not a lab export: it lacks {files}; "
+            f"write one with: lab export NAME --to {folder}"
+        )
+    con = duckdb.connect()
+    con.execute("CREATE SCHEMA store")
+    for name in TABLES:
+        path = _quote(str(folder / f"{name}.parquet"))
+        con.execute(f"CREATE VIEW store.\"{name}\" AS SELECT * FROM read_parquet('{path}')")
+    _create_views(con, nan_is_null=False)
+    con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", [str(folder), "parquet"])
+    return con
 
 
 def _load_scanner(con: duckdb.DuckDBPyConnection, backend: str) -> None:
@@ -249,3 +295,15 @@ def _run_id(con: duckdb.DuckDBPyConnection, run_key: str, experiment: str | None
         "WHERE ? IS NULL OR e.name = ? ORDER BY 1 LIMIT 20", [experiment, experiment],
     ).fetchall()]  # fmt: skip
     raise ConfigError(f"no run {run_key!r}{where}; runs: {', '.join(known) or 'none'}")
+
+
+# The analysis functions live in lab.analysis (which does not import this module); they are
+# re-exported here so that one import gives the connection and what to ask it.
+from lab.analysis import breakdown as breakdown  # noqa: E402
+from lab.analysis import compare as compare  # noqa: E402
+from lab.analysis import curves as curves  # noqa: E402
+from lab.analysis import disagreements as disagreements  # noqa: E402
+from lab.analysis import plot_curves as plot_curves  # noqa: E402
+from lab.analysis import plot_summary as plot_summary  # noqa: E402
+from lab.analysis import predictions as predictions  # noqa: E402
+from lab.analysis import summary as summary  # noqa: E402

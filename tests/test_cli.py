@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import lab.inspect
 from lab.store import Store
 from lab.store.migrations import head_revision
 
@@ -37,6 +38,13 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "best arm by val/loss (min)" in out.stdout
     assert "sgd-lr0.01" in out.stdout and "sgd-lr0.1" in out.stdout
     assert "lab.inspect" in out.stdout
+    # it ends with where to go next: the predictions query and the notebook
+    tail = out.stdout.strip().splitlines()[-3:]
+    assert tail == [
+        "Per-example predictions of the holdout benchmark:",
+        f'  lab.inspect.connect("sqlite:///{db}").sql("select * from predictions limit 5").df()',
+        "A walk-through of arms, curves and predictions: notebooks/quickstart.ipynb",
+    ]
     return db
 
 
@@ -48,6 +56,28 @@ def test_quickstart_records_two_arms_times_three_repeats(demo_db: Path) -> None:
     ]
     # 60 steps x 4 step metrics x 6 runs, plus val/loss at step 50 of each run
     assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6 + 6,)
+
+
+def test_quickstart_records_a_benchmark_with_breakdowns_and_predictions(demo_db: Path) -> None:
+    con = lab.inspect.connect(f"sqlite:///{demo_db}")
+    evals = con.sql("select name, step, count(*) from evals group by all order by all")
+    assert evals.fetchall() == [("holdout", None, 6), ("val", 50, 6)]  # after training: NULL
+    (slices,) = con.sql(
+        "select distinct json_keys(breakdowns) from evals where name = 'holdout'"
+    ).fetchone()
+    assert sorted(slices) == ["large", "small"]
+    assert con.sql("select count(*) from evals where seconds > 0").fetchone() == (12,)
+    # 64 fixed examples per run, each scored 0 or 1, with its slice in the extras
+    assert con.sql("select count(*), count(distinct example_id) from predictions").fetchone() == (
+        6 * 64,
+        64,
+    )
+    scores = con.sql("select distinct score from predictions order by 1").fetchall()
+    assert scores == [(0.0,), (1.0,)]
+    per_slice = con.sql(
+        "select extras->>'slice', count(*) from predictions group by 1 order by 1"
+    ).fetchall()
+    assert per_slice == [("large", 6 * 32), ("small", 6 * 32)]
 
 
 def test_ls_lists_experiments_with_counts(demo_db: Path) -> None:
@@ -108,6 +138,33 @@ def test_show_unknown_experiment_is_one_line(demo_db: Path) -> None:
     assert out.stderr.strip() == "error: no experiment named 'nope' in the store; known: quickstart"
 
 
+def test_export_writes_one_parquet_file_per_table(demo_db: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    out = lab_cli("export", "quickstart", "--to", str(folder), "--store", f"sqlite:///{demo_db}")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["table", "rows"]
+    counts = {line.split()[0]: int(line.split()[1]) for line in lines[1:10]}
+    assert counts == {
+        "experiments": 1, "arms": 2, "groups": 2, "runs": 6, "metrics": 60 * 4 * 6 + 6,
+        "summaries": 6 * 5, "evals": 12, "predictions": 6 * 64, "checkpoints": 0,
+    }  # fmt: skip
+    assert (
+        lines[-1]
+        == f'Wrote {folder}/<table>.parquet. Read it back: lab.inspect.connect("{folder}")'
+    )
+    con = lab.inspect.connect(folder)
+    assert con.sql("select count(*) from predictions").fetchone() == (6 * 64,)
+
+
+def test_export_of_an_unknown_experiment_is_one_line(demo_db: Path, tmp_path: Path) -> None:
+    out = lab_cli("export", "nope", "--to", str(tmp_path / "x"), "--store", f"sqlite:///{demo_db}")
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr == "error: no experiment named 'nope' in the store; known: quickstart\n"
+    assert not (tmp_path / "x").exists()
+
+
 def test_db_current_and_upgrade(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     head = head_revision()
@@ -158,7 +215,7 @@ def test_console_script_is_installed() -> None:
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ")}
-    assert {"quickstart", "ls", "show", "db"} <= listed, out.stdout
+    assert {"quickstart", "ls", "show", "export", "db"} <= listed, out.stdout
 
 
 def test_show_lists_callback_errors_recorded_on_runs(tmp_path: Path) -> None:

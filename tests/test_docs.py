@@ -29,16 +29,29 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
     assert "lr-sweep" in out and "bench-demo" in out
 
 
-@pytest.mark.parametrize("page", ["store.md"])
-def test_docs_python_examples_run_in_order(page: str, capsys: pytest.CaptureFixture[str]) -> None:
-    namespace: dict[str, object] = {"__name__": "docs"}
-    for block in _blocks("python", README.parent / "docs" / page):
-        exec(compile(block, page, "exec"), namespace)
-    out = capsys.readouterr().out
+def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert "metric 'acc' at step 2 is a str ('high')" in out
     assert "keys hold at most 255" in out
     table = out.splitlines()[-4:]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
+
+
+def _check_analysis_page(out: str, namespace: dict[str, object]) -> None:
+    assert "best arm by test/acc (max): fast, ahead by" in out
+    assert "['acc.png', 'loss.png']" in out
+    assert not namespace["folder"].exists()  # type: ignore[attr-defined]  # cleaned up
+
+
+PAGES = {"store.md": _check_store_page, "analysis.md": _check_analysis_page}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_docs_python_examples_run_in_order(page: str, capsys: pytest.CaptureFixture[str]) -> None:
+    namespace: dict[str, object] = {"__name__": "docs"}
+    for block in _blocks("python", README.parent / "docs" / page):
+        exec(compile(block, page, "exec"), namespace)
+    PAGES[page](capsys.readouterr().out, namespace)
 
 
 def test_every_public_name_is_in_the_readme() -> None:

@@ -6,8 +6,10 @@
 | on_group_start      | the group                                               |
 | on_run_start        | the run: config, seed, arm, repeat, status `running`    |
 | on_step_end         | metrics, through the buffered writer                    |
-| on_eval             | an eval row, and its metrics as `<eval>/<key>` metrics  |
-| on_benchmark_eval   | an eval row and its predictions                         |
+| on_eval             | its metrics as `<eval>/<key>` metrics, and an eval row  |
+|                     | (with its wall time) unless on_benchmark_eval follows   |
+| on_benchmark_eval   | an eval row and its predictions (an eval re-run at the  |
+|                     | same step replaces both)                                |
 | on_checkpoint       | a checkpoint row (after flushing metrics)               |
 | on_run_end          | final status, error, final metrics, callback failures   |
 | on_experiment_end   | the experiment's status                                 |
@@ -213,7 +215,12 @@ class SqlLogger(Callback):
         # Eval metrics join the step metrics as "<eval>/<key>", so curves can plot them.
         store.log_metrics(run_id, step_idx, {f"{eval_name}/{k}": v for k, v in metrics.items()})
         store.flush()
-        store.write_eval(run_id, EvalResult(eval_name, metrics, step=step_idx))
+        result = state.current_eval  # the loop's whole result: its wall time and tags
+        if result is None or result.name != eval_name or result.step != step_idx:
+            result = EvalResult(eval_name, metrics, step=step_idx)  # fired by hand: no timing
+        elif result.benchmark:
+            return  # on_benchmark_eval follows with the predictions, and writes the row once
+        store.write_eval(run_id, result)
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
         store = self.open()

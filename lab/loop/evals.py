@@ -1,4 +1,12 @@
-"""Evaluators: named evaluations that run inside the loop or after training."""
+"""Evaluators: named evaluations that run inside the loop or after training.
+
+An evaluator scores the model and returns a dict of metrics, or an `EvalResult` that also
+carries per-slice breakdowns, tags and per-example predictions (a benchmark). Inside the
+loop `on_eval` fires for every eval that succeeded, and `on_benchmark_eval` too when the
+result carries more than metrics; after training (``Experiment(benchmarks=[...])``) only
+`on_benchmark_eval` fires, with ``step=None``. An evaluator that raises becomes an
+`EvalResult` whose `error` says why, reported through `on_benchmark_eval`; training goes on.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +25,11 @@ from lab.errors import ConfigError
 class EvalResult:
     """One scored evaluation: metrics, per-slice breakdowns, tags, and its predictions.
 
-    `predictions` holds one dict per example (keys such as ``example_id``, ``input``,
-    ``output``, ``target``, ``score``; any other key goes to the row's extras).
+    `breakdowns` holds metrics per slice of the data (``{"large": {"acc": 0.5}}``), so a
+    reader sees where a model fails, not only how often. `predictions` holds one dict per
+    example (keys ``example_id``, ``input``, ``output``, ``target``, ``score``; any other
+    key goes to the row's extras). `step` is the optimizer step it scored (None: after
+    training), `seconds` its wall time, and `error` the reason it failed, if it did.
     """
 
     name: str
@@ -30,6 +41,12 @@ class EvalResult:
     predictions: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
+    @property
+    def benchmark(self) -> bool:
+        """Whether it carries more than metrics (breakdowns, tags or predictions): the loop
+        then fires `on_benchmark_eval` with it, after `on_eval`, so sinks get the payload."""
+        return bool(self.predictions or self.breakdowns or self.tags)
+
 
 EvalFn = Callable[[torch.nn.Module], "dict[str, float] | EvalResult"]
 
@@ -39,7 +56,9 @@ class Evaluator:
 
     `fn` returns a dict of metrics, or an `EvalResult` when it also has breakdowns or
     per-example predictions (a benchmark). Choose when with `every` (each N steps),
-    `at_steps` (fixed steps), `at_start` (before the first step, as step 0) and `at_end`.
+    `at_steps` (fixed steps), `at_start` (before the first step, as step 0; so does
+    ``0 in at_steps``) and `at_end`. Passed to ``Experiment(benchmarks=[...])`` it runs once
+    per run, after training, and the `when` arguments are not used.
 
     >>> Evaluator("val", lambda model: {"loss": 0.5}, every=50).due(100, num_steps=200)
     True
@@ -57,23 +76,33 @@ class Evaluator:
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("Evaluator needs a non-empty name, e.g. Evaluator('val', fn)")
-        if every is not None and every < 1:
+        if not callable(fn):
+            raise ConfigError(f"Evaluator {name!r}: fn must be a function fn(model) -> dict")
+        if every is not None and (isinstance(every, bool) or every < 1):
             raise ConfigError(f"Evaluator {name!r}: every={every} must be >= 1 or None")
         self.name = name
         self.fn = fn
         self.every = every
         self.at_steps = frozenset(int(s) for s in at_steps)
-        self.at_start = at_start
+        if any(s < 0 for s in self.at_steps):
+            raise ConfigError(f"Evaluator {name!r}: at_steps must be steps >= 0")
+        self.at_start = at_start or 0 in self.at_steps
         self.at_end = at_end
 
     def due(self, step: int, *, num_steps: int) -> bool:
-        """Whether this evaluator runs after step `step`."""
+        """Whether this evaluator runs after step `step` (1..num_steps; step 0 is
+        `at_start`, which the loop checks before the first step)."""
         if self.every is not None and step % self.every == 0:
             return True
         return step in self.at_steps or (self.at_end and step == num_steps)
 
     def run(self, model: torch.nn.Module, step: int | None) -> EvalResult:
-        """Score `model` now, restoring its train/eval mode afterwards."""
+        """Score `model` now, restoring its train/eval mode afterwards.
+
+        Returns the result with `step` and `seconds` (the wall time of `fn`) filled in, its
+        metrics as floats; raises what `fn` raised, or a `TypeError` for a result that the
+        store could not hold, so the caller records a failed eval instead of a bad row.
+        """
         was_training = model.training
         model.eval()
         start = time.perf_counter()
@@ -87,19 +116,72 @@ class Evaluator:
             out.name = out.name or self.name
             out.step = step
             out.seconds = out.seconds or seconds
+            out.metrics = _floats(out.metrics, self.name, "metrics")
+            out.breakdowns = _breakdowns(out.breakdowns, self.name)
+            out.predictions = _predictions(out.predictions, self.name)
             return out
         if not isinstance(out, dict):
             raise TypeError(
                 f"evaluator {self.name!r} returned {type(out).__name__}; "
                 "return a dict of metrics or an EvalResult"
             )
-        return EvalResult(self.name, _floats(out), step=step, seconds=seconds)
+        return EvalResult(self.name, _floats(out, self.name, "metrics"), step=step, seconds=seconds)
 
 
-def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+def _floats(metrics: Any, name: str, what: str) -> dict[str, float]:
+    """Metrics as `{str: float}`; tensors become numbers, None becomes NaN."""
+    if not isinstance(metrics, dict):
+        raise TypeError(
+            f"evaluator {name!r}: {what} is a {type(metrics).__name__}; give a dict of numbers"
+        )
     out = {}
     for key, value in metrics.items():
         if isinstance(value, torch.Tensor):
             value = value.item()
-        out[str(key)] = float(value) if value is not None else math.nan
+        try:
+            out[str(key)] = float(value) if value is not None else math.nan
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"evaluator {name!r}: {what}[{key!r}] is {value!r} "
+                f"({type(value).__name__}); give a number"
+            ) from None
     return out
+
+
+def _breakdowns(breakdowns: Any, name: str) -> dict[str, dict[str, float]]:
+    """Breakdowns as `{slice: {metric: float}}`."""
+    if not isinstance(breakdowns, dict):
+        raise TypeError(
+            f"evaluator {name!r}: breakdowns is a {type(breakdowns).__name__}; "
+            "give {slice: {metric: value}}"
+        )
+    return {str(s): _floats(m, name, f"breakdowns[{s!r}]") for s, m in breakdowns.items()}
+
+
+def _predictions(predictions: Any, name: str) -> list[dict[str, Any]]:
+    """Predictions checked before they reach a sink: dicts whose score is a number or None.
+
+    A score that is not a number would fail the store's insert, and with it the run; here
+    it fails the eval alone. Tensor scores become floats.
+    """
+    if not isinstance(predictions, list):
+        predictions = list(predictions)
+    for i, pred in enumerate(predictions):
+        if not isinstance(pred, dict):
+            raise TypeError(
+                f"evaluator {name!r}: prediction {i} is a {type(pred).__name__}; give a dict "
+                "with example_id, input, output, target, score (others go to extras)"
+            )
+        score = pred.get("score")
+        if score is None or isinstance(score, float):
+            continue
+        if isinstance(score, torch.Tensor) and score.numel() == 1:
+            pred["score"] = score.item()
+        elif isinstance(score, (int, bool)) or hasattr(score, "__float__"):
+            pred["score"] = float(score)
+        else:
+            raise TypeError(
+                f"evaluator {name!r}: prediction {i} has score {score!r} "
+                f"({type(score).__name__}); give a number or None"
+            )
+    return predictions

@@ -355,6 +355,11 @@ class TrainingLoop:
     def _evaluate(
         self, evaluator: Evaluator, state: LoopState, hooks: Dispatcher, step_idx: int
     ) -> EvalResult:
+        """Run one evaluator and fire its hooks; one that raises becomes a failed eval (its
+        error and how long it ran), reported through `on_benchmark_eval`, and training goes
+        on. While `on_eval` fires, `state.current_eval` is the whole result, so a sink can
+        record its wall time and tags."""
+        started = time.perf_counter()
         try:
             result = evaluator.run(state.model, step_idx)
         except Exception as exc:
@@ -362,12 +367,20 @@ class TrainingLoop:
                 "evaluator %r failed at step %d; training goes on", evaluator.name, step_idx
             )
             result = EvalResult(
-                evaluator.name, {}, step=step_idx, error=f"{type(exc).__name__}: {exc}"
+                evaluator.name,
+                {},
+                step=step_idx,
+                seconds=time.perf_counter() - started,
+                error=f"{type(exc).__name__}: {exc}",
             )
             hooks.fire("on_benchmark_eval", state.ctx, result, [], step=step_idx)
             return result
-        hooks.fire("on_eval", state, step_idx, result.name, result.metrics)
-        if result.predictions or result.breakdowns or result.tags:
+        state.current_eval = result
+        try:
+            hooks.fire("on_eval", state, step_idx, result.name, result.metrics)
+        finally:
+            state.current_eval = None
+        if result.benchmark:
             hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step_idx)
         return result
 

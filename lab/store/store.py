@@ -55,9 +55,15 @@ def _now() -> datetime:
 
 
 def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return dumps_json(value)
+    """A prediction's text field: a string as it is, anything else as its JSON text.
+
+    PostgreSQL text cannot hold NUL, and an insert that holds one fails the whole eval (and,
+    through the SQL logger, the run); so NUL becomes U+FFFD, on both backends alike.
+    """
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else dumps_json(value)
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
 class Store:
@@ -417,7 +423,13 @@ class Store:
     def write_eval(
         self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
     ) -> int:
-        """Record an eval and its predictions, replacing an earlier one at the same step."""
+        """Record an eval and its predictions, replacing an earlier one at the same step.
+
+        An eval is keyed by (run, name, step), step None meaning after training: writing one
+        again (a re-run, a resumed run scoring the same step) deletes the earlier row and,
+        by cascade, its predictions, in the same transaction, so readers never see both.
+        The predictions go in as one batched insert, `idx` in list order.
+        """
         same = sa.and_(
             SqlEval.run_id == run_id,
             SqlEval.name == result.name,
@@ -683,19 +695,28 @@ _PREDICTION_INSERT = (
 
 
 def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:
-    """One prediction as the driver's parameters: the known fields, the rest as JSON."""
+    """One prediction as the driver's parameters: the known fields, the rest as JSON.
+
+    A NaN score is stored as NULL (no score) on both backends. SQLite cannot keep a NaN
+    apart from NULL, and a score column that held NaN on PostgreSQL only would make the
+    same eval average to NaN there and to a number on SQLite. ±inf is kept.
+    """
     get = pred.get
     extras = {k: v for k, v in pred.items() if k not in _PREDICTION_FIELDS}
     example_id = get("example_id")
     score = get("score")
+    if score is not None:
+        score = float(score)
+        if score != score:  # NaN
+            score = None
     return (
         eval_id,
         idx,
-        None if example_id is None else str(example_id),
+        None if example_id is None else _text(str(example_id)),
         _text(get("input")),
         _text(get("output")),
         _text(get("target")),
-        None if score is None else float(score),
+        score,
         dumps_json(extras) if extras else None,
     )
 

@@ -1,0 +1,689 @@
+"""Which arm wins, by how much, and where: statistics over `lab.inspect.connect()`'s views.
+
+Each function takes the DuckDB connection from `lab.inspect.connect()` and returns a DuckDB
+relation (``.df()`` for pandas, ``.fetchall()`` for tuples, or more SQL on top of it),
+computed by DuckDB over the views. They are re-exported from `lab.inspect`:
+
+>>> import lab.inspect                                                    # doctest: +SKIP
+>>> con = lab.inspect.connect("sqlite:///lab.db")                         # doctest: +SKIP
+>>> lab.inspect.summary(con, "lr-sweep", "val/loss").df()                 # doctest: +SKIP
+
+Which runs count, in every function:
+
+- Only runs whose status is ``completed`` or ``stopped``. Failed, crashed and still-running
+  runs are left out (the views keep them, for anything else you want to ask).
+- In an arm with stages (a chain per repeat), only the runs of the arm's last stage, the end
+  of each chain; ``stage=k`` picks stage k instead. An arm without stages has stage 0 only.
+- A metric, or an eval, that some of those runs lack is an error that names them: a mean
+  over the runs that happen to have it would compare different sets of repeats.
+
+Final values come from the `summaries` table (one row per run and key, kept current by
+every flush), so `summary` and `compare` cost the same at any store size. `curves` reads the
+points themselves. Arms come in the experiment's order (the order they were added).
+Confidence intervals are Student-t 95% intervals across repeats: mean ± t(0.975, n-1)·std/√n
+with the sample std; with one repeat the std and both bounds are NULL (NaN in pandas).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import duckdb
+
+from lab._stats import t_ppf
+from lab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+CONFIDENCE = 0.95
+COUNTED_STATUSES = ("completed", "stopped")
+_LISTED = 20  # names shown in an error message before "and N more"
+
+
+# -- scope: the experiment, the runs that count, and checks ---------------------------------
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """An experiment and the SQL (a CTE named `counted`) of the runs that count in it."""
+
+    con: duckdb.DuckDBPyConnection
+    experiment: str
+    experiment_id: int
+    counted: str  # "counted AS (...)": run_id, run_key, repeat, seed, stage, arm_id, arm
+
+    def rows(self, sql: str) -> list[tuple]:
+        return self.con.sql(f"WITH {self.counted} {sql}").fetchall()
+
+
+# Every CTE here is MATERIALIZED. DuckDB 1.5 inlines a CTE that is read more than once by
+# copying its plan, and the sqlite scanner's scan cannot be copied: printing such a relation
+# (its repr, as a notebook shows it) fails with "INTERNAL Error: Attempted to access index 0
+# within vector of size 0". A materialized CTE is computed once and never copied.
+
+
+def _lit(value: str | None) -> str:
+    """A SQL string literal."""
+    return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
+
+
+def _listing(names: list[str]) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:_LISTED])
+    return shown if len(names) <= _LISTED else f"{shown} and {len(names) - _LISTED} more"
+
+
+def _scope(con: duckdb.DuckDBPyConnection, experiment: str, stage: int | None) -> _Scope:
+    found = con.execute(
+        "SELECT experiment_id FROM experiments WHERE name = ?", [experiment]
+    ).fetchone()
+    if found is None:
+        known = [n for (n,) in con.sql("SELECT name FROM experiments ORDER BY name").fetchall()]
+        raise ConfigError(
+            f"no experiment named {experiment!r} in the store; known: {_listing(known)}"
+        )
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+        raise ConfigError(f"stage={stage!r}: give a stage number (0 is the first) or None")
+    eid = int(found[0])
+    statuses = ", ".join(_lit(s) for s in COUNTED_STATUSES)
+    last_stage = (
+        str(stage)
+        if stage is not None
+        else f"(SELECT max(r2.stage) FROM runs r2 WHERE r2.experiment_id = {eid} "
+        "AND r2.arm_id IS NOT DISTINCT FROM r.arm_id)"
+    )
+    counted = f"""counted AS MATERIALIZED (
+        SELECT r.run_id, r.run_key, r.repeat, r.seed, r.stage, r.arm_id, a.name AS arm
+        FROM runs r LEFT JOIN arms a ON a.arm_id = r.arm_id
+        WHERE r.experiment_id = {eid} AND r.status IN ({statuses}) AND r.stage = {last_stage}
+    )"""
+    scope = _Scope(con, experiment, eid, counted)
+    if not scope.rows("SELECT 1 FROM counted LIMIT 1"):
+        which = "" if stage is None else f" at stage {stage}"
+        raise ConfigError(
+            f"experiment {experiment!r} has no completed or stopped runs{which} to analyse; "
+            f"`lab show {experiment}` lists its runs and their statuses"
+        )
+    return scope
+
+
+def _check_arms(scope: _Scope, *arms: str) -> None:
+    known = [n for (n,) in scope.con.execute(
+        "SELECT name FROM arms WHERE experiment_id = ? ORDER BY arm_id", [scope.experiment_id]
+    ).fetchall()]  # fmt: skip
+    for arm in arms:
+        if arm not in known:
+            raise ConfigError(
+                f"experiment {scope.experiment!r} has no arm {arm!r}; arms: {_listing(known)}"
+            )
+    present = {a for (a,) in scope.rows("SELECT DISTINCT arm FROM counted")}
+    for arm in arms:
+        if arm not in present:
+            raise ConfigError(
+                f"arm {arm!r} of experiment {scope.experiment!r} has no completed or stopped "
+                f"runs to compare; `lab show {scope.experiment}` lists its runs"
+            )
+
+
+def _arm_filter(arms: tuple[str, ...]) -> str:
+    return "TRUE" if not arms else f"c.arm IN ({', '.join(_lit(a) for a in arms)})"
+
+
+def _check_metric(scope: _Scope, key: str, arms: tuple[str, ...] = ()) -> None:
+    """`key` is a metric of every counted run (of `arms`, when given)."""
+    rows = scope.rows(
+        f"""SELECT c.run_key, s.run_id IS NOT NULL FROM counted c
+            LEFT JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(key)}
+            WHERE {_arm_filter(arms)} ORDER BY c.arm_id NULLS LAST, c.repeat"""
+    )
+    lacking = [run_key for run_key, has in rows if not has]
+    if len(lacking) == len(rows):
+        known = [k for (k,) in scope.rows(
+            "SELECT DISTINCT s.key FROM summaries s JOIN counted c USING (run_id) ORDER BY 1"
+        )]  # fmt: skip
+        raise ConfigError(
+            f"experiment {scope.experiment!r} has no metric {key!r}; known: {_listing(known)}"
+        )
+    if lacking:
+        raise ConfigError(
+            f"metric {key!r} is missing from {len(lacking)} of {len(rows)} runs of experiment "
+            f"{scope.experiment!r}: {_listing(lacking)}; analyse a metric every run logged, or "
+            "choose the runs yourself in SQL over the final_metrics view"
+        )
+
+
+def _check_eval(scope: _Scope, name: str, arms: tuple[str, ...] = (), *, every: bool) -> None:
+    """`name` is an eval of the counted runs (with `every`: a successful one in each)."""
+    rows = scope.rows(
+        f"""SELECT c.run_key, count(ev.eval_id) FILTER (WHERE ev.error IS NULL) > 0,
+                   count(ev.eval_id) > 0
+            FROM counted c LEFT JOIN evals ev ON ev.run_id = c.run_id AND ev.name = {_lit(name)}
+            WHERE {_arm_filter(arms)} GROUP BY c.run_key, c.arm_id, c.repeat
+            ORDER BY c.arm_id NULLS LAST, c.repeat"""
+    )
+    if not any(has_any for _, _, has_any in rows):
+        known = [n for (n,) in scope.rows(
+            "SELECT DISTINCT ev.name FROM evals ev JOIN counted c USING (run_id) ORDER BY 1"
+        )]  # fmt: skip
+        raise ConfigError(
+            f"experiment {scope.experiment!r} has no eval {name!r}; known: {_listing(known)}"
+        )
+    lacking = [run_key for run_key, ok, _ in rows if not ok]
+    if every and lacking:
+        raise ConfigError(
+            f"eval {name!r} is missing (or failed) in {len(lacking)} of {len(rows)} runs of "
+            f"experiment {scope.experiment!r}: {_listing(lacking)}; query the evals and "
+            "predictions views to choose the runs yourself"
+        )
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
+
+
+# -- t quantiles ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _t(df: float) -> float:
+    return t_ppf(0.5 + CONFIDENCE / 2.0, df)
+
+
+def _tq(max_df: int) -> str:
+    """A CTE `tq(df, q)`: the t quantile of the CI for each df from 1 to `max_df`.
+
+    DuckDB has no t distribution, so the quantiles are computed here once per df and
+    joined in (the data never leaves DuckDB)."""
+    dfs = list(range(1, max(max_df, 0) + 1))
+    qs = ", ".join(f"{_t(df)!r}::DOUBLE" for df in dfs)
+    return (
+        f"tq AS MATERIALIZED (SELECT unnest(range(1, {len(dfs) + 1})) AS df, "
+        f"unnest([{qs}]::DOUBLE[]) AS q)"
+    )
+
+
+def _ci(n: str = "n", mean: str = "mean", std: str = "std") -> str:
+    """ci_low and ci_high from n, mean, std and the joined quantile `tq.q`."""
+    half = f"CASE WHEN {n} >= 2 THEN tq.q * {std} / sqrt({n}) END"
+    return f"{mean} - {half} AS ci_low, {mean} + {half} AS ci_high"
+
+
+def _spread(source: str, groups: str) -> str:
+    """``SELECT groups, n, mean, std FROM source GROUP BY groups`` over its `value` column.
+
+    The std is computed in two passes (the mean by a window first) rather than by
+    ``stddev_samp``, which raises "out of range" on a NaN or an infinity: here a NaN or an
+    infinite value makes the std NaN, as a diverged run should. n counts non-NULL values;
+    with fewer than two the std is NULL."""
+    return f"""SELECT {groups}, count(value) AS n, avg(value) AS mean,
+               CASE WHEN count(value) >= 2
+                    THEN sqrt(sum((value - center) ^ 2) / (count(value) - 1)) END AS std
+        FROM (SELECT *, avg(value) OVER (PARTITION BY {groups}) AS center FROM {source})
+        GROUP BY {groups}"""
+
+
+def _max_per_arm(scope: _Scope) -> int:
+    sql = "SELECT max(k) FROM (SELECT count(*) AS k FROM counted GROUP BY arm_id)"
+    (most,) = scope.rows(sql)[0]
+    return int(most or 0)
+
+
+# -- final values -----------------------------------------------------------------------------
+
+
+def summary(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    metric: str,
+    mode: Literal["min", "max"] = "min",
+    *,
+    stage: int | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """Per arm, the final `metric` across repeats, ranked, so you can say which arm wins.
+
+    Columns: arm, n, mean, std (sample), ci_low, ci_high (95% t interval), rank (1 is best
+    by `mode`: ``"min"`` when lower is better), is_best, and margin: on the best arm's row,
+    how far it is ahead of the runner-up (NULL on the other rows, and with one arm). Rows
+    come in the experiment's arm order; an arm with no run that counts has n = 0 and no
+    rank, and so does an arm whose mean is NaN. Ties rank in arm order. Only completed and
+    stopped runs count.
+
+    The same numbers as `ExperimentResult.summary`, read back from the store:
+
+    >>> lab.inspect.summary(con, "lr-sweep", "val/loss").df()             # doctest: +SKIP
+    >>> lab.inspect.summary(con, "lr-sweep", "val/loss").order("rank")    # doctest: +SKIP
+    """
+    _check_mode(mode)
+    scope = _scope(con, experiment, stage)
+    _check_metric(scope, metric)
+    order = "ASC" if mode == "min" else "DESC"
+    sql = f"""
+        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)},
+        arm_list AS MATERIALIZED (
+            SELECT arm_id, name AS arm FROM arms WHERE experiment_id = {scope.experiment_id}
+            UNION ALL SELECT DISTINCT NULL, NULL FROM counted WHERE arm_id IS NULL
+        ),
+        v AS MATERIALIZED (
+            SELECT c.arm_id, s.last_value AS value FROM counted c
+            JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(metric)}
+        ),
+        per_arm AS MATERIALIZED (
+            SELECT l.arm_id, l.arm, v.value
+            FROM arm_list l LEFT JOIN v ON v.arm_id IS NOT DISTINCT FROM l.arm_id
+        ),
+        agg AS MATERIALIZED ({_spread("per_arm", "arm_id, arm")}),
+        ranked AS MATERIALIZED (
+            SELECT *, CASE WHEN mean IS NOT NULL AND NOT isnan(mean) THEN row_number() OVER (
+                       ORDER BY (mean IS NULL OR isnan(mean)), mean {order}, arm_id NULLS LAST)
+                   END AS rank
+            FROM agg
+        )
+        SELECT r.arm, r.n, r.mean, r.std, {_ci("r.n", "r.mean", "r.std")}, r.rank,
+               coalesce(r.rank = 1, FALSE) AS is_best,
+               CASE WHEN r.rank = 1 THEN abs(r.mean - (SELECT mean FROM ranked WHERE rank = 2))
+               END AS margin
+        FROM ranked r LEFT JOIN tq ON tq.df = r.n - 1
+        ORDER BY r.arm_id NULLS LAST
+    """
+    return con.sql(sql)
+
+
+def compare(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    arm_a: str,
+    arm_b: str,
+    metric: str,
+    *,
+    stage: int | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """The difference a - b of two arms' final `metric`, with a 95% CI, to tell a real gap
+    from seed noise.
+
+    When both arms ran the same seeds (repeat i of every arm gets seed + i), the runs are
+    paired by seed and the CI is the t interval of the per-seed differences: the seed's
+    share of the noise cancels, so the interval is usually much narrower. Otherwise (a
+    repeat missing from one arm, say) it is Welch's unpaired interval over all runs. One row:
+    metric, arm_a, arm_b, n (pairs when paired, else n_a + n_b), n_a, n_b, mean_a, mean_b,
+    diff (mean_a - mean_b), df (degrees of freedom), ci_low, ci_high, paired.
+
+    >>> lab.inspect.compare(con, "lr-sweep", "large", "small", "val/loss").df()  # doctest: +SKIP
+    """
+    scope = _scope(con, experiment, stage)
+    _check_arms(scope, arm_a, arm_b)
+    if arm_a == arm_b:
+        raise ConfigError(f"compare needs two different arms, got {arm_a!r} twice")
+    _check_metric(scope, metric, (arm_a, arm_b))
+    values = f"""v AS MATERIALIZED (
+        SELECT c.arm, c.seed, s.last_value AS value FROM counted c
+        JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(metric)}
+        WHERE c.arm IN ({_lit(arm_a)}, {_lit(arm_b)})
+    )"""
+    seeds = dict(
+        scope.rows(
+            f", {values} SELECT arm, list(seed ORDER BY seed) FROM v GROUP BY arm"
+        )  # the CTE list continues after `counted`
+    )
+    a_seeds, b_seeds = seeds.get(arm_a, []), seeds.get(arm_b, [])
+    paired = a_seeds == b_seeds and len(set(a_seeds)) == len(a_seeds)
+    head = f"{_lit(metric)} AS metric, {_lit(arm_a)} AS arm_a, {_lit(arm_b)} AS arm_b"
+    if paired:
+        sql = f"""
+            WITH {scope.counted}, {values}, {_tq(len(a_seeds) - 1)},
+            p AS MATERIALIZED (
+                SELECT x.value AS va, y.value AS vb FROM v x JOIN v y ON x.seed = y.seed
+                WHERE x.arm = {_lit(arm_a)} AND y.arm = {_lit(arm_b)}
+            ),
+            d AS MATERIALIZED (SELECT 1 AS one, va - vb AS value FROM p),
+            agg AS MATERIALIZED ({_spread("d", "one")})
+            SELECT {head}, agg.n, agg.n AS n_a, agg.n AS n_b,
+                   (SELECT avg(va) FROM p) AS mean_a, (SELECT avg(vb) FROM p) AS mean_b,
+                   agg.mean AS diff, CASE WHEN agg.n >= 2 THEN agg.n - 1 END::DOUBLE AS df,
+                   {_ci("agg.n", "agg.mean", "agg.std")}, TRUE AS paired
+            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        """
+        return con.sql(sql)
+    stats = f"""per_arm AS MATERIALIZED ({_spread("v", "arm")}),
+    agg AS MATERIALIZED (
+        SELECT a.n AS n_a, b.n AS n_b, a.mean AS mean_a, b.mean AS mean_b,
+               a.std ^ 2 / a.n AS se2_a, b.std ^ 2 / b.n AS se2_b
+        FROM per_arm a, per_arm b WHERE a.arm = {_lit(arm_a)} AND b.arm = {_lit(arm_b)}
+    ),
+    welch AS MATERIALIZED (
+        SELECT *, se2_a + se2_b AS se2,
+               (se2_a + se2_b) ^ 2 / (se2_a ^ 2 / (n_a - 1) + se2_b ^ 2 / (n_b - 1)) AS df
+        FROM agg
+    )"""
+    (df,) = scope.rows(f", {values}, {stats} SELECT df FROM welch")[0]
+    # The quantile is the one number DuckDB cannot compute; with no spread at all (df is
+    # NaN: 0/0) the interval is the point itself, whatever the quantile.
+    q = _t(df) if df is not None and math.isfinite(df) and df > 0 else 0.0
+    sql = f"""
+        WITH {scope.counted}, {values}, {stats}
+        SELECT {head}, n_a + n_b AS n, n_a, n_b, mean_a, mean_b, mean_a - mean_b AS diff,
+               df, mean_a - mean_b - {q!r} * sqrt(se2) AS ci_low,
+               mean_a - mean_b + {q!r} * sqrt(se2) AS ci_high, FALSE AS paired
+        FROM welch
+    """
+    return con.sql(sql)
+
+
+# -- curves -----------------------------------------------------------------------------------
+
+
+def curves(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    key: str,
+    *,
+    every: int | None = None,
+    stage: int | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """Per arm and step, the mean of `key` across repeats with its 95% CI: learning curves
+    with their seed spread.
+
+    Columns: arm, step, n, mean, std, ci_low, ci_high. A value is never invented for a step
+    a run did not log:
+
+    - Runs of different lengths: a run counts at the steps it logged, so past the end of a
+      short run `n` drops and the interval widens (NULL at n = 1). Filter on `n` to keep
+      the steps every repeat reached.
+    - Repeats that log at different intervals: pass ``every=k`` to bucket the steps into
+      (0], (0, k], (k, 2k], ..., each labelled by its last step (k, 2k, ...). Each run
+      contributes one value per bucket, the mean of its points in it, so a run that logs
+      every step and one that logs every k-th step count once each at step k, 2k, ...
+      Without `every`, each logged step is its own bucket, and `n` at a step counts only
+      the runs that logged exactly that step.
+
+    This reads the metrics view, so it scans the store's points (see
+    `lab.inspect.history` for one run's series through the store's index).
+
+    >>> lab.inspect.curves(con, "lr-sweep", "loss", every=10).df()       # doctest: +SKIP
+    """
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"every={every!r}: give a bucket width in steps, an int >= 1, or None")
+    scope = _scope(con, experiment, stage)
+    _check_metric(scope, key)
+    bucket = "m.step" if every is None else f"CAST(ceil(m.step / {every}) AS BIGINT) * {every}"
+    sql = f"""
+        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)},
+        points AS MATERIALIZED (
+            SELECT c.arm_id, c.arm, c.run_id, {bucket} AS step, avg(m.value) AS value
+            FROM metrics m JOIN counted c ON c.run_id = m.run_id
+            WHERE m.key = {_lit(key)}
+            GROUP BY c.arm_id, c.arm, c.run_id, {bucket}
+        ),
+        agg AS MATERIALIZED ({_spread("points", "arm_id, arm, step")})
+        SELECT arm, step, n, mean, std, {_ci()}
+        FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        ORDER BY arm_id NULLS LAST, step
+    """
+    return con.sql(sql)
+
+
+# -- evals and predictions --------------------------------------------------------------------
+
+
+def _latest(scope: _Scope, name: str) -> str:
+    """A CTE `latest`: each counted run's latest successful eval named `name`."""
+    return f"""latest AS MATERIALIZED (
+        SELECT eval_id, run_id, step, breakdowns FROM (
+            SELECT ev.eval_id, ev.run_id, ev.step, ev.breakdowns, row_number() OVER (
+                PARTITION BY ev.run_id ORDER BY ev.step DESC NULLS FIRST, ev.eval_id DESC
+            ) AS newest
+            FROM evals ev JOIN counted c ON c.run_id = ev.run_id
+            WHERE ev.name = {_lit(name)} AND ev.error IS NULL
+        ) WHERE newest = 1
+    )"""
+
+
+def predictions(
+    con: duckdb.DuckDBPyConnection, experiment: str, eval: str, *, stage: int | None = None
+) -> duckdb.DuckDBPyRelation:
+    """Every prediction of eval `eval`, one row each, with the run it came from: the long
+    form to read examples, slice them, or join them to your own data.
+
+    Columns: experiment, arm, repeat, run_key, seed, eval, step (NULL: after training), idx,
+    example_id, input, output, target, score, extras (JSON). Every eval of that name is
+    included, at every step; ordered by arm, repeat, step (post-training last) and idx.
+
+    >>> p = lab.inspect.predictions(con, "bench", "test")                  # doctest: +SKIP
+    >>> p.filter("step IS NULL AND output != target").df()                 # doctest: +SKIP
+    """
+    scope = _scope(con, experiment, stage)
+    _check_eval(scope, eval, every=False)
+    sql = f"""
+        WITH {scope.counted}
+        SELECT {_lit(experiment)} AS experiment, c.arm, c.repeat, c.run_key, c.seed,
+               ev.name AS eval, ev.step, p.idx, p.example_id, p.input, p.output, p.target,
+               p.score, p.extras
+        FROM counted c
+        JOIN evals ev ON ev.run_id = c.run_id AND ev.name = {_lit(eval)}
+        JOIN predictions p ON p.eval_id = ev.eval_id
+        ORDER BY c.arm_id NULLS LAST, c.repeat, ev.step NULLS LAST, p.idx
+    """
+    return con.sql(sql)
+
+
+def disagreements(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    eval: str,
+    arm_a: str,
+    arm_b: str,
+    limit: int | None = 20,
+    *,
+    stage: int | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """The examples on which two arms differ most, to see *what* one arm gets right that the
+    other gets wrong, not just by how much.
+
+    Uses each run's latest `eval` (the post-training one when there is one, else the one at
+    the highest step). Examples are matched by example_id, else by idx, and only those both
+    arms scored appear. Per arm, over its repeats: output_* is the most common output (ties:
+    the smallest), score_* the mean score, correct_* the fraction of repeats whose output
+    equals the target (NULL without a target). diff is score_a - score_b, or correct_a -
+    correct_b where there are no scores. Rows are ordered by |diff|, largest first, then
+    examples whose most common outputs differ; at most `limit` rows (None: all).
+
+    Columns: example_id, input, target, output_a, output_b, score_a, score_b, correct_a,
+    correct_b, diff.
+
+    >>> d = lab.inspect.disagreements(con, "bench", "test", "big", "small")  # doctest: +SKIP
+    >>> d.df()                                                               # doctest: +SKIP
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r}: give a number of rows, an int >= 1, or None")
+    scope = _scope(con, experiment, stage)
+    _check_arms(scope, arm_a, arm_b)
+    if arm_a == arm_b:
+        raise ConfigError(f"disagreements needs two different arms, got {arm_a!r} twice")
+    _check_eval(scope, eval, (arm_a, arm_b), every=True)
+    sql = f"""
+        WITH {scope.counted}, {_latest(scope, eval)},
+        p AS MATERIALIZED (
+            SELECT c.arm, coalesce(p.example_id, CAST(p.idx AS VARCHAR)) AS example_id,
+                   p.idx, p.input, p.output, p.target, p.score
+            FROM latest l JOIN counted c ON c.run_id = l.run_id
+            JOIN predictions p ON p.eval_id = l.eval_id
+            WHERE c.arm IN ({_lit(arm_a)}, {_lit(arm_b)})
+        ),
+        top AS MATERIALIZED (
+            SELECT arm, example_id, output FROM (
+                SELECT arm, example_id, output, row_number() OVER (
+                    PARTITION BY arm, example_id ORDER BY count(*) DESC, output NULLS LAST
+                ) AS pick
+                FROM p GROUP BY arm, example_id, output
+            ) WHERE pick = 1
+        ),
+        per AS MATERIALIZED (
+            SELECT arm, example_id, min(idx) AS idx, min(input) AS input,
+                   min(target) AS target, avg(score) AS score,
+                   avg(CASE WHEN target IS NULL THEN NULL
+                            WHEN output IS NOT DISTINCT FROM target THEN 1.0 ELSE 0.0 END)
+                       AS correct
+            FROM p GROUP BY arm, example_id
+        )
+        SELECT a.example_id, coalesce(a.input, b.input) AS input,
+               coalesce(a.target, b.target) AS target, ta.output AS output_a,
+               tb.output AS output_b, a.score AS score_a, b.score AS score_b,
+               a.correct AS correct_a, b.correct AS correct_b,
+               coalesce(a.score - b.score, a.correct - b.correct) AS diff
+        FROM per a
+        JOIN per b ON b.example_id = a.example_id AND b.arm = {_lit(arm_b)}
+        JOIN top ta ON ta.example_id = a.example_id AND ta.arm = a.arm
+        JOIN top tb ON tb.example_id = b.example_id AND tb.arm = b.arm
+        WHERE a.arm = {_lit(arm_a)}
+        ORDER BY abs(diff) DESC NULLS LAST, (ta.output IS DISTINCT FROM tb.output) DESC,
+                 a.idx, a.example_id
+        {"" if limit is None else f"LIMIT {limit}"}
+    """
+    return con.sql(sql)
+
+
+def breakdown(
+    con: duckdb.DuckDBPyConnection, experiment: str, eval: str, *, stage: int | None = None
+) -> duckdb.DuckDBPyRelation:
+    """Per arm, slice and metric of an eval's breakdowns, the mean across repeats with its
+    95% CI: where an arm's overall gain comes from.
+
+    Reads ``evals.breakdowns`` (``{slice: {metric: value}}``, from `EvalResult.breakdowns`)
+    of each run's latest successful `eval`: the post-training one (step NULL) when there is
+    one, else the one at the highest step. Columns: arm, slice, metric, n, mean, std,
+    ci_low, ci_high; ordered by arm (the experiment's order), slice, metric. A slice or
+    metric that some runs' breakdowns lack is an error naming those runs.
+
+    >>> lab.inspect.breakdown(con, "bench", "test").df()                   # doctest: +SKIP
+    """
+    scope = _scope(con, experiment, stage)
+    _check_eval(scope, eval, every=True)
+    values = f"""{_latest(scope, eval)},
+        b AS MATERIALIZED (
+            SELECT c.arm_id, c.arm, c.run_key, c.repeat, s.key AS slice, m.key AS metric,
+                   CAST(m.value ->> '$' AS DOUBLE) AS value
+            FROM latest l JOIN counted c ON c.run_id = l.run_id,
+                 json_each(l.breakdowns) s, json_each(s.value) m
+        )"""
+    missing = scope.rows(
+        f""", {values},
+        cells AS MATERIALIZED (SELECT DISTINCT arm_id, slice, metric FROM b),
+        expected AS MATERIALIZED (
+            SELECT c.run_key, c.arm_id, c.repeat, cells.slice, cells.metric
+            FROM counted c JOIN latest l ON l.run_id = c.run_id
+            JOIN cells ON cells.arm_id IS NOT DISTINCT FROM c.arm_id
+        )
+        SELECT e.run_key || ' (' || e.slice || '/' || e.metric || ')' FROM expected e
+        LEFT JOIN b ON b.run_key = e.run_key AND b.slice = e.slice AND b.metric = e.metric
+        WHERE b.run_key IS NULL ORDER BY e.arm_id NULLS LAST, e.repeat, e.slice, e.metric"""
+    )
+    if missing:
+        raise ConfigError(
+            f"breakdowns of eval {eval!r} differ across the runs of experiment "
+            f"{experiment!r}; missing: {_listing([m for (m,) in missing])}; query the evals "
+            "view to choose the runs yourself"
+        )
+    sql = f"""
+        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {values},
+        agg AS MATERIALIZED ({_spread("b", "arm_id, arm, slice, metric")})
+        SELECT arm, slice, metric, n, mean, std, {_ci()}
+        FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        ORDER BY arm_id NULLS LAST, slice, metric
+    """
+    return con.sql(sql)
+
+
+# -- plots ------------------------------------------------------------------------------------
+
+
+def _axes(ax: Axes | None) -> tuple[Figure, Axes]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
+        raise ImportError("plots need matplotlib: pip install 'matplotlib>=3.8'") from exc
+    if ax is None:
+        fig = Figure()
+        return fig, fig.add_subplot()
+    return ax.get_figure(), ax  # type: ignore[return-value]
+
+
+def _label(arm: str | None) -> str:
+    return "(no arm)" if arm is None else str(arm)
+
+
+def plot_curves(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    key: str,
+    ax: Axes | None = None,
+    *,
+    every: int | None = None,
+    stage: int | None = None,
+) -> Figure:
+    """`curves` drawn: one line per arm (the mean across repeats) in a shaded 95% CI band.
+
+    Draws on `ax` when given, else on a new `matplotlib.figure.Figure` (no pyplot, so it
+    works under any backend and in threads); returns the figure. Save it with
+    ``fig.savefig("curves.png")``, or let a notebook show it.
+
+    >>> lab.inspect.plot_curves(con, "lr-sweep", "loss").savefig("loss.png")  # doctest: +SKIP
+    """
+    data = curves(con, experiment, key, every=every, stage=stage).fetchall()
+    fig, ax = _axes(ax)
+    by_arm: dict[str | None, list[tuple]] = {}
+    for arm, step, _n, mean, _std, low, high in data:
+        by_arm.setdefault(arm, []).append((step, mean, low, high))
+    nan = float("nan")
+    for arm, rows in by_arm.items():
+        steps = [r[0] for r in rows]
+        (line,) = ax.plot(steps, [r[1] for r in rows], label=_label(arm))
+        lows = [nan if r[2] is None else r[2] for r in rows]
+        highs = [nan if r[3] is None else r[3] for r in rows]
+        ax.fill_between(steps, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(f"{experiment}: {key} (mean and 95% CI across repeats)")
+    ax.legend(title="arm")
+    return fig
+
+
+def plot_summary(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    metric: str,
+    mode: Literal["min", "max"] = "min",
+    ax: Axes | None = None,
+    *,
+    stage: int | None = None,
+) -> Figure:
+    """`summary` drawn: each arm's mean final `metric` with its 95% CI as an error bar, the
+    best arm named in the title.
+
+    Draws on `ax` when given, else on a new `matplotlib.figure.Figure`; returns the figure.
+    An arm with one repeat has a point and no bar.
+
+    >>> lab.inspect.plot_summary(con, "lr-sweep", "val/loss").savefig("val.png")  # doctest: +SKIP
+    """
+    rows = summary(con, experiment, metric, mode, stage=stage).fetchall()
+    fig, ax = _axes(ax)
+    nan = float("nan")
+    xs = list(range(len(rows)))
+    means = [nan if r[2] is None else r[2] for r in rows]
+    below = [nan if r[4] is None else r[2] - r[4] for r in rows]
+    above = [nan if r[5] is None else r[5] - r[2] for r in rows]
+    ax.errorbar(xs, means, yerr=[below, above], fmt="o", capsize=4)
+    ax.set_xticks(xs, [_label(r[0]) for r in rows])
+    ax.set_xlabel("arm")
+    ax.set_ylabel(metric)
+    best = [r for r in rows if r[7]]
+    title = f"{experiment}: final {metric} (mean and 95% CI across repeats)"
+    if best:
+        title += f"\nbest ({mode}): {_label(best[0][0])}"
+    ax.set_title(title)
+    return fig

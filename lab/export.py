@@ -1,0 +1,86 @@
+"""One experiment out of the store, as Parquet files: to share, archive or analyse elsewhere.
+
+`export(name, to)` writes every store table, cut down to that experiment's rows, to
+``to/<table>.parquet`` (experiments, arms, groups, runs, metrics, summaries, evals,
+predictions, checkpoints). The files hold what `lab.inspect.connect` shows: NaN restored
+where SQLite stored NULL, JSON columns typed as JSON. ``lab.inspect.connect(to)`` reads the
+folder back with the same views, so a notebook written against the store runs on an export
+unchanged, without the store, its server or its other experiments.
+
+>>> import lab.export                                                 # doctest: +SKIP
+>>> lab.export.export("quickstart", "quickstart-export")              # doctest: +SKIP
+{'experiments': 1, 'arms': 2, 'groups': 2, 'runs': 6, ...}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lab.inspect
+from lab.errors import NoExperiment
+from lab.store.schema import TABLES, Base
+
+_RUNS = "run_id IN (SELECT run_id FROM runs WHERE experiment_id = {id})"
+# Which rows of each table belong to the experiment.
+_ROWS = {
+    "experiments": "experiment_id = {id}",
+    "arms": "experiment_id = {id}",
+    "groups": "experiment_id = {id}",
+    "runs": "experiment_id = {id}",
+    "metrics": _RUNS,
+    "summaries": _RUNS,
+    "evals": _RUNS,
+    "predictions": f"eval_id IN (SELECT eval_id FROM evals WHERE {_RUNS})",
+    "checkpoints": _RUNS,
+}
+
+
+def export(
+    name: str, to: str | os.PathLike[str], *, store: str | os.PathLike[str] | None = None
+) -> dict[str, int]:
+    """Write experiment `name`'s rows of every table to ``to/<table>.parquet``.
+
+    `store` is a store URL (default: as every store URL) or an earlier export's folder.
+    Returns the number of rows written per table. Each file is written under a temporary
+    name and renamed once all are written, so a failed export leaves the folder's earlier
+    files as they were. Rows are in primary-key order, so two exports of the same rows are
+    the same files' contents. Raises `NoExperiment`, naming the known experiments.
+    """
+    folder = Path(to).expanduser()
+    con = lab.inspect.connect(store)
+    try:
+        row = con.execute("SELECT experiment_id FROM experiments WHERE name = ?", [name]).fetchone()
+        if row is None:
+            names = con.execute("SELECT name FROM experiments ORDER BY name").fetchall()
+            known = [n for (n,) in names]
+            hint = f"; known: {', '.join(known)}" if known else ""
+            raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+        experiment_id = int(row[0])
+        folder.mkdir(parents=True, exist_ok=True)
+        counts: dict[str, int] = {}
+        written: list[tuple[Path, Path]] = []
+        try:
+            for table in TABLES:
+                final = folder / f"{table}.parquet"
+                tmp = folder / f".{table}.parquet.tmp"
+                order = ", ".join(
+                    f'"{c.name}"' for c in Base.metadata.tables[table].primary_key.columns
+                )
+                where = _ROWS[table].format(id=experiment_id)
+                path = str(tmp).replace("'", "''")
+                written.append((tmp, final))
+                (n,) = con.execute(
+                    f'COPY (SELECT * FROM "{table}" WHERE {where} ORDER BY {order}) '
+                    f"TO '{path}' (FORMAT parquet)"
+                ).fetchone()  # type: ignore[misc]
+                counts[table] = int(n)
+        except BaseException:
+            for tmp, _ in written:
+                tmp.unlink(missing_ok=True)
+            raise
+        for tmp, final in written:
+            os.replace(tmp, final)
+        return counts
+    finally:
+        con.close()
