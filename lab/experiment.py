@@ -909,11 +909,17 @@ def _benchmark(
 ) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for bench in benchmarks:
+        started = time.perf_counter()
         try:
             res = bench.run(artifacts.model, None)
         except Exception as exc:
             log.exception("benchmark %r failed; the run goes on", bench.name)
-            res = EvalResult(bench.name, {}, error=f"{type(exc).__name__}: {exc}")
+            res = EvalResult(
+                bench.name,
+                {},
+                error=f"{type(exc).__name__}: {exc}",
+                seconds=time.perf_counter() - started,
+            )  # how long until it raised
         hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
         metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
     return metrics

@@ -331,6 +331,7 @@ def test_eval_rows_carry_run_name_step_metrics_breakdowns_tags_seconds_and_error
     assert seconds >= NAP_S and error is None
     _, _, _, seconds, error = got[("post", None)]
     assert error == "RuntimeError: no such benchmark"
+    assert seconds >= NAP_S  # how long it ran before it raised
     # the step metrics went on after the failure, and in-loop evals joined them as val/<key>
     steps = con.sql("select step from metrics where key = 'loss' order by step").fetchall()
     assert steps == [(1,), (2,), (3,), (4,)]
