@@ -46,11 +46,12 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lab.errors import CallbackError, ConfigError
 
@@ -162,12 +163,19 @@ class Callback:
     unless strict mode is on, or the callback is `critical`: then its exception propagates
     as it is and fails the run (`SqlLogger` is critical: a run it cannot record must not
     look recorded). `on_error` stays isolated even then, so it never hides the error that
-    fired it. A callback with `state_dict()`/`load_state_dict()` is saved in
-    each checkpoint and restored when the run resumes from it.
+    fired it. A best-effort (not critical) callback that fails `max_failures` times in a row
+    (no successful call of any of its hooks in between) is disabled for the rest of the run,
+    so a broken sink stops costing a traceback per step; it gets hooks again from the next
+    run on. None never disables it. A callback with `state_dict()`/`load_state_dict()` is
+    saved in each checkpoint and restored when the run resumes from it.
     """
 
     priority: ClassVar[int] = 0
     critical: bool = False
+    #: Consecutive failures before the callback is disabled for the run (None: never).
+    #: Left at this default, ``LAB_CALLBACK_MAX_FAILURES`` or ``Dispatcher(max_failures=)``
+    #: decide; a subclass that sets its own value keeps it.
+    max_failures: ClassVar[int | None] = 5
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
@@ -245,7 +253,8 @@ class CallbackFailure:
 
     `error` and `traceback` are those of the first failure; `count` is how many times that
     callback's hook has failed in the run so far (the dispatcher records each (run, callback,
-    hook) once and then only counts).
+    hook) once and then only counts). `disabled` is True on the record of the failure that
+    made the dispatcher disable the callback for the rest of the run.
     """
 
     callback: str
@@ -254,22 +263,116 @@ class CallbackFailure:
     traceback: str
     run_key: str | None = None
     count: int = 1
+    disabled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form the store keeps on the run."""
-        return {
+        """The JSON form the store keeps on the run (`disabled` only when it is True, so
+        records of runs that disabled nothing keep their earlier shape)."""
+        out: dict[str, Any] = {
             "callback": self.callback,
             "hook": self.hook,
             "error": self.error,
             "traceback": self.traceback,
             "count": self.count,
         }
+        if self.disabled:
+            out["disabled"] = True
+        return out
 
 
 def _is_power_of_ten(n: int) -> bool:
     while n % 10 == 0:
         n //= 10
     return n == 1
+
+
+def _max_failures_env() -> int | None:
+    """``LAB_CALLBACK_MAX_FAILURES``: an int >= 1, or 0/none/off to never disable; unset: 5."""
+    raw = os.environ.get("LAB_CALLBACK_MAX_FAILURES", "").strip().lower()
+    if not raw:
+        return Callback.max_failures
+    if raw in {"0", "none", "off", "never"}:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise ConfigError(
+            f"LAB_CALLBACK_MAX_FAILURES={raw!r}: use an int >= 1, or 0 to never disable a "
+            "failing callback"
+        )
+    return value
+
+
+def _check_max_failures(value: Any, where: str) -> int | None:
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}={value!r}: use an int >= 1, or None to never disable")
+    return value
+
+
+class _FailurePolicy:
+    """The consecutive-failure bookkeeping that a dispatcher and its siblings share.
+
+    A run's dispatchers (the experiment's, and the loop's `extended` one) see the same
+    callbacks, so a callback disabled by one must be gone from all of them: each member
+    rebuilds its listener tuples when `disabled` or the set of callbacks on a streak
+    changes. All of it belongs to one run (`run_key`), and is cleared when the dispatchers
+    move on to another run.
+
+    The success path of `Dispatcher.fire` does no bookkeeping for healthy callbacks: only a
+    callback that has failed in this run has its hooks wrapped (`_Tracked`), so that a
+    success ends its streak. It stays wrapped for the rest of the run, so a callback that
+    fails every other call costs one rebuild, not one per failure.
+    """
+
+    __slots__ = ("disabled", "members", "run_key", "streaks", "tracked")
+
+    def __init__(self) -> None:
+        self.streaks: dict[int, int] = {}  # id(callback) -> failures in a row, only if > 0
+        self.tracked: set[int] = set()  # id(callback) of those that failed in this run
+        self.disabled: set[int] = set()  # id(callback)
+        self.members: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
+        self.run_key: str | None = None
+
+    def rebuild(self) -> None:
+        """Re-resolve every member's listener tuples (only when a failure state changes)."""
+        for member in list(self.members):
+            member._build_listeners()
+
+    def start_run(self, run_key: str | None) -> None:
+        """Forget the previous run's streaks and re-enable what it disabled."""
+        self.run_key = run_key
+        if self.tracked or self.disabled:
+            self.streaks.clear()
+            self.tracked.clear()
+            self.disabled.clear()
+            self.rebuild()
+
+
+class _Tracked:
+    """A hook of a callback that has failed in this run: a success ends its failure streak.
+
+    It keeps `__self__` like the bound method it wraps, so the dispatcher finds the callback
+    the same way for both.
+    """
+
+    __slots__ = ("__self__", "cb_id", "method", "streaks")
+
+    def __init__(
+        self, method: Callable[..., Any], owner: Callback, streaks: dict[int, int]
+    ) -> None:
+        self.method = method
+        self.__self__ = owner
+        self.cb_id = id(owner)
+        self.streaks = streaks
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.method(*args, **kwargs)
+        if self.streaks:
+            self.streaks.pop(self.cb_id, None)
 
 
 class Dispatcher:
@@ -284,6 +387,17 @@ class Dispatcher:
     traceback, logged at ERROR; repeats only add to that record's `count` (a one-line
     WARNING at 10, 100, 1000, ... failures), so a callback that fails every step costs one
     dict lookup per step and does not flood the log or the store.
+
+    After `max_failures` consecutive failures of one callback (in any of its hooks, with no
+    successful call of it in between) it is disabled: removed from the listener tuples of
+    this dispatcher and its siblings for the rest of the run, with one WARNING, and its
+    failure record says ``disabled``. It is enabled again when the dispatcher moves on to
+    the next run (`run_key` changes, right before `on_run_start`). The limit is the
+    callback's own `Callback.max_failures` if its class sets one, else `max_failures` here,
+    else ``LAB_CALLBACK_MAX_FAILURES``, else 5; None or 0 never disables. Critical
+    callbacks and strict mode raise instead, so they are never disabled. A successful call of
+    a healthy callback costs nothing extra: only a callback that has failed in the run has
+    its hooks wrapped, to see the successes that end a streak.
     """
 
     def __init__(
@@ -292,6 +406,8 @@ class Dispatcher:
         *,
         strict: bool | None = None,
         failures: list[CallbackFailure] | None = None,
+        max_failures: int | Literal["env"] | None = "env",
+        _policy: _FailurePolicy | None = None,
     ) -> None:
         attached = list(callbacks)
         for cb in attached:
@@ -307,15 +423,62 @@ class Dispatcher:
         self.failures: list[CallbackFailure] = [] if failures is None else failures
         self.failure_counts: Counter[tuple[str, str]] = Counter()
         self._failure_index: dict[tuple[str | None, str, str], CallbackFailure] = {}
-        self.run_key: str | None = None
-        self._listeners: dict[str, tuple[tuple[str, Callable[..., Any], bool], ...]] = {
+        self.max_failures = (
+            _max_failures_env()
+            if max_failures == "env"
+            else _check_max_failures(max_failures, "Dispatcher(max_failures)")
+        )
+        self._limits: dict[int, int | None] = {id(cb): self._limit(cb) for cb in self.callbacks}
+        self._policy = _FailurePolicy() if _policy is None else _policy
+        self._policy.members.add(self)
+        self._run_key: str | None = self._policy.run_key
+        self._listeners: dict[str, tuple[tuple[str, Callable[..., Any], bool], ...]] = {}
+        self._build_listeners()
+
+    @property
+    def run_key(self) -> str | None:
+        """The run whose failures are being recorded (None outside runs).
+
+        Moving to another run starts that run's failure policy afresh: callbacks the last
+        run disabled get their hooks again.
+        """
+        return self._run_key
+
+    @run_key.setter
+    def run_key(self, value: str | None) -> None:
+        self._run_key = value
+        if value != self._policy.run_key:
+            self._policy.start_run(value)
+
+    def _limit(self, cb: Callback) -> int | None:
+        """The callback's own `max_failures` where its class (or it) sets one, else ours."""
+        for klass in type(cb).__mro__:
+            if "max_failures" in vars(klass):
+                if klass is Callback and "max_failures" not in vars(cb):
+                    return self.max_failures
+                break
+        value = getattr(cb, "max_failures", None)
+        return _check_max_failures(value, f"{type(cb).__name__}.max_failures")
+
+    def _build_listeners(self) -> None:
+        """Resolve which callbacks listen to each hook: once, and again only when a callback
+        starts or ends a failure streak or is disabled. Disabled callbacks are left out;
+        those on a streak are wrapped so that a success ends it."""
+        policy = self._policy
+        self._listeners = {
             hook: tuple(
-                (type(cb).__name__, getattr(cb, hook), cb.critical and hook != "on_error")
+                (type(cb).__name__, self._method(cb, hook), cb.critical and hook != "on_error")
                 for cb in self.callbacks
-                if _overrides(cb, hook)
+                if _overrides(cb, hook) and id(cb) not in policy.disabled
             )
             for hook in HOOKS
         }
+
+    def _method(self, cb: Callback, hook: str) -> Callable[..., Any]:
+        method = getattr(cb, hook)
+        if id(cb) in self._policy.tracked:
+            return _Tracked(method, cb, self._policy.streaks)
+        return method
 
     def extended(self, extra: Iterable[Callback]) -> Dispatcher:
         """A dispatcher over these callbacks plus `extra`, sharing the failure record."""
@@ -325,12 +488,23 @@ class Dispatcher:
         return self.sibling([*self.callbacks, *extra])
 
     def sibling(self, callbacks: Iterable[Callback]) -> Dispatcher:
-        """A dispatcher over `callbacks` alone, sharing this one's failure record and run key."""
-        other = Dispatcher(callbacks, strict=self.strict, failures=self.failures)
+        """A dispatcher over `callbacks` alone, sharing this one's failure record, run key
+        and failure policy (a callback disabled by either is disabled in both)."""
+        other = Dispatcher(
+            callbacks,
+            strict=self.strict,
+            failures=self.failures,
+            max_failures=self.max_failures,
+            _policy=self._policy,
+        )
         other.failure_counts = self.failure_counts
         other._failure_index = self._failure_index
         other.run_key = self.run_key
         return other
+
+    def disabled(self) -> list[Callback]:
+        """The callbacks disabled for the current run after failing too often in a row."""
+        return [cb for cb in self.callbacks if id(cb) in self._policy.disabled]
 
     def listens(self, hook: str) -> bool:
         """Whether any callback overrides `hook`; the loop skips building arguments if not."""
@@ -357,14 +531,21 @@ class Dispatcher:
                     raise
                 if self.strict:
                     raise CallbackError(f"{name}.{hook} raised {exc!r}") from exc
-                self._record(name, hook, exc)
+                self._record(name, hook, exc, method)
 
-    def _record(self, name: str, hook: str, exc: Exception) -> None:
+    def _record(
+        self, name: str, hook: str, exc: Exception, method: Callable[..., Any] | None = None
+    ) -> None:
+        owner = getattr(method, "__self__", None)
+        cb_id = id(owner) if isinstance(owner, Callback) else None
         self.failure_counts[(name, hook)] += 1
         key = (self.run_key, name, hook)
         seen = self._failure_index.get(key)
+        disable = self._count_streak(cb_id)
         if seen is not None:  # a repeat: count it, warn at 10, 100, 1000, ...
             seen.count += 1
+            if disable:
+                self._disable(seen, cb_id)
             if seen.count % 10 == 0 and _is_power_of_ten(seen.count):
                 log.warning(
                     "callback %s.%s has now failed %d times in run %s",
@@ -383,4 +564,39 @@ class Dispatcher:
             name,
             hook,
             tb,
+        )
+        if disable:
+            self._disable(failure, cb_id)
+
+    def _count_streak(self, cb_id: int | None) -> bool:
+        """Add a failure to the callback's streak; True when it reaches the limit."""
+        limit = self._limits.get(cb_id) if cb_id is not None else None
+        if limit is None:
+            return False
+        streaks = self._policy.streaks
+        streak = streaks.get(cb_id, 0) + 1
+        streaks[cb_id] = streak
+        if streak >= limit:
+            return True
+        if cb_id not in self._policy.tracked:  # its first failure: wrap its hooks to see
+            self._policy.tracked.add(cb_id)  # the successes that end a streak
+            self._policy.rebuild()
+        return False
+
+    def _disable(self, failure: CallbackFailure, cb_id: int | None) -> None:
+        """Take the callback out of every listener tuple of this run, with one warning."""
+        policy = self._policy
+        policy.streaks.pop(cb_id, None)
+        if cb_id is None or cb_id in policy.disabled:
+            return
+        policy.disabled.add(cb_id)
+        failure.disabled = True
+        policy.rebuild()
+        log.warning(
+            "callback %s failed %d times in a row (in %s: %s); disabled for the rest of run %s",
+            failure.callback,
+            self._limits[cb_id],
+            failure.hook,
+            failure.error,
+            self.run_key,
         )

@@ -449,8 +449,9 @@ def test_dispatcher_isolates_and_counts_failures() -> None:
 
 
 def test_a_callback_failing_every_step_is_recorded_once_and_counted(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LAB_CALLBACK_MAX_FAILURES", "0")  # never disabled: every failure counts
     dispatchers: list[Dispatcher] = []
 
     def train(run: lab.RunSpec) -> LoopArtifacts:
@@ -480,7 +481,7 @@ def test_a_callback_failing_every_step_is_recorded_once_and_counted(
 
 
 def test_failure_warnings_come_at_each_power_of_ten(caplog: pytest.LogCaptureFixture) -> None:
-    d = Dispatcher([Boom()], strict=False)
+    d = Dispatcher([Boom()], strict=False, max_failures=None)
     d.run_key = "k"
     with caplog.at_level(logging.WARNING, logger="lab.hooks"):
         for step in range(1, 1001):
