@@ -1,24 +1,86 @@
-"""`ConsoleLogger`: plain progress lines and a short summary per run and per experiment."""
+"""`ConsoleLogger`: live progress while runs train, and a short summary when they end.
+
+On a terminal it draws a `rich.progress` display: one bar per running run (step, rate, ETA
+and the chosen metrics) under one for the experiment (runs done / total). Anywhere else (a
+log file, CI, a notebook, a worker process) it prints plain lines at an interval of steps
+and/or seconds, because redrawn bars there turn into thousands of lines of noise. Both end
+each run with one summary line and the experiment with `ExperimentResult.summary`.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+import pydantic
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+)
+from rich.text import Text
+
+from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.training import TrainingBatch
+    from lab.loop.training import LoopArtifacts, TrainingBatch
 
 
+class ConsoleLoggerConfig(pydantic.BaseModel):
+    """The params of ``{"kind": "console_logger", "params": {...}}``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    every: int = pydantic.Field(default=100, ge=1)
+    metrics: tuple[str, ...] = ("loss",)
+    summary_metric: str | None = None
+    summary_mode: Literal["min", "max"] = "min"
+    every_s: float | None = pydantic.Field(default=None, gt=0)
+    progress: bool | None = None
+
+
+@dataclass
+class _Live:
+    """What the logger tracks of one running run."""
+
+    num_steps: int
+    started: float  # perf_counter at on_train_start
+    first_step: int  # the step it started (or resumed) from, so the rate counts this fit only
+    step: int = 0
+    printed_at: float = 0.0
+    latest: dict[str, float] = field(default_factory=dict)  # step and eval metrics
+    task: Any = None  # its rich TaskID
+
+    def rate(self, now: float) -> float | None:
+        done = self.step - self.first_step
+        elapsed = now - self.started
+        return done / elapsed if done > 0 and elapsed > 0 else None
+
+
+@register("console_logger", ConsoleLoggerConfig)
 class ConsoleLogger(Callback):
-    """Prints a line every `every` steps and at each run's end, then the experiment summary.
+    """Shows each run's progress and ends each run and the experiment with a summary.
 
-    `metrics` picks which step metrics the progress line shows.
+    `metrics` picks the step and eval metrics to show (an eval's as ``"<eval>/<key>"``).
+    `progress` chooses the display: True draws rich bars, False prints plain lines, None
+    (the default) draws bars only when the output is a terminal. Plain lines come every
+    `every` steps, at the last step, and, with `every_s`, whenever that many seconds passed
+    since the run's last line (so a slow run still shows signs of life). `stream` (default
+    ``sys.stdout``) or a rich `console` say where it writes. The experiment's summary ranks
+    arms by `summary_metric` (`summary_mode` "min" or "max"; default ``loss`` if known).
     """
+
+    priority = -10  # after the loggers that record: the run-end line can show their ids
 
     def __init__(
         self,
@@ -26,41 +88,234 @@ class ConsoleLogger(Callback):
         metrics: tuple[str, ...] = ("loss",),
         stream: TextIO | None = None,
         summary_metric: str | None = None,
-        summary_mode: str = "min",
+        summary_mode: Literal["min", "max"] = "min",
+        *,
+        every_s: float | None = None,
+        progress: bool | None = None,
+        console: Console | None = None,
     ) -> None:
-        if every < 1:
-            raise ConfigError(f"ConsoleLogger(every={every}): use a value >= 1")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"ConsoleLogger(every={every!r}): use an int >= 1")
+        if every_s is not None and not every_s > 0:
+            raise ConfigError(f"ConsoleLogger(every_s={every_s!r}): use seconds > 0, or None")
+        if summary_mode not in ("min", "max"):
+            raise ConfigError(f"ConsoleLogger(summary_mode={summary_mode!r}): use 'min' or 'max'")
         self.every = every
-        self.metrics = metrics
+        self.every_s = every_s
+        self.metrics = tuple(metrics)
         self.stream = stream
         self.summary_metric = summary_metric
-        self.summary_mode = summary_mode
-        self._started = 0.0
+        self.summary_mode: Literal["min", "max"] = summary_mode
+        self.progress = progress
+        self.console = console
+        self._bars: Progress | None = None
+        self._experiment_task: TaskID | None = None
+        self._live: dict[str, _Live] = {}
+        self._total = 0  # runs the experiment will run (grows if a chain has more)
+        self._done = 0
+        self._in_worker = False
+        self._in_experiment = False  # False: a bare TrainingLoop.fit, which ends at on_train_end
 
-    def _print(self, text: str) -> None:
-        print(text, file=self.stream or sys.stdout, flush=True)
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle for a worker process (``executor="processes"``): without the live display,
+        and printing plain lines there, since several processes cannot share one display."""
+        state = self.__dict__.copy()
+        state.update(_bars=None, _experiment_task=None, _live={}, console=None, _in_worker=True)
+        return state
 
+    # -- experiment level ----------------------------------------------------------------
+    def on_experiment_start(self, ctx: LogContext) -> None:
+        arms = ctx.config.get("arms") or {}
+        self._total = max(len(arms), 1) * int(ctx.config.get("repeats", 1))
+        self._done = 0
+        self._in_experiment = True
+        if self._use_bars():
+            bars = self._start_bars()
+            self._experiment_task = bars.add_task(
+                f"[bold]{ctx.experiment}", total=self._total, kind="experiment", metrics={}
+            )
+        else:
+            shown = f"{len(arms)} arms x {ctx.config.get('repeats', 1)} repeats"
+            self._print(f"{ctx.experiment}: {self._total} runs ({shown})")
+
+    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
+        live = self._live.pop(run_result.run_key, None)
+        self._done += 1
+        self._total = max(self._total, self._done)
+        line = self.run_line(run_result) + f"  [{self._done}/{self._total} runs]"
+        url = ctx.extras.get("wandb:url")
+        if url:
+            line += f"  {url}"
+        if self._bars is not None:
+            if live is not None and live.task is not None:
+                self._bars.remove_task(live.task)
+            if self._experiment_task is not None:
+                self._bars.update(self._experiment_task, completed=self._done, total=self._total)
+            self._bars.console.print(line, markup=False, highlight=False)
+        else:
+            self._print(line)
+
+    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
+        self._stop_bars()
+        self._in_experiment = False
+        try:
+            summary = result.summary(self.summary_metric, self.summary_mode)
+        except ConfigError:  # e.g. every run failed, so the metric was never recorded
+            summary = result.summary(mode=self.summary_mode)
+        text = f"{summary}\n{result.name}: {result.status} in {_duration(result.seconds)}"
+        self._print(text)
+
+    def close(self) -> None:
+        self._stop_bars()  # never leave the display's refresh thread running
+
+    # -- loop level ----------------------------------------------------------------------
     def on_train_start(self, state: LoopState) -> None:
-        self._started = time.perf_counter()
+        key = state.ctx.run_key or "loop"
+        now = time.perf_counter()
+        live = _Live(state.num_steps, now, state.step, state.step, now)
+        self._live[key] = live
+        if self._use_bars():
+            bars = self._start_bars()
+            live.task = bars.add_task(
+                key, total=state.num_steps, completed=state.step, kind="run", metrics=live.latest
+            )
 
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
-        if step_idx % self.every and step_idx != state.num_steps:
+        live = self._live.get(state.ctx.run_key or "loop")
+        if live is None:
             return
-        rate = step_idx / max(time.perf_counter() - self._started, 1e-9)
-        shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in self.metrics if k in metrics)
-        who = state.ctx.run_key or "loop"
-        self._print(f"{who}  step {step_idx}/{state.num_steps}  {shown}  ({rate:.0f} steps/s)")
+        live.step = step_idx
+        live.latest.update(metrics)
+        if live.task is not None and self._bars is not None:
+            self._bars.update(live.task, completed=step_idx)  # drawn by rich's refresh thread
+            return
+        now = time.perf_counter()
+        due = step_idx % self.every == 0 or step_idx == live.num_steps
+        if not due and self.every_s is not None:
+            due = now - live.printed_at >= self.every_s
+        if due:
+            live.printed_at = now
+            self._print(self.step_line(state.ctx.run_key or "loop", live, now))
 
-    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
-        shown = "  ".join(
-            f"{k}={run_result.metrics[k]:.4g}" for k in self.metrics if k in run_result.metrics
-        )
-        line = f"{run_result.run_key}  {run_result.status}  {shown}  {run_result.seconds:.1f}s"
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
+    ) -> None:
+        live = self._live.get(state.ctx.run_key or "loop")
+        if live is not None:
+            live.latest.update({f"{eval_name}/{k}": v for k, v in metrics.items()})
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        if not self._in_experiment:  # a bare loop: nothing else closes the display or sums up
+            live = self._live.pop(state.ctx.run_key or "loop", None)
+            self._stop_bars()
+            if live is not None:
+                shown = _metrics_text(artifacts.metrics, self.metrics)
+                status = "stopped" if artifacts.stopped else "completed"
+                self._print(
+                    f"{state.ctx.run_key or 'loop'}  {status}  step {artifacts.step}  {shown}"
+                )
+
+    # -- text ----------------------------------------------------------------------------
+    def step_line(self, key: str, live: _Live, now: float) -> str:
+        """One plain progress line: run, step, chosen metrics, rate and ETA."""
+        parts = [f"{key}  step {live.step}/{live.num_steps}"]
+        shown = _metrics_text(live.latest, self.metrics)
+        if shown:
+            parts.append(shown)
+        rate = live.rate(now)
+        if rate is not None:
+            eta = (live.num_steps - live.step) / rate
+            parts.append(f"{_rate(rate)}  ETA {_duration(eta)}")
+        return "  ".join(parts)
+
+    def run_line(self, run_result: RunResult) -> str:
+        """The line a run ends with: status, chosen final metrics, time, and any error."""
+        parts = [run_result.run_key, run_result.status]
+        shown = _metrics_text(run_result.metrics, self.metrics)
+        if shown:
+            parts.append(shown)
+        parts.append(_duration(run_result.seconds))
         if run_result.error:
-            line += f"  error: {run_result.error}"
-        self._print(line)
+            parts.append(f"error: {run_result.error}")
+        return "  ".join(parts)
 
-    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
-        self._print(str(result.summary(self.summary_metric, self.summary_mode)))  # type: ignore[arg-type]
+    # ------------------------------------------------------------------------------------
+    def _print(self, text: str) -> None:
+        if self.console is not None and not self._in_worker:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=self.stream or sys.stdout, flush=True)
+
+    def _use_bars(self) -> bool:
+        if self._in_worker or self.progress is False:
+            return False
+        if self.progress is True:
+            return True
+        return self._console().is_terminal
+
+    def _console(self) -> Console:
+        if self.console is None:
+            # Not cached: sys.stdout may be swapped (pytest, notebooks) after construction.
+            return Console(file=self.stream or sys.stdout)
+        return self.console
+
+    def _start_bars(self) -> Progress:
+        if self._bars is None:
+            self._bars = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                _RateEtaColumn(),
+                _MetricsColumn(self.metrics),
+                console=self._console(),
+                refresh_per_second=4,
+            )
+            self._bars.start()
+        return self._bars
+
+    def _stop_bars(self) -> None:
+        bars, self._bars, self._experiment_task = self._bars, None, None
+        if bars is not None:
+            bars.stop()
+
+
+def _metrics_text(values: dict[str, float], chosen: tuple[str, ...]) -> str:
+    return "  ".join(f"{k}={values[k]:.4g}" for k in chosen if k in values)
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:.1f} steps/s" if rate < 10 else f"{rate:.0f} steps/s"
+
+
+def _duration(seconds: float) -> str:
+    """``4.2s`` under a minute, else ``1:02:03`` / ``2:03``: readable at a glance."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class _RateEtaColumn(ProgressColumn):
+    """A run's steps/s and time left; blank for the experiment's bar."""
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("kind") != "run" or not task.speed:
+            return Text("")
+        left = task.time_remaining
+        eta = f"  ETA {_duration(left)}" if left is not None else ""
+        return Text(f"{_rate(task.speed)}{eta}", style="progress.data.speed")
+
+
+class _MetricsColumn(ProgressColumn):
+    """A run's chosen metrics, read at each refresh from the dict the logger keeps updating
+    (so a step costs a dict update, not a formatted string)."""
+
+    def __init__(self, chosen: tuple[str, ...]) -> None:
+        super().__init__()
+        self.chosen = chosen
+
+    def render(self, task: Task) -> Text:
+        return Text(_metrics_text(task.fields.get("metrics") or {}, self.chosen))

@@ -1,0 +1,145 @@
+"""`ConsoleLogger`: plain lines off a terminal, rich bars on one, and the summaries."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+
+import lab
+from lab import Arm, Evaluator, Experiment, TrainingLoop
+from lab.callbacks import build
+from lab.errors import ConfigError
+from lab.loggers.console import ConsoleLogger
+
+STEPS = 5
+
+
+def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _loop(steps: int = STEPS, callbacks: tuple[lab.Callback, ...] = ()) -> TrainingLoop:
+    x = torch.randn(8, 2)
+    data = [(x, x.sum(1, keepdim=True))]
+    model = torch.nn.Linear(2, 1)
+    return TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        data,
+        _mse,
+        steps,
+        evaluators=[Evaluator("val", lambda m: {"loss": _mse(m, data[0]).item()}, every=2)],
+        callbacks=callbacks,
+    )
+
+
+def _train(run: lab.RunSpec) -> lab.LoopArtifacts:
+    if run.arm == "broken":
+        raise ValueError("bad batch")
+    return _loop().fit(run)
+
+
+def _run(logger: ConsoleLogger, arms: tuple[str, ...] = ("a", "b")) -> lab.ExperimentResult:
+    return Experiment(
+        "cs",
+        _train,
+        arms=[Arm(name) for name in arms],
+        repeats=2,
+        callbacks=[logger],
+        store=False,
+        strict=True,
+    ).run()
+
+
+def test_plain_lines_at_the_step_interval_then_run_and_experiment_summaries() -> None:
+    out = io.StringIO()
+    result = _run(ConsoleLogger(every=2, metrics=("loss", "val/loss"), stream=out))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "cs: 4 runs (2 arms x 2 repeats)"
+    steps = [line for line in lines if line.startswith("a-r0  step")]
+    assert [s.split()[2] for s in steps] == ["2/5", "4/5", "5/5"]  # every 2nd, and the last
+    assert re.fullmatch(
+        r"a-r0  step 4/5  loss=\S+  val/loss=\S+  [\d.]+ steps/s  ETA \d+\.\ds", steps[1]
+    )
+    ends = [line for line in lines if "  completed  " in line]
+    assert [e.split()[0] for e in ends] == ["a-r0", "a-r1", "b-r0", "b-r1"]
+    assert ends[0].endswith("[1/4 runs]") and ends[3].endswith("[4/4 runs]")
+    loss = result.runs[0].metrics["loss"]
+    assert f"loss={loss:.4g}" in ends[0]
+    text = out.getvalue()
+    assert "best arm by loss (min)" in text
+    assert text.rstrip().splitlines()[-1].startswith("cs: completed in ")
+
+
+def test_a_seconds_interval_adds_lines_between_step_intervals() -> None:
+    out = io.StringIO()
+    loop = _loop(callbacks=(ConsoleLogger(every=1000, every_s=1e-9, stream=out),))
+    loop.fit()
+    steps = [
+        line.split()[2] for line in out.getvalue().splitlines() if line.startswith("loop  step")
+    ]
+    assert steps == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    out = io.StringIO()
+    _loop(callbacks=(ConsoleLogger(every=1000, stream=out),)).fit()
+    lines = out.getvalue().splitlines()
+    assert [line.split()[2] for line in lines if line.startswith("loop  step")] == [
+        "5/5"
+    ]  # only the last
+    assert lines[-1].startswith("loop  completed  step 5  loss=")  # a bare loop sums up too
+
+
+def test_failed_runs_show_their_error_and_the_summary_still_prints() -> None:
+    out = io.StringIO()
+    result = _run(ConsoleLogger(every=10, stream=out, summary_metric="acc"), arms=("broken",))
+    assert result.status == "failed"
+    text = out.getvalue()
+    assert "broken-r0  failed  0.0s  error: ValueError: bad batch  [1/2 runs]" in text
+    assert "cs: 2 runs (2 failed)" in text  # no run has "acc": the summary falls back
+    assert text.rstrip().splitlines()[-1].startswith("cs: failed in ")
+
+
+def test_a_terminal_gets_rich_bars_and_the_same_summaries() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
+    logger = ConsoleLogger(metrics=("loss", "val/loss"), console=console)
+    assert logger._use_bars()
+    result = _run(logger)
+    assert result.status == "completed"
+    text = buffer.getvalue()
+    assert "a-r0  completed  loss=" in text and "[4/4 runs]" in text
+    assert "best arm by loss (min)" in text
+    assert logger._bars is None  # stopped: no refresh thread left behind
+    # A bare loop on a terminal draws its own bar and closes it.
+    _loop(callbacks=(ConsoleLogger(console=console),)).fit()
+    assert "loop  completed  step 5" in buffer.getvalue()
+
+
+def test_auto_mode_prints_plain_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    logger = ConsoleLogger(every=5)
+    assert not logger._use_bars()  # pytest's captured stdout is not a terminal
+    _loop(callbacks=(logger,)).fit()
+    assert "loop  step 5/5  loss=" in capsys.readouterr().out
+
+
+def test_a_worker_copy_prints_plain_lines() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True)
+    copy = pickle.loads(pickle.dumps(ConsoleLogger(console=console, progress=True)))
+    assert copy.console is None and not copy._use_bars()
+
+
+def test_config_is_checked_and_registered() -> None:
+    (built,) = build([{"kind": "console_logger", "params": {"every": 7, "every_s": 30}}])
+    assert isinstance(built, ConsoleLogger) and built.every == 7 and built.every_s == 30
+    with pytest.raises(ConfigError, match="every"):
+        build([{"kind": "console_logger", "params": {"every": 0}}])
+    with pytest.raises(ConfigError, match="every_s"):
+        ConsoleLogger(every_s=0)
+    with pytest.raises(ConfigError, match="summary_mode"):
+        ConsoleLogger(summary_mode="best")  # type: ignore[arg-type]
