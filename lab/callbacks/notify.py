@@ -1,0 +1,132 @@
+"""`Notifier`: posts a Slack-compatible message to a webhook when runs fail or an experiment ends.
+
+A notification is a convenience, never part of the record: a webhook that answers 500, times
+out or refuses the connection is logged as a warning and the run goes on, even in strict
+mode (the error is caught inside the callback, so the dispatcher never sees it). `httpx` is
+imported when the first message is sent, so the module imports without it
+(``pip install 'lab[notify]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import pydantic
+
+from lab.callbacks.registry import register
+from lab.errors import ConfigError
+from lab.hooks import Callback, LogContext
+
+if TYPE_CHECKING:
+    from lab.experiment import ArmResult, ExperimentResult, RunResult
+
+log = logging.getLogger("lab.notify")
+
+NotifyOn = Literal["end", "failure", "both"]
+ON_CHOICES: tuple[str, ...] = ("end", "failure", "both")
+
+
+class NotifierConfig(pydantic.BaseModel):
+    """The params of ``{"kind": "notifier", "params": {...}}``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    url: str
+    on: NotifyOn = "both"
+    timeout_s: float = pydantic.Field(default=5.0, gt=0)
+
+
+@register("notifier", NotifierConfig)
+class Notifier(Callback):
+    """Posts ``{"text": ...}`` to a webhook (Slack, Mattermost, Discord's /slack endpoint).
+
+    `on` chooses the messages: ``"failure"`` posts once per failed run, at its `on_run_end`,
+    so a long sweep tells you as soon as something breaks; ``"end"`` posts once at
+    `on_experiment_end`, whatever the status, with the run counts and the failed runs;
+    ``"both"`` (the default) does both. Each post waits at most `timeout_s` seconds, so a
+    dead webhook costs a sweep seconds, not hours. It runs last (priority -50), after the
+    store has recorded what the message reports.
+    """
+
+    priority = -50
+
+    def __init__(self, url: str, on: NotifyOn = "both", timeout_s: float = 5.0) -> None:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"Notifier(url=...): give an http(s) webhook URL, got {url!r}")
+        if on not in ON_CHOICES:
+            raise ConfigError(f"Notifier(on={on!r}): use one of {', '.join(ON_CHOICES)}")
+        if not timeout_s > 0:
+            raise ConfigError(f"Notifier(timeout_s={timeout_s!r}): use a positive number")
+        self.url = url
+        self.on: NotifyOn = on
+        self.timeout_s = float(timeout_s)
+        self.sent = 0  # messages the webhook accepted (2xx)
+        self.failed = 0  # messages that did not get through
+
+    def __repr__(self) -> str:
+        # The webhook URL is a secret (its path is the token): show the host only.
+        return f"Notifier(host={urlsplit(self.url).netloc!r}, on={self.on!r})"
+
+    # -- hooks ---------------------------------------------------------------------------
+    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
+        if self.on == "end" or run_result.status != "failed":
+            return
+        where = f" (arm {run_result.arm}, repeat {run_result.repeat})"
+        self.post(
+            f":x: lab: run {run_result.run_key} of {ctx.experiment} failed after "
+            f"{run_result.seconds:.1f}s{where}: {run_result.error or 'no error recorded'}"
+        )
+
+    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
+        if self.on == "failure":
+            return
+        self.post(experiment_message(result))
+
+    # -- sending -------------------------------------------------------------------------
+    def post(self, text: str) -> bool:
+        """Send `text`; True if the webhook accepted it. Never raises for a webhook problem."""
+        import httpx  # lazily: only a configured notifier needs it
+
+        payload: dict[str, Any] = {"text": text}
+        try:
+            response = httpx.post(self.url, json=payload, timeout=self.timeout_s)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            self.failed += 1
+            # Only the host: the URL's path is the webhook's token.
+            log.warning(
+                "Notifier: the webhook at %s did not take the message (%s: %s); the run goes on",
+                urlsplit(self.url).netloc,
+                type(exc).__name__,
+                _short(exc, self.url),
+            )
+            return False
+        self.sent += 1
+        return True
+
+
+def experiment_message(result: ExperimentResult) -> str:
+    """The end-of-experiment text: status, run counts by status, wall time, failed runs."""
+    runs = result.runs
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    icon = ":white_check_mark:" if result.status == "completed" else ":x:"
+    lines = [
+        f"{icon} lab: experiment {result.name} {result.status} in {result.seconds:.1f}s: "
+        f"{len(runs)} runs ({statuses})"
+    ]
+    if result.error:
+        lines.append(f"interrupted: {result.error}")
+    lines += [f"- {r.run_key}: {r.error}" for r in runs if r.status == "failed"]
+    return "\n".join(lines)
+
+
+def _short(exc: BaseException, url: str) -> str:
+    """The first line of `exc`, with the webhook URL (a secret) blanked out."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text.replace(url, "<webhook>")

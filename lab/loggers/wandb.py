@@ -1,0 +1,313 @@
+"""`WandbLogger`: mirrors each lab run into one Weights & Biases run.
+
+| hook              | what it sends                                               |
+|-------------------|-------------------------------------------------------------|
+| on_run_start      | ``wandb.init``: group = the run's group, job_type = its arm, |
+|                   | name = its run key, config = its config, a stable id         |
+| on_step_end       | the step's metrics, every `log_every` steps                  |
+| on_eval           | the eval's metrics as ``<eval>/<key>``                       |
+| on_benchmark_eval | its metrics and breakdowns, and its predictions as a Table   |
+| on_checkpoint     | the manifest row as a summary entry, or an artifact ref      |
+| on_run_end        | final metrics and status into the summary; ``finish``       |
+
+Every row is logged against ``trainer/step`` (``define_metric("*", step_metric=...)``), not
+wandb's own ``_step``: a resumed run logs again from its checkpoint's step, which is lower
+than the last step wandb saw, and wandb drops rows whose ``_step`` goes backwards.
+
+The wandb run id is derived from the experiment name and the run key, and the run is
+opened with ``resume="allow"``: running the experiment again under the same name (lab's
+resume) continues the same wandb run instead of starting a stray one. `wandb` is imported
+inside the hooks, so `lab` imports without it (``pip install 'lab[wandb]'``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
+
+from lab.callbacks.registry import register
+from lab.errors import ConfigError
+from lab.hooks import Callback, LogContext, LoopState
+
+if TYPE_CHECKING:
+    from lab.experiment import ArmResult, ExperimentResult, RunResult
+    from lab.loop.checkpoints import ManifestRow
+    from lab.loop.evals import EvalResult
+    from lab.loop.training import LoopArtifacts, TrainingBatch
+
+RUN_ID = "wandb:run_id"
+URL = "wandb:url"
+DIR = "wandb:dir"
+STEP = "trainer/step"  # the x axis of every chart
+CheckpointMode = Literal["summary", "artifact"]
+#: The prediction columns lab knows, in the order a table shows them; others follow.
+PREDICTION_COLUMNS = ("example_id", "input", "output", "target", "score")
+
+
+def stable_run_id(experiment: str, run_key: str) -> str:
+    """The wandb id of a lab run: the same for the same experiment and run key, every time.
+
+    wandb ids allow letters, digits, ``-`` and ``_``; a hash keeps any experiment name legal
+    and keeps runs of different experiments in one project apart.
+
+    >>> stable_run_id("lr-sweep", "small-r0") == stable_run_id("lr-sweep", "small-r0")
+    True
+    >>> len(stable_run_id("lr-sweep", "small-r0"))
+    20
+    """
+    digest = hashlib.sha1(f"{experiment}\0{run_key}".encode()).hexdigest()
+    return f"lab-{digest[:16]}"
+
+
+class WandbLoggerConfig(pydantic.BaseModel):
+    """The params of ``{"kind": "wandb_logger", "params": {...}}``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    project: str
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] | None = None
+    log_every: int = pydantic.Field(default=1, ge=1)
+    predictions_table: bool = True
+    checkpoints: CheckpointMode | None = "summary"
+
+
+@register("wandb_logger", WandbLoggerConfig)
+class WandbLogger(Callback):
+    """One wandb run per lab run, grouped by arm, continued when the lab run resumes.
+
+    `mode` is wandb's (``"online"``, ``"offline"``, ``"disabled"``; None: ``WANDB_MODE`` or
+    wandb's default). Step metrics are sent every `log_every` steps (and at the last step,
+    and before each checkpoint), so a fast loop does not flood the wandb queue.
+    `predictions_table` logs benchmark predictions as a ``wandb.Table``. `checkpoints` puts
+    each checkpoint manifest row into the run summary (``"summary"``: small, always works),
+    logs it as a reference artifact (``"artifact"``: wandb records the path and the files'
+    sizes, not their bytes), or skips it (None).
+
+    It sets ``ctx.ids["wandb:run_id"]`` and ``ctx.extras["wandb:url"]`` (None offline) and
+    ``ctx.extras["wandb:dir"]`` when a run starts. It is not critical: when wandb is down
+    the run goes on and the failure is counted on the run (strict mode raises it).
+    """
+
+    priority = 10  # after the SqlLogger (100): what wandb shows is already in the store
+
+    def __init__(
+        self,
+        project: str,
+        entity: str | None = None,
+        mode: Literal["online", "offline", "disabled"] | None = None,
+        log_every: int = 1,
+        predictions_table: bool = True,
+        checkpoints: CheckpointMode | None = "summary",
+    ) -> None:
+        if not isinstance(project, str) or not project.strip():
+            raise ConfigError("WandbLogger needs a project name, e.g. WandbLogger('my-proj')")
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ConfigError(f"WandbLogger(log_every={log_every!r}): use an int >= 1")
+        if checkpoints not in ("summary", "artifact", None):
+            raise ConfigError(
+                f"WandbLogger(checkpoints={checkpoints!r}): use 'summary', 'artifact' or None"
+            )
+        if mode not in ("online", "offline", "disabled", None):
+            raise ConfigError(
+                f"WandbLogger(mode={mode!r}): use 'online', 'offline', 'disabled' or None"
+            )
+        self.project = project
+        self.entity = entity
+        self.mode = mode
+        self.log_every = log_every
+        self.predictions_table = predictions_table
+        self.checkpoints = checkpoints
+        self._run: Any = None  # the open wandb run, between on_run_start and on_run_end
+        self._bare = False  # a run this logger opened for a loop without an Experiment
+        self._last_step = 0  # post-training benchmarks are logged at the run's last step
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the open wandb run (``executor="processes"``): a worker's copy
+        opens its own, in its own process, at its run's `on_run_start`."""
+        state = self.__dict__.copy()
+        state["_run"] = None
+        state["_bare"] = False
+        return state
+
+    # -- run level -----------------------------------------------------------------------
+    def on_run_start(self, ctx: LogContext) -> None:
+        assert ctx.run_key is not None
+        self._open(ctx, ctx.run_key)
+
+    def on_benchmark_eval(
+        self,
+        ctx: LogContext,
+        eval_result: EvalResult,
+        predictions: list[dict],
+        *,
+        step: int | None = None,
+    ) -> None:
+        run = self._run
+        if run is None:
+            return
+        name = eval_result.name
+        row: dict[str, Any] = {}
+        if step is None:  # after training: in-loop benchmarks sent their metrics at on_eval
+            row.update({f"{name}/{k}": v for k, v in eval_result.metrics.items()})
+        for part, values in eval_result.breakdowns.items():
+            row.update({f"{name}/{part}/{k}": v for k, v in values.items()})
+        if eval_result.error:
+            run.summary[f"{name}/error"] = eval_result.error
+        if self.predictions_table and predictions:
+            row[f"{name}/predictions"] = _table(predictions)
+        if not row:
+            return
+        if step is None:
+            # Post-training results describe the final model: they go to the summary too, so
+            # the runs table can sort by them.
+            run.summary.update({k: v for k, v in row.items() if not k.endswith("/predictions")})
+            step = self._last_step
+        run.log({**row, STEP: step})
+
+    def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
+        run = self._run
+        if run is None:
+            return
+        run.summary.update(_finite(run_result.metrics))
+        run.summary["lab/status"] = run_result.status
+        run.summary["lab/seconds"] = run_result.seconds
+        if run_result.error:
+            run.summary["lab/error"] = run_result.error
+        self._finish(failed=run_result.status == "failed")
+
+    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
+        if self._bare:  # a bare loop has no on_run_end: close its run as failed here
+            self._finish(failed=True)
+
+    def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
+        self._finish(failed=True)  # only if a run was left open (an interrupt)
+
+    def close(self) -> None:
+        self._finish(failed=True)  # same: never leave a wandb process running
+
+    # -- loop level ----------------------------------------------------------------------
+    def on_train_start(self, state: LoopState) -> None:
+        if self._run is None:  # a bare TrainingLoop.fit: one wandb run for the fit
+            self._open(state.ctx, state.ctx.run_key or "loop")
+            self._bare = True
+        self._last_step = state.step
+
+    def on_step_end(
+        self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> None:
+        self._last_step = step_idx
+        due = step_idx % self.log_every == 0 or step_idx == state.num_steps or state.checkpoint_due
+        if self._run is None or not due:
+            return
+        self._run.log({**_finite(metrics), STEP: step_idx})
+
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
+    ) -> None:
+        if self._run is not None:
+            row = {f"{eval_name}/{k}": v for k, v in _finite(metrics).items()}
+            self._run.log({**row, STEP: step_idx})
+
+    def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
+        run = self._run
+        if run is None or self.checkpoints is None:
+            return
+        path = _checkpoint_path(state.ctx, row)
+        if self.checkpoints == "summary":
+            entry = {
+                "path": str(path),
+                "event": row.event,
+                "kind": row.kind,
+                "metrics": _finite(row.metrics),
+            }
+            if row.reason:
+                entry["reason"] = row.reason
+            run.summary[f"checkpoints/step_{row.step}"] = entry
+            if row.event == "save":
+                run.summary["checkpoints/latest"] = {"step": row.step, "path": str(path)}
+            return
+        if row.event != "save":
+            return  # an artifact version stays; wandb keeps the record of what was saved
+        import wandb
+
+        artifact = wandb.Artifact(
+            f"{run.id}-checkpoint",
+            type="checkpoint",
+            metadata={"step": row.step, "kind": row.kind, "metrics": _finite(row.metrics)},
+        )
+        artifact.add_reference(path.as_uri(), checksum=False)
+        run.log_artifact(artifact, aliases=[f"step-{row.step}", "latest"])
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        if self._bare and self._run is not None:
+            self._run.summary.update(_finite(artifacts.metrics))
+            self._finish(failed=False)
+
+    # ------------------------------------------------------------------------------------
+    def _open(self, ctx: LogContext, run_key: str) -> None:
+        import wandb  # lazily: lab imports without wandb
+
+        self._finish(failed=True)  # a run left open by an interrupt must not swallow this one
+        run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            mode=self.mode,
+            id=stable_run_id(ctx.experiment, run_key),
+            resume="allow",
+            name=run_key,
+            group=ctx.group_name,
+            job_type=ctx.arm,
+            config=dict(ctx.run_config or {}),
+        )
+        run.define_metric(STEP)
+        run.define_metric("*", step_metric=STEP)
+        self._run = run
+        self._last_step = 0
+        ctx.ids[RUN_ID] = run.id
+        ctx.extras[URL] = run.url
+        ctx.extras[DIR] = run.dir
+
+    def _finish(self, *, failed: bool) -> None:
+        run, self._run, self._bare = self._run, None, False
+        if run is not None:
+            run.finish(exit_code=1 if failed else 0)
+
+
+def _checkpoint_path(ctx: LogContext, row: ManifestRow) -> Path:
+    """The checkpoint's folder as an absolute path (the manifest keeps it relative to the
+    run's ``checkpoints/`` folder), so the entry still points at it from anywhere."""
+    path = Path(row.path)
+    if not path.is_absolute() and ctx.run_dir is not None:
+        path = ctx.run_dir / "checkpoints" / path
+    return path.resolve()
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics wandb can chart: a NaN or inf would turn a whole column into strings."""
+    return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+
+
+def _table(predictions: list[dict[str, Any]]) -> Any:
+    """Benchmark predictions as a wandb Table: lab's columns first, then every other key."""
+    import wandb
+
+    columns = [c for c in PREDICTION_COLUMNS if any(c in p for p in predictions)]
+    columns += sorted({k for p in predictions for k in p} - set(columns))
+    data = [[_cell(p.get(c)) for c in columns] for p in predictions]
+    return wandb.Table(columns=columns, data=data)
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: numbers, strings and bools as they are, anything else as JSON text."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,301 @@
+"""`WandbLogger` with the real wandb in offline mode: what lands in each offline run's
+``run-<id>.wandb`` log, read back record by record, and a resumed run that continues the
+same wandb run id."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import torch
+
+import lab
+from lab import Arm, CheckpointConfig, Evaluator, Experiment, TrainingLoop
+from lab.callbacks import build
+from lab.errors import ConfigError
+from lab.loggers.wandb import WandbLogger, stable_run_id
+from lab.loop.evals import EvalResult
+
+pytest.importorskip("wandb")
+
+STEPS = 6
+CRASH: set[str] = set()  # run keys whose training raises in step 4
+
+
+# --------------------------------------------------------------------------------------------
+# reading an offline run back
+
+
+def _records(path: Path) -> list[Any]:
+    """Every record of a ``.wandb`` file: wandb's LevelDB-style log of protobuf `Record`s
+    (a 7-byte file header, 32 KiB blocks, each chunk a 7-byte header: crc, length, type)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf, out = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the block's tail is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 2):  # full, first
+            buf = chunk
+        elif kind in (3, 4):  # middle, last
+            buf += chunk
+        else:
+            continue
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+    return out
+
+
+def _items(items: Any) -> dict[str, Any]:
+    """A history row or summary update as a (nested) dict, values decoded from JSON."""
+    row: dict[str, Any] = {}
+    for item in items:
+        keys = [item.key] if item.key else list(item.nested_key)
+        at = row
+        for k in keys[:-1]:
+            at = at.setdefault(k, {})
+        at[keys[-1]] = json.loads(item.value_json)
+    return row
+
+
+class OfflineRun:
+    """One offline run folder, parsed: its run record, history rows, summary, exit code."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        (log,) = folder.glob("run-*.wandb")
+        self.history: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}
+        self.exit_code: int | None = None
+        for rec in _records(log):
+            kind = rec.WhichOneof("record_type")
+            if kind == "run":
+                self.run = rec.run
+                self.config = {i.key: json.loads(i.value_json) for i in rec.run.config.update}
+            elif kind == "history":
+                self.history.append(_items(rec.history.item))
+            elif kind == "summary":
+                self.summary.update(_items(rec.summary.update))
+            elif kind == "exit":
+                self.exit_code = rec.exit.exit_code
+
+    def steps(self, key: str) -> list[int]:
+        return [row["trainer/step"] for row in self.history if key in row]
+
+
+def _offline_runs(root: Path) -> list[OfflineRun]:
+    """The offline runs under `root`, read once wandb has written them out: `finish` returns
+    before wandb's service has flushed its log to disk; `teardown` waits for it."""
+    import wandb
+
+    wandb.teardown()
+    return [OfflineRun(f) for f in sorted((root / "wandb").glob("offline-run-*"))]
+
+
+# --------------------------------------------------------------------------------------------
+# a tiny experiment
+
+
+def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _bench(model: torch.nn.Module) -> EvalResult:
+    preds = [
+        {"example_id": f"e{i}", "input": [i, 1], "output": 0.5, "target": 1.0, "score": 1.0}
+        for i in range(3)
+    ]
+    return EvalResult("bench", {"acc": 1.0}, breakdowns={"easy": {"acc": 1.0}}, predictions=preds)
+
+
+def _train(run: lab.RunSpec) -> lab.LoopArtifacts:
+    x = torch.randn(16, 2)
+    batches = [(x[i : i + 4], x[i : i + 4].sum(1, keepdim=True)) for i in range(0, 16, 4)]
+    model = torch.nn.Linear(2, 1)
+
+    calls = [0]  # loss_fn runs once per step (the evaluator calls _mse itself)
+
+    def loss_fn(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        calls[0] += 1
+        if run.run_key in CRASH and calls[0] == 4:  # after the checkpoint at step 3
+            raise RuntimeError("node lost")
+        return _mse(m, batch)
+
+    loop = TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=run.config.lr),
+        batches,
+        loss_fn,
+        STEPS,
+        evaluators=[Evaluator("val", lambda m: {"loss": _mse(m, batches[0]).item()}, every=3)],
+        checkpoint=CheckpointConfig(every=3),
+    )
+    return loop.fit(run)
+
+
+class Config(pydantic.BaseModel):
+    lr: float = 0.05
+
+
+def _experiment(name: str = "wb-sweep", **logger: Any) -> lab.ExperimentResult:
+    return Experiment(
+        name,
+        _train,
+        base_config=Config(),
+        arms=[Arm("slow", lr=0.01), Arm("fast", lr=0.1)],
+        repeats=2,
+        callbacks=[WandbLogger("lab-test", log_every=2, **logger)],
+        benchmarks=[Evaluator("bench", _bench)],
+        store="sqlite:///lab.db",
+        strict=True,
+    ).run()
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Real wandb, offline, writing under the test's folder; torn down after the test, since
+    wandb reads its environment once per process setup and would keep the old folder."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    wandb.teardown()
+    yield tmp_path
+    wandb.teardown()
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_arms_two_repeats_then_a_resumed_run_continues_its_wandb_run(offline: Path) -> None:
+    CRASH.add("fast-r1")
+    try:
+        first = _experiment()
+    finally:
+        CRASH.clear()
+    assert [r.status for r in first.runs] == ["completed", "completed", "completed", "failed"]
+
+    runs = {r.run.display_name: r for r in _offline_runs(offline)}
+    assert sorted(runs) == ["fast-r0", "fast-r1", "slow-r0", "slow-r1"]
+    for key, run in runs.items():
+        arm = key.split("-")[0]
+        assert run.run.run_id == stable_run_id("wb-sweep", key)
+        assert (run.run.run_group, run.run.job_type, run.run.project) == (arm, arm, "lab-test")
+        assert run.config["lr"] == {"slow": 0.01, "fast": 0.1}[arm]
+
+    done = runs["slow-r0"]
+    assert done.exit_code == 0
+    assert done.steps("loss") == [2, 3, 4, 6]  # every 2nd step, and before each checkpoint
+    assert done.steps("val/loss") == [3, 6]
+    assert done.steps("bench/predictions") == [6]  # after training, at the last step
+    summary = done.summary
+    assert summary["lab/status"] == "completed"
+    assert summary["bench/acc"] == 1.0 and summary["bench/easy/acc"] == 1.0
+    assert summary["loss"] == pytest.approx(first.runs[0].metrics["loss"])
+    assert summary["checkpoints/latest"]["step"] == STEPS
+    step3 = summary["checkpoints/step_3"]
+    assert step3["event"] == "save" and Path(step3["path"]).is_dir()
+    table = summary["bench/predictions"]
+    assert table["_type"] == "table-file" and table["nrows"] == 3
+    saved = json.loads((done.folder / "files" / table["path"]).read_text())
+    assert saved["columns"] == ["example_id", "input", "output", "target", "score"]
+    assert saved["data"][1] == ["e1", "[1, 1]", 0.5, 1.0, 1.0]
+
+    crashed = runs["fast-r1"]
+    assert crashed.exit_code == 1
+    assert crashed.summary["lab/status"] == "failed"
+    assert crashed.summary["lab/error"] == "RuntimeError: node lost"
+    assert crashed.steps("loss") == [2, 3]
+
+    # Run the experiment again: only fast-r1 runs, from its step-3 checkpoint, and it
+    # continues the same wandb run id.
+    second = _experiment()
+    assert [r.status for r in second.runs] == ["completed"] * 4
+    again = [r for r in _offline_runs(offline) if r.folder.name not in {
+        v.folder.name for v in runs.values()
+    }]  # fmt: skip
+    (resumed,) = again
+    assert resumed.run.run_id == crashed.run.run_id == stable_run_id("wb-sweep", "fast-r1")
+    assert resumed.exit_code == 0
+    assert resumed.steps("loss") == [4, 6]  # picks up after the checkpoint at step 3
+    assert resumed.summary["lab/status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_bare_loop_gets_one_run_and_ids_land_in_the_context(offline: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    class Peek(lab.Callback):
+        def on_train_end(self, state: lab.LoopState, artifacts: lab.LoopArtifacts) -> None:
+            seen.update(state.ctx.ids, **state.ctx.extras)
+
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        _mse,
+        3,
+        callbacks=[WandbLogger("lab-test", checkpoints=None), Peek()],
+    ).fit(run_dir=offline / "bare")
+    (run,) = _offline_runs(offline)
+    assert seen["wandb:run_id"] == run.run.run_id == stable_run_id("", "bare")
+    assert seen["wandb:url"] is None  # offline
+    assert run.steps("loss") == [1, 2, 3] and run.exit_code == 0
+
+
+def test_config_and_registry_need_no_wandb_run() -> None:
+    (built,) = build([{"kind": "wandb_logger", "params": {"project": "p", "log_every": 5}}])
+    assert isinstance(built, WandbLogger) and built.log_every == 5
+    assert built.checkpoints == "summary" and built.predictions_table
+    with pytest.raises(ConfigError, match="log_every"):
+        WandbLogger("p", log_every=0)
+    with pytest.raises(ConfigError, match="checkpoints"):
+        WandbLogger("p", checkpoints="s3")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="checkpoints"):
+        build([{"kind": "wandb_logger", "params": {"project": "p", "checkpoints": "x"}}])
+    assert stable_run_id("a", "b") != stable_run_id("a", "c") != stable_run_id("b", "c")
+
+
+@pytest.mark.slow
+def test_checkpoints_as_reference_artifacts(offline: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        _mse,
+        4,
+        checkpoint=CheckpointConfig(every=2, keep_last=1),
+        callbacks=[WandbLogger("lab-test", checkpoints="artifact")],
+    ).fit(run_dir=offline / "bare")
+    (run,) = _offline_runs(offline)
+    log = next(run.folder.glob("run-*.wandb"))
+    arts = [r.artifact for r in _records(log) if r.WhichOneof("record_type") == "artifact"]
+    assert [(a.type, sorted(a.aliases)) for a in arts] == [
+        ("checkpoint", ["latest", "step-2"]),
+        ("checkpoint", ["latest", "step-4"]),
+    ]
+    assert all(a.name == f"{run.run.run_id}-checkpoint" for a in arts)
+    refs = sorted(c.ref for c in arts[1].manifest.contents)  # references, not uploaded bytes
+    assert (offline / "bare" / "checkpoints" / "step_000004" / "state.pt").as_uri() in refs
