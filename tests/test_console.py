@@ -121,6 +121,39 @@ def test_a_terminal_gets_rich_bars_and_the_same_summaries() -> None:
     assert "loop  completed  step 5" in buffer.getvalue()
 
 
+def test_a_run_bar_shows_step_rate_eta_and_metrics_and_the_experiment_bar_counts_runs() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=160, color_system=None)
+    logger = ConsoleLogger(metrics=("loss", "val/loss"), console=console)
+    frames: list[str] = []
+
+    class Snap(lab.Callback):
+        priority = -20  # after the logger updated its bar for the step
+
+        def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: Any) -> None:
+            if step_idx == 3 and logger._bars is not None:
+                before = len(buffer.getvalue())
+                logger._bars.refresh()  # draw now, not at the refresh thread's next tick
+                frames.append(buffer.getvalue()[before:])
+
+    def train(run: lab.RunSpec) -> lab.LoopArtifacts:
+        return _loop(callbacks=(Snap(),)).fit(run)
+
+    Experiment("cs", train, arms=[Arm("a")], repeats=2, callbacks=[logger], store=False).run()
+    assert len(frames) == 2
+    lines = [
+        [line.strip() for line in re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", f).strip().splitlines()]
+        for f in frames
+    ]
+    experiment_bar, run_bar = lines[0]
+    assert re.fullmatch(r"cs\s+0/2", experiment_bar)  # runs done / total
+    assert re.fullmatch(
+        r"a-r0 ━+\s+3/5 [\d.]+ steps/s  ETA 0\.0s loss=\S+  val/loss=\S+", run_bar
+    )  # the eval at step 2 is shown beside the step metrics
+    experiment_bar, run_bar = lines[1]
+    assert re.fullmatch(r"cs\s+━+\s+1/2", experiment_bar) and run_bar.startswith("a-r1 ")
+
+
 def test_auto_mode_prints_plain_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     logger = ConsoleLogger(every=5)
     assert not logger._use_bars()  # pytest's captured stdout is not a terminal

@@ -5,6 +5,7 @@ same wandb run id."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,3 +300,30 @@ def test_checkpoints_as_reference_artifacts(offline: Path) -> None:
     assert all(a.name == f"{run.run.run_id}-checkpoint" for a in arts)
     refs = sorted(c.ref for c in arts[1].manifest.contents)  # references, not uploaded bytes
     assert (offline / "bare" / "checkpoints" / "step_000004" / "state.pt").as_uri() in refs
+
+
+@pytest.mark.slow
+def test_nan_and_inf_are_logged_as_data(offline: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    odd = {1: math.nan, 2: math.inf, 3: -math.inf}
+
+    def loss_fn(m: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        loss_fn.step += 1  # type: ignore[attr-defined]
+        return _mse(m, batch), {"odd": odd.get(loss_fn.step, 1.0)}  # type: ignore[attr-defined]
+
+    loss_fn.step = 0  # type: ignore[attr-defined]
+    TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        loss_fn,
+        4,
+        evaluators=[Evaluator("val", lambda m: {"loss": math.nan}, every=2)],
+        callbacks=[WandbLogger("lab-test", checkpoints=None)],
+    ).fit(run_dir=offline / "bare")
+    (run,) = _offline_runs(offline)
+    values = [row["odd"] for row in run.history if "odd" in row]
+    assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf, 1.0]
+    val = [row["val/loss"] for row in run.history if "val/loss" in row]
+    assert len(val) == 2 and all(math.isnan(v) for v in val)

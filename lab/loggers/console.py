@@ -304,7 +304,9 @@ class _RateEtaColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         if task.fields.get("kind") != "run" or not task.speed:
             return Text("")
-        left = task.time_remaining
+        # Not task.time_remaining: rich rounds it up to whole seconds, so a run a second
+        # from its end would always show "1.0s".
+        left = (task.total - task.completed) / task.speed if task.total is not None else None
         eta = f"  ETA {_duration(left)}" if left is not None else ""
         return Text(f"{_rate(task.speed)}{eta}", style="progress.data.speed")
 

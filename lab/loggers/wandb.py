@@ -205,13 +205,13 @@ class WandbLogger(Callback):
         due = step_idx % self.log_every == 0 or step_idx == state.num_steps or state.checkpoint_due
         if self._run is None or not due:
             return
-        self._run.log({**_finite(metrics), STEP: step_idx})
+        self._run.log({**metrics, STEP: step_idx})
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:
         if self._run is not None:
-            row = {f"{eval_name}/{k}": v for k, v in _finite(metrics).items()}
+            row = {f"{eval_name}/{k}": v for k, v in metrics.items()}
             self._run.log({**row, STEP: step_idx})
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
@@ -289,7 +289,9 @@ def _checkpoint_path(ctx: LogContext, row: ManifestRow) -> Path:
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
-    """Metrics wandb can chart: a NaN or inf would turn a whole column into strings."""
+    """Metrics for a summary or artifact metadata, which wandb stores as strict JSON (a NaN
+    there becomes null). History rows keep NaN and inf: they are data, and wandb charts
+    them as such."""
     return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
 
 
