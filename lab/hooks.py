@@ -20,6 +20,8 @@ The lifecycle, with every hook in the place it fires::
                                         on_benchmark_eval(ctx, eval_result, predictions,
                                                           step=step_idx)
                         each save:      on_checkpoint(state, row)
+                                        # (a save due only as an ephemeral one is
+                                        # skipped while a callback blocks those)
                     on_train_end(state, artifacts)
                 post-training benchmarks:
                     on_benchmark_eval(ctx, eval_result, predictions, step=None)
@@ -120,6 +122,19 @@ class LoopState:
 
     `step` counts completed optimizer steps; `epoch` and `batch_in_epoch` are the data
     position. A callback ends training cleanly after the current step with `request_stop()`.
+
+    A callback that holds something only a full run of steps makes whole (a model average
+    over a window of steps: `lab.callbacks.averaging.ModelAverager`) calls
+    `block_ephemeral_checkpoints(self)` while it does, and `unblock_ephemeral_checkpoints(self)`
+    after, as OLMo-core's callbacks do. While any owner blocks, the loop skips the saves that
+    are due only as ephemeral saves (`CheckpointConfig.is_ephemeral`); regular, fixed, start
+    and end saves still happen, and `checkpoint_due` says False for a skipped one. Why: an
+    ephemeral save inside the window would carry the partial window (a second copy of the
+    weights) only to be deleted by the next save, and without one the run resumes from a save
+    before the window, so the full window is always re-accumulated on resume. The loop reads
+    the block when a step ends, before `on_step_end`: one set emptiness test per step. The
+    blockers live only as long as this state (one fit); a callback re-blocks in
+    `on_train_start` after a resume.
     """
 
     ctx: LogContext
@@ -137,11 +152,32 @@ class LoopState:
     checkpoint_due: bool = False
     # The in-loop eval being reported, while on_eval fires (its wall time, tags); else None.
     current_eval: EvalResult | None = None
+    # The owners that block ephemeral saves now (see the class docstring); empty: none.
+    _ephemeral_blockers: set[object] = field(default_factory=set, init=False, repr=False)
 
     def request_stop(self, reason: str = "requested by a callback") -> None:
         """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`."""
         self.stop_requested = True
         self.stop_reason = reason
+
+    def block_ephemeral_checkpoints(self, owner: object) -> None:
+        """Skip ephemeral saves until `owner` unblocks (any number of owners may block).
+
+        Takes effect from the next step's save on: the loop reads it when a step ends,
+        before `on_step_end`. `owner` is any hashable object, usually the callback itself;
+        blocking twice with the same owner is one block.
+        """
+        self._ephemeral_blockers.add(owner)
+
+    def unblock_ephemeral_checkpoints(self, owner: object) -> None:
+        """Let ephemeral saves happen again once no other owner blocks them; a no-op for an
+        owner that does not block."""
+        self._ephemeral_blockers.discard(owner)
+
+    @property
+    def ephemeral_checkpoints_blocked(self) -> bool:
+        """Whether some owner blocks ephemeral saves now."""
+        return bool(self._ephemeral_blockers)
 
     def state_dict(self) -> dict[str, Any]:
         """The progress a checkpoint must keep to resume the same trajectory."""

@@ -251,8 +251,14 @@ class TrainingLoop:
             state.step, state.metrics = step_idx, metrics
             # Sinks see that a save follows this step and make what they hold durable before
             # the checkpoint commits (a kill in between must not lose the step's metrics).
-            state.checkpoint_due = checkpoints is not None and self.checkpoint.due(
-                step_idx, num_steps=self.num_steps
+            # A save due only as an ephemeral one is skipped while a callback blocks those.
+            state.checkpoint_due = (
+                checkpoints is not None
+                and self.checkpoint.due(step_idx, num_steps=self.num_steps)
+                and not (
+                    state.ephemeral_checkpoints_blocked
+                    and self.checkpoint.is_ephemeral(step_idx, self.num_steps)
+                )
             )
             if wants_step_end:
                 fire("on_step_end", state, step_idx, batch, metrics)
