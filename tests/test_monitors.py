@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,31 +224,153 @@ def _synthetic_losses(n: int, spikes: dict[int, float]) -> list[float]:
     return [2.0 - 0.001 * s + float(noise[s]) + spikes.get(s, 0.0) for s in range(n + 1)]
 
 
+def _window_count(flagged: list[int], step: int, size: int) -> int:
+    return sum(1 for f in flagged if step - size < f <= step)
+
+
 def test_stability_monitor_flags_exactly_the_planted_spikes() -> None:
-    planted = {25: 1.0, 60: 0.8, 61: 0.0, 90: 2.0}
-    losses = _synthetic_losses(120, {k: v for k, v in planted.items() if v})
-    monitor = StabilityMonitor(window=20, threshold=3.0, keys=("loss",))
+    # 41 rides on the variance that 40 added to the history: planted, but hidden (as OLMo's)
+    losses = _synthetic_losses(120, {25: 1.0, 40: 1.0, 41: 0.5, 90: 2.0})
+    losses[100] = math.nan  # a non-finite loss is always a spike
+    monitor = StabilityMonitor(window=20, threshold=3.0, keys=("loss",), rolling_window=30)
     state = _state()
     batch = TrainingBatch()
-    flagged, scores = [], {}
+    flagged: list[int] = []
+    rows: dict[int, dict[str, float]] = {}
     for step in range(1, 121):
+        before = monitor.baseline("loss")
         metrics = {"loss": losses[step], "grad_norm": 1.0}
         monitor.on_step_end(state, step, batch, metrics)
+        rows[step] = metrics
         if metrics["stability/loss_spike"]:
             flagged.append(step)
-        scores[step] = metrics["stability/loss_spike_score"]
         assert "stability/grad_norm_spike" not in metrics  # only the watched keys
-    assert flagged == [25, 60, 90]
-    assert scores[24] == 0.0 and scores[25] == pytest.approx(1 / 20)
-    assert scores[60] == pytest.approx(1 / 20)  # step 25 has left the 20-step window
-    assert scores[44] == pytest.approx(1 / 20) and scores[45] == 0.0
-    nan = {"loss": math.nan, "grad_norm": math.nan}
-    monitor.on_step_end(state, 121, batch, nan)
-    assert nan["stability/loss_spike"] == 1.0  # a non-finite loss is always a spike
+        if step == 100:
+            assert monitor.baseline("loss") == before  # NaN never enters the history
+    assert flagged == [25, 40, 90, 100]
+    # the rolling score appears once 30 steps are seen; the total from the first step
+    assert "stability/loss_spike_score" not in rows[29]
+    assert rows[1]["stability/loss_spike_score_total"] == 0.0
+    expected_rolling = {30: 1, 40: 2, 54: 2, 55: 1, 69: 1, 70: 0, 90: 1, 100: 2, 120: 1}
+    for step, spikes in expected_rolling.items():
+        assert rows[step]["stability/loss_spike_score"] == spikes / 30, step
+    assert rows[40]["stability/loss_spike_score_total"] == 2 / 40
+    assert rows[120]["stability/loss_spike_score_total"] == 4 / 120
+    for step, row in rows.items():  # and at every step, by the definitions
+        assert row["stability/loss_spike_score_total"] == _window_count(flagged, step, step) / step
+        if step >= 30:
+            assert row["stability/loss_spike_score"] == _window_count(flagged, step, 30) / 30
+    assert monitor.scores("loss") == (1 / 30, 4 / 120)
     monitor.on_train_start(state)  # a new run that does not resume starts clean
     fresh = {"loss": 100.0}
     monitor.on_step_end(state, 1, batch, fresh)
-    assert fresh["stability/loss_spike"] == 0.0 and fresh["stability/loss_spike_score"] == 0.0
+    assert fresh["stability/loss_spike"] == 0.0
+    assert fresh["stability/loss_spike_score_total"] == 0.0
+    assert "stability/loss_spike_score" not in fresh
+    assert monitor.baseline("loss") == (1, 100.0, 0.0)
+
+
+def _direct_run(
+    values: list[float], key: str, window: int, threshold: float, min_history: int, rolling: int
+) -> list[dict[str, Any]]:
+    """The monitor's definitions computed from scratch at every step, with numpy."""
+    history: list[float] = []
+    flags: list[int] = []
+    out: list[dict[str, Any]] = []
+    for value in values:
+        if key == "grad_norm" and math.isnan(value):
+            out.append({})
+            continue
+        held = np.array(history[-window:])
+        mean = float(held.mean()) if len(held) else 0.0
+        std = float(held.std()) if len(held) else 0.0
+        if not math.isfinite(value):
+            spike = True
+        else:
+            spike = len(held) >= min_history and value > mean + threshold * std
+            history.append(value)
+        flags.append(int(spike))
+        row = {"n": len(held), "mean": mean, "std": std, "spike": float(spike)}
+        row["total"] = sum(flags) / len(flags)
+        row["rolling"] = sum(flags[-rolling:]) / rolling if len(flags) >= rolling else None
+        out.append(row)
+    return out
+
+
+def _heavy_tailed(n: int, seed: int, base: np.ndarray, scale: float) -> list[float]:
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_t(df=2, size=n) * scale  # heavy tails: some values are spikes
+    values = [float(v) for v in base + noise]
+    for i in rng.choice(n, size=n // 100, replace=False):
+        values[i] = [math.nan, math.inf, -math.inf][i % 3]
+    return values
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["loss near 2", "loss 1e6 + noise 1e-3", "decaying loss", "grad_norm with NaN steps"],
+)
+def test_stability_monitor_agrees_with_a_direct_computation_at_every_step(case: str) -> None:
+    n, window, rolling = 3000, 64, 100
+    steps = np.arange(n)
+    key = "loss"
+    if case == "loss near 2":
+        values = _heavy_tailed(n, 1, np.full(n, 2.0), 0.03)
+    elif case == "loss 1e6 + noise 1e-3":  # sums of x and x**2 cancel to nothing here
+        values = _heavy_tailed(n, 2, np.full(n, 1e6), 1e-3)
+    elif case == "decaying loss":
+        values = _heavy_tailed(n, 3, 10.0 * np.exp(-steps / 400.0), 1e-3)
+    else:
+        key = "grad_norm"
+        values = _heavy_tailed(n, 4, 1.0 + steps / n, 0.05)
+    expected = _direct_run(values, key, window, 3.0, 8, rolling)
+    monitor = StabilityMonitor(
+        window=window, threshold=3.0, keys=(key,), min_history=8, rolling_window=rolling
+    )
+    state, batch = _state(), TrainingBatch()
+    flagged = 0
+    for step, (value, want) in enumerate(zip(values, expected, strict=True), start=1):
+        count, mean, std = monitor.baseline(key)
+        metrics = {key: value}
+        monitor.on_step_end(state, step, batch, metrics)
+        if not want:  # a NaN grad_norm: no figures at all
+            assert metrics == {key: value}
+            continue
+        assert count == want["n"]
+        assert mean == pytest.approx(want["mean"], rel=1e-14, abs=1e-300)
+        assert std == pytest.approx(want["std"], rel=1e-9, abs=1e-300), step
+        assert metrics[f"stability/{key}_spike"] == want["spike"], step
+        assert metrics[f"stability/{key}_spike_score_total"] == want["total"]
+        assert metrics.get(f"stability/{key}_spike_score") == want["rolling"]
+        flagged += int(want["spike"])
+    assert 30 < flagged < 300  # the data has spikes, but not everywhere
+    if case == "loss 1e6 + noise 1e-3":  # the naive running sums really would fail here
+        held = np.array([v for v in values if math.isfinite(v)][-window:])
+        naive_var = float((held * held).sum()) / window - (float(held.sum()) / window) ** 2
+        assert abs(naive_var - float(held.var())) > 0.5 * float(held.var())  # here: 0.0
+
+
+def test_stability_monitor_checks_its_params() -> None:
+    with pytest.raises(ConfigError, match="rolling_window"):
+        StabilityMonitor(rolling_window=0)
+    with pytest.raises(ConfigError, match="min_history"):
+        StabilityMonitor(window=5, min_history=6)
+    with pytest.raises(ConfigError, match="window"):
+        StabilityMonitor(window=1)
+    with pytest.raises(ConfigError, match="rolling_window"):
+        build([{"kind": "stability_monitor", "params": {"rolling_window": 0}}])
+
+
+def test_stability_monitor_loads_a_state_saved_before_the_rolling_window() -> None:
+    old = {"history": {"loss": [1.0, 2.0, 3.0, 2.0]}, "spikes": {"loss": [0, 0, 1, 0]}}
+    monitor = StabilityMonitor(window=3, min_history=2, keys=("loss", "grad_norm"))
+    monitor.load_state_dict(old)
+    monitor.on_train_start(_state())  # a resume keeps what was loaded
+    count, mean, std = monitor.baseline("loss")
+    assert (count, mean) == (3, pytest.approx(7 / 3))  # the newest 3 that fit the window
+    assert std == pytest.approx(float(np.std([2.0, 3.0, 2.0])))
+    assert monitor.scores("loss") == (None, 1 / 4)
+    assert monitor.baseline("grad_norm") == (0, 0.0, 0.0)  # not in the old state: empty
 
 
 def test_stability_monitor_in_a_loop_and_across_a_resume(tmp_path: Path) -> None:
@@ -258,21 +381,25 @@ def test_stability_monitor_in_a_loop_and_across_a_resume(tmp_path: Path) -> None
         x, i = batch
         return model(x).pow(2).mean() * 0, {"planted": losses[int(i)]}
 
-    def run(steps: int, folder: Path) -> Recorder:
+    def run(steps: int, folder: Path) -> tuple[Recorder, StabilityMonitor]:
         rec = Recorder()
-        monitor = StabilityMonitor(window=10, keys=("planted",), min_history=10)
+        monitor = StabilityMonitor(window=10, keys=("planted",), min_history=10,
+                                   rolling_window=12)  # fmt: skip
         _loop(steps, [monitor, rec], loss_fn=loss, data=data,
               checkpoint=CheckpointConfig(every=5)).fit(run_dir=folder)  # fmt: skip
-        return rec
+        return rec, monitor
 
-    straight = run(40, tmp_path / "a")
+    straight, whole = run(40, tmp_path / "a")
     assert [s for s, r in straight.rows.items() if r["stability/planted_spike"]] == [15, 33]
-    run(20, tmp_path / "b")
-    resumed = run(40, tmp_path / "b")
-    assert sorted(resumed.rows) == list(range(21, 41))
-    for s in range(21, 41):
-        for key in ("stability/planted_spike", "stability/planted_spike_score"):
-            assert resumed.rows[s][key] == straight.rows[s][key]
+    assert straight.rows[40]["stability/planted_spike_score"] == 1 / 12
+    assert straight.rows[40]["stability/planted_spike_score_total"] == 2 / 40
+    run(23, tmp_path / "b")  # checkpoints at 5, ..., 20 and the end, 23
+    resumed, again = run(40, tmp_path / "b")
+    assert sorted(resumed.rows) == list(range(24, 41))
+    names = [f"stability/planted_{k}" for k in ("spike", "spike_score", "spike_score_total")]
+    for s in range(24, 41):
+        assert [resumed.rows[s][n] for n in names] == [straight.rows[s][n] for n in names]
+    assert again.state_dict() == whole.state_dict()  # bit for bit, running sums included
 
 
 # -- GradientMonitor --------------------------------------------------------------------------

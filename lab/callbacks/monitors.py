@@ -22,7 +22,6 @@ import gc
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -230,15 +229,194 @@ class StabilityMonitorConfig(pydantic.BaseModel):
     """Params of `StabilityMonitor`."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    window: pydantic.PositiveInt = 100
+    window: int = pydantic.Field(default=100, ge=2)
     threshold: pydantic.PositiveFloat = 3.0
+    rolling_window: pydantic.PositiveInt = 1000
     keys: tuple[str, ...] = ("loss", "grad_norm")
     min_history: int = pydantic.Field(default=10, ge=2)
 
 
+_isfinite, _sqrt = math.isfinite, math.sqrt  # module globals: one lookup less per use
+
+
+class _Series:
+    """One watched key: its detection history and its spike counts, each kept in O(1) a value.
+
+    The history is a ring of the last `window` finite values (a list allocated once) with
+    their mean and sum of squared deviations (`m2`), kept by Welford's update: adding a
+    value while the ring has room, replacing the oldest once it is full. Welford works on
+    deviations from the mean, so a loss of 1e6 with noise of 1e-3 keeps its variance where
+    running sums of x and x**2 lose it to cancellation. The values enter it less `shift` (the
+    first value, later the mean at the last recompute), so the mean it tracks is near 0 and
+    its rounding is that of the noise, not of the loss's magnitude. Rounding still adds up,
+    so every `window` values the statistics are recomputed from the ring with `math.fsum`:
+    O(window) once per `window` steps, O(1) amortised. The spike flags are a ring of bytes
+    as long as the rolling window, with the count of spikes in it, and the run's totals.
+    """
+
+    __slots__ = (
+        "count",
+        "flags",
+        "key",
+        "m2",
+        "mean",
+        "pos",
+        "recent",
+        "rolling_window",
+        "score_key",
+        "shift",
+        "since_refresh",
+        "skip_nan",
+        "spike_key",
+        "spikes",
+        "steps",
+        "total_key",
+        "values",
+        "window",
+    )
+
+    def __init__(self, key: str, window: int, rolling_window: int) -> None:
+        self.key = key
+        # Built once: a step writes its figures under these names without formatting any.
+        self.spike_key = f"stability/{key}_spike"
+        self.score_key = f"stability/{key}_spike_score"
+        self.total_key = f"stability/{key}_spike_score_total"
+        self.skip_nan = key == "grad_norm"  # the loop logs NaN for a step without gradients
+        self.window, self.rolling_window = window, rolling_window
+        self.values = [0.0] * window
+        self.flags = bytearray(rolling_window)
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = self.pos = self.since_refresh = 0
+        self.shift = self.mean = self.m2 = 0.0  # mean: of the values less shift
+        self.flags[:] = bytes(len(self.flags))
+        self.recent = self.spikes = self.steps = 0
+
+    def std(self) -> float:
+        var = self.m2 / self.count if self.count else 0.0
+        return math.sqrt(var) if var > 0.0 else 0.0  # m2 may round to a hair below 0
+
+    def is_spike(self, value: float, threshold: float, min_history: int) -> bool:
+        if not _isfinite(value):
+            return True
+        if self.count < min_history:
+            return False
+        return value - self.shift > self.mean + threshold * self.std()
+
+    def observe(self, value: float, threshold: float, min_history: int) -> bool:
+        """Judge `value` against the history, then count it, and keep it if it is finite:
+        the one way a value is taken, by a step and by `StabilityMonitor.observe` alike."""
+        count = self.count
+        if not _isfinite(value):
+            self.flag(True)
+            return True
+        if count < min_history:
+            spike = False
+        else:
+            m2 = self.m2
+            std = _sqrt(m2 / count) if m2 > 0.0 else 0.0  # m2 may round to a hair below 0
+            spike = value - self.shift > self.mean + threshold * std
+        # Welford, on the values less `shift`: add while there is room, else replace the oldest
+        values = self.values
+        pos = self.pos
+        if count == 0:
+            self.shift = value
+        x = value - self.shift
+        mean = self.mean
+        if count < self.window:
+            count += 1
+            self.count = count
+            delta = x - mean
+            mean += delta / count
+            self.m2 += delta * (x - mean)
+        else:
+            old = values[pos] - self.shift
+            delta = x - old
+            new_mean = mean + delta / count
+            self.m2 += delta * ((x - new_mean) + (old - mean))
+            mean = new_mean
+        self.mean = mean
+        values[pos] = value
+        pos += 1
+        self.pos = pos if pos < self.window else 0
+        self.since_refresh += 1
+        if self.since_refresh >= self.window:
+            self.refresh()
+        self.flag(spike)
+        return spike
+
+    def refresh(self) -> None:
+        """Recompute the mean and m2 from the ring, dropping what rounding accumulated."""
+        self.since_refresh = 0
+        n = self.count
+        if n == 0:
+            self.shift = self.mean = self.m2 = 0.0
+            return
+        held = self.values if n == len(self.values) else self.values[:n]
+        shift = math.fsum(held) / n
+        deviations = [v - shift for v in held]
+        self.shift = shift
+        self.mean = math.fsum(deviations) / n  # what rounding left of the mean: ~0
+        self.m2 = math.fsum([(d - self.mean) * (d - self.mean) for d in deviations])
+
+    def flag(self, spike: bool) -> None:
+        """Count one observation in the rolling window and the totals."""
+        flags = self.flags
+        steps = self.steps
+        i = steps % self.rolling_window
+        self.recent += spike - flags[i]  # the slot held the flag rolling_window steps ago
+        flags[i] = spike
+        self.steps = steps + 1
+        self.spikes += spike
+
+    def history(self) -> list[float]:
+        """The held values, oldest first."""
+        return self.values[self.pos : self.count] + self.values[: self.pos]
+
+    def recent_flags(self) -> list[int]:
+        """The flags of the rolling window, oldest first."""
+        size = len(self.flags)
+        held = min(self.steps, size)
+        return [self.flags[(self.steps - held + j) % size] for j in range(held)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "values": self.history(),
+            "shift": self.shift,
+            "mean": self.mean,
+            "m2": self.m2,
+            "since_refresh": self.since_refresh,
+            "flags": self.recent_flags(),
+            "spikes": self.spikes,
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any], exact: bool) -> None:
+        """Restore a saved series; `exact` (same windows) keeps its running mean and m2 as
+        they were, so the next flags are bit for bit those of an uninterrupted run."""
+        self.reset()
+        window, size = len(self.values), len(self.flags)
+        values = [float(v) for v in saved["values"]][-window:]
+        self.values[: len(values)] = values
+        self.count, self.pos = len(values), len(values) % window
+        if exact:
+            self.shift, self.mean = float(saved["shift"]), float(saved["mean"])
+            self.m2 = float(saved["m2"])
+            self.since_refresh = int(saved["since_refresh"])
+        else:
+            self.refresh()
+        self.steps, self.spikes = int(saved["steps"]), int(saved["spikes"])
+        flags = [int(f) for f in saved["flags"]][-size:]
+        start = self.steps - len(flags)
+        for j, f in enumerate(flags):
+            self.flags[(start + j) % size] = f
+        self.recent = sum(flags)
+
+
 @register("stability_monitor", StabilityMonitorConfig)
 class StabilityMonitor(Callback):
-    """Flags loss and gradient-norm spikes, and a rolling spike score, at every step.
+    """Flags loss and gradient-norm spikes at every step, and scores how often they happen.
 
     Why: a spike that recovers leaves no trace in a smoothed curve but often precedes a
     divergence; counting them makes instability a number that runs can be compared by.
@@ -248,14 +426,22 @@ class StabilityMonitor(Callback):
     (population std). Detection starts once `min_history` values are held. A non-finite
     value (NaN, inf) is always a spike and never enters the history, except a NaN
     ``grad_norm``, which the loop logs for a step without gradients and is skipped (a NaN
-    loss still shows). Every finite value, spike or not, enters the history.
+    loss still shows). Every finite value, spike or not, enters the history, so a second
+    spike right after a big one may hide in the variance the first one added.
 
-    For each watched key present in a step's metrics it adds ``stability/<key>_spike``
-    (1.0 or 0.0) and ``stability/<key>_spike_score``: the fraction of the last `window`
-    steps that were spikes (of the steps seen so far, until `window` steps have passed).
-    Its state is saved in checkpoints, so a resumed run flags the same steps as one that
-    never stopped; a fit that does not resume starts with empty histories (one instance
-    attached to an Experiment serves each run afresh).
+    For each watched key present in a step's metrics it adds ``stability/<key>_spike`` (1.0
+    or 0.0), ``stability/<key>_spike_score_total`` (spikes / observations since the run
+    started) and, once `rolling_window` observations have been made,
+    ``stability/<key>_spike_score`` (the fraction of the last `rolling_window` that were
+    spikes). The rolling score is left out until its window is full, as OLMo-core does: until
+    then it would be the total score under another name, and a rate over a handful of steps
+    (one spike in the first three: 0.33) reads as alarming when it is only small numbers.
+    Each step costs O(1) per key (a ring buffer with Welford's running mean and variance,
+    recomputed exactly every `window` values), so a long `window` is as cheap as a short one.
+
+    Its state is saved in checkpoints, so a resumed run flags the same steps and reports the
+    same scores as one that never stopped; a fit that does not resume starts with empty
+    histories (one instance attached to an Experiment serves each run afresh).
     """
 
     priority = MONITOR_PRIORITY
@@ -266,8 +452,9 @@ class StabilityMonitor(Callback):
         threshold: float = 3.0,
         keys: Sequence[str] = ("loss", "grad_norm"),
         min_history: int = 10,
+        rolling_window: int = 1000,
     ) -> None:
-        if window < 2:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise ConfigError(f"StabilityMonitor(window={window!r}): use an int >= 2")
         if not threshold > 0:
             raise ConfigError(f"StabilityMonitor(threshold={threshold!r}): use a number > 0")
@@ -275,70 +462,103 @@ class StabilityMonitor(Callback):
             raise ConfigError(
                 f"StabilityMonitor(min_history={min_history!r}): use 2 <= min_history <= window"
             )
+        if (
+            isinstance(rolling_window, bool)
+            or not isinstance(rolling_window, int)
+            or rolling_window < 1
+        ):
+            raise ConfigError(
+                f"StabilityMonitor(rolling_window={rolling_window!r}): use an int >= 1"
+            )
         if isinstance(keys, str):
             keys = (keys,)
         self.window = window
         self.threshold = float(threshold)
         self.keys = tuple(keys)
         self.min_history = int(min_history)
-        self._history: dict[str, deque[float]] = {}
-        self._spikes: dict[str, deque[int]] = {}
-        self._reset()
+        self.rolling_window = rolling_window
+        self._series = {k: _Series(k, window, rolling_window) for k in self.keys}
+        self._watched = tuple(self._series.values())  # what on_step_end walks
         self._restored = False
-
-    def _reset(self) -> None:
-        self._history = {k: deque(maxlen=self.window) for k in self.keys}
-        self._spikes = {k: deque(maxlen=self.window) for k in self.keys}
 
     def on_train_start(self, state: LoopState) -> None:
         if not self._restored:  # a new run starts clean; a resumed one keeps its history
-            self._reset()
+            for series in self._watched:
+                series.reset()
         self._restored = False
 
     def is_spike(self, key: str, value: float) -> bool:
-        """Whether `value` is a spike against the history of `key` (history unchanged)."""
-        if not math.isfinite(value):
-            return True
-        history = self._history[key]
-        if len(history) < self.min_history:
-            return False
-        n = len(history)
-        mean = sum(history) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in history) / n)
-        return value > mean + self.threshold * std
+        """Whether `value` would be a spike of `key` now; the history is left as it is."""
+        return self._series[key].is_spike(float(value), self.threshold, self.min_history)
 
-    def observe(self, key: str, value: float) -> tuple[bool, float]:
-        """Take one value of `key`: whether it is a spike, and the rolling spike score."""
-        spike = self.is_spike(key, value)
-        if math.isfinite(value):
-            self._history[key].append(value)
-        spikes = self._spikes[key]
-        spikes.append(int(spike))
-        return spike, sum(spikes) / len(spikes)
+    def observe(self, key: str, value: float) -> bool:
+        """Take one value of `key` as a step would: whether it is a spike (then counted)."""
+        return self._series[key].observe(float(value), self.threshold, self.min_history)
+
+    def baseline(self, key: str) -> tuple[int, float, float]:
+        """The values held for `key`, their mean and population std: what the next value of
+        `key` is judged against, for checking a flag by hand."""
+        series = self._series[key]
+        return series.count, series.shift + series.mean, series.std()
+
+    def scores(self, key: str) -> tuple[float | None, float | None]:
+        """`key`'s rolling spike score (None until its window is full) and total score
+        (None before any observation): the figures the last step reported."""
+        series = self._series[key]
+        rolling = (
+            series.recent / self.rolling_window if series.steps >= self.rolling_window else None
+        )
+        return rolling, (series.spikes / series.steps if series.steps else None)
 
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
-        for key in self.keys:
-            value = metrics.get(key)
-            if value is None or (key == "grad_norm" and math.isnan(value)):
-                continue  # not logged this step (a NaN grad_norm means "no gradients")
-            spike, score = self.observe(key, float(value))
-            metrics[f"stability/{key}_spike"] = float(spike)
-            metrics[f"stability/{key}_spike_score"] = score
+        threshold, min_history, rolling = self.threshold, self.min_history, self.rolling_window
+        for series in self._watched:
+            value = metrics.get(series.key)
+            if value is None:
+                continue  # not logged this step
+            value = float(value)
+            if series.skip_nan and value != value:
+                continue  # a NaN grad_norm means "no gradients this step"
+            spike = series.observe(value, threshold, min_history)
+            metrics[series.spike_key] = 1.0 if spike else 0.0
+            metrics[series.total_key] = series.spikes / series.steps
+            if series.steps >= rolling:
+                metrics[series.score_key] = series.recent / rolling
 
     def state_dict(self) -> dict[str, Any]:
-        """The histories, so a resumed run detects exactly as an uninterrupted one."""
+        """The histories, running statistics and flags, so a resumed run detects and scores
+        exactly as an uninterrupted one."""
         return {
-            "history": {k: list(v) for k, v in self._history.items()},
-            "spikes": {k: list(v) for k, v in self._spikes.items()},
+            "window": self.window,
+            "rolling_window": self.rolling_window,
+            "series": {s.key: s.state_dict() for s in self._watched},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` saved (keys no longer watched are dropped)."""
-        for key in self.keys:
-            self._history[key] = deque(state["history"].get(key, ()), maxlen=self.window)
-            self._spikes[key] = deque(state["spikes"].get(key, ()), maxlen=self.window)
+        """Restore what `state_dict` saved: keys no longer watched are dropped, new ones
+        start empty; saved with other windows, the newest values that fit are kept and the
+        statistics recomputed from them."""
+        saved = state.get("series")
+        exact = state.get("window") == self.window
+        if saved is None:  # written before the rolling window: the histories and flags only
+            history, spikes = state.get("history", {}), state.get("spikes", {})
+            saved = {}
+            for key, values in history.items():
+                flags = spikes.get(key, [])
+                saved[key] = {
+                    "values": values,
+                    "flags": flags,
+                    "spikes": sum(flags),
+                    "steps": len(flags),
+                }
+            exact = False
+        for series in self._watched:
+            if series.key in saved:
+                series.load_state_dict(saved[series.key], exact)
+            else:
+                series.reset()
         self._restored = True
 
 
@@ -369,33 +589,50 @@ class GradientMonitor(Callback):
 
     def __init__(self, every: int = 10) -> None:
         self.every = _check_every("GradientMonitor", every)
+        self._params: list[tuple[str, str, torch.Tensor]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the model's parameters (a process pool pickles callbacks)."""
+        state = self.__dict__.copy()
+        state["_params"] = None
+        return state
+
+    def on_train_start(self, state: LoopState) -> None:
+        """Name the trainable parameters once per fit: a report then builds no strings."""
+        self._params = [
+            (f"grad_norm/{name}", f"param_norm/{name}", p)
+            for name, p in state.model.named_parameters()
+            if p.requires_grad
+        ]
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        self._params = None  # do not keep the model alive past its fit
 
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
         if step_idx % self.every and step_idx != state.num_steps:
             return
-        keys: list[str] = []
-        norms: list[torch.Tensor] = []
+        if self._params is None:  # hooks fed without on_train_start
+            self.on_train_start(state)
+        assert self._params is not None
+        keys = [g for g, _, p in self._params if p.grad is not None]
+        tensors = [p.grad for _, _, p in self._params if p.grad is not None]
+        keys += [k for _, k, _ in self._params]
+        tensors += [p for _, _, p in self._params]
+        if not tensors:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_device.setdefault(t.device, []).append(i)
+        values = [0.0] * len(tensors)
         with torch.no_grad():
-            for name, p in state.model.named_parameters():
-                if not p.requires_grad:
-                    continue
-                if p.grad is not None:
-                    keys.append(f"grad_norm/{name}")
-                    norms.append(torch.linalg.vector_norm(p.grad.detach().float()))
-                keys.append(f"param_norm/{name}")
-                norms.append(torch.linalg.vector_norm(p.detach().float()))
-            if not norms:
-                return
-            by_device: dict[torch.device, list[int]] = {}
-            for i, t in enumerate(norms):
-                by_device.setdefault(t.device, []).append(i)
-            values: list[float] = [0.0] * len(norms)
-            for idx in by_device.values():
-                host = torch.stack([norms[i] for i in idx]).cpu().tolist()
+            for idx in by_device.values():  # one fused norm and one host copy per device
+                group = [tensors[i].detach() for i in idx]
+                group = [t if t.dtype == torch.float32 else t.float() for t in group]
+                host = torch.stack(torch._foreach_norm(group)).cpu().tolist()
                 for i, v in zip(idx, host, strict=True):
-                    values[i] = float(v)
+                    values[i] = v
         metrics.update(zip(keys, values, strict=True))
 
 
