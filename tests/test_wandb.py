@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,10 @@ def test_a_bare_loop_gets_one_run_and_ids_land_in_the_context(offline: Path) -> 
     seen: dict[str, Any] = {}
 
     class Peek(lab.Callback):
+        def on_step_end(self, state: lab.LoopState, step_idx: int, batch: Any, m: Any) -> None:
+            threads = [t.name for t in threading.enumerate()]
+            seen["sender"] = [name for name in threads if name.startswith("lab-wandb-")]
+
         def on_train_end(self, state: lab.LoopState, artifacts: lab.LoopArtifacts) -> None:
             seen.update(state.ctx.ids, **state.ctx.extras)
 
@@ -256,12 +261,15 @@ def test_a_bare_loop_gets_one_run_and_ids_land_in_the_context(offline: Path) -> 
         data,
         _mse,
         3,
-        callbacks=[WandbLogger("lab-test", checkpoints=None), Peek()],
+        callbacks=[WandbLogger("lab-test", checkpoints=None, log_every=1), Peek()],
     ).fit(run_dir=offline / "bare")
     (run,) = _offline_runs(offline)
     assert seen["wandb:run_id"] == run.run.run_id == stable_run_id("", "bare")
     assert seen["wandb:url"] is None  # offline
     assert run.steps("loss") == [1, 2, 3] and run.exit_code == 0
+    # The rows were sent by the run's own sender thread, which is gone after the fit.
+    assert seen["sender"] == [f"lab-wandb-{run.run.run_id}"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("lab-wandb-")]
 
 
 def test_config_and_registry_need_no_wandb_run() -> None:
@@ -320,7 +328,7 @@ def test_nan_and_inf_are_logged_as_data(offline: Path) -> None:
         loss_fn,
         4,
         evaluators=[Evaluator("val", lambda m: {"loss": math.nan}, every=2)],
-        callbacks=[WandbLogger("lab-test", checkpoints=None)],
+        callbacks=[WandbLogger("lab-test", checkpoints=None, log_every=1)],
     ).fit(run_dir=offline / "bare")
     (run,) = _offline_runs(offline)
     values = [row["odd"] for row in run.history if "odd" in row]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -58,8 +60,16 @@ class _Live:
     first_step: int  # the step it started (or resumed) from, so the rate counts this fit only
     step: int = 0
     printed_at: float = 0.0
-    latest: dict[str, float] = field(default_factory=dict)  # step and eval metrics
+    # The newest step's metrics dict itself, not a copy: the loop makes a new one per step,
+    # so a step costs the logger one assignment; only a printed line reads it.
+    step_metrics: Mapping[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # "<eval>/<key>"
     task: Any = None  # its rich TaskID
+
+    @property
+    def latest(self) -> Mapping[str, float]:
+        """The newest value of every step and eval metric."""
+        return ChainMap(self.step_metrics, self.eval_metrics)  # type: ignore[arg-type]
 
     def rate(self, now: float) -> float | None:
         done = self.step - self.first_step
@@ -132,7 +142,7 @@ class ConsoleLogger(Callback):
         if self._use_bars():
             bars = self._start_bars()
             self._experiment_task = bars.add_task(
-                f"[bold]{ctx.experiment}", total=self._total, kind="experiment", metrics={}
+                f"[bold]{ctx.experiment}", total=self._total, kind="experiment"
             )
         else:
             shown = f"{len(arms)} arms x {ctx.config.get('repeats', 1)} repeats"
@@ -177,7 +187,7 @@ class ConsoleLogger(Callback):
         if self._use_bars():
             bars = self._start_bars()
             live.task = bars.add_task(
-                key, total=state.num_steps, completed=state.step, kind="run", metrics=live.latest
+                key, total=state.num_steps, completed=state.step, kind="run", live=live
             )
 
     def on_step_end(
@@ -187,15 +197,15 @@ class ConsoleLogger(Callback):
         if live is None:
             return
         live.step = step_idx
-        live.latest.update(metrics)
+        live.step_metrics = metrics
         if live.task is not None and self._bars is not None:
             self._bars.update(live.task, completed=step_idx)  # drawn by rich's refresh thread
             return
-        now = time.perf_counter()
         due = step_idx % self.every == 0 or step_idx == live.num_steps
-        if not due and self.every_s is not None:
-            due = now - live.printed_at >= self.every_s
-        if due:
+        if not due and self.every_s is None:
+            return  # most steps: no clock read, no string
+        now = time.perf_counter()
+        if due or now - live.printed_at >= self.every_s:  # type: ignore[operator]
             live.printed_at = now
             self._print(self.step_line(state.ctx.run_key or "loop", live, now))
 
@@ -204,7 +214,7 @@ class ConsoleLogger(Callback):
     ) -> None:
         live = self._live.get(state.ctx.run_key or "loop")
         if live is not None:
-            live.latest.update({f"{eval_name}/{k}": v for k, v in metrics.items()})
+            live.eval_metrics.update({f"{eval_name}/{k}": v for k, v in metrics.items()})
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         if not self._in_experiment:  # a bare loop: nothing else closes the display or sums up
@@ -281,7 +291,7 @@ class ConsoleLogger(Callback):
             bars.stop()
 
 
-def _metrics_text(values: dict[str, float], chosen: tuple[str, ...]) -> str:
+def _metrics_text(values: Mapping[str, float], chosen: tuple[str, ...]) -> str:
     return "  ".join(f"{k}={values[k]:.4g}" for k in chosen if k in values)
 
 
@@ -312,12 +322,13 @@ class _RateEtaColumn(ProgressColumn):
 
 
 class _MetricsColumn(ProgressColumn):
-    """A run's chosen metrics, read at each refresh from the dict the logger keeps updating
-    (so a step costs a dict update, not a formatted string)."""
+    """A run's chosen metrics, read at each refresh (4 a second) from what the logger keeps
+    of the run, so a step costs an assignment, not a formatted string."""
 
     def __init__(self, chosen: tuple[str, ...]) -> None:
         super().__init__()
         self.chosen = chosen
 
     def render(self, task: Task) -> Text:
-        return Text(_metrics_text(task.fields.get("metrics") or {}, self.chosen))
+        live = task.fields.get("live")
+        return Text(_metrics_text(live.latest, self.chosen) if live is not None else "")
