@@ -6,6 +6,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -68,6 +69,43 @@ def quickstart(
     typer.echo("Per-example predictions of the holdout benchmark:")
     typer.echo(f'  lab.inspect.connect("{shown}").sql("{query}").df()')
     typer.echo("A walk-through of arms, curves and predictions: notebooks/quickstart.ipynb")
+
+
+@app.command("run")
+@_clean_errors
+def run_file(
+    file: Annotated[Path, typer.Argument(help="Experiment file: .yaml, .yml or .json")],
+    store: StoreOption = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
+    ] = False,
+) -> None:
+    """Run the experiment an experiment file describes and print its summary.
+
+    Exits 1 when the file is wrong (one line, nothing runs) and when any run failed (after
+    the summary, one line naming the failures); 0 when every run completed or stopped.
+    """
+    from lab.experiment_file import plan, read_experiment_file
+    from lab.store import resolve_url
+
+    spec = read_experiment_file(file)
+    exp = spec.build(store=store)
+    if dry_run:
+        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {file}")
+        return
+    result = exp.run()
+    typer.echo(str(spec.summarize(result)))
+    failed = [r for r in result.runs if r.status == "failed"]
+    if failed:
+        first = (failed[0].error or "failed").splitlines()[0]
+        hint = ""
+        if isinstance(exp.store, str):  # recorded: say where to look
+            hint = f"; details: lab show {exp.name}"
+            if exp.store != resolve_url(None):
+                hint += f" --store {make_url(exp.store).render_as_string(hide_password=True)}"
+        typer.echo(f"error: {len(failed)} of {len(result.runs)} runs failed "
+                   f"({failed[0].run_key}: {first}){hint}", err=True)  # fmt: skip
+        raise typer.Exit(1)
 
 
 @app.command("ls")

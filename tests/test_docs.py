@@ -27,6 +27,7 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
     assert "best arm by val/loss (min)" in out
     assert "on_run_start" in out
     assert "lr-sweep" in out and "bench-demo" in out
+    assert "['throughput/samples_per_s', 'throughput/steps_per_s']" in out  # callbacks-demo
 
 
 def _check_store_page(out: str, namespace: dict[str, object]) -> None:
@@ -42,7 +43,28 @@ def _check_analysis_page(out: str, namespace: dict[str, object]) -> None:
     assert not namespace["folder"].exists()  # type: ignore[attr-defined]  # cleaned up
 
 
-PAGES = {"store.md": _check_store_page, "analysis.md": _check_analysis_page}
+def _check_callbacks_page(out: str, namespace: dict[str, object]) -> None:
+    from lab.callbacks import REGISTRY
+
+    lines = out.splitlines()
+    assert lines[:2] == ["5 True", ", ".join(sorted(REGISTRY))]
+    page = (README.parent / "docs" / "callbacks.md").read_text(encoding="utf-8")
+    assert f"\n{lines[1]}\n" in page  # the page shows every registered kind
+    assert "['checkpoints', 'config.json', 'hooks.jsonl', 'metrics.json']" in lines
+    assert lines[-3:] == ["5 True", "10 True", "10"]  # the replayed LossPrinter
+
+
+def _check_loggers_page(out: str, namespace: dict[str, object]) -> None:
+    kinds = [type(cb).__name__ for cb in namespace["callbacks"]]  # type: ignore[attr-defined]
+    assert kinds == ["ConsoleLogger", "WandbLogger", "Notifier"]
+
+
+PAGES = {
+    "store.md": _check_store_page,
+    "analysis.md": _check_analysis_page,
+    "callbacks.md": _check_callbacks_page,
+    "loggers.md": _check_loggers_page,
+}
 
 
 @pytest.mark.slow

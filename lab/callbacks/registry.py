@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from lab._validation import describe
 from lab.errors import ConfigError
 from lab.hooks import Callback
 
@@ -35,15 +36,25 @@ def register(kind: str, config: type[pydantic.BaseModel]) -> Callable[[C], C]:
 
 
 def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
-    """Callbacks from ``[{"kind": ..., "params": {...}}, ...]`` (params may be left out)."""
+    """Callbacks from ``[{"kind": ..., "params": {...}}, ...]``, as a YAML or JSON file holds
+    them, so an experiment's sinks and monitors can change without changing code.
+
+    `params` may be left out (the Config's defaults). ``critical: true`` marks that one
+    callback critical: its failure fails the run instead of being recorded and counted.
+    """
     _load_builtins()
     out = []
     for i, spec in enumerate(specs):
         if not isinstance(spec, Mapping) or "kind" not in spec:
             raise ConfigError(f"callback spec #{i} is {spec!r}; write {{kind: ..., params: {{}}}}")
-        extra = sorted(set(spec) - {"kind", "params"})
+        extra = sorted(set(spec) - {"kind", "params", "critical"})
         if extra:
-            raise ConfigError(f"callback spec #{i} has unknown fields {extra}; use kind, params")
+            raise ConfigError(
+                f"callback spec #{i} has unknown fields {extra}; use kind, params, critical"
+            )
+        critical = spec.get("critical", False)
+        if not isinstance(critical, bool):
+            raise ConfigError(f"callback spec #{i}: critical={critical!r}; use true or false")
         kind = spec["kind"]
         if kind not in REGISTRY:
             raise ConfigError(
@@ -58,10 +69,11 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
         try:
             values = config(**params)
         except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"{kind}: {where}: {first['msg']}") from None
-        out.append(cls(**values.model_dump()))
+            raise ConfigError(f"{kind}: {describe(exc, config)}") from None
+        callback = cls(**values.model_dump())
+        if critical:
+            callback.critical = True  # its failure fails the run (see the failure policy)
+        out.append(callback)
     return out
 
 
@@ -78,9 +90,11 @@ def _load_builtins() -> None:
 
 
 _BUILTIN_MODULES = (
+    "lab.callbacks.averaging",
     "lab.callbacks.files",
     "lab.callbacks.monitors",
     "lab.callbacks.notify",
     "lab.loggers.console",
+    "lab.loggers.sql",
     "lab.loggers.wandb",
 )

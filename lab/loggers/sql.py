@@ -24,6 +24,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import pydantic
+
+from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.evals import EvalResult
 from lab.store.store import Store
@@ -50,6 +53,16 @@ def group_key(name: str) -> str:
     return f"sql:group:{name}"
 
 
+class SqlLoggerConfig(pydantic.BaseModel):
+    """The params of ``{"kind": "sql_logger", "params": {...}}``: the store's URL, or None
+    for ``LAB_STORE_URL``, else ``sqlite:///lab.db``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    store: str | None = None
+
+
+@register("sql_logger", SqlLoggerConfig)
 class SqlLogger(Callback):
     """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
 

@@ -1,0 +1,435 @@
+"""Experiment files: an `Experiment` written down as YAML or JSON, run with ``lab run FILE``.
+
+A file names its `train(run)` function and its config class as ``module:name``; the module
+is imported by name, with the file's own folder first on ``sys.path`` (as ``python
+script.py`` puts the script's folder there), so the functions stay picklable for
+``executor: processes``, whose ``spawn`` workers start with the same ``sys.path``. Everything
+else maps to one `Experiment` argument::
+
+    name: lr-sweep
+    train: train_lib:train              # module:function, looked up next to the file first
+    config: train_lib:Config            # the pydantic model of the base config
+    base_config: {lr: 0.01, steps: 50}  # its values, checked by that model
+    arms:                               # name, then overrides (and stages, carry)
+      - {name: small, lr: 0.001}
+      - {name: large, lr: 0.01}
+    repeats: 2
+    callbacks:                          # built by lab.callbacks.build
+      - {kind: metric_saver, params: {every: 10}}
+
+Every problem is one `ConfigError` line that starts with the file's path and says what to
+change: a parse error with its line and column, an unknown field with the valid ones, an
+import with where it looked. Relative paths (``output_dir``, a ``sqlite:///`` store) are
+relative to the working directory, as everywhere in `lab`. docs/experiment-files.md is the
+reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pydantic
+import yaml
+from sqlalchemy.engine import make_url
+
+from lab._table import render
+from lab._validation import describe, unknown_field
+from lab.callbacks.registry import build
+from lab.errors import ConfigError, StoreError
+from lab.experiment import Arm, Experiment, ExperimentResult, Summary, safe_name
+from lab.loggers.sql import SqlLogger
+from lab.loop.evals import Evaluator
+
+__all__ = ["ArmEntry", "ExperimentFile", "SummaryEntry", "load_experiment", "plan",
+           "read_experiment_file"]  # fmt: skip
+
+#: The suffixes an experiment file may have, and the format each one means.
+FORMATS = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
+_REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_FORBID = pydantic.ConfigDict(extra="forbid")
+
+
+def _check_ref(value: str) -> str:
+    if not _REF.fullmatch(value):
+        raise ValueError(f"{value!r} is not module:name; write e.g. train_lib:train")
+    return value
+
+
+#: ``module:name``, e.g. ``train_lib:train`` or ``mypkg.tasks:Config``.
+Ref = Annotated[str, pydantic.AfterValidator(_check_ref)]
+
+
+class ArmEntry(pydantic.BaseModel):
+    """One arm: its name, its overrides of the base config, and optionally continual stages.
+
+    Every key besides `name`, `stages` and `carry` is an override, as in
+    ``Arm(name, **overrides)``; the config's own model checks them, naming its valid fields.
+    """
+
+    model_config = pydantic.ConfigDict(extra="allow")
+
+    name: str = pydantic.Field(min_length=1)
+    stages: list[dict[str, Any]] | None = None
+    carry: Literal["weights", "full"] = "weights"
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The arm's overrides: its keys other than name, stages and carry."""
+        return dict(self.model_extra or {})
+
+
+class SummaryEntry(pydantic.BaseModel):
+    """How ``lab run`` ranks the arms when it prints the summary (`ExperimentResult.summary`)."""
+
+    model_config = _FORBID
+
+    metric: str | None = None
+    mode: Literal["min", "max"] = "min"
+    keys: list[str] | None = None
+
+
+class ExperimentFile(pydantic.BaseModel):
+    """The fields of an experiment file, checked before anything is imported or run.
+
+    Each field is the `Experiment` argument of the same name, except `train`, `config` and
+    `benchmarks`, which name importable objects (``module:name``) instead of holding them.
+    """
+
+    model_config = _FORBID
+
+    name: str = pydantic.Field(min_length=1)
+    train: Ref
+    config: Ref | None = None
+    base_config: dict[str, Any] | None = None
+    arms: list[ArmEntry] | None = None
+    repeats: int = pydantic.Field(default=1, ge=1, strict=True)
+    seed: int = pydantic.Field(default=0, strict=True)
+    store: Any = None
+    output_dir: str = "runs"
+    executor: Literal["serial", "processes"] = "serial"
+    workers: int | None = pydantic.Field(default=None, ge=1, strict=True)
+    strict: bool | None = None
+    callbacks: list[Any] = pydantic.Field(default_factory=list)
+    benchmarks: dict[str, Ref] = pydantic.Field(default_factory=dict)
+    summary: SummaryEntry = pydantic.Field(default_factory=SummaryEntry)
+
+    _source: Path | None = pydantic.PrivateAttr(default=None)
+
+    @pydantic.field_validator("store")
+    @classmethod
+    def _store(cls, value: Any) -> Any:
+        if value is None or value is False or isinstance(value, str):
+            return value
+        raise ValueError(
+            f"{value!r} is not a store; write a URL such as sqlite:///lab.db, or false to "
+            "record nothing"
+        )
+
+    @pydantic.model_validator(mode="after")
+    def _needs_config(self) -> ExperimentFile:
+        if self.config is not None:
+            return self
+        if self.base_config:
+            raise ValueError(
+                "base_config needs config: the module:Class of its pydantic model, "
+                "e.g. config: train_lib:Config"
+            )
+        for arm in self.arms or []:
+            if arm.overrides or arm.stages:
+                what = f"overrides {sorted(arm.overrides)}" if arm.overrides else "has stages"
+                raise ValueError(
+                    f"arm {arm.name!r} {what} but the file names no config; add config: "
+                    "module:Class (the pydantic model of the base config)"
+                )
+        return self
+
+    def build(self, *, store: str | Literal[False] | None = None) -> Experiment:
+        """Import what the file names and build its `Experiment`, ready to `run()`.
+
+        Everything is checked here, before any run: the imports, the base config and every
+        arm's overrides, the callbacks. `store` (``lab run --store``) wins over the file's
+        own ``store``, which wins over ``LAB_STORE_URL``; nothing is opened until `run()`.
+        """
+        label = self._label()
+        folder = self._source.resolve().parent if self._source is not None else Path.cwd()
+
+        train = _function(self.train, folder, label, "train")
+        base = None
+        if self.config is not None:
+            model = _model_class(self.config, folder, label)
+            data = self.base_config or {}
+            typo = unknown_field(model, data, at=("base_config",))
+            if typo is not None:
+                raise ConfigError(f"{label}: {typo}")
+            try:
+                base = model.model_validate(data)
+            except pydantic.ValidationError as exc:
+                raise ConfigError(f"{label}: {describe(exc, model, at=('base_config',))}") from None
+        functions = {name: _function(ref, folder, label, f"benchmarks.{name}")
+                     for name, ref in self.benchmarks.items()}  # fmt: skip
+        try:
+            callbacks = build(self.callbacks)
+        except ConfigError as exc:
+            raise ConfigError(f"{label}: callbacks: {exc}") from None
+        try:
+            benchmarks = [Evaluator(name, fn) for name, fn in functions.items()]
+            arms = [Arm(a.name, stages=a.stages, carry=a.carry, **a.overrides)
+                    for a in self.arms or []]  # fmt: skip
+            return Experiment(
+                self.name, train, arms=arms, repeats=self.repeats, base_config=base,
+                callbacks=callbacks, store=store if store is not None else self.store,
+                output_dir=self.output_dir, seed=self.seed, benchmarks=benchmarks,
+                strict=self.strict, executor=self.executor, workers=self.workers,
+            )  # fmt: skip
+        except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
+            raise ConfigError(f"{label}: {exc}") from None
+        except StoreError as exc:  # a URL of an unknown scheme: say which one was wrong
+            if store is not None or not isinstance(self.store, str):
+                raise  # the URL came from --store or LAB_STORE_URL, which the error names
+            raise type(exc)(f"{label}: store: {exc}") from None
+
+    def summarize(self, result: ExperimentResult) -> Summary:
+        """The result's summary, ranked as the file's ``summary`` says.
+
+        When every run failed there are no metrics to rank by; the summary then only counts
+        the runs, rather than calling the file's metric unknown.
+        """
+        if all(r.status == "failed" for r in result.runs):
+            return result.summary()
+        try:
+            return result.summary(self.summary.metric, self.summary.mode, keys=self.summary.keys)
+        except ConfigError as exc:  # a metric no run logged: a typo in the file
+            raise ConfigError(f"{self._label()}: summary: {exc}") from None
+
+    def _label(self) -> str:
+        """How messages name the file: its path as given."""
+        return str(self._source) if self._source is not None else "experiment file"
+
+
+def read_experiment_file(path: str | Path) -> ExperimentFile:
+    """Parse and check an experiment file without importing or running anything, so a
+    mistake in it costs one line, not a run that dies later.
+
+    The suffix picks the format: ``.yaml``/``.yml`` (YAML, loaded safely; a key written twice
+    is an error rather than silently the last) or ``.json``.
+    """
+    path = Path(path)
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ConfigError(f"{path}: an experiment file ends in .yaml, .yml or .json")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc}); give a UTF-8 text file") from None
+    data = _load_yaml(text, path) if fmt == "yaml" else _load_json(text, path)
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; write at least name: and train:")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the file holds a {type(data).__name__}, not fields; write name:, train:, "
+            "... at the top level"
+        )
+    try:
+        spec = ExperimentFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(f"{path}: {describe(exc, ExperimentFile)}") from None
+    spec._source = path
+    return spec
+
+
+def load_experiment(path: str | Path, *, store: str | Literal[False] | None = None) -> Experiment:
+    """The `Experiment` an experiment file describes, built and checked, not yet run: the same
+    study from a file that a launcher, a sweep tool or a colleague can edit without code.
+
+    `store` wins over the file's ``store``, which wins over ``LAB_STORE_URL``. The file's
+    folder stays on ``sys.path`` (for the worker processes of ``executor: processes``).
+    """
+    return read_experiment_file(path).build(store=store)
+
+
+def plan(exp: Experiment) -> str:
+    """What ``exp.run()`` would run, as text, without running anything, opening the store or
+    writing a file: what ``lab run --dry-run`` prints, to check a study before it costs hours.
+    """
+    runs = exp.repeats * sum(len(arm.stages or [None]) for arm in exp.arms)
+    where = exp.executor if exp.executor == "serial" else f"processes, {exp.workers} at a time"
+    lines = [f"{exp.name}: {len(exp.arms)} arms x {exp.repeats} repeats = {runs} runs ({where})"]
+    module = getattr(exp.train, "__module__", None)
+    name = getattr(exp.train, "__qualname__", None)
+    lines.append(f"train: {module}:{name}" if module and name else f"train: {exp.train!r}")
+    if exp.base_config is not None:
+        config = json.dumps(exp.base_config.model_dump(mode="json"))
+        lines.append(f"config: {type(exp.base_config).__name__} {config}")
+    sinks = [type(cb).__name__ for cb in exp.callbacks]
+    if exp.store is False:
+        lines.append("store: none (store: false)")
+    else:
+        if not any(isinstance(cb, SqlLogger) for cb in exp.callbacks):
+            sinks.append("SqlLogger")
+        url = exp.store if isinstance(exp.store, str) else getattr(exp.store, "url", exp.store)
+        shown = make_url(url).render_as_string(hide_password=True) if isinstance(url, str) else url
+        lines.append(f"store: {shown}")
+    lines.append(f"run folders: {exp.output_dir / safe_name(exp.name)}/<run>")
+    lines.append(f"callbacks: {', '.join(sinks) or 'none'}")
+    if exp.benchmarks:
+        lines.append(f"benchmarks: {', '.join(b.name for b in exp.benchmarks)}")
+    rows = []
+    for arm in exp.arms:
+        stages = [f"-s{k}" for k in range(len(arm.stages))] if arm.stages is not None else [""]
+        keys = [f"{safe_name(arm.name)}-r{r}{s}" for r in range(exp.repeats) for s in stages]
+        cell = json.dumps(arm.overrides, default=str)
+        if arm.stages is not None:
+            cell += f", stages {json.dumps(arm.stages, default=str)} (carry {arm.carry})"
+        rows.append((arm.name, cell, ", ".join(keys)))
+    lines += ["", render(("arm", "overrides", "runs"), rows)]
+    return "\n".join(lines)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key written twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, except that a key written twice in one mapping is an error:
+    YAML would keep the last one, and a second ``callbacks:`` would hide the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue  # `<<: *defaults` merges may be overridden: that is their point
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise _DuplicateKey(None, None, f"key {key!r} appears twice (also on line "
+                                    f"{seen[key]}); keep one", key_node.start_mark)  # fmt: skip
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, path: Path) -> Any:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        if isinstance(exc, _DuplicateKey):
+            raise ConfigError(f"{at}: {problem}") from None
+        raise ConfigError(f"{at}: not valid YAML: {problem}; fix the file there") from None
+
+
+def _load_json(text: str, path: Path) -> Any:
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ConfigError(f"{path}: key {twice[0]!r} appears twice in one object; keep one")
+        return dict(pairs)
+
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}; fix the file there"
+        ) from None
+
+
+# -- imports ---------------------------------------------------------------------------------
+def _import(ref: str, folder: Path, label: str, field: str) -> tuple[Any, Any]:
+    """The module and the object that ``module:name`` names, the file's folder searched first."""
+    module_name, _, attr = ref.partition(":")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # stays: spawn workers copy sys.path at their start
+    importlib.invalidate_caches()  # a module written since the folder was last listed
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        if module_name == missing or module_name.startswith(f"{missing}."):
+            raise ConfigError(
+                f"{label}: {field}: no module named {missing!r} in {folder} (the file's folder) "
+                f"or on sys.path; put {missing.replace('.', '/')}.py next to the file, or "
+                "install it"
+            ) from None
+        raise ConfigError(
+            f"{label}: {field}: module {module_name!r} imports {missing!r}, which is not "
+            f"installed; pip install it"
+        ) from None
+    _check_origin(module_name, folder, label, field)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(
+                f"{label}: {field}: module {module_name!r} ({_location(module)}) has no "
+                f"{attr!r}; {_offer(module, field)}"
+            )
+        obj = getattr(obj, part)
+    return module, obj
+
+
+def _function(ref: str, folder: Path, label: str, field: str) -> Any:
+    module, obj = _import(ref, folder, label, field)
+    if not callable(obj) or isinstance(obj, type):
+        what = "a class" if isinstance(obj, type) else f"a {type(obj).__name__}"
+        raise ConfigError(f"{label}: {field}: {ref} is {what}, not a function; "
+                          f"{_offer(module, field)}")  # fmt: skip
+    return obj
+
+
+def _model_class(ref: str, folder: Path, label: str) -> type[pydantic.BaseModel]:
+    module, obj = _import(ref, folder, label, "config")
+    if not (isinstance(obj, type) and issubclass(obj, pydantic.BaseModel)):
+        what = "a class" if isinstance(obj, type) else f"a {type(obj).__name__}"
+        raise ConfigError(
+            f"{label}: config: {ref} is {what}, not a pydantic model class; name a class "
+            f"derived from pydantic.BaseModel ({_offer(module, 'config')})"
+        )
+    return obj
+
+
+def _offer(module: Any, field: str) -> str:
+    """The names in `module` that `field` could use: its pydantic models for ``config``, its
+    functions for the rest."""
+    own = [
+        (n, v)
+        for n, v in vars(module).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+    ]
+    if field == "config":
+        names = [n for n, v in own if isinstance(v, type) and issubclass(v, pydantic.BaseModel)]
+        return f"its pydantic models: {', '.join(names)}" if names else "it defines no models"
+    names = [n for n, v in own if inspect.isfunction(v)]
+    return f"its functions: {', '.join(names)}" if names else "it defines no functions"
+
+
+def _location(module: Any) -> str:
+    file = getattr(module, "__file__", None)
+    if file:
+        return str(file)
+    return ", ".join(str(p) for p in getattr(module, "__path__", [])) or "built in"
+
+
+def _check_origin(module_name: str, folder: Path, label: str, field: str) -> None:
+    """Fail when the module beside the file lost to another of the same name: one imported
+    earlier in this process, or one found earlier on ``sys.path``. A process holds one module
+    per name, and pickling (``executor: processes``) finds functions by that name."""
+    top = module_name.split(".")[0]
+    if not ((folder / f"{top}.py").is_file() or (folder / top).is_dir()):
+        return  # not beside the file: an installed module, wherever it is
+    module = sys.modules[top]
+    places = [getattr(module, "__file__", None), *getattr(module, "__path__", [])]
+    if any(p and Path(p).resolve().is_relative_to(folder) for p in places):
+        return
+    raise ConfigError(
+        f"{label}: {field}: module {top!r} is {_location(module)}, not the one in {folder}; "
+        f"a process holds one module per name, so rename {top!r} beside the file"
+    )
