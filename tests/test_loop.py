@@ -689,11 +689,11 @@ def test_checkpoints_are_atomic_recorded_and_retained(tmp_path: Path) -> None:
     }  # fmt: skip
     assert state["loop"] == {"step": 6, "epoch": 2, "batch_in_epoch": 2}
     assert state["scheduler"] is None
-    assert state["callbacks"] == {"0:Stateful": {"seen": 6}}
+    assert state["callbacks"] == {"Stateful": {"seen": 6}}
     final = artifacts.model.state_dict()
     assert all(torch.equal(state["model"][k], final[k]) for k in final)
     early = torch.load(root / "step_000004" / "state.pt", weights_only=False)
-    assert early["callbacks"] == {"0:Stateful": {"seen": 4}}
+    assert early["callbacks"] == {"Stateful": {"seen": 4}}
     assert early["loop"]["step"] == 4
 
     # the manifest is the record: a new manager sees what is kept; incomplete saves are ignored

@@ -403,7 +403,7 @@ def test_a_run_resumed_inside_a_window_merges_the_same_weights(
     assert first.completed == [6]
     assert CheckpointManager(tmp_path / "resumed" / "checkpoints").checkpoints() == [3, 6, 9]
     saved = CheckpointManager(tmp_path / "resumed" / "checkpoints").load(9)["callbacks"]
-    (window,) = saved["0:ModelAverager"]["windows"]
+    (window,) = saved["ModelAverager"]["windows"]
     assert (window["merge_step"], window["first_step"], window["count"]) == (11, 8, 2)
     assert not (tmp_path / "resumed" / "merged" / "step_000011").exists()
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lab import Arm, Callback, CheckpointConfig, Experiment, LoopState, RunSpec, TrainingLoop
+from lab.callbacks.monitors import EarlyStopping
 from lab.errors import ConfigError
 
 
@@ -144,3 +145,71 @@ def test_a_bad_stage_override_fails_before_any_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'nope' is not a field of Cfg"):
         Experiment("x", train, base_config=Cfg(), arms=[Arm("cl", stages=[{"nope": 1}])],
                    store=False)  # fmt: skip
+
+
+# -- callback state does not cross stages --------------------------------------------------
+
+
+class Score(Callback):
+    """Adds a `score` to each step's metrics: flat on task "a", better every step on "b"."""
+
+    priority = 10  # before EarlyStopping (0) reads the step's metrics
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+
+    def on_step_end(self, state, step_idx, batch, metrics):  # type: ignore[no-untyped-def]
+        metrics["score"] = 1.0 if self.task == "a" else 10.0 - step_idx
+
+
+class EarlyStoppingAtStart(Callback):
+    """What the run's EarlyStopping held when training started, before it could reset, and
+    whether the optimizer had state."""
+
+    priority = 1  # before EarlyStopping's own on_train_start
+
+    def __init__(self, early: EarlyStopping, seen: dict[str, Any]) -> None:
+        self.early, self.seen = early, seen
+
+    def on_train_start(self, state: LoopState) -> None:
+        es = self.early
+        momentum = bool(state.optimizer.state)  # carry="full" still brings the optimizer
+        self.seen[state.ctx.run_key] = (es.best, es.best_step, es.bad_checks, momentum)
+
+
+def test_a_full_carry_stage_starts_its_callbacks_fresh(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def train_scored(run: RunSpec) -> Any:
+        torch.manual_seed(run.seed)
+        model = torch.nn.Linear(3, 1)
+        x = torch.randn(16, 3)
+        early = EarlyStopping("score", patience=2)
+        loop = TrainingLoop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            [x],
+            lambda m, b: torch.nn.functional.mse_loss(m(b), b.sum(1, keepdim=True)),
+            run.config.steps,
+            checkpoint=CheckpointConfig(every=2),
+            callbacks=[Score(run.config.task), early, EarlyStoppingAtStart(early, seen)],
+        )
+        return loop.fit(run)
+
+    stages = [{"task": "a"}, {"task": "b"}]
+    result = Experiment("chains", train_scored, base_config=Cfg(steps=6),
+                        arms=[Arm("cl", stages=stages, carry="full")],
+                        store=f"sqlite:///{tmp_path / 'lab.db'}",
+                        output_dir=tmp_path / "runs").run()  # fmt: skip
+    first, second = result.runs
+    assert (first.run_key, first.status, first.artifacts.step) == ("cl-r0-s0", "stopped", 3)
+    assert first.artifacts.stop_reason == (
+        "early stopping: score has not improved for 2 checks (best 1.0 at step 1)"
+    )
+    # stage 1's best (1.0) and count (2) would stop stage 2 at its first step
+    assert (second.run_key, second.status, second.artifacts.step) == ("cl-r0-s1", "completed", 6)
+    assert second.artifacts.stop_reason is None
+    assert seen == {
+        "cl-r0-s0": (None, None, 0, False),
+        "cl-r0-s1": (None, None, 0, True),
+    }

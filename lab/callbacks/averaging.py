@@ -137,8 +137,9 @@ class ModelAverager(Callback):
     Resume: the open windows (their sums, counts and first steps) and the completed merge
     steps are in `state_dict`, so a run resumed from a checkpoint taken inside a window ends
     with the same merged weights as one that never stopped. A state saved at another step
-    than the one training starts from (a continual chain's stage started from the previous
-    stage's checkpoint) is dropped: that run averages from scratch.
+    than the one training starts from (``fit(resume=<another run's checkpoint>)``) is
+    dropped: that run averages from scratch. (A continual chain's stage gets no callback
+    state from the previous stage at all.)
     """
 
     def __init__(
@@ -373,8 +374,7 @@ class ModelAverager(Callback):
     def _keep_restored(self, step: int) -> None:
         """Keep the restored windows that hold exactly the steps up to `step` and end at a
         merge step of this run, and the merges done by then; drop the rest with one INFO line
-        (a continual chain's stage starts at step 0 from the previous stage's checkpoint,
-        whose windows are not its own)."""
+        (a fit resumed from another run's checkpoint holds windows that are not its own)."""
         kept = {
             m: w
             for m, w in self._windows.items()

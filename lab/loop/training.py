@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lab.loop")
 
 _END = object()
+
+# Callback states in checkpoints written before they were keyed by class: "{index}:{Class}",
+# the index counting the stateful callbacks in dispatch order. New keys never hold a ":".
+_INDEX_KEY = re.compile(r"(\d+):(\w+)")
 
 LossFn = Callable[[torch.nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, Any]]"]
 
@@ -133,7 +139,9 @@ class TrainingLoop:
         ``resume=57``), or starts fresh (``resume=False``: earlier checkpoints are moved
         aside to ``checkpoints.replaced-<time>``, never deleted). A resumed run continues the
         same trajectory: model, optimizer, scheduler, step, data position, every RNG and each
-        stateful callback come back as they were.
+        stateful callback come back as they were (a callback's state is found by its
+        `state_key`, else its class name, so other callbacks attached since do not matter;
+        one WARNING names what finds no match).
 
         Without a run (a bare loop) the loop's own callbacks are dispatched, `close()` is
         called at the end, and checkpoints go under `run_dir`.
@@ -177,6 +185,8 @@ class TrainingLoop:
             model.to(self.device)
         state = LoopState(ctx=ctx, model=model, optimizer=optimizer, num_steps=self.num_steps)
         checkpoints = self._checkpoint_manager(folder, ctx, fresh=resume is False)
+        if checkpoints is not None:
+            _state_keys(hooks.stateful())  # a clash fails here, before any step is spent
         eval_metrics: dict[str, float] = {}
         restored = None
         if checkpoints is not None:
@@ -191,7 +201,7 @@ class TrainingLoop:
                 f"resume={resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
             )
         if restored is None and parent[0] is not None:  # a chain's stage k: start from k-1
-            self._start_from(parent[0], parent[1] == "full", state, hooks)
+            self._start_from(parent[0], parent[1] == "full", state)
             hooks.fire("post_checkpoint_loaded", state, parent[0])
         saved: list[ManifestRow] = []
         evals: list[EvalResult] = []
@@ -420,33 +430,36 @@ class TrainingLoop:
     ) -> dict[str, Any]:
         """Load `path` into the model, optimizer, scheduler, loop state and callbacks."""
         payload = manager.load(path)
-        self._load_training_state(payload, path, state, hooks)
+        self._load_training_state(payload, path, state)
+        _load_callback_states(payload.get("callbacks") or {}, path, hooks)
         state.load_state_dict(payload["loop"])
         state.metrics = dict(payload.get("metrics", {}))
         return payload
 
-    def _start_from(self, path: Path, full: bool, state: LoopState, hooks: Dispatcher) -> None:
-        """Start at step 0 from another run's checkpoint: its weights, or its whole state."""
+    def _start_from(self, path: Path, full: bool, state: LoopState) -> None:
+        """Start at step 0 from another run's checkpoint: its weights, or its whole state.
+
+        Even with `full` (``carry="full"``) the callbacks' states stay behind: a stage is a
+        new run, and what a callback counted in the run before (EarlyStopping's best value
+        and bad checks, StabilityMonitor's histories) is not this run's, so each starts
+        fresh. Carrying them would let a stage be stopped at its first step for the previous
+        stage's lack of progress. Model, optimizer, scheduler and grad scaler do carry: they
+        are the training state a stage continues from.
+        """
         payload = CheckpointManager(path.parent).load(path)
         if full:
-            self._load_training_state(payload, path, state, hooks)
+            self._load_training_state(payload, path, state)
         else:
             _load_model(state.model, payload, path)
 
-    def _load_training_state(
-        self, payload: dict[str, Any], path: Path, state: LoopState, hooks: Dispatcher
-    ) -> None:
+    def _load_training_state(self, payload: dict[str, Any], path: Path, state: LoopState) -> None:
+        """Load the model, optimizer, scheduler and grad scaler; callbacks are the caller's."""
         _load_model(state.model, payload, path)
         state.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload.get("scheduler") is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler") is not None:
             self.scaler.load_state_dict(payload["scaler"])
-        saved_callbacks = payload.get("callbacks", {})
-        for i, cb in enumerate(hooks.stateful()):
-            key = f"{i}:{type(cb).__name__}"
-            if key in saved_callbacks:
-                cb.load_state_dict(saved_callbacks[key])
 
     def _save(
         self,
@@ -477,7 +490,7 @@ class TrainingLoop:
             "epoch_rng": self._epoch_rng,
             "retention": manager.state_dict(),
             "callbacks": {
-                f"{i}:{type(cb).__name__}": cb.state_dict() for i, cb in enumerate(hooks.stateful())
+                key: cb.state_dict() for key, cb in _state_keys(hooks.stateful()).items()
             },
         }
         info = {"metrics": {**state.metrics, **eval_metrics}}
@@ -499,6 +512,83 @@ class TrainingLoop:
             manager.wait()
         except CheckpointError as exc:
             log.error("the checkpoint save in flight also failed: %s", exc)
+
+
+def _state_keys(stateful: Sequence[Callback], *, own: bool = True) -> dict[str, Callback]:
+    """The key each stateful callback's state is saved under in a checkpoint.
+
+    A callback's own `state_key` attribute if it sets one, else its class name, with
+    ``#2``, ``#3``... for the later callbacks of one class (in dispatch order). Why: a key
+    that depends only on the callback (not on its position among all of them, as the old
+    ``"{index}:{Class}"`` keys did) still finds its state when other callbacks are added,
+    removed or reordered for the resume. With `own` False, `state_key` is ignored (checkpoints
+    with the old keys know only classes).
+    """
+    keys: dict[str, Callback] = {}
+    seen: Counter[str] = Counter()
+    for cb in stateful:
+        name = type(cb).__name__
+        key = getattr(cb, "state_key", None) if own else None
+        if key is not None:
+            if not isinstance(key, str) or not key or ":" in key:
+                raise ConfigError(f"{name}.state_key={key!r}: use a non-empty string without ':'")
+        else:
+            seen[name] += 1
+            key = name if seen[name] == 1 else f"{name}#{seen[name]}"
+        if key in keys:
+            raise ConfigError(
+                f"two stateful callbacks save their state under {key!r} "
+                f"({type(keys[key]).__name__} and {name}); give one of them another state_key"
+            )
+        keys[key] = cb
+    return keys
+
+
+def _from_index_keys(saved: dict[str, Any]) -> dict[str, Any] | None:
+    """The states of a checkpoint with the old ``"{index}:{Class}"`` keys, under the keys
+    `_state_keys` gives without `state_key` (the k-th saved state of a class goes to the
+    k-th attached callback of it); None when the checkpoint has the current keys."""
+    indexed: list[tuple[int, str, Any]] = []
+    for key, value in saved.items():
+        match = _INDEX_KEY.fullmatch(key)
+        if match is None:
+            return None
+        indexed.append((int(match.group(1)), match.group(2), value))
+    seen: Counter[str] = Counter()
+    states: dict[str, Any] = {}
+    for _, name, value in sorted(indexed, key=lambda entry: entry[0]):
+        seen[name] += 1
+        states[name if seen[name] == 1 else f"{name}#{seen[name]}"] = value
+    return states if states else None
+
+
+def _load_callback_states(saved: dict[str, Any], path: Path, hooks: Dispatcher) -> None:
+    """Give each stateful callback the state saved under its key, on resume.
+
+    One WARNING names the callbacks that find no saved state (they start fresh, so the
+    resumed run may differ from one that never stopped) and the saved states that no
+    attached callback takes (they are ignored); nothing is said when all match.
+    """
+    by_index = _from_index_keys(saved)
+    if by_index is not None:
+        saved = by_index
+    keys = _state_keys(hooks.stateful(), own=by_index is None)
+    for key, cb in keys.items():
+        if key in saved:
+            cb.load_state_dict(saved[key])
+    fresh = [key for key in keys if key not in saved]
+    unclaimed = [key for key in saved if key not in keys]
+    parts = []
+    if fresh:
+        they = "it starts" if len(fresh) == 1 else "they start"
+        parts.append(f"no saved state for {', '.join(fresh)} ({they} fresh)")
+    if unclaimed:
+        it = "it is" if len(unclaimed) == 1 else "they are"
+        parts.append(
+            f"no attached callback takes the saved state of {', '.join(unclaimed)} ({it} ignored)"
+        )
+    if parts:
+        log.warning("resuming from %s: %s", path, "; ".join(parts))
 
 
 def _load_model(model: torch.nn.Module, payload: dict[str, Any], path: Path) -> None:
