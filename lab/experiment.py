@@ -31,7 +31,7 @@ from lab._stats import Spread, spread
 from lab._table import fmt, render
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.executors import Outcome, ProcessPool, WorkerDied
-from lab.hooks import Callback, Dispatcher, LogContext
+from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, Dispatcher, LogContext
 from lab.loggers.sql import SqlLogger
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.training import LoopArtifacts
@@ -40,6 +40,9 @@ from lab.store.engine import resolve_url
 log = logging.getLogger("lab.experiment")
 
 RunStatus = Literal["completed", "failed", "stopped"]
+#: The statuses of a run that ended on its own terms: running the experiment again skips it.
+FINISHED: tuple[RunStatus, ...] = ("completed", "stopped")
+
 Executor = Literal["serial", "processes"]
 EXECUTORS: tuple[str, ...] = ("serial", "processes")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -68,7 +71,8 @@ class Arm:
     With `stages`, each repeat of the arm is a continual chain, a group of its own: stage k
     runs with the arm's overrides plus ``stages[k]``, and starts from stage k-1's final
     checkpoint, its weights only (``carry="weights"``) or its whole training state
-    (``carry="full"``: optimizer, scheduler and callbacks too; the step starts at 0).
+    (``carry="full"``: optimizer, scheduler and grad scaler too; the step starts at 0, and
+    callbacks start fresh, since a stage is a new run).
     """
 
     def __init__(
@@ -357,8 +361,9 @@ class Experiment:
     """A named study: `train(run)` for every arm x repeat, recorded by the attached callbacks.
 
     Running an experiment again under the same name and store continues it: runs that
-    completed are skipped (their recorded results are part of the new result), and the
-    others run again, resuming from their newest checkpoint when the loop has checkpoints.
+    finished (`completed`, or `stopped` early by a callback's ``request_stop``) are skipped
+    (their recorded results are part of the new result), and the others run again, resuming
+    from their newest checkpoint when the loop has checkpoints.
 
     The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
     `SqlLogger` unless one is attached already; ``store=False`` records nothing.
@@ -438,6 +443,7 @@ class Experiment:
         self.strict = strict
         self.executor: Executor = executor
         n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
+        self.n_runs = n_runs  # every run of every arm, stages included
         self.workers = min(workers or os.cpu_count() or 1, n_runs)
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
 
@@ -463,6 +469,17 @@ class Experiment:
             experiment=self.name,
             output_dir=self.output_dir / safe_name(self.name),
             config=self._experiment_config(),
+        )
+        # What a progress display needs to count runs, including those it never sees end:
+        # runs finished by an earlier attempt are skipped without hooks, and under
+        # executor="processes" on_run_end fires in the workers.
+        finished = sum(1 for r in self._prior.values() if r["status"] in FINISHED)
+        ctx.extras.update(
+            {
+                RUNS: self.n_runs,
+                FINISHED_BEFORE: min(finished, self.n_runs),
+                EXECUTOR: self.executor,
+            }
         )
         result = ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
         started = time.perf_counter()
@@ -547,7 +564,7 @@ class Experiment:
             return ArmResult(self.arms[index].name, self.arms[index].overrides, runs)
 
         def start(chain: int) -> None:
-            """Start the chain's next run in a worker (or skip it: it completed before)."""
+            """Start the chain's next run in a worker (or skip it: it finished before)."""
             index, arm, repeat = chains[chain]
             group = self._group(ctx, arm, repeat)
             if group not in groups:  # fired as the group's first run is about to start
@@ -645,7 +662,12 @@ class Experiment:
         hooks.run_key = job.run_key
         try:
             if outcome.progress is None:
-                hooks.fire("on_run_start", ctx)
+                try:
+                    hooks.fire("on_run_start", ctx)
+                except CallbackError:
+                    raise
+                except Exception:  # a critical callback: the run is failed already
+                    log.exception("run %s: on_run_start raised while recording it", job.run_key)
             else:
                 ctx.ids.update(outcome.progress)
             hooks.fire("on_error", ctx, exc)
@@ -656,7 +678,7 @@ class Experiment:
             log.error("run %s of %s failed; the other runs go on: %s", job.run_key, self.name,
                       error)  # fmt: skip
             arm_result.runs.append(run_result)
-            hooks.fire("on_run_end", ctx, run_result, arm_result)
+            _end_run(hooks, ctx, run_result, arm_result)
             run_result.callback_errors = _failures(hooks, job.run_key)
         finally:
             hooks.run_key = None
@@ -733,7 +755,7 @@ class Experiment:
         stage: int = 0,
         parent: RunResult | None = None,
     ) -> RunResult:
-        """One run in this process: skipped if it completed before, else `execute_run`."""
+        """One run in this process: skipped if it finished before, else `execute_run`."""
         job = self._job(ctx, arm, repeat, stage, parent)
         if isinstance(job, RunResult):
             arm_result.runs.append(job)
@@ -746,8 +768,9 @@ class Experiment:
     def _job(
         self, ctx: LogContext, arm: Arm, repeat: int, stage: int, parent: RunResult | None
     ) -> RunJob | RunResult:
-        """Point `ctx` at a run and describe it as a `RunJob`; or, for a run that completed
-        before, its recorded result (nothing runs again)."""
+        """Point `ctx` at a run and describe it as a `RunJob`; or, for a run that finished
+        before (`FINISHED`: completed, or stopped early on purpose), its recorded result
+        (nothing runs again)."""
         config = self.stage_configs[arm.name][stage]
         seed = self.seed + repeat
         run_key = f"{safe_name(arm.name)}-r{repeat}"
@@ -758,10 +781,10 @@ class Experiment:
         ctx.parent_run_key = parent_key
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
         prior = self._prior.get(run_key)
-        if prior is not None and prior["status"] == "completed":
-            log.info("%s: run %s completed before; skipping it", self.name, run_key)
+        if prior is not None and prior["status"] in FINISHED:
+            log.info("%s: run %s %s before; skipping it", self.name, run_key, prior["status"])
             return RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
-                             seed=seed, status="completed", metrics=dict(prior["summary"]),
+                             seed=seed, status=prior["status"], metrics=dict(prior["summary"]),
                              seconds=0.0, parent_run_key=parent_key)  # fmt: skip
         return RunJob(
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
@@ -812,11 +835,13 @@ def execute_run(
 
     Seeds every generator with the run's seed, calls `train`, runs the post-training
     benchmarks, and records the outcome: a run that raises is `failed` (its error and
-    traceback kept) and the others go on. The result is appended to `arm_result` before
-    `on_run_end` sees it. `started(ctx)` is called once `on_run_start` has fired (a worker
-    reports the run's ids with it). Returns the result and, when the run was interrupted
-    (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
-    `CallbackError` propagates at once.
+    traceback kept) and the others go on. So is a run whose critical callback raised in
+    `on_run_start` (the run does not train; `on_error` and `on_run_end` still fire for the
+    other callbacks) or in `on_run_end` (see `_end_run`). The result is appended to
+    `arm_result` before `on_run_end` sees it. `started(ctx)` is called once `on_run_start`
+    has fired (a worker reports the run's ids with it). Returns the result and, when the run
+    was interrupted (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports;
+    strict mode's `CallbackError` propagates at once.
     """
     ctx = job.ctx
     run_dir = ctx.output_dir / job.run_key
@@ -828,9 +853,6 @@ def execute_run(
         run_dir, ctx, hooks, carry=job.carry,
     )  # fmt: skip
 
-    hooks.fire("on_run_start", ctx)
-    if started is not None:
-        started(ctx)
     t0 = time.perf_counter()
     status: RunStatus = "completed"
     metrics: dict[str, float] = {}
@@ -838,6 +860,11 @@ def execute_run(
     artifacts = None
     interrupt: BaseException | None = None
     try:
+        # inside the try: a critical callback that cannot start the run fails it, not the
+        # experiment
+        hooks.fire("on_run_start", ctx)
+        if started is not None:
+            started(ctx)
         if job.parent_run_key is not None:  # inside the try: a missing one fails this stage
             spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
         out = job.train(spec)
@@ -863,11 +890,36 @@ def execute_run(
         traceback=tb, artifacts=artifacts,
     )  # fmt: skip
     arm_result.runs.append(run_result)
-    hooks.fire("on_run_end", ctx, run_result, arm_result)
+    _end_run(hooks, ctx, run_result, arm_result)
     # failures inside on_run_end itself still reach the run's record
     run_result.callback_errors = _failures(hooks, job.run_key)
     hooks.run_key = None  # what fails from here on belongs to the experiment
     return run_result, interrupt
+
+
+def _end_run(
+    hooks: Dispatcher, ctx: LogContext, run_result: RunResult, arm_result: ArmResult
+) -> None:
+    """Fire `on_run_end`. A critical callback that raises there (a store that cannot record
+    the run's end) fails the run, as it would have during training, and not the experiment:
+    the result says `failed` with that error (a run that had failed keeps its own error) and
+    the other runs go on. The callbacks after it got `on_run_end` with the run as it ended
+    training. Strict mode's `CallbackError` propagates."""
+    try:
+        hooks.fire("on_run_end", ctx, run_result, arm_result)
+    except CallbackError:
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "run %s: a critical callback raised in on_run_end (%s); the run is failed and the "
+            "other runs go on",
+            run_result.run_key,
+            error,
+        )
+        if run_result.status != "failed":
+            run_result.status, run_result.error = "failed", error
+            run_result.traceback = traceback.format_exc()
 
 
 def run_in_worker(

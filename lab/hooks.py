@@ -86,6 +86,25 @@ HOOKS: tuple[str, ...] = (
     "close",
 )
 
+#: The hooks that end what a callback started: a callback disabled for failing too often
+#: still gets these, so that it can release what it holds (a profiler it started, the
+#: garbage collector it turned off, a wandb run it opened) and record how the run ended.
+ENDING_HOOKS: frozenset[str] = frozenset(
+    {"on_train_end", "on_error", "on_run_end", "on_experiment_end", "close"}
+)
+
+#: The hooks of one run, from `on_run_start` to `on_run_end`.
+RUN_HOOKS: frozenset[str] = frozenset(
+    HOOKS[HOOKS.index("on_run_start") : HOOKS.index("on_run_end") + 1]
+)
+
+
+#: `LogContext.extras` an Experiment sets before `on_experiment_start`, for a display that
+#: counts runs: how many runs it holds (stages included), how many an earlier attempt
+#: finished (they are skipped now, with no hooks), and its executor ("serial" or
+#: "processes", where `on_run_end` fires in the workers, not here).
+RUNS, FINISHED_BEFORE, EXECUTOR = "lab:runs", "lab:finished_before", "lab:executor"
+
 
 @dataclass
 class LogContext:
@@ -197,13 +216,23 @@ class Callback:
     docstring). Callbacks run in `priority` order, higher first; ties keep the order they
     were attached in. A callback that raises is logged and counted, and the run goes on,
     unless strict mode is on, or the callback is `critical`: then its exception propagates
-    as it is and fails the run (`SqlLogger` is critical: a run it cannot record must not
-    look recorded). `on_error` stays isolated even then, so it never hides the error that
-    fired it. A best-effort (not critical) callback that fails `max_failures` times in a row
-    (no successful call of any of its hooks in between) is disabled for the rest of the run,
-    so a broken sink stops costing a traceback per step; it gets hooks again from the next
-    run on. None never disables it. A callback with `state_dict()`/`load_state_dict()` is
-    saved in each checkpoint and restored when the run resumes from it.
+    as it is and fails the run, in `on_run_start` and `on_run_end` as in the loop's hooks,
+    and the experiment's other runs go on (`SqlLogger` is critical: a run it cannot record
+    must not look recorded). It propagates once the callbacks after it have had the same
+    hook, so that a run end one sink could not record still ends the run for the others. A
+    critical callback whose `on_run_start` raised has not started the run: it gets none of
+    that run's other hooks. `on_error` stays isolated even then, so it never hides the error
+    that fired it.
+
+    A best-effort (not critical) callback that fails `max_failures` times in a row (no
+    successful call of any of its hooks in between) is disabled for the rest of the run, so
+    a broken sink stops costing a traceback per step. Disabled, it still gets the hooks that
+    end what it started (`ENDING_HOOKS`: `on_train_end`, `on_error`, `on_run_end`,
+    `on_experiment_end`, `close`), so a profiler is stopped, the garbage collector turned
+    back on and a wandb run finished; a failure there is recorded like any other and never
+    enables it again. It gets every hook again from the next run on. None never disables
+    it. A callback with `state_dict()`/`load_state_dict()` is saved in each checkpoint and
+    restored when the run resumes from it.
     """
 
     priority: ClassVar[int] = 0
@@ -212,6 +241,10 @@ class Callback:
     #: Left at this default, ``LAB_CALLBACK_MAX_FAILURES`` or ``Dispatcher(max_failures=)``
     #: decide; a subclass that sets its own value keeps it.
     max_failures: ClassVar[int | None] = 5
+    #: The name a checkpoint keeps this callback's `state_dict` under (None: its class
+    #: name, then ``#2``, ``#3``... for more of one class). Set it to keep two callbacks of
+    #: one class apart across a resume that reorders them.
+    state_key: str | None = None
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
@@ -364,12 +397,14 @@ class _FailurePolicy:
     fails every other call costs one rebuild, not one per failure.
     """
 
-    __slots__ = ("disabled", "members", "run_key", "streaks", "tracked")
+    __slots__ = ("disabled", "members", "run_key", "streaks", "tracked", "unstarted")
 
     def __init__(self) -> None:
         self.streaks: dict[int, int] = {}  # id(callback) -> failures in a row, only if > 0
         self.tracked: set[int] = set()  # id(callback) of those that failed in this run
-        self.disabled: set[int] = set()  # id(callback)
+        self.disabled: set[int] = set()  # id(callback): only ENDING_HOOKS reach them
+        # id(callback) of critical callbacks whose on_run_start raised: no RUN_HOOKS reach them
+        self.unstarted: set[int] = set()
         self.members: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
         self.run_key: str | None = None
 
@@ -379,13 +414,21 @@ class _FailurePolicy:
             member._build_listeners()
 
     def start_run(self, run_key: str | None) -> None:
-        """Forget the previous run's streaks and re-enable what it disabled."""
+        """Forget the previous run's streaks and re-enable what it disabled or left out."""
         self.run_key = run_key
-        if self.tracked or self.disabled:
+        if self.tracked or self.disabled or self.unstarted:
             self.streaks.clear()
             self.tracked.clear()
             self.disabled.clear()
+            self.unstarted.clear()
             self.rebuild()
+
+    def receives(self, cb_id: int, hook: str) -> bool:
+        """Whether `hook` reaches the callback now: a disabled one gets only `ENDING_HOOKS`
+        (to release what it holds), an unstarted one none of `RUN_HOOKS`."""
+        if cb_id in self.unstarted and hook in RUN_HOOKS:
+            return False
+        return cb_id not in self.disabled or hook in ENDING_HOOKS
 
 
 class _Tracked:
@@ -427,13 +470,20 @@ class Dispatcher:
     After `max_failures` consecutive failures of one callback (in any of its hooks, with no
     successful call of it in between) it is disabled: removed from the listener tuples of
     this dispatcher and its siblings for the rest of the run, with one WARNING, and its
-    failure record says ``disabled``. It is enabled again when the dispatcher moves on to
-    the next run (`run_key` changes, right before `on_run_start`). The limit is the
-    callback's own `Callback.max_failures` if its class sets one, else `max_failures` here,
-    else ``LAB_CALLBACK_MAX_FAILURES``, else 5; None or 0 never disables. Critical
-    callbacks and strict mode raise instead, so they are never disabled. A successful call of
-    a healthy callback costs nothing extra: only a callback that has failed in the run has
-    its hooks wrapped, to see the successes that end a streak.
+    failure record says ``disabled``. It stays in those of `ENDING_HOOKS`, so it can still
+    release what it started (a failure there is recorded, and changes nothing). It is
+    enabled again when the dispatcher moves on to the next run (`run_key` changes, right
+    before `on_run_start`). The limit is the callback's own `Callback.max_failures` if its
+    class sets one, else `max_failures` here, else ``LAB_CALLBACK_MAX_FAILURES``, else 5;
+    None or 0 never disables. Critical callbacks and strict mode raise instead, so they are
+    never disabled. A successful call of a healthy callback costs nothing extra: only a
+    callback that has failed in the run has its hooks wrapped, to see the successes that end
+    a streak, and the tuples are built again only when such a state changes.
+
+    A critical callback's exception propagates once the callbacks after it have had the
+    hook (their failures then are recorded, or logged in strict mode, and never replace
+    it). One raised in `on_run_start` also leaves that callback out of the run's other
+    hooks (`RUN_HOOKS`) until the next run: it has not started this one.
     """
 
     def __init__(
@@ -498,23 +548,25 @@ class Dispatcher:
 
     def _build_listeners(self) -> None:
         """Resolve which callbacks listen to each hook: once, and again only when a callback
-        starts or ends a failure streak or is disabled. Disabled callbacks are left out;
+        starts or ends a failure streak, is disabled, or fails to start a run. Disabled
+        callbacks are left out of all but `ENDING_HOOKS`, unstarted ones out of `RUN_HOOKS`;
         those on a streak are wrapped so that a success ends it."""
-        policy = self._policy
+        receives = self._policy.receives
         self._listeners = {
             hook: tuple(
                 (type(cb).__name__, self._method(cb, hook), cb.critical and hook != "on_error")
                 for cb in self.callbacks
-                if _overrides(cb, hook) and id(cb) not in policy.disabled
+                if _overrides(cb, hook) and receives(id(cb), hook)
             )
             for hook in HOOKS
         }
 
     def _method(self, cb: Callback, hook: str) -> Callable[..., Any]:
         method = getattr(cb, hook)
-        if id(cb) in self._policy.tracked:
-            return _Tracked(method, cb, self._policy.streaks)
-        return method
+        policy = self._policy
+        if id(cb) in policy.tracked and id(cb) not in policy.disabled:
+            return _Tracked(method, cb, policy.streaks)
+        return method  # a disabled callback has no streak left to end
 
     def extended(self, extra: Iterable[Callback]) -> Dispatcher:
         """A dispatcher over these callbacks plus `extra`, sharing the failure record."""
@@ -557,17 +609,60 @@ class Dispatcher:
 
     def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
         """Call `hook` on every callback that overrides it, highest priority first."""
-        for name, method, critical in self._listeners[hook]:
+        listeners = self._listeners[hook]
+        for name, method, critical in listeners:
             if self.trace:
                 log.debug("hook %s -> %s", hook, name)
             try:
                 method(*args, **kwargs)
             except Exception as exc:
                 if critical:
+                    self._finish_after_critical(hook, listeners, method, args, kwargs)
                     raise
                 if self.strict:
                     raise CallbackError(f"{name}.{hook} raised {exc!r}") from exc
                 self._record(name, hook, exc, method)
+
+    def _finish_after_critical(
+        self,
+        hook: str,
+        listeners: tuple[tuple[str, Callable[..., Any], bool], ...],
+        failed: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """A critical callback raised in `hook`; before its error propagates, the callbacks
+        after it still get the hook, so that a run end (or start) one sink could not record
+        still reaches the others. What they raise is recorded (or, critical or strict, only
+        logged), never in place of that error. A callback whose `on_run_start` raised has
+        not started the run, so no more of its hooks reach it."""
+        if hook == "on_run_start":
+            self._unstart(failed)
+        at = next(i for i, entry in enumerate(listeners) if entry[1] is failed)
+        for name, method, critical in listeners[at + 1 :]:
+            if self.trace:
+                log.debug("hook %s -> %s", hook, name)
+            try:
+                method(*args, **kwargs)
+            except Exception as exc:
+                if not (critical or self.strict):
+                    self._record(name, hook, exc, method)
+                    continue
+                if critical and hook == "on_run_start":
+                    self._unstart(method)
+                log.exception(
+                    "callback %s.%s raised too; the error of a critical callback before it "
+                    "is the one that propagates",
+                    name,
+                    hook,
+                )
+
+    def _unstart(self, method: Callable[..., Any]) -> None:
+        """Leave a critical callback whose `on_run_start` raised out of the run's other hooks."""
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, Callback) and id(owner) not in self._policy.unstarted:
+            self._policy.unstarted.add(id(owner))
+            self._policy.rebuild()
 
     def _record(
         self, name: str, hook: str, exc: Exception, method: Callable[..., Any] | None = None
@@ -605,9 +700,10 @@ class Dispatcher:
             self._disable(failure, cb_id)
 
     def _count_streak(self, cb_id: int | None) -> bool:
-        """Add a failure to the callback's streak; True when it reaches the limit."""
+        """Add a failure to the callback's streak; True when it reaches the limit. A disabled
+        callback (failing in an ending hook) has no streak: it stays disabled."""
         limit = self._limits.get(cb_id) if cb_id is not None else None
-        if limit is None:
+        if limit is None or cb_id in self._policy.disabled:
             return False
         streaks = self._policy.streaks
         streak = streaks.get(cb_id, 0) + 1

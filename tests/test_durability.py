@@ -5,6 +5,7 @@ and on SIGTERM / SIGINT in real subprocesses."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ import torch
 from test_store import WAIT_S, _new_run, _rows, _scalar
 
 from lab import Callback, Evaluator, Experiment, LoopArtifacts, RunSpec, TrainingLoop
-from lab.errors import MetricError, StoreError
+from lab.errors import MetricError, StoreError, StoreUnreachable
 from lab.store import Store
 from lab.store.store import _now
 
@@ -381,7 +382,10 @@ class CutAt(Callback):
 
 
 def test_a_run_fails_when_postgres_stays_away_naming_the_unwritten_rows(
-    proxied: tuple[str, str, Proxy], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    proxied: tuple[str, str, Proxy],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     direct, through, proxy = proxied
     monkeypatch.setenv("LAB_STORE_RETRY_S", "0.5")
@@ -397,13 +401,26 @@ def test_a_run_fails_when_postgres_stays_away_naming_the_unwritten_rows(
         return loop.fit(run)
 
     experiment = Experiment("away", train, store=through, output_dir=tmp_path / "runs")
-    with pytest.raises(StoreError) as info:
+    with (
+        caplog.at_level(logging.ERROR, logger="lab.experiment"),
+        pytest.raises(StoreUnreachable) as info,
+    ):
         experiment.run()
-    # The flush at the step-20 eval waited 0.5 s for the server, then failed the run.
+    # The flush at the step-20 eval waited 0.5 s for the server, then failed the run, with
+    # the count of rows it could not write ...
+    (failed,) = [r for r in caplog.records if r.getMessage().startswith("run base-r0 of away")]
+    last = failed.getMessage().rstrip().splitlines()[-1]  # the traceback's last line
     assert re.fullmatch(
-        r"\d+ metric rows are not written: the store has failed for [\d.]+s \(.+\); they are "
-        r"kept and retried \(LAB_STORE_RETRY_S sets how long to wait, now 0\.5s\)",
-        str(info.value),
-    ), str(info.value)
+        r"lab\.errors\.StoreError: \d+ metric rows are not written: the store has failed for "
+        r"[\d.]+s \(.+\); they are kept and retried \(LAB_STORE_RETRY_S sets how long to wait, "
+        r"now 0\.5s\)",
+        last,
+    ), last
+    # ... and the experiment, which could not record its own end either, stops with one line
+    # that names the store and what to do, not a driver traceback.
+    message = str(info.value)
+    assert message.startswith("cannot reach the store at postgresql+psycopg://"), message
+    assert message.endswith("; start the server or fix LAB_STORE_URL / the store URL")
+    assert "\n" not in message
     # durable up to the last flush point before the cut: the eval at step 10
     assert _scalar(direct, "SELECT max(step) FROM metrics") >= 10

@@ -603,3 +603,106 @@ def test_summary_keys_limit_the_rows() -> None:
     assert summary.best_arm == "base"
     with pytest.raises(ConfigError, match="no run has a final metric 'nope'; known: acc, loss, lr"):
         result.summary(keys=("nope",))
+
+
+# --------------------------------------------------------------------------------------------
+# running an experiment again: finished runs (completed or stopped) are skipped
+
+
+class StopAtStep(Callback):
+    """Stops training early, as `EarlyStopping` does, once `step` is done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(
+        self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch, metrics: dict
+    ) -> None:
+        if step_idx == self.step:
+            state.request_stop("no improvement")
+
+
+class Trained(Callback):
+    """Records the run and training hooks it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_run_start(self, ctx: lab.LogContext) -> None:
+        self.calls.append(f"on_run_start:{ctx.run_key}")
+
+    def on_train_start(self, state: lab.LoopState) -> None:
+        self.calls.append(f"on_train_start:{state.ctx.run_key}:{state.step}")
+
+    def on_run_end(self, ctx: lab.LogContext, run_result: lab.RunResult, arm: Any) -> None:
+        self.calls.append(f"on_run_end:{run_result.run_key}:{run_result.status}")
+
+
+def _train_stopping(run: lab.RunSpec) -> lab.LoopArtifacts:
+    g = torch.Generator().manual_seed(run.seed)
+    x = torch.randn(8, 2, generator=g)
+    model = torch.nn.Linear(2, 1)
+    loop = lab.TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [(x, x.sum(1, keepdim=True))],
+        lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+        10,
+        callbacks=[StopAtStep(3 + run.repeat)],
+        checkpoint=lab.CheckpointConfig(every=2, save_at_end=True),
+    )
+    return loop.fit(run)
+
+
+def _checkpoint_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "checkpoints" in p.parts
+    }
+
+
+def test_a_run_stopped_early_is_not_trained_again(sqlite_url: str, tmp_path: Path) -> None:
+    import sqlite3
+
+    def experiment(seen: Trained) -> lab.ExperimentResult:
+        return Experiment("stops", _train_stopping, repeats=2, callbacks=[seen],
+                          store=sqlite_url, output_dir=tmp_path / "out").run()  # fmt: skip
+
+    first_seen = Trained()
+    first = experiment(first_seen)
+    assert [(r.run_key, r.status, r.artifacts.step) for r in first.runs] == [  # type: ignore[union-attr]
+        ("base-r0", "stopped", 3),
+        ("base-r1", "stopped", 4),
+    ]
+    assert first_seen.calls == [
+        "on_run_start:base-r0", "on_train_start:base-r0:0", "on_run_end:base-r0:stopped",
+        "on_run_start:base-r1", "on_train_start:base-r1:0", "on_run_end:base-r1:stopped",
+    ]  # fmt: skip
+    files = _checkpoint_files(tmp_path / "out")
+    assert sorted(k for k in files if k.endswith("training_info.json")) == [
+        "stops/base-r0/checkpoints/step_000002/training_info.json",
+        "stops/base-r0/checkpoints/step_000003/training_info.json",
+        "stops/base-r1/checkpoints/step_000002/training_info.json",
+        "stops/base-r1/checkpoints/step_000004/training_info.json",
+    ]
+    con = sqlite3.connect(tmp_path / "lab.db")
+    rows = "SELECT run_key, status, summary FROM runs ORDER BY run_id"
+    stored = con.execute(rows).fetchall()
+    metric_rows = con.execute("SELECT count(*) FROM metrics").fetchone()
+
+    second_seen = Trained()
+    second = experiment(second_seen)
+    assert second_seen.calls == []  # nothing trains again: no run hook fires at all
+    assert [(r.run_key, r.status, r.seconds) for r in second.runs] == [
+        ("base-r0", "stopped", 0.0),
+        ("base-r1", "stopped", 0.0),
+    ]
+    assert [r.metrics for r in second.runs] == [r.metrics for r in first.runs]
+    assert second.status == "completed"
+    assert second.summary().runs_by_status == {"stopped": 2}
+    assert second.summary().row("base", "loss").n == 2  # their results join the summary
+    assert _checkpoint_files(tmp_path / "out") == files  # the same checkpoints, untouched
+    assert con.execute(rows).fetchall() == stored  # statuses and summaries unchanged
+    assert con.execute("SELECT count(*) FROM metrics").fetchone() == metric_rows
+    con.close()

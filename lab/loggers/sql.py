@@ -139,6 +139,9 @@ class SqlLogger(Callback):
 
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
+        # The last run's id must not stand in for this run if recording this one fails.
+        ctx.ids.pop(RUN_ID, None)
+        self._run_id = None
         run_id = self.open().start_run(
             ctx.ids[EXPERIMENT_ID],
             ctx.ids[group_key(ctx.group_name)],

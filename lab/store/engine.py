@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import time
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
+from lab._json import finite_json
 from lab.errors import StoreUnreachable, UnknownScheme
 
 DEFAULT_URL = "sqlite:///lab.db"
@@ -53,19 +53,9 @@ def resolve_url(url: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def dumps_json(value: Any) -> str:
     """JSON for the store: non-finite floats become strings, since JSON has no NaN."""
-    return json.dumps(_finite(value), ensure_ascii=False, default=str)
+    return json.dumps(finite_json(value), ensure_ascii=False, default=str)
 
 
 def make_engine(url: str) -> Engine:
@@ -147,9 +137,18 @@ def _sqlite_begin(conn: Connection) -> None:
 
 def check_reachable(engine: Engine) -> None:
     """Connect once, turning a dead server into a message that says what to check."""
+    with connect(engine):
+        pass
+
+
+def connect(engine: Engine) -> Connection:
+    """A connection, or `StoreUnreachable` with the server's reason and what to do.
+
+    Every read and write of the store connects through here, so a server that went away
+    in the middle of an experiment is one line that names it, not a driver traceback.
+    """
     try:
-        with engine.connect():
-            pass
+        return engine.connect()
     except OperationalError as exc:
         url = engine.url.render_as_string(hide_password=True)
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
@@ -165,7 +164,7 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 
     On SQLite it begins IMMEDIATE (takes the write lock at once); reads outside it don't.
     """
-    with engine.connect() as conn:
+    with connect(engine) as conn:
         conn.execution_options(**{_WRITE: True})
         with conn.begin():
             yield conn

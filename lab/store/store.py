@@ -18,10 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from lab._json import floats_back
 from lab._metrics import as_number, check_key
 from lab.errors import NoExperiment
 from lab.store.engine import (
     check_reachable,
+    connect,
     dumps_json,
     make_engine,
     resolve_url,
@@ -255,7 +257,7 @@ class Store:
         host = socket.gethostname()
         now = _now()
         cutoff = now - timedelta(seconds=self.stale_after_s)
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             running = conn.execute(
                 sa.select(
                     SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid, SqlRun.heartbeat_at
@@ -285,7 +287,7 @@ class Store:
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             return conn.execute(
                 sa.select(SqlRun.run_id).where(
                     SqlRun.experiment_id == experiment_id, SqlRun.run_key == run_key
@@ -294,7 +296,7 @@ class Store:
 
     def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
         """An experiment's recorded runs by run key (status, seed, final metrics), if any."""
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             rows = (
                 conn.execute(
                     sa.select(SqlRun.run_key, SqlRun.status, SqlRun.seed, SqlRun.summary)
@@ -304,7 +306,7 @@ class Store:
                 .mappings()
                 .all()
             )
-        return {r["run_key"]: {**r, "summary": _floats_back(r["summary"] or {})} for r in rows}
+        return {r["run_key"]: {**r, "summary": floats_back(r["summary"] or {})} for r in rows}
 
     def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
         """Drop a run's metrics, evals (with predictions) and checkpoint rows after a step.
@@ -533,7 +535,7 @@ class Store:
             .group_by(SqlRun.experiment_id, SqlRun.status)
             .subquery()
         )
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             experiments = (
                 conn.execute(sa.select(SqlExperiment).order_by(SqlExperiment.experiment_id.desc()))
                 .mappings()
@@ -575,7 +577,7 @@ class Store:
         A run's metrics are the last value of each key from `summaries` (so a running or
         crashed run shows where it got to), overlaid with the final metrics it returned.
         """
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             exp = (
                 conn.execute(sa.select(SqlExperiment).where(SqlExperiment.name == name))
                 .mappings()
@@ -640,7 +642,7 @@ class Store:
 
     def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
         """One run's (step, value) pairs for `key`, in step order, NaN restored."""
-        with self.engine.connect() as conn:
+        with connect(self.engine) as conn:
             rows = conn.execute(
                 sa.select(SqlMetric.step, SqlMetric.value)
                 .where(SqlMetric.run_id == run_id, SqlMetric.key == key)
@@ -738,13 +740,5 @@ def _with_latest(run: Any, latest: dict[str, Any] | None) -> dict[str, Any]:
     """A run's record with its newest step and its metrics' last values from `summaries`,
     then the final metrics the run returned (which add post-training evals) over them."""
     values = dict(latest["values"]) if latest else {}
-    values.update(_floats_back(run["summary"] or {}))
+    values.update(floats_back(run["summary"] or {}))
     return {**run, "step": latest["step"] if latest else None, "summary": values}
-
-
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _floats_back(summary: dict[str, Any]) -> dict[str, Any]:
-    """Undo the JSON encoding of non-finite floats in a run summary."""
-    return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in summary.items()}
