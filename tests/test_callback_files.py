@@ -17,7 +17,15 @@ import torch
 import lab
 import lab.callbacks
 from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, TrainingLoop
-from lab.callbacks.files import ConfigSaver, JsonlLogger, MetricSaver, ReplayedError, replay
+from lab.callbacks.files import (
+    ConfigSaver,
+    JsonlLogger,
+    MetricSaver,
+    ReplayedError,
+    read_hooks,
+    read_metrics,
+    replay,
+)
 from lab.errors import ConfigError
 
 NUM_STEPS = 6
@@ -346,3 +354,46 @@ def test_the_file_callbacks_pickle_for_worker_processes(tmp_path: Path) -> None:
     assert _hooks(tmp_path / "r/hooks.jsonl") == ["on_run_start", "on_error", "close", "close"]
     for cb in (ConfigSaver(), MetricSaver(every=2)):
         assert type(pickle.loads(pickle.dumps(cb))) is type(cb)
+
+
+def _strict_json(text: str) -> Any:
+    """Parse as a strict JSON reader (jq, JavaScript) would: no NaN/Infinity tokens."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_inf_are_written_as_strict_json_and_read_back_as_floats(tmp_path: Path) -> None:
+    odd = {1: math.nan, 2: math.inf, 3: -math.inf}
+
+    def loss_fn(m: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        loss_fn.step += 1  # type: ignore[attr-defined]
+        return _mse(m, batch), {"odd": odd.get(loss_fn.step, 0.5)}  # type: ignore[attr-defined]
+
+    loss_fn.step = 0  # type: ignore[attr-defined]
+    x = torch.ones(4, 2)
+    model = torch.nn.Linear(2, 1)
+    TrainingLoop(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, x.sum(1, keepdim=True))],
+        loss_fn, 3, callbacks=[JsonlLogger(), MetricSaver(at_steps=[1])],
+        evaluators=[Evaluator("val", lambda m: {"loss": math.nan}, every=2)],
+    ).fit(run_dir=tmp_path / "run")  # fmt: skip
+    lines = (tmp_path / "run" / "hooks.jsonl").read_text().splitlines()
+    raw = [_strict_json(line) for line in lines]  # every line is strict JSON
+    steps = [r["metrics"]["odd"] for r in raw if r["hook"] == "on_step_end"]
+    assert steps == ["NaN", "Infinity", "-Infinity"]
+    assert [r["metrics"] for r in raw if r["hook"] == "on_eval"] == [{"loss": "NaN"}]
+    read = [r for r in read_hooks(tmp_path / "run" / "hooks.jsonl") if r["hook"] == "on_step_end"]
+    values = [r["metrics"]["odd"] for r in read]
+    assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf]
+    seen = StepMetrics()
+    replay(tmp_path / "run" / "hooks.jsonl", seen, hooks=["on_step_end", "on_eval"])
+    assert math.isnan(seen.steps[0][1]["odd"]) and seen.steps[2][1]["odd"] == -math.inf
+    assert math.isnan(seen.evals[0][2]["loss"])
+    final = _strict_json((tmp_path / "run" / "metrics.json").read_text())
+    assert final["final"] is True and final["metrics"]["odd"] == "-Infinity"
+    assert final["metrics"]["val/loss"] == "NaN"
+    again = read_metrics(tmp_path / "run" / "metrics.json")
+    assert again["metrics"]["odd"] == -math.inf and math.isnan(again["metrics"]["val/loss"])

@@ -176,3 +176,60 @@ def test_config_is_checked_and_registered() -> None:
         ConsoleLogger(every_s=0)
     with pytest.raises(ConfigError, match="summary_mode"):
         ConsoleLogger(summary_mode="best")  # type: ignore[arg-type]
+
+
+FAIL_ONCE: set[str] = set()  # run keys whose first attempt fails
+
+
+def _train_flaky(run: lab.RunSpec) -> lab.LoopArtifacts:
+    if run.run_key in FAIL_ONCE:
+        FAIL_ONCE.discard(run.run_key)
+        raise RuntimeError("preempted")
+    return _loop().fit(run)
+
+
+def test_a_continued_experiment_counts_the_runs_an_earlier_attempt_finished(
+    sqlite_url: str,
+) -> None:
+    def attempt() -> list[str]:
+        out = io.StringIO()
+        Experiment(
+            "again", _train_flaky, arms=[Arm("a"), Arm("b")], repeats=2, store=sqlite_url,
+            callbacks=[ConsoleLogger(every=100, stream=out)],
+        ).run()  # fmt: skip
+        return out.getvalue().splitlines()
+
+    FAIL_ONCE.add("b-r1")
+    first = attempt()
+    assert first[0] == "again: 4 runs (2 arms x 2 repeats)"
+    assert [line.split()[0] for line in first if line.endswith("runs]")] == [
+        "a-r0", "a-r1", "b-r0", "b-r1",
+    ]  # fmt: skip
+    second = attempt()  # only b-r1 runs again; the other three are skipped without hooks
+    assert second[0] == "again: 4 runs (2 arms x 2 repeats; 3 finished before)"
+    (ended,) = [line for line in second if line.endswith("runs]")]
+    assert ended.startswith("b-r1  completed  ") and ended.endswith("[4/4 runs]")
+
+
+def _train_plain(run: lab.RunSpec) -> lab.LoopArtifacts:
+    return _loop().fit(run)
+
+
+@pytest.mark.slow
+def test_under_a_process_pool_the_parent_prints_the_plan_and_workers_print_uncounted_lines(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    console = Console(force_terminal=True, width=120, color_system=None)  # bars if it could
+    result = Experiment(
+        "pool", _train_plain, arms=[Arm("a"), Arm("b")], repeats=2, store=False,
+        executor="processes", workers=2,
+        callbacks=[ConsoleLogger(every=100, console=console)],
+    ).run()  # fmt: skip
+    assert [r.status for r in result.runs] == ["completed"] * 4
+    lines = [line.strip() for line in capfd.readouterr().out.splitlines()]
+    assert "pool: 4 runs (2 arms x 2 repeats)" in lines  # a plain line: no bar that never moves
+    ends = sorted(line.split()[0] for line in lines if "  completed  " in line)
+    assert ends == ["a-r0", "a-r1", "b-r0", "b-r1"]
+    assert not [line for line in lines if line.endswith("runs]")]  # a worker cannot count
+    assert "━" not in "".join(lines)
+    assert any(line.startswith("pool: completed in ") for line in lines)

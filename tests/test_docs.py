@@ -57,6 +57,9 @@ def _check_callbacks_page(out: str, namespace: dict[str, object]) -> None:
 def _check_loggers_page(out: str, namespace: dict[str, object]) -> None:
     kinds = [type(cb).__name__ for cb in namespace["callbacks"]]  # type: ignore[attr-defined]
     assert kinds == ["ConsoleLogger", "WandbLogger", "Notifier"]
+    assert "['completed', 'completed']" in out  # the offline wandb experiment
+    assert len(list(Path("wandb").glob("offline-run-*"))) == 2  # one wandb run per lab run
+    assert ":white_check_mark: lab: experiment notify-demo completed" in out.splitlines()
 
 
 PAGES = {

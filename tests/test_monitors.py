@@ -192,6 +192,26 @@ def test_speed_monitor_averages_over_its_interval_and_reports_mfu() -> None:
     assert row["throughput/steps_per_s"] < 100
 
 
+@pytest.mark.parametrize(
+    ("data", "size"),
+    [
+        ({"num_tokens": torch.tensor(96), "x": torch.ones(4, 24)}, 4),  # 0-dim first: skipped
+        ((torch.ones(6, 2), torch.ones(6, 1)), 6),
+        ([{"ids": torch.ones(3, 8)}], 3),
+        (["a cat", "a dog", "a bird"], 3),  # a list of examples
+        ({"lr": 0.1, "name": "x"}, None),  # a dict of scalars is not a count
+        (torch.tensor(1.0), None),
+    ],
+)
+def test_speed_monitor_counts_samples_by_the_first_batch_dimension(data: Any, size: Any) -> None:
+    from lab.callbacks.monitors import _batch_size
+    from lab.loop.training import TrainingBatch
+
+    batch = TrainingBatch()
+    batch.data = data
+    assert _batch_size(batch) == size
+
+
 # -- GPUMemoryMonitor -------------------------------------------------------------------------
 def test_gpu_memory_monitor_on_cpu_says_inactive_exactly_once(
     caplog: pytest.LogCaptureFixture,

@@ -163,3 +163,36 @@ def test_config_is_checked_and_registered(webhook: Webhook) -> None:
         Notifier("hooks.slack.com/services/x")
     with pytest.raises(ConfigError, match="timeout_s"):
         Notifier(webhook.url, timeout_s=0)
+
+
+def test_a_bare_loop_posts_its_end_and_its_failure(webhook: Webhook) -> None:
+    import torch
+
+    from lab import TrainingLoop
+
+    def fit(notifier: Notifier, fail_at: int | None, run_dir: str) -> None:
+        model = torch.nn.Linear(2, 1)
+
+        def loss_fn(m: torch.nn.Module, b: torch.Tensor) -> torch.Tensor:
+            loss_fn.calls += 1  # type: ignore[attr-defined]
+            if loss_fn.calls == fail_at:  # type: ignore[attr-defined]
+                raise RuntimeError("nan in the batch")
+            return m(b).pow(2).mean()
+
+        loss_fn.calls = 0  # type: ignore[attr-defined]
+        loop = TrainingLoop(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(4, 2)], loss_fn, 3,
+            callbacks=[notifier],
+        )  # fmt: skip
+        loop.fit(run_dir=run_dir)
+
+    fit(Notifier(webhook.url, on="both"), None, "ok-run")
+    with pytest.raises(RuntimeError, match="nan in the batch"):
+        fit(Notifier(webhook.url, on="both"), 2, "bad-run")
+    fit(Notifier(webhook.url, on="failure"), None, "quiet")  # nothing: it did not fail
+    with pytest.raises(RuntimeError):
+        fit(Notifier(webhook.url, on="end"), 1, "quiet-too")  # nothing: it did not end
+    assert webhook.texts() == [
+        ":white_check_mark: lab: training loop ok-run completed at step 3",
+        ":x: lab: training loop bad-run failed: RuntimeError: nan in the batch",
+    ]

@@ -156,3 +156,65 @@ def test_critical_in_a_spec_makes_that_callback_fail_the_run() -> None:
         assert [r.error for r in result.runs] == (["OSError: disk full"] if is_critical else [None])
     with pytest.raises(ConfigError, match=r"critical='yes'; use true or false"):
         build([{"kind": "speed_monitor", "critical": "yes"}])
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        (
+            {"kind": "speed_monitor"},
+            "callbacks must be a list of {kind, params} specs, got dict; write "
+            "[{kind: ..., params: {...}}, ...]",
+        ),
+        (
+            "speed_monitor",
+            "callbacks must be a list of {kind, params} specs, got str; write "
+            "[{kind: ..., params: {...}}, ...]",
+        ),
+        (
+            [{"kind": "speed_monitor", "params": ["every", 5]}],
+            "speed_monitor: params must be a mapping of name: value, got list ['every', 5]; "
+            "write params: {name: value}",
+        ),
+        (
+            [{"kind": "speed_monitor", "params": "every=5"}],
+            "speed_monitor: params must be a mapping of name: value, got str 'every=5'; "
+            "write params: {name: value}",
+        ),
+    ],
+)
+def test_a_spec_of_the_wrong_shape_is_one_line(specs: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(specs)  # type: ignore[arg-type]
+    assert str(info.value) == message
+
+
+def test_a_kind_that_is_not_a_string_lists_the_known_kinds() -> None:
+    with pytest.raises(ConfigError, match=r"^unknown callback kind \['speed_monitor'\]; known: "):
+        build([{"kind": ["speed_monitor"]}])
+
+
+@pytest.mark.parametrize(
+    ("module", "spec", "message"),
+    [
+        (
+            "wandb",
+            {"kind": "wandb_logger", "params": {"project": "p"}},
+            "WandbLogger needs the wandb package: pip install 'lab[wandb]'",
+        ),
+        (
+            "httpx",
+            {"kind": "notifier", "params": {"url": "http://127.0.0.1:9/hook"}},
+            "Notifier needs the httpx package: pip install 'lab[notify]'",
+        ),
+    ],
+)
+def test_a_missing_extra_is_named_with_its_pip_line_before_anything_runs(
+    module: str, spec: dict, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
+    with pytest.raises(ConfigError) as info:
+        build([spec])
+    assert str(info.value) == message

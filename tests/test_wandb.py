@@ -20,7 +20,7 @@ import lab
 from lab import Arm, CheckpointConfig, Evaluator, Experiment, TrainingLoop
 from lab.callbacks import build
 from lab.errors import ConfigError
-from lab.loggers.wandb import WandbLogger, stable_run_id
+from lab.loggers.wandb import ID_FILE, WandbLogger, run_id_for
 from lab.loop.evals import EvalResult
 
 pytest.importorskip("wandb")
@@ -82,6 +82,7 @@ class OfflineRun:
         self.history: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
         self.exit_code: int | None = None
+        self.metrics: list[tuple[str, str]] = []  # (name or glob, its step metric)
         for rec in _records(log):
             kind = rec.WhichOneof("record_type")
             if kind == "run":
@@ -93,6 +94,9 @@ class OfflineRun:
                 self.summary.update(_items(rec.summary.update))
             elif kind == "exit":
                 self.exit_code = rec.exit.exit_code
+            elif kind == "metric":  # define_metric
+                m = rec.metric
+                self.metrics.append((m.name or m.glob_name, m.step_metric))
 
     def steps(self, key: str) -> list[int]:
         return [row["trainer/step"] for row in self.history if key in row]
@@ -199,12 +203,15 @@ def test_two_arms_two_repeats_then_a_resumed_run_continues_its_wandb_run(offline
     assert sorted(runs) == ["fast-r0", "fast-r1", "slow-r0", "slow-r1"]
     for key, run in runs.items():
         arm = key.split("-")[0]
-        assert run.run.run_id == stable_run_id("wb-sweep", key)
+        kept = Path("runs/wb-sweep", key, ID_FILE).read_text().strip()  # in the run folder
+        assert run.run.run_id == kept and kept.startswith("lab-")
         assert (run.run.run_group, run.run.job_type, run.run.project) == (arm, arm, "lab-test")
         assert run.config["lr"] == {"slow": 0.01, "fast": 0.1}[arm]
 
     done = runs["slow-r0"]
     assert done.exit_code == 0
+    # every chart's x axis is the training step, not wandb's own _step
+    assert done.metrics == [("trainer/step", ""), ("*", "trainer/step")]
     assert done.steps("loss") == [2, 3, 4, 6]  # every 2nd step, and before each checkpoint
     assert done.steps("val/loss") == [3, 6]
     assert done.steps("bench/predictions") == [6]  # after training, at the last step
@@ -235,7 +242,7 @@ def test_two_arms_two_repeats_then_a_resumed_run_continues_its_wandb_run(offline
         v.folder.name for v in runs.values()
     }]  # fmt: skip
     (resumed,) = again
-    assert resumed.run.run_id == crashed.run.run_id == stable_run_id("wb-sweep", "fast-r1")
+    assert resumed.run.run_id == crashed.run.run_id == run_id_for(Path("runs/wb-sweep/fast-r1"))
     assert resumed.exit_code == 0
     assert resumed.steps("loss") == [4, 6]  # picks up after the checkpoint at step 3
     assert resumed.summary["lab/status"] == "completed"
@@ -264,7 +271,7 @@ def test_a_bare_loop_gets_one_run_and_ids_land_in_the_context(offline: Path) -> 
         callbacks=[WandbLogger("lab-test", checkpoints=None, log_every=1), Peek()],
     ).fit(run_dir=offline / "bare")
     (run,) = _offline_runs(offline)
-    assert seen["wandb:run_id"] == run.run.run_id == stable_run_id("", "bare")
+    assert seen["wandb:run_id"] == run.run.run_id == run_id_for(offline / "bare")
     assert seen["wandb:url"] is None  # offline
     assert run.steps("loss") == [1, 2, 3] and run.exit_code == 0
     # The rows were sent by the run's own sender thread, which is gone after the fit.
@@ -282,7 +289,7 @@ def test_config_and_registry_need_no_wandb_run() -> None:
         WandbLogger("p", checkpoints="s3")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="checkpoints"):
         build([{"kind": "wandb_logger", "params": {"project": "p", "checkpoints": "x"}}])
-    assert stable_run_id("a", "b") != stable_run_id("a", "c") != stable_run_id("b", "c")
+    assert run_id_for(None) != run_id_for(None)  # no folder: nothing to continue
 
 
 @pytest.mark.slow
@@ -335,3 +342,12 @@ def test_nan_and_inf_are_logged_as_data(offline: Path) -> None:
     assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf, 1.0]
     val = [row["val/loss"] for row in run.history if "val/loss" in row]
     assert len(val) == 2 and all(math.isnan(v) for v in val)
+
+
+def test_the_wandb_id_follows_the_run_folder(tmp_path: Path) -> None:
+    first = run_id_for(tmp_path / "sweep" / "a-r0")
+    assert (tmp_path / "sweep" / "a-r0" / ID_FILE).read_text() == first + "\n"
+    assert run_id_for(tmp_path / "sweep" / "a-r0") == first  # a resume of that folder
+    # the same names elsewhere (a fresh store and output folder) are another wandb run
+    assert run_id_for(tmp_path / "elsewhere" / "sweep" / "a-r0") != first
+    assert [p.name for p in (tmp_path / "sweep" / "a-r0").iterdir()] == [ID_FILE]  # no tmp left

@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pydantic
 
+from lab._json import finite_json, floats_back
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -38,7 +39,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lab.callbacks.files")
 
-__all__ = ["ConfigSaver", "JsonlLogger", "MetricSaver", "ReplayedError", "read_hooks", "replay"]
+__all__ = [
+    "ConfigSaver",
+    "JsonlLogger",
+    "MetricSaver",
+    "ReplayedError",
+    "read_hooks",
+    "read_metrics",
+    "replay",
+]
 
 HOOKS_FILE = "hooks.jsonl"
 CONFIG_FILE = "config.json"
@@ -81,8 +90,14 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     """Write `path` whole or not at all: a reader (or a kill) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    text = json.dumps(finite_json(data), indent=2, sort_keys=True, allow_nan=False)
+    tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    """What `json` cannot write itself (a tensor, a path, an object), in JSON's own terms."""
+    return finite_json(_summarize(value))
 
 
 def _error(exc: BaseException) -> str:
@@ -155,7 +170,7 @@ class JsonlLogger(Callback):
 
     def _line(self, out: IO[str], hook: str, ctx: LogContext, payload: dict[str, Any]) -> None:
         record = {"hook": hook, "time": time.time(), "run_key": ctx.run_key, **payload}
-        out.write(json.dumps(record, default=_summarize) + "\n")
+        out.write(json.dumps(finite_json(record), default=_json_default) + "\n")
         out.flush()
 
     def _run_line(self, hook: str, ctx: LogContext, **payload: Any) -> None:
@@ -262,15 +277,38 @@ class JsonlLogger(Callback):
 
 
 def read_hooks(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of a `JsonlLogger` file, in order (a torn last line is skipped)."""
+    """The records of a `JsonlLogger` file, in order (a torn last line is skipped).
+
+    Metrics come back as floats: the file holds NaN and inf as the strings ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"`` (strict JSON, which jq reads), and this turns those
+    of each record's ``metrics`` (and its checkpoint ``row``'s) back into numbers.
+    """
     with Path(path).open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 log.warning("skipping a torn line in %s", path)
+                continue
+            if isinstance(record.get("metrics"), dict):
+                record["metrics"] = floats_back(record["metrics"])
+            row = record.get("row")
+            if isinstance(row, dict) and isinstance(row.get("metrics"), dict):
+                row["metrics"] = floats_back(row["metrics"])
+            yield record
+
+
+def read_metrics(path: str | Path) -> dict[str, Any]:
+    """A `MetricSaver` file (``metrics.json``), with its metrics as floats again.
+
+    The file is strict JSON, so it holds NaN and inf as strings; a script that reads it
+    with this gets the numbers the run logged.
+    """
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    doc["metrics"] = floats_back(doc.get("metrics") or {})
+    return doc
 
 
 class ReplayedError(Exception):
@@ -386,12 +424,17 @@ class ConfigSaverConfig(pydantic.BaseModel):
 class ConfigSaver(Callback):
     """Writes `fname` (``config.json``) into the run folder and every checkpoint folder.
 
+    It runs at priority 50: after the SqlLogger (100) has recorded a save, and before a
+    `WandbLogger` (10) references the checkpoint folder, so the reference finds the file.
+
     The file holds ``{"experiment", "run_key", "arm", "repeat", "stage", "seed", "config"}``
     where ``config`` is the run's config (`ctx.run_config`; a bare loop has none, so the
     `config` given here, or {}). It is written at `on_run_start` (a bare loop: at
     `on_train_start`), and at each checkpoint save, so a checkpoint folder copied away from
     its run still says what made it. Each write is atomic.
     """
+
+    priority = 50
 
     def __init__(self, fname: str = CONFIG_FILE, config: dict[str, Any] | None = None) -> None:
         if not fname or Path(fname).name != fname:

@@ -69,7 +69,8 @@ class SpeedMonitor(Callback):
     covers the wall time since the previous one.
 
     Keys: ``throughput/steps_per_s``, ``throughput/samples_per_s`` (batch size: the first
-    dimension of the batch's first tensor, else ``len(batch)``), ``throughput/tokens_per_s``
+    dimension of the batch's first tensor that has one, else ``len(batch)`` of a list or
+    tuple), ``throughput/tokens_per_s``
     when the batch declares its tokens (a dict batch with ``"num_tokens"``, a batch object
     with a ``num_tokens`` attribute, or a ``num_tokens`` metric returned by the loss
     function), and ``throughput/mfu`` (tokens/s x `flops_per_token` / `peak_flops`, a
@@ -141,13 +142,27 @@ class SpeedMonitor(Callback):
 
 
 def _batch_size(batch: TrainingBatch) -> int | None:
-    size = batch.size
+    """Samples in the batch: the first dimension of its first tensor that has one (a 0-dim
+    ``num_tokens`` tensor beside the inputs is not a batch), else the length of a list or
+    tuple of examples; None when neither says (a dict of scalars is not a count)."""
+    size = _leading_dim(batch.data)
     if size is not None:
         return size
-    try:
-        return len(batch.data)
-    except TypeError:
-        return None
+    data = batch.data
+    return len(data) if isinstance(data, (list, tuple)) else None
+
+
+def _leading_dim(data: Any) -> int | None:
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0]) if data.dim() > 0 else None
+    values = data.values() if isinstance(data, dict) else data
+    if isinstance(data, dict) or isinstance(values, (list, tuple)):
+        for value in values:
+            if isinstance(value, (torch.Tensor, dict, list, tuple)):
+                size = _leading_dim(value)
+                if size is not None:
+                    return size
+    return None
 
 
 def _batch_tokens(batch: TrainingBatch, metrics: dict[str, float]) -> int | None:

@@ -43,6 +43,11 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
     callback critical: its failure fails the run instead of being recorded and counted.
     """
     _load_builtins()
+    if isinstance(specs, (Mapping, str, bytes)) or not isinstance(specs, Iterable):
+        raise ConfigError(
+            f"callbacks must be a list of {{kind, params}} specs, got {type(specs).__name__}; "
+            "write [{kind: ..., params: {...}}, ...]"
+        )
     out = []
     for i, spec in enumerate(specs):
         if not isinstance(spec, Mapping) or "kind" not in spec:
@@ -56,12 +61,18 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
         if not isinstance(critical, bool):
             raise ConfigError(f"callback spec #{i}: critical={critical!r}; use true or false")
         kind = spec["kind"]
-        if kind not in REGISTRY:
+        if not isinstance(kind, str) or kind not in REGISTRY:
             raise ConfigError(
                 f"unknown callback kind {kind!r}; known: {', '.join(sorted(REGISTRY))}"
             )
         cls, config = REGISTRY[kind]
-        params = dict(spec.get("params") or {})
+        params = spec.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError(
+                f"{kind}: params must be a mapping of name: value, got "
+                f"{type(params).__name__} {params!r}; write params: {{name: value}}"
+            )
+        params = dict(params)
         unknown = sorted(set(params) - set(config.model_fields))
         if unknown:
             valid = ", ".join(sorted(config.model_fields)) or "none"

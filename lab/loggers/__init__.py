@@ -1,6 +1,7 @@
-"""Logger callbacks: each records the lifecycle somewhere."""
+"""Logger callbacks: each records the lifecycle somewhere (the store, the console, wandb)."""
 
 from lab.loggers.console import ConsoleLogger
 from lab.loggers.sql import SqlLogger
+from lab.loggers.wandb import WandbLogger  # wandb itself is imported only when a run starts
 
-__all__ = ["ConsoleLogger", "SqlLogger"]
+__all__ = ["ConsoleLogger", "SqlLogger", "WandbLogger"]

@@ -31,7 +31,7 @@ from rich.text import Text
 
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
@@ -124,6 +124,7 @@ class ConsoleLogger(Callback):
         self._total = 0  # runs the experiment will run (grows if a chain has more)
         self._done = 0
         self._in_worker = False
+        self._counting = True  # False while a process pool runs the runs elsewhere
         self._in_experiment = False  # False: a bare TrainingLoop.fit, which ends at on_train_end
 
     def __getstate__(self) -> dict[str, Any]:
@@ -136,23 +137,31 @@ class ConsoleLogger(Callback):
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
         arms = ctx.config.get("arms") or {}
-        self._total = max(len(arms), 1) * int(ctx.config.get("repeats", 1))
-        self._done = 0
+        repeats = ctx.config.get("repeats", 1)
+        self._total = int(ctx.extras.get(RUNS) or max(len(arms), 1) * int(repeats))
+        self._done = int(ctx.extras.get(FINISHED_BEFORE) or 0)  # skipped: they never end here
         self._in_experiment = True
-        if self._use_bars():
+        # Under a process pool on_run_end fires in the workers: a bar here would never move.
+        self._counting = ctx.extras.get(EXECUTOR) != "processes"
+        shown = f"{len(arms)} arms x {repeats} repeats"
+        if self._done:
+            shown += f"; {self._done} finished before"
+        if self._use_bars() and self._counting:
             bars = self._start_bars()
             self._experiment_task = bars.add_task(
-                f"[bold]{ctx.experiment}", total=self._total, kind="experiment"
-            )
+                f"[bold]{ctx.experiment}", total=self._total, completed=self._done,
+                kind="experiment",
+            )  # fmt: skip
         else:
-            shown = f"{len(arms)} arms x {ctx.config.get('repeats', 1)} repeats"
             self._print(f"{ctx.experiment}: {self._total} runs ({shown})")
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         live = self._live.pop(run_result.run_key, None)
-        self._done += 1
-        self._total = max(self._total, self._done)
-        line = self.run_line(run_result) + f"  [{self._done}/{self._total} runs]"
+        line = self.run_line(run_result)
+        if not self._in_worker:  # a worker's copy sees only its own runs: no count to give
+            self._done += 1
+            self._total = max(self._total, self._done)
+            line += f"  [{self._done}/{self._total} runs]"
         url = ctx.extras.get("wandb:url")
         if url:
             line += f"  {url}"

@@ -14,24 +14,26 @@ Every row is logged against ``trainer/step`` (``define_metric("*", step_metric=.
 wandb's own ``_step``: a resumed run logs again from its checkpoint's step, which is lower
 than the last step wandb saw, and wandb drops rows whose ``_step`` goes backwards.
 
-The wandb run id is derived from the experiment name and the run key, and the run is
-opened with ``resume="allow"``: running the experiment again under the same name (lab's
-resume) continues the same wandb run instead of starting a stray one. `wandb` is imported
+The wandb run id is kept in the run's folder (`run_id_for`) and the run is opened with
+``resume="allow"``: running the experiment again (lab's resume, from that folder's
+checkpoints) continues the same wandb run instead of starting a stray one. `wandb` is imported
 inside the hooks, so `lab` imports without it (``pip install 'lab[wandb]'``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
+import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
 from lab._background import BackgroundCalls
+from lab._imports import require
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -46,24 +48,38 @@ RUN_ID = "wandb:run_id"
 URL = "wandb:url"
 DIR = "wandb:dir"
 STEP = "trainer/step"  # the x axis of every chart
+ID_FILE = "wandb-run-id"  # in the run folder: the wandb run that folder's attempts continue
 CheckpointMode = Literal["summary", "artifact"]
 #: The prediction columns lab knows, in the order a table shows them; others follow.
 PREDICTION_COLUMNS = ("example_id", "input", "output", "target", "score")
 
 
-def stable_run_id(experiment: str, run_key: str) -> str:
-    """The wandb id of a lab run: the same for the same experiment and run key, every time.
+def run_id_for(run_dir: Path | None) -> str:
+    """The wandb id of the lab run whose folder is `run_dir`: kept in the folder, so it is
+    the same for every attempt that resumes from that folder's checkpoints, and new for
+    anything else.
 
-    wandb ids allow letters, digits, ``-`` and ``_``; a hash keeps any experiment name legal
-    and keeps runs of different experiments in one project apart.
-
-    >>> stable_run_id("lr-sweep", "small-r0") == stable_run_id("lr-sweep", "small-r0")
-    True
-    >>> len(stable_run_id("lr-sweep", "small-r0"))
-    20
+    The id is made at random the first time and written to ``<run_dir>/wandb-run-id``; a
+    later attempt (lab's resume, which reads the same folder) reads it back and continues
+    the same wandb run. An id derived from names alone would join unrelated runs that share
+    them: every bare fit, or an experiment of the same name recorded in a fresh store. A
+    bare fit without a run folder gets a fresh id each time, as it cannot resume either.
     """
-    digest = hashlib.sha1(f"{experiment}\0{run_key}".encode()).hexdigest()
-    return f"lab-{digest[:16]}"
+    fresh = f"lab-{secrets.token_hex(8)}"
+    if run_dir is None:
+        return fresh
+    path = Path(run_dir) / ID_FILE
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{ID_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(fresh + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # whole or not at all: a kill never leaves half an id
+    return fresh
 
 
 class WandbLoggerConfig(pydantic.BaseModel):
@@ -115,6 +131,7 @@ class WandbLogger(Callback):
     ) -> None:
         if not isinstance(project, str) or not project.strip():
             raise ConfigError("WandbLogger needs a project name, e.g. WandbLogger('my-proj')")
+        require("wandb", "wandb", "WandbLogger")
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ConfigError(f"WandbLogger(log_every={log_every!r}): use an int >= 1")
         if checkpoints not in ("summary", "artifact", None):
@@ -274,7 +291,7 @@ class WandbLogger(Callback):
             project=self.project,
             entity=self.entity,
             mode=self.mode,
-            id=stable_run_id(ctx.experiment, run_key),
+            id=run_id_for(ctx.run_dir),
             resume="allow",
             name=run_key,
             group=ctx.group_name,
