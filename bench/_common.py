@@ -9,11 +9,14 @@ import os
 import platform
 import sqlite3
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from lab import Callback
 
 
 def machine(**extra: Any) -> dict[str, Any]:
@@ -107,3 +110,29 @@ def add_postgres_option(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("LAB_BENCH_POSTGRES_URL"),
         help="admin URL of a PostgreSQL server: a scratch database is made there and dropped",
     )
+
+
+class StepClock(Callback):
+    """Times each step from the first pre_step hook to the last on_step_end hook: the wall
+    clock, and the training thread's own CPU clock (which other processes don't inflate)."""
+
+    priority = 10**9  # first: its pre_step runs before any other
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[float, float]] = []
+        self.ends: list[tuple[float, float]] = []
+
+    def pre_step(self, state, step_idx, batch) -> None:  # type: ignore[no-untyped-def]
+        self.starts.append((time.perf_counter(), time.thread_time()))
+
+
+class StepClockEnd(Callback):
+    """The closing half of `StepClock`: its on_step_end runs after every other."""
+
+    priority = -(10**9)
+
+    def __init__(self, clock: StepClock) -> None:
+        self.ends = clock.ends
+
+    def on_step_end(self, state, step_idx, batch, metrics) -> None:  # type: ignore[no-untyped-def]
+        self.ends.append((time.perf_counter(), time.thread_time()))

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import log, machine
+from _common import StepClock, StepClockEnd, log, machine
 
 from lab import Callback, LogContext, LoopArtifacts, LoopState, TrainingBatch, TrainingLoop
 from lab.hooks import Dispatcher
@@ -263,32 +263,6 @@ def _allocations(
 
 
 # -- steps: real fits ----------------------------------------------------------------------------
-class StepClock(Callback):
-    """Stamps the wall clock and the training thread's CPU clock (which other processes do
-    not inflate as much) in the first pre_step hook of each step."""
-
-    priority = 10**9
-
-    def __init__(self) -> None:
-        self.starts: list[tuple[float, float]] = []
-        self.ends: list[tuple[float, float]] = []
-
-    def pre_step(self, state, step_idx, batch) -> None:  # type: ignore[no-untyped-def]
-        self.starts.append((time.perf_counter(), time.thread_time()))
-
-
-class StepClockEnd(Callback):
-    """The closing half of `StepClock`: its on_step_end runs after every other."""
-
-    priority = -(10**9)
-
-    def __init__(self, clock: StepClock) -> None:
-        self.ends = clock.ends
-
-    def on_step_end(self, state, step_idx, batch, metrics) -> None:  # type: ignore[no-untyped-def]
-        self.ends.append((time.perf_counter(), time.thread_time()))
-
-
 class NoOp(Callback):
     """An on_step_end that does nothing: the `aa` arm of `blocks`, and its timed empty call."""
 

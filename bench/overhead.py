@@ -43,39 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import machine
+from _common import StepClock, StepClockEnd, machine
 
 from lab import Callback, SqlLogger, TrainingLoop
 from lab.store import Store
 
 METRICS_PER_STEP = 10
 ARMS = ("bare", "aa", "noop", "sql")
-
-
-class StepClock(Callback):
-    """Times each step from the first pre_step hook to the last on_step_end hook: the wall
-    clock, and the training thread's own CPU clock (which other processes don't inflate)."""
-
-    priority = 10**9  # first: its pre_step runs before any other
-
-    def __init__(self) -> None:
-        self.starts: list[tuple[float, float]] = []
-        self.ends: list[tuple[float, float]] = []
-
-    def pre_step(self, state, step_idx, batch) -> None:  # type: ignore[no-untyped-def]
-        self.starts.append((time.perf_counter(), time.thread_time()))
-
-
-class StepClockEnd(Callback):
-    """The closing half of `StepClock`: its on_step_end runs after every other."""
-
-    priority = -(10**9)
-
-    def __init__(self, clock: StepClock) -> None:
-        self.ends = clock.ends
-
-    def on_step_end(self, state, step_idx, batch, metrics) -> None:  # type: ignore[no-untyped-def]
-        self.ends.append((time.perf_counter(), time.thread_time()))
 
 
 class Stamp(Callback):
