@@ -134,6 +134,13 @@ class LogContext:
         """The current run's own folder, or None between runs."""
         return None if self.run_key is None else self.output_dir / self.run_key
 
+    @property
+    def folder(self) -> Path:
+        """Where a callback writes the current run's files: its folder, or, for a bare
+        `TrainingLoop.fit()` without `run_dir`, the working directory."""
+        run_dir = self.run_dir
+        return run_dir if run_dir is not None else Path.cwd()
+
 
 @dataclass(eq=False)
 class LoopState:

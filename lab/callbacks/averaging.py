@@ -368,8 +368,7 @@ class ModelAverager(Callback):
 
     def _merged_root(self, ctx: LogContext) -> Path:
         """The run's merged folder; a bare loop without `run_dir` has none: the working dir."""
-        run_dir = ctx.run_dir if ctx.run_dir is not None else Path.cwd()
-        return run_dir / self.folder
+        return ctx.folder / self.folder
 
     def _keep_restored(self, step: int) -> None:
         """Keep the restored windows that hold exactly the steps up to `step` and end at a

@@ -18,7 +18,6 @@ import dataclasses
 import fnmatch
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pydantic
 
+from lab._atomic import write_text_atomic
 from lab._json import finite_json, floats_back
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
@@ -58,12 +58,6 @@ METRICS_FILE = "metrics.json"
 # helpers
 
 
-def _folder(ctx: LogContext) -> Path:
-    """The run's folder; a bare loop without `run_dir` has none, so the working directory."""
-    run_dir = ctx.run_dir
-    return run_dir if run_dir is not None else Path.cwd()
-
-
 def _summarize(value: Any) -> Any:
     """A JSON-able form of `value`: tensors become their shape and dtype (never their data,
     which could be huge and is not what a hook log is for); anything unknown its repr."""
@@ -88,11 +82,8 @@ def _summarize(value: Any) -> Any:
 
 def _write_json_atomic(path: Path, data: Any) -> None:
     """Write `path` whole or not at all: a reader (or a kill) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     text = json.dumps(finite_json(data), indent=2, sort_keys=True, allow_nan=False)
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text + "\n")
 
 
 def _json_default(value: Any) -> Any:
@@ -153,7 +144,7 @@ class JsonlLogger(Callback):
     def _run_path(self, ctx: LogContext) -> Path:
         name = (self.path or HOOKS_FILE).format(run_key=ctx.run_key or "run")
         path = Path(name)
-        return path if path.is_absolute() else _folder(ctx) / path
+        return path if path.is_absolute() else ctx.folder / path
 
     def _open_run(self, ctx: LogContext) -> IO[str]:
         if self._run is None:
@@ -459,7 +450,7 @@ class ConfigSaver(Callback):
 
     def _save_run(self, ctx: LogContext) -> None:
         self._document = self.document(ctx)
-        _write_json_atomic(_folder(ctx) / self.fname, self._document)
+        _write_json_atomic(ctx.folder / self.fname, self._document)
         self._saved_run = ctx.run_key or ""
 
     def on_run_start(self, ctx: LogContext) -> None:
@@ -474,7 +465,7 @@ class ConfigSaver(Callback):
             return
         folder = Path(row.path)
         if not folder.is_absolute():  # manifest paths are relative to the checkpoints folder
-            folder = _folder(state.ctx) / "checkpoints" / folder
+            folder = state.ctx.folder / "checkpoints" / folder
         if not folder.is_dir():  # retention removed it already (an ephemeral async save)
             log.debug("checkpoint folder %s is gone; no %s written there", folder, self.fname)
             return
@@ -549,7 +540,7 @@ class MetricSaver(Callback):
             "status": status,
             "metrics": self._pick(metrics),
         }
-        _write_json_atomic(_folder(ctx) / self.fname, doc)
+        _write_json_atomic(ctx.folder / self.fname, doc)
 
     def _reset(self) -> None:
         self._latest, self._step, self._written_step = {}, 0, None

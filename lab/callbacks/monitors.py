@@ -142,27 +142,13 @@ class SpeedMonitor(Callback):
 
 
 def _batch_size(batch: TrainingBatch) -> int | None:
-    """Samples in the batch: the first dimension of its first tensor that has one (a 0-dim
-    ``num_tokens`` tensor beside the inputs is not a batch), else the length of a list or
-    tuple of examples; None when neither says (a dict of scalars is not a count)."""
-    size = _leading_dim(batch.data)
+    """Samples in the batch: `TrainingBatch.size`, else the length of a list or tuple of
+    examples; None when neither says (a dict of scalars is not a count)."""
+    size = batch.size
     if size is not None:
         return size
     data = batch.data
     return len(data) if isinstance(data, (list, tuple)) else None
-
-
-def _leading_dim(data: Any) -> int | None:
-    if isinstance(data, torch.Tensor):
-        return int(data.shape[0]) if data.dim() > 0 else None
-    values = data.values() if isinstance(data, dict) else data
-    if isinstance(data, dict) or isinstance(values, (list, tuple)):
-        for value in values:
-            if isinstance(value, (torch.Tensor, dict, list, tuple)):
-                size = _leading_dim(value)
-                if size is not None:
-                    return size
-    return None
 
 
 def _batch_tokens(batch: TrainingBatch, metrics: dict[str, float]) -> int | None:
@@ -716,7 +702,7 @@ class ProfilerCallback(Callback):
     def on_train_start(self, state: LoopState) -> None:
         self._stop()
         ctx = state.ctx
-        base = ctx.run_dir if ctx.run_dir is not None else ctx.output_dir
+        base = ctx.folder
         self.trace_dir = Path(base) / "profiler"
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         activities = [torch.profiler.ProfilerActivity.CPU]

@@ -25,13 +25,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
+from lab._atomic import write_text_atomic
 from lab._background import BackgroundCalls
 from lab._imports import require
 from lab.callbacks.registry import register
@@ -75,10 +75,7 @@ def run_id_for(run_dir: Path | None) -> str:
         kept = ""
     if kept:
         return kept
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{ID_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(fresh + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # whole or not at all: a kill never leaves half an id
+    write_text_atomic(path, fresh + "\n")  # a kill never leaves half an id
     return fresh
 
 

@@ -52,9 +52,10 @@ class TrainingBatch:
 
     @property
     def size(self) -> int | None:
-        """Samples in the batch: the first dimension of its first tensor, if it has one."""
+        """Samples in the batch: the first dimension of its first tensor that has one (a
+        0-dim ``num_tokens`` tensor beside the inputs is not a batch), else None."""
         tensor = _first_tensor(self.data)
-        return None if tensor is None or tensor.dim() == 0 else int(tensor.shape[0])
+        return None if tensor is None else int(tensor.shape[0])
 
 
 @dataclass
@@ -656,8 +657,9 @@ def _to_device(data: Any, device: torch.device) -> Any:
 
 
 def _first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor in `data` (nested dicts, lists, tuples) that has a dimension."""
     if isinstance(data, torch.Tensor):
-        return data
+        return data if data.dim() > 0 else None
     values = data.values() if isinstance(data, dict) else data
     if isinstance(values, (list, tuple)) or isinstance(data, dict):
         for v in values:
