@@ -611,7 +611,9 @@ def test_a_sqlite_file_with_data_is_backed_up_before_it_is_upgraded(
         backup = result.backup
         assert backup is not None and backup.parent == db.parent
         assert BACKUP_NAME.fullmatch(backup.name), backup.name
-        line = f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> 0002"
+        line = (
+            f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> {head_revision()}"
+        )
         assert capsys.readouterr().err.splitlines() == [line]
         assert [r.getMessage() for r in caplog.records] == [line.removeprefix("lab: ")]
         assert caplog.records[0].levelno == logging.WARNING
@@ -682,6 +684,6 @@ def test_lab_db_upgrade_says_once_where_the_backup_is(
     out, err = capfd.readouterr()
     (backup,) = (p for p in tmp_path.iterdir() if ".bak-" in p.name)
     assert err.splitlines() == [
-        f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> 0002"
+        f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> {head_revision()}"
     ]
     assert out.strip() == f"upgraded sqlite:///{db} from 0001 to {head_revision()}"

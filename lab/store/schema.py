@@ -66,6 +66,8 @@ class SqlExperiment(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
     ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
     callback_errors: Mapped[list[Any] | None]  # experiment-level callback failures
+    tags: Mapped[list[Any] | None]  # plain strings, W&B style
+    notes: Mapped[str | None] = mapped_column(sa.Text)
 
     __table_args__ = (sa.CheckConstraint(_one_of("status", EXPERIMENT_STATUSES), name="status"),)
 
@@ -130,6 +132,18 @@ class SqlRun(Base):
     ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
     # last seen alive: set by the run's metric writer while the run is `running`
     heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # what the run's result depends on (config, seed, stage, train function), hashed: a run
+    # is reused by a later attempt only when this is the same
+    config_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    # set when `fresh=True` replaced this run: kept, never deleted, left out of every summary
+    superseded_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    provenance: Mapped[dict[str, Any] | None]  # git, packages, versions, devices, command
+    tags: Mapped[list[Any] | None]
+    notes: Mapped[str | None] = mapped_column(sa.Text)
+    # the owning process's start time (epoch seconds) and the host's boot id: a pid alone
+    # is reused, and means nothing in another PID namespace
+    process_start: Mapped[float | None] = mapped_column(sa.Double)
+    boot_id: Mapped[str | None] = mapped_column(sa.String(64))
 
     __table_args__ = (
         sa.UniqueConstraint("experiment_id", "run_key"),
