@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -29,6 +29,7 @@ from lab.store.engine import (
     resolve_url,
     transaction,
 )
+from lab.store.liveness import boot_id, owner_gone, process_start
 from lab.store.migrations import ensure_schema
 from lab.store.schema import (
     SqlArm,
@@ -236,6 +237,8 @@ class Store:
             "parent_run_id": parent_run_id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "process_start": process_start(),
+            "boot_id": boot_id(),
             "started_at": _now(),
             "ended_at": None,
             "heartbeat_at": _now(),
@@ -247,32 +250,30 @@ class Store:
         return run_id
 
     def mark_crashed(self) -> list[str]:
-        """Mark `running` runs that are gone as `crashed`; returns their run keys.
+        """Mark `running` runs whose owner is gone as `crashed`; returns their run keys.
 
-        A run is gone when its process on this host no longer exists (a SIGKILL or an OOM
-        kill leaves it `running`), or, on any host, when its heartbeat is older than
-        `stale_after_s`: the metric writer of a live run refreshes it every `heartbeat_s`
-        at the least. Runs recorded before heartbeats existed (NULL) are judged by pid only.
+        `lab.store.liveness.owner_gone` decides: on this host and boot, a run is gone when
+        its process no longer exists or its pid now belongs to another process (a SIGKILL
+        or an OOM kill leaves it `running`); elsewhere, when its heartbeat is older than
+        `stale_after_s` (the metric writer of a live run refreshes it every `heartbeat_s`
+        at the least). Runs recorded before heartbeats existed (NULL) are judged by pid only.
         """
-        host = socket.gethostname()
         now = _now()
-        cutoff = now - timedelta(seconds=self.stale_after_s)
         with connect(self.engine) as conn:
             running = conn.execute(
                 sa.select(
-                    SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid, SqlRun.heartbeat_at
+                    SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid, SqlRun.process_start,
+                    SqlRun.boot_id, SqlRun.heartbeat_at,
                 ).where(SqlRun.status == "running")
-            ).all()
+            ).all()  # fmt: skip
         gone: list[tuple[int, str, str]] = []
-        for run_id, key, run_host, pid, beat in running:
-            if run_host == host and not _alive(pid):
-                gone.append((run_id, key, f"the process (pid {pid} on {host}) died"))
-            elif beat is not None and beat < cutoff:
-                age = (now - beat).total_seconds()
-                gone.append(
-                    (run_id, key, f"its process (pid {pid} on {run_host}) was last seen "
-                     f"{age:.0f}s ago")
-                )  # fmt: skip
+        for run_id, key, host, pid, started, boot, beat in running:
+            why = owner_gone(
+                host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
+                stale_after_s=self.stale_after_s, now=now,
+            )  # fmt: skip
+            if why is not None:
+                gone.append((run_id, key, why))
         if not gone:
             return []
         with transaction(self.engine) as conn:
@@ -721,19 +722,6 @@ def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, 
         score,
         dumps_json(extras) if extras else None,
     )
-
-
-def _alive(pid: int | None) -> bool:
-    """Whether process `pid` exists on this host (None: unknown, so assume alive)."""
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _with_latest(run: Any, latest: dict[str, Any] | None) -> dict[str, Any]:
