@@ -687,3 +687,66 @@ def test_lab_db_upgrade_says_once_where_the_backup_is(
         f"lab: backed up {db} to {backup} before upgrading its schema 0001 -> {head_revision()}"
     ]
     assert out.strip() == f"upgraded sqlite:///{db} from 0001 to {head_revision()}"
+
+
+# -- 0003: provenance, tags and notes, process identity --------------------------------------
+
+NEW_IN_0003 = {
+    "experiments": ["tags", "notes"],
+    "runs": ["config_hash", "superseded_at", "provenance", "tags", "notes", "process_start",
+             "boot_id"],
+}  # fmt: skip
+
+
+def test_0003_adds_its_columns_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0002 with data -> 0003 -> 0002 -> 0003: every row kept, the new columns appear (NULL
+    on old rows), and disappear again with what was written into them."""
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0002") == ("0001", "0002")
+        at_0002 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0002 = _dump(conn, at_0002)
+            summaries = _summaries(conn)
+        assert len(rows_0002["runs"]) == 4 and len(rows_0002["experiments"]) == 2
+
+        assert upgrade(engine, "0003") == ("0002", "0003")
+        columns = _columns(engine)
+        for table, names in NEW_IN_0003.items():
+            assert columns[table] == at_0002[table] + names
+        with engine.connect() as conn:
+            assert _dump(conn, at_0002) == rows_0002
+            assert _summaries(conn) == summaries
+            nulls = _dump(conn, {"experiments": ["experiment_id", *NEW_IN_0003["experiments"]],
+                                 "runs": ["run_id", *NEW_IN_0003["runs"]]})  # fmt: skip
+        assert nulls["experiments"] == [(1, None, None), (2, None, None)]
+        assert nulls["runs"] == [(i, *[None] * 7) for i in (1, 2, 3, 4)]
+
+        with transaction(engine) as conn:  # the new columns hold data before going down
+            conn.execute(
+                sa.text(
+                    "UPDATE runs SET provenance = :p, tags = :t, notes = 'n', "
+                    "process_start = 1.5, boot_id = 'b', config_hash = 'h' WHERE run_id = 1"
+                ),
+                {"p": '{"git": {"commit": null}}', "t": '["best"]'},
+            )
+            conn.execute(sa.text("UPDATE experiments SET tags = '[\"x\"]', notes = 'why'"))
+        with transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0002")
+        assert current_revision(engine) == "0002"
+        assert _columns(engine) == at_0002
+        with engine.connect() as conn:
+            assert _dump(conn, at_0002) == rows_0002
+            assert _summaries(conn) == summaries
+
+        assert upgrade(engine, "0003") == ("0002", "0003")
+        with engine.connect() as conn:
+            assert _dump(conn, at_0002) == rows_0002
+            again = _dump(conn, {"runs": ["run_id", *NEW_IN_0003["runs"]]})
+        assert again["runs"] == [(i, *[None] * 7) for i in (1, 2, 3, 4)]
+    finally:
+        engine.dispose()
+    capsys.readouterr()
