@@ -133,6 +133,7 @@ def list_experiments(store: StoreOption = None) -> None:
                 "by status",
                 "points",
                 "created (UTC)",
+                "tags",
             ),
             [
                 (
@@ -144,6 +145,7 @@ def list_experiments(store: StoreOption = None) -> None:
                     ", ".join(f"{n} {k}" for k, n in sorted(r["runs_by_status"].items())),
                     r["points"],
                     r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
+                    " ".join(r["tags"]),
                 )
                 for r in rows
             ],
@@ -170,6 +172,10 @@ def show(
         s.close()
     keys = [k for k in metrics.split(",") if k]
     typer.echo(f"{exp['name']}: {exp['status']}, {len(exp['runs'])} runs, seed {exp['seed']}")
+    if exp["tags"]:
+        typer.echo(f"tags: {' '.join(exp['tags'])}")
+    if exp["notes"]:
+        typer.echo(f"notes: {exp['notes']}")
     typer.echo("\narms")
     typer.echo(
         render(("arm", "overrides"), [(a["name"], json.dumps(a["overrides"])) for a in exp["arms"]])
@@ -177,7 +183,7 @@ def show(
     typer.echo("\nruns")
     typer.echo(
         render(
-            ("run", "arm", "repeat", "seed", "status", "step", *keys, "error"),
+            ("run", "arm", "repeat", "seed", "status", "step", *keys, "tags", "error"),
             [
                 (
                     r["run_key"],
@@ -187,12 +193,18 @@ def show(
                     r["status"],
                     r["step"],
                     *(r["summary"].get(k) for k in keys),
+                    " ".join(r["tags"]),
                     r["error"] or "",
                 )
                 for r in exp["runs"]
             ],
         )
     )
+    notes = [(r["run_key"], r["notes"]) for r in exp["runs"] if r["notes"]]
+    if notes:
+        typer.echo("\nrun notes")
+        typer.echo(render(("run", "notes"), notes))
+    _show_provenance(exp["runs"])
     failures = [(r["run_key"], f) for r in exp["runs"] for f in r["callback_errors"] or []]
     if failures:
         typer.echo("\ncallback errors (the runs went on)")
@@ -202,6 +214,72 @@ def show(
                 [(key, f["callback"], f["hook"], f["error"]) for key, f in failures],
             )
         )
+
+
+def _show_provenance(runs: list[dict[str, Any]]) -> None:
+    """One line per distinct provenance (commit, dirty, python, torch, host, command), with
+    the runs that share it: most experiments print one line."""
+    from lab.provenance import compact
+
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for run in runs:
+        p = compact(run["provenance"])
+        if not p:
+            continue
+        commit = p["commit"][:12] if p["commit"] else f"none ({p['note'] or 'unknown'})"
+        dirty = {True: "yes", False: "no"}.get(p["dirty"], "-")
+        key = (commit, dirty, p["python"], p["torch"], p["host"], p["command"])
+        groups.setdefault(key, []).append(run["run_key"])
+    if not groups:
+        return
+    typer.echo("\nprovenance (full record: lab.inspect.provenance; diff: <run folder>/git.diff)")
+    rows = [
+        (*key, ", ".join(keys) if len(groups) > 1 else f"all {len(keys)}")
+        for key, keys in groups.items()
+    ]
+    typer.echo(render(("commit", "dirty", "python", "torch", "host", "command", "runs"), rows))
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
+@_clean_errors
+def tag(
+    experiment: Annotated[str, typer.Argument(help="Experiment name")],
+    changes: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[RUN_KEY] [+TAG | -TAG]...",
+            help="A run of the experiment (else the experiment itself), then +TAG to add a "
+            "tag and -TAG to remove one",
+        ),
+    ] = None,
+    note: Annotated[
+        str | None, typer.Option("--note", help="Set the notes ('' clears them)")
+    ] = None,
+    store: StoreOption = None,
+) -> None:
+    """Add or remove tags of an experiment or a run, set its notes, and print them.
+
+    lab tag lr-sweep +baseline -draft --note "first sweep"; lab tag lr-sweep small-r0 +best
+    """
+    from lab.errors import ConfigError
+    from lab.store import Store
+
+    items = list(changes or [])
+    run_key = items.pop(0) if items and items[0][:1] not in ("+", "-") else None
+    bad = [item for item in items if item[:1] not in ("+", "-")]
+    if bad:
+        raise ConfigError(
+            f"{bad[0]!r}: after the run key, write +TAG to add a tag and -TAG to remove one"
+        )
+    add = [item[1:] for item in items if item.startswith("+")]
+    remove = [item[1:] for item in items if item.startswith("-")]
+    s = Store(store)
+    try:
+        now = s.tag(experiment, run_key, add=add, remove=remove, notes=note)
+    finally:
+        s.close()
+    what = experiment if run_key is None else f"{experiment} {run_key}"
+    typer.echo(f"{what}: tags: {' '.join(now['tags']) or '-'}; notes: {now['notes'] or '-'}")
 
 
 @app.command("export")

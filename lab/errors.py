@@ -42,6 +42,13 @@ class NoExperiment(LabError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NoRun(LabError, KeyError):
+    """An experiment has no run of that key."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class LossError(LabError, TypeError):
     """A `loss_fn` returned something that is not a scalar loss."""
 

@@ -31,11 +31,21 @@ from lab._stats import Spread, spread
 from lab._table import fmt, render
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.executors import Outcome, ProcessPool, WorkerDied
-from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, Dispatcher, LogContext
+from lab.hooks import (
+    EXECUTOR,
+    FINISHED_BEFORE,
+    NOTES,
+    RUNS,
+    TAGS,
+    Callback,
+    Dispatcher,
+    LogContext,
+)
 from lab.loggers.sql import SqlLogger
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.training import LoopArtifacts
 from lab.store.engine import resolve_url
+from lab.store.store import check_tags
 
 log = logging.getLogger("lab.experiment")
 
@@ -177,6 +187,17 @@ class RunSpec:
     dispatcher: Dispatcher = field(repr=False)
     parent_checkpoint: Path | None = None  # stage k-1's final checkpoint, in a chain
     carry: Literal["weights", "full"] = "weights"
+    #: The run's own tags and notes, recorded when the run ends (with the tags it had).
+    tags: list[str] = field(default_factory=list)
+    notes: str | None = None
+
+    def tag(self, *tags: str) -> None:
+        """Tag this run (W&B style: plain strings, each kept once), e.g. ``run.tag("diverged")``
+        from `train(run)`; the store records them when the run ends, beside those added with
+        ``lab tag``. Set ``run.notes = "..."`` the same way."""
+        for tag in check_tags(list(tags)):
+            if tag not in self.tags:
+                self.tags.append(tag)
 
 
 @dataclass
@@ -201,6 +222,8 @@ class RunResult:
     callback_errors: list[dict[str, Any]] = field(default_factory=list)
     artifacts: LoopArtifacts | None = field(default=None, repr=False)
     parent_run_key: str | None = None
+    tags: list[str] = field(default_factory=list)  # what train(run) tagged it with
+    notes: str | None = None
 
 
 @dataclass
@@ -375,6 +398,12 @@ class Experiment:
     of the callbacks and the context, so `train`, the callbacks and the configs' classes
     must be importable (defined at module top level). See `lab.executors` for what fires
     where; a run's `RunResult.artifacts` is None there.
+
+    `tags` (plain strings, W&B style) and `notes` describe the experiment in the store: the
+    tags join those it has (``lab tag`` adds more), the notes replace its notes. A run tags
+    itself from `train` with ``run.tag(...)`` and ``run.notes = ...``. Every run records its
+    provenance (git commit and diff, packages, versions, devices, command line; see
+    `lab.provenance`).
     """
 
     def __init__(
@@ -393,6 +422,8 @@ class Experiment:
         strict: bool | None = None,
         executor: Executor = "serial",
         workers: int | None = None,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
@@ -445,6 +476,10 @@ class Experiment:
         n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
         self.n_runs = n_runs  # every run of every arm, stages included
         self.workers = min(workers or os.cpu_count() or 1, n_runs)
+        self.tags = check_tags(tags)  # added to the experiment's tags in the store
+        if notes is not None and not isinstance(notes, str):
+            raise ConfigError(f"notes={notes!r}: use a string")
+        self.notes = notes
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
 
     # ------------------------------------------------------------------------------------
@@ -479,6 +514,8 @@ class Experiment:
                 RUNS: self.n_runs,
                 FINISHED_BEFORE: min(finished, self.n_runs),
                 EXECUTOR: self.executor,
+                TAGS: list(self.tags),
+                NOTES: self.notes,
             }
         )
         result = ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
@@ -887,7 +924,7 @@ def execute_run(
         hooks.fire("on_error", ctx, exc)
     run_result = job.result(
         hooks, status=status, metrics=metrics, seconds=time.perf_counter() - t0, error=error,
-        traceback=tb, artifacts=artifacts,
+        traceback=tb, artifacts=artifacts, tags=list(spec.tags), notes=spec.notes,
     )  # fmt: skip
     arm_result.runs.append(run_result)
     _end_run(hooks, ctx, run_result, arm_result)

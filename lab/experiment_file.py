@@ -16,6 +16,8 @@ else maps to one `Experiment` argument::
     repeats: 2
     callbacks:                          # built by lab.callbacks.build
       - {kind: metric_saver, params: {every: 10}}
+    tags: [baseline, sweep]             # the experiment's tags and notes, in the store
+    notes: first sweep of the learning rate
 
 Every problem is one `ConfigError` line that starts with the file's path and says what to
 change: a parse error with its line and column, an unknown field with the valid ones, an
@@ -118,6 +120,8 @@ class ExperimentFile(pydantic.BaseModel):
     callbacks: list[Any] = pydantic.Field(default_factory=list)
     benchmarks: dict[str, Ref] = pydantic.Field(default_factory=dict)
     summary: SummaryEntry = pydantic.Field(default_factory=SummaryEntry)
+    tags: list[str] = pydantic.Field(default_factory=list)
+    notes: str | None = None
 
     _source: Path | None = pydantic.PrivateAttr(default=None)
 
@@ -186,6 +190,7 @@ class ExperimentFile(pydantic.BaseModel):
                 callbacks=callbacks, store=store if store is not None else self.store,
                 output_dir=self.output_dir, seed=self.seed, benchmarks=benchmarks,
                 strict=self.strict, executor=self.executor, workers=self.workers,
+                tags=self.tags, notes=self.notes,
             )  # fmt: skip
         except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
             raise ConfigError(f"{label}: {exc}") from None

@@ -104,6 +104,9 @@ RUN_HOOKS: frozenset[str] = frozenset(
 #: finished (they are skipped now, with no hooks), and its executor ("serial" or
 #: "processes", where `on_run_end` fires in the workers, not here).
 RUNS, FINISHED_BEFORE, EXECUTOR = "lab:runs", "lab:finished_before", "lab:executor"
+#: `LogContext.extras` holding the experiment's tags (a list) and notes (a str or None), as
+#: ``Experiment(tags=..., notes=...)`` gave them; a sink records them with the experiment.
+TAGS, NOTES = "lab:tags", "lab:notes"
 
 
 @dataclass

@@ -3,8 +3,10 @@
 `connect()` returns a DuckDB connection whose views are the store's tables (experiments,
 arms, groups, runs, metrics, summaries, evals, predictions, checkpoints), plus
 `final_metrics`: the last value (and min, max and count) of every metric of every run, with
-its experiment, arm and repeat. It reads `summaries`, which every flush keeps up to date,
-so it costs one row per run and key however many points the runs hold.
+its experiment, arm and repeat; `provenance`: each run's git commit, dirty flag, versions,
+host, command and packages as columns; `run_tags` and `experiment_tags`: one row per tag.
+`final_metrics` reads `summaries`, which every flush keeps up to date, so it costs one row
+per run and key however many points the runs hold.
 
 How the store is read: DuckDB's sqlite and postgres scanners ship as Python packages for
 DuckDB 1.5.x (``duckdb-extension-sqlite-scanner``, ``duckdb-extension-postgres-scanner``),
@@ -228,6 +230,63 @@ def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
         JOIN experiments e USING (experiment_id)
         LEFT JOIN arms a ON a.arm_id = r.arm_id
         """
+    )
+    con.execute(_PROVENANCE_VIEW)
+    con.execute(
+        """
+        CREATE VIEW run_tags AS
+        SELECT e.name AS experiment, r.run_key, r.run_id, unnest(from_json(r.tags, '["VARCHAR"]'))
+               AS tag
+        FROM runs r JOIN experiments e USING (experiment_id)
+        WHERE r.tags IS NOT NULL
+        """
+    )
+    con.execute(
+        """
+        CREATE VIEW experiment_tags AS
+        SELECT name AS experiment, experiment_id, unnest(from_json(tags, '["VARCHAR"]')) AS tag
+        FROM experiments WHERE tags IS NOT NULL
+        """
+    )
+
+
+# One row per run: the fields of `runs.provenance` a question usually needs, as columns.
+_PROVENANCE_VIEW = """
+CREATE VIEW provenance AS
+SELECT e.name AS experiment, a.name AS arm, r.run_key, r.run_id, r.status,
+       json_extract_string(r.provenance, '$.git.commit') AS "commit",
+       CAST(json_extract(r.provenance, '$.git.dirty') AS BOOLEAN) AS dirty,
+       json_extract_string(r.provenance, '$.git.branch') AS branch,
+       json_extract_string(r.provenance, '$.python') AS python,
+       json_extract_string(r.provenance, '$.torch') AS torch,
+       json_extract_string(r.provenance, '$.cuda') AS cuda,
+       from_json(json_extract(r.provenance, '$.devices'), '["VARCHAR"]') AS devices,
+       json_extract_string(r.provenance, '$.host') AS host,
+       from_json(json_extract(r.provenance, '$.command'), '["VARCHAR"]') AS command,
+       json_extract(r.provenance, '$.packages') AS packages,
+       r.provenance
+FROM runs r
+JOIN experiments e USING (experiment_id)
+LEFT JOIN arms a ON a.arm_id = r.arm_id
+"""
+
+
+def provenance(
+    con: duckdb.DuckDBPyConnection, experiment: str | None = None
+) -> duckdb.DuckDBPyRelation:
+    """Each run's provenance as columns (experiment, arm, run_key, status, commit, dirty,
+    branch, python, torch, cuda, devices, host, command, packages, and the whole record),
+    for one experiment or all. Why: "which code and which packages produced this number"
+    is a join away from every result.
+
+    >>> lab.inspect.provenance(con, "lr-sweep").df()                        # doctest: +SKIP
+    >>> con.sql("select run_key, packages->>'$.torch' from provenance")     # doctest: +SKIP
+    """
+    if experiment is None:
+        return con.sql("SELECT * FROM provenance ORDER BY experiment, run_id")
+    return con.sql(
+        "SELECT * FROM provenance WHERE experiment = $name ORDER BY run_id",
+        params={"name": experiment},
     )
 
 

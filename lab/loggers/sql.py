@@ -2,16 +2,18 @@
 
 | hook                | what it writes                                          |
 |---------------------|---------------------------------------------------------|
-| on_experiment_start | the experiment and its arms                             |
+| on_experiment_start | the experiment (with its tags and notes) and its arms   |
 | on_group_start      | the group                                               |
-| on_run_start        | the run: config, seed, arm, repeat, status `running`    |
+| on_run_start        | the run: config, seed, arm, repeat, status `running`,   |
+|                     | provenance (read once per experiment; `git.diff` file)  |
 | on_step_end         | metrics, through the buffered writer                    |
 | on_eval             | its metrics as `<eval>/<key>` metrics, and an eval row  |
 |                     | (with its wall time) unless on_benchmark_eval follows   |
 | on_benchmark_eval   | an eval row and its predictions (an eval re-run at the  |
 |                     | same step replaces both)                                |
 | on_checkpoint       | a checkpoint row (after flushing metrics)               |
-| on_run_end          | final status, error, final metrics, callback failures   |
+| on_run_end          | final status, error, final metrics, callback failures,  |
+|                     | the tags and notes `train(run)` gave the run            |
 | on_experiment_end   | the experiment's status                                 |
 
 Its ids live in ``ctx.ids`` under names starting with ``sql:``.
@@ -19,6 +21,7 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -27,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from lab.callbacks.registry import register
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.loop.evals import EvalResult
+from lab.provenance import Provenance, collect
 from lab.store.store import Store
 
 if TYPE_CHECKING:
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.training import LoopArtifacts, TrainingBatch
+
+log = logging.getLogger("lab.loggers.sql")
 
 EXPERIMENT_ID = "sql:experiment_id"
 RUN_ID = "sql:run_id"
@@ -83,6 +89,7 @@ class SqlLogger(Callback):
         self._runs: dict[str, int] = {}
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
         self._resumed_at: int | None = None
+        self._provenance: Provenance | None = None  # read once per experiment
 
     def open(self) -> Store:
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
@@ -121,8 +128,11 @@ class SqlLogger(Callback):
             config=config,
             seed=int(config.get("seed", 0)),
             repeats=int(config.get("repeats", 1)),
+            tags=ctx.extras.get(TAGS, ()),
+            notes=ctx.extras.get(NOTES),
         )
         ctx.ids[EXPERIMENT_ID] = exp_id
+        self._provenance = _collect()  # once: every run of the experiment shares it
         configs = config.get("arm_configs", {})
         for name, overrides in config.get("arms", {}).items():
             ctx.ids[arm_key(name)] = store.add_arm(
@@ -153,6 +163,7 @@ class SqlLogger(Callback):
             config=ctx.run_config or {},
             output_dir=_folder(ctx),
             parent_run_id=self._parent_id(ctx),
+            provenance=self._run_provenance(ctx),
         )
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
 
@@ -178,6 +189,8 @@ class SqlLogger(Callback):
             traceback=run_result.traceback,
             summary=run_result.metrics,
             callback_errors=run_result.callback_errors,
+            tags=run_result.tags,
+            notes=run_result.notes,
         )
         self._errors_written[run_result.run_key] = list(run_result.callback_errors)
         self._run_id = None
@@ -268,6 +281,23 @@ class SqlLogger(Callback):
             else self.store.find_run(ctx.ids[EXPERIMENT_ID], ctx.parent_run_key)
         )
 
+    def _run_provenance(self, ctx: LogContext) -> dict[str, Any]:
+        """The experiment's provenance record for a run, its diff written into the run
+        folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not (a bare loop).
+        """
+        if self._provenance is None:
+            self._provenance = _collect()
+        prov = self._provenance
+        record = {**prov.record, "git": dict(prov.record["git"])}
+        written = None
+        if ctx.run_dir is not None:
+            try:
+                written = prov.write_diff(ctx.run_dir)
+            except OSError as exc:
+                log.warning("run %s: could not write its git diff: %s", ctx.run_key, exc)
+        record["git"]["diff_file"] = written.name if written is not None else None
+        return record
+
     def _start_bare(self, ctx: LogContext) -> None:
         store = self.open()
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -277,10 +307,20 @@ class SqlLogger(Callback):
         run_key = ctx.run_key or "loop"
         run_id = store.start_run(
             exp_id, group_id, run_key=run_key, arm_id=None, repeat=0, stage=0, seed=0,
-            config={}, output_dir=_folder(ctx),
+            config={}, output_dir=_folder(ctx), provenance=self._run_provenance(ctx),
         )  # fmt: skip
         ctx.ids.update({EXPERIMENT_ID: exp_id, RUN_ID: run_id, BARE: True})
         self._run_id = run_id
+
+
+def _collect() -> Provenance:
+    """`lab.provenance.collect`, which must never fail a run: what it could not read is
+    recorded as an error instead."""
+    try:
+        return collect()
+    except Exception as exc:
+        log.warning("could not read the provenance of this process: %r", exc)
+        return Provenance({"git": {"commit": None}, "error": repr(exc)})
 
 
 def _folder(ctx: LogContext) -> str | None:

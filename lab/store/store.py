@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lab._json import floats_back
 from lab._metrics import as_number, check_key
-from lab.errors import NoExperiment
+from lab.errors import ConfigError, NoExperiment, NoRun
 from lab.store.engine import (
     check_reachable,
     connect,
@@ -164,9 +165,20 @@ class Store:
 
     # -- writes ------------------------------------------------------------------------------
     def begin_experiment(
-        self, name: str, *, config: dict[str, Any], seed: int, repeats: int
+        self,
+        name: str,
+        *,
+        config: dict[str, Any],
+        seed: int,
+        repeats: int,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
     ) -> int:
-        """Create the experiment, or reopen the one of that name; returns its id."""
+        """Create the experiment, or reopen the one of that name; returns its id.
+
+        `tags` join the experiment's tags (those added earlier, by ``lab tag`` too, stay);
+        `notes`, when given, replace its notes.
+        """
         values = {
             "name": name,
             "status": "running",
@@ -176,8 +188,13 @@ class Store:
             "callback_errors": None,
             "ended_at": None,
         }
+        add = check_tags(tags)
         with transaction(self.engine) as conn:
-            return self._upsert(conn, SqlExperiment, values, ["name"], "experiment_id")
+            exp_id = self._upsert(conn, SqlExperiment, values, ["name"], "experiment_id")
+            if add or notes is not None:
+                where = SqlExperiment.experiment_id == exp_id
+                self._annotate(conn, SqlExperiment, where, add=add, remove=[], notes=notes)
+        return exp_id
 
     def add_arm(
         self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
@@ -213,8 +230,13 @@ class Store:
         config: dict[str, Any],
         output_dir: str | None,
         parent_run_id: int | None = None,
+        provenance: dict[str, Any] | None = None,
     ) -> int:
         """Record a run as `running` (its row reset, if it ran before); returns its id.
+
+        `provenance` is what `lab.provenance.collect` found (git, packages, versions,
+        devices, command line). The owner's identity (host, pid, process start time, boot
+        id) is recorded too, for `mark_crashed`. Tags and notes stay as they were.
 
         What the run recorded earlier stays until its training starts: `truncate_run` then
         drops all of it for a fresh start, or what lies after the checkpoint for a resume.
@@ -235,6 +257,7 @@ class Store:
             "callback_errors": None,
             "output_dir": output_dir,
             "parent_run_id": parent_run_id,
+            "provenance": provenance,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "process_start": process_start(),
@@ -486,10 +509,17 @@ class Store:
         traceback: str | None = None,
         summary: dict[str, Any] | None = None,
         callback_errors: list[dict[str, Any]] | None = None,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
     ) -> None:
-        """Record a run's final status, error and final metrics."""
+        """Record a run's final status, error and final metrics; `tags` join the run's
+        tags and `notes`, when given, replace its notes (what `train(run)` set)."""
         self._active.discard(run_id)
+        add = check_tags(tags)
         with transaction(self.engine) as conn:
+            if add or notes is not None:
+                where = SqlRun.run_id == run_id
+                self._annotate(conn, SqlRun, where, add=add, remove=[], notes=notes)
             conn.execute(
                 sa.update(SqlRun)
                 .where(SqlRun.run_id == run_id)
@@ -527,6 +557,66 @@ class Store:
                 .where(SqlExperiment.experiment_id == experiment_id)
                 .values(status=status, callback_errors=callback_errors or None, ended_at=_now())
             )
+
+    def tag(
+        self,
+        experiment: str,
+        run_key: str | None = None,
+        *,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+        notes: str | None = None,
+    ) -> dict[str, Any]:
+        """Add and remove tags of an experiment (or of one of its runs), and set its notes
+        (``""`` clears them); returns its tags and notes as they are now.
+
+        Tags are plain strings, as in W&B: kept in the order they were added, each once.
+        An unknown experiment or run is a `NoExperiment` / `NoRun` that lists the known ones.
+        """
+        add, remove = check_tags(add), check_tags(remove)
+        with transaction(self.engine) as conn:
+            exp_id = conn.execute(
+                sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == experiment)
+            ).scalar_one_or_none()
+            if exp_id is None:
+                known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
+                hint = f"; known: {', '.join(sorted(known))}" if known else ""
+                raise NoExperiment(f"no experiment named {experiment!r} in the store{hint}")
+            if run_key is None:
+                where = SqlExperiment.experiment_id == exp_id
+                return self._annotate(conn, SqlExperiment, where, add, remove, notes)
+            where = sa.and_(SqlRun.experiment_id == exp_id, SqlRun.run_key == run_key)
+            if conn.execute(sa.select(SqlRun.run_id).where(where)).first() is None:
+                keys = conn.execute(
+                    sa.select(SqlRun.run_key).where(SqlRun.experiment_id == exp_id)
+                ).scalars().all()  # fmt: skip
+                raise NoRun(
+                    f"experiment {experiment!r} has no run {run_key!r}; its runs: "
+                    f"{', '.join(sorted(keys)) or 'none'}"
+                )
+            return self._annotate(conn, SqlRun, where, add, remove, notes)
+
+    def _annotate(
+        self,
+        conn: Connection,
+        model: Any,
+        where: Any,
+        add: list[str],
+        remove: list[str],
+        notes: str | None,
+    ) -> dict[str, Any]:
+        """Change one row's tags and notes inside the caller's write transaction."""
+        read = sa.select(model.tags, model.notes).where(where)
+        if self.dialect == "postgresql":
+            read = read.with_for_update()  # SQLite: the transaction holds the write lock
+        current, old_notes = conn.execute(read).one()
+        tags = [t for t in current or [] if t not in remove]
+        tags += [t for t in dict.fromkeys(add) if t not in tags]
+        values: dict[str, Any] = {"tags": tags or None}
+        if notes is not None:
+            values["notes"] = notes or None
+        conn.execute(sa.update(model).where(where).values(**values))
+        return {"tags": tags, "notes": values.get("notes", old_notes)}
 
     # -- reads -------------------------------------------------------------------------------
     def list_experiments(self) -> list[dict[str, Any]]:
@@ -567,13 +657,16 @@ class Store:
                 "runs_by_status": by_status.get(e["experiment_id"], {}),
                 "points": int(points.get(e["experiment_id"]) or 0),
                 "created_at": e["created_at"],
+                "tags": e["tags"] or [],
+                "notes": e["notes"],
             }
             for e in experiments
         ]
 
     def get_experiment(self, name: str) -> dict[str, Any]:
-        """An experiment with its arms and runs (status, newest step, error, final metrics),
-        and the failures of its experiment-level callbacks.
+        """An experiment with its tags and notes, its arms and runs (status, newest step,
+        error, final metrics, tags, notes, provenance), and the failures of its
+        experiment-level callbacks.
 
         A run's metrics are the last value of each key from `summaries` (so a running or
         crashed run shows where it got to), overlaid with the final metrics it returned.
@@ -610,6 +703,9 @@ class Store:
                         SqlRun.error,
                         SqlRun.summary,
                         SqlRun.callback_errors,
+                        SqlRun.tags,
+                        SqlRun.notes,
+                        SqlRun.provenance,
                     )
                     .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
                     .where(SqlRun.experiment_id == exp["experiment_id"])
@@ -637,6 +733,8 @@ class Store:
             "created_at": exp["created_at"],
             "ended_at": exp["ended_at"],
             "callback_errors": exp["callback_errors"],
+            "tags": exp["tags"] or [],
+            "notes": exp["notes"],
             "arms": [dict(a) for a in arms],
             "runs": [_with_latest(r, latest.get(r["run_id"])) for r in runs],
         }
@@ -724,9 +822,40 @@ def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, 
     )
 
 
+TAG_LIMIT = 64  # characters in one tag, as W&B
+
+
+def check_tags(tags: Sequence[str] | str) -> list[str]:
+    """Tags as a list, each checked: a non-empty string of at most `TAG_LIMIT` characters,
+    with no whitespace, and not starting with ``+`` or ``-`` (``lab tag`` reads those as
+    add and remove). A `ConfigError` names the bad one."""
+    if isinstance(tags, str):
+        raise ConfigError(f"tags={tags!r}: give a list of tags, e.g. [{tags!r}]")
+    out = []
+    for tag in tags:
+        if (
+            not isinstance(tag, str)
+            or not tag
+            or len(tag) > TAG_LIMIT
+            or tag[0] in "+-"
+            or any(c.isspace() or not c.isprintable() for c in tag)
+        ):
+            raise ConfigError(
+                f"tag {tag!r}: use 1 to {TAG_LIMIT} printable characters, no spaces, not "
+                "starting with + or -"
+            )
+        out.append(tag)
+    return out
+
+
 def _with_latest(run: Any, latest: dict[str, Any] | None) -> dict[str, Any]:
     """A run's record with its newest step and its metrics' last values from `summaries`,
     then the final metrics the run returned (which add post-training evals) over them."""
     values = dict(latest["values"]) if latest else {}
     values.update(floats_back(run["summary"] or {}))
-    return {**run, "step": latest["step"] if latest else None, "summary": values}
+    return {
+        **run,
+        "step": latest["step"] if latest else None,
+        "summary": values,
+        "tags": run["tags"] or [],
+    }

@@ -1,0 +1,239 @@
+"""Provenance: what produced a run, recorded with it, as W&B and MLflow do.
+
+`collect()` reads, once per experiment (and once for a bare loop), never per step:
+
+- git, from the working directory: the commit, the branch, whether tracked files differ from
+  it (`dirty`, as W&B counts it: untracked files are counted apart, in `untracked`), the
+  remote (its credentials masked) and the diff against the commit (``git diff HEAD``),
+  capped at `DIFF_LIMIT` bytes with a marker line saying so. Outside a repository, or
+  without git, `commit` is None and `note` says why; that is not an error;
+- the Python and torch versions, the CUDA version and device names (none on CPU), the
+  platform;
+- the installed packages, name -> version (`importlib.metadata`, as ``pip freeze`` lists
+  them);
+- the command line (``sys.argv``) with credentials masked (`mask_argv`), the working
+  directory and the host.
+
+The SQL logger writes the record into ``runs.provenance`` when each run starts, and the diff
+into the run folder as ``git.diff`` (`DIFF_FILE`). Read it back with
+`lab.inspect.provenance` or ``lab show``.
+
+>>> record = collect().record
+>>> sorted(record)[:4]
+['collected_at', 'command', 'cuda', 'cwd']
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+#: The diff is cut at this many bytes (UTF-8), and a marker line says so.
+DIFF_LIMIT = 1_000_000
+#: The diff's file name in the run folder.
+DIFF_FILE = "git.diff"
+#: What stands in for a masked secret.
+MASK = "***"
+_GIT_TIMEOUT_S = 10.0
+
+_SECRET_NAME = (
+    r"(?:password|passwd|pwd|passphrase|token|secret|api[_-]?key|apikey|access[_-]?key|auth(?:orization)?"
+    r"|credentials?|private[_-]?key)"
+)
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(?=@)")
+_NAMED_VALUE = re.compile(
+    rf"(?i)(?P<head>\b[\w.-]*{_SECRET_NAME}(?:[_.-][\w.-]*)?\s*[=:]\s*)"
+    r"(?:(?:bearer|basic|token)\s+)?[^\s&;]+"
+)
+_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)\S+")
+_KNOWN_TOKEN = re.compile(
+    r"\b(?:gh[pousr]_|github_pat_|hf_|xox[abprs]-|sk-|glpat-|AKIA)[A-Za-z0-9_\-]{8,}"
+)
+_WEBHOOK_PATH = re.compile(
+    r"(?P<head>hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/)[^\s?#]+"
+)
+_SECRET_OPTION = re.compile(rf"(?i)^-{{1,2}}[\w.-]*{_SECRET_NAME}(?:[_.-][\w.-]*)?$")
+
+
+def mask(text: str) -> str:
+    """`text` with the credentials it may hold replaced by ``***``: URL passwords,
+    ``name=value`` pairs whose name says secret (password, token, api_key, ...), bearer
+    tokens, well-known token formats (GitHub, Hugging Face, Slack, OpenAI, GitLab, AWS keys)
+    and webhook paths. Why: a command line is recorded for every run, and read by everyone
+    who reads the store.
+
+    >>> mask("train.py --store postgresql://me:hunter2@db/lab --api-key=abc token=xyz")
+    'train.py --store postgresql://me:***@db/lab --api-key=*** token=***'
+    """
+    text = _URL_PASSWORD.sub(rf"\g<head>{MASK}", text)
+    text = _NAMED_VALUE.sub(rf"\g<head>{MASK}", text)
+    text = _BEARER.sub(rf"\g<head>{MASK}", text)
+    text = _WEBHOOK_PATH.sub(rf"\g<head>{MASK}", text)
+    return _KNOWN_TOKEN.sub(MASK, text)
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A command line with its credentials masked: each argument through `mask`, and the
+    value after an option whose name says secret (``--token abc``, ``--password abc``).
+
+    >>> mask_argv(["train.py", "--wandb-token", "abc", "--lr", "0.1"])
+    ['train.py', '--wandb-token', '***', '--lr', '0.1']
+    """
+    out: list[str] = []
+    secret_next = False
+    for arg in argv:
+        if secret_next and not arg.startswith("-"):
+            out.append(MASK)
+            secret_next = False
+            continue
+        secret_next = bool(_SECRET_OPTION.match(arg))
+        out.append(mask(arg))
+    return out
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What `collect` found: the JSON `record` for ``runs.provenance``, and the (capped)
+    `diff` text that goes into each run folder as `DIFF_FILE` ("" when there is none)."""
+
+    record: dict[str, Any]
+    diff: str = ""
+
+    def write_diff(self, folder: Path) -> Path | None:
+        """Write the diff into a run folder; returns its path, None when there is none."""
+        if not self.diff:
+            return None
+        path = folder / DIFF_FILE
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.diff, encoding="utf-8")
+        return path
+
+
+def collect(
+    cwd: str | os.PathLike[str] | None = None, *, diff_limit: int = DIFF_LIMIT
+) -> Provenance:
+    """Read the provenance of this process now (git state of `cwd`, default the working
+    directory; packages, versions, devices, command line, host). Costs a few git calls and a
+    walk of the installed packages: call it once per experiment, never per step."""
+    folder = Path(cwd) if cwd is not None else Path.cwd()
+    git, diff = _git(folder, diff_limit)
+    record: dict[str, Any] = {
+        "git": git,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        **_torch(),
+        "packages": _packages(),
+        "command": mask_argv(list(sys.argv)),
+        "cwd": str(folder.resolve()),
+        "host": socket.gethostname(),
+        "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    return Provenance(record, diff)
+
+
+def compact(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The few fields ``lab show`` prints: commit, dirty, python, torch, host, command."""
+    if not record:
+        return {}
+    git = record.get("git") or {}
+    return {
+        "commit": git.get("commit"),
+        "dirty": git.get("dirty"),
+        "python": record.get("python"),
+        "torch": record.get("torch"),
+        "host": record.get("host"),
+        "command": " ".join(record.get("command") or []),
+        "note": git.get("note"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+def _run_git(folder: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_PAGER": "cat"}
+    return subprocess.run(
+        ["git", "-C", str(folder), "--no-pager", *args],
+        capture_output=True, timeout=_GIT_TIMEOUT_S, env=env, check=False,
+    )  # fmt: skip
+
+
+def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
+    """The git part of the record, and the capped diff text."""
+    empty: dict[str, Any] = {"commit": None, "branch": None, "dirty": None, "remote": None,
+                             "untracked": None, "diff_file": None, "diff_bytes": 0,
+                             "diff_truncated": False, "root": None, "note": None}  # fmt: skip
+    try:
+        top = _run_git(folder, "rev-parse", "--show-toplevel")
+    except FileNotFoundError:
+        return {**empty, "note": "git is not installed"}, ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {**empty, "note": f"git did not answer: {exc}"}, ""
+    if top.returncode != 0:
+        reason = top.stderr.decode(errors="replace").strip().splitlines()
+        first = reason[0] if reason else "git rev-parse failed"
+        if "not a git repository" in first:
+            return {**empty, "note": f"{folder} is not in a git repository"}, ""
+        return {**empty, "note": f"git: {mask(first)}"}, ""
+    head = _run_git(folder, "rev-parse", "--verify", "-q", "HEAD")
+    commit = head.stdout.decode().strip() if head.returncode == 0 else None
+    branch = _run_git(folder, "rev-parse", "--abbrev-ref", "HEAD").stdout.decode().strip()
+    remote = _run_git(folder, "config", "--get", "remote.origin.url").stdout.decode().strip()
+    untracked = _run_git(folder, "ls-files", "--others", "--exclude-standard", "-z").stdout
+    if commit is not None:
+        raw = _run_git(folder, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary").stdout
+    else:  # no commit yet: everything staged is the change
+        raw = _run_git(folder, "diff", "--cached", "--no-color", "--no-ext-diff").stdout
+    text, truncated = _cap(raw, diff_limit)
+    git = {
+        "commit": commit,
+        "branch": branch if branch and branch != "HEAD" else None,
+        "dirty": bool(raw),
+        "remote": mask(remote) if remote else None,
+        "untracked": untracked.count(b"\0"),
+        "diff_file": DIFF_FILE if raw else None,
+        "diff_bytes": len(raw),
+        "diff_truncated": truncated,
+        "root": top.stdout.decode().strip(),
+        "note": None if commit is not None else "the repository has no commit yet",
+    }
+    return git, text
+
+
+def _cap(raw: bytes, limit: int) -> tuple[str, bool]:
+    """The diff as text, cut at `limit` bytes with a marker line when it is longer."""
+    if len(raw) <= limit:
+        return raw.decode("utf-8", errors="replace"), False
+    head = raw[:limit].decode("utf-8", errors="ignore")
+    if not head.endswith("\n"):
+        head += "\n"
+    return head + f"# lab: diff truncated at {limit} of {len(raw)} bytes\n", True
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "cuda": None, "devices": []}
+    devices: list[str] = []
+    if torch.cuda.is_available():
+        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "devices": devices}
+
+
+def _packages() -> dict[str, str]:
+    """Installed distributions, name -> version, sorted by name (as ``pip freeze``)."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in found:
+            found[name] = dist.version
+    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
