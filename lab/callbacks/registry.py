@@ -105,6 +105,7 @@ _BUILTIN_MODULES = (
     "lab.callbacks.files",
     "lab.callbacks.monitors",
     "lab.callbacks.notify",
+    "lab.callbacks.system",
     "lab.loggers.console",
     "lab.loggers.sql",
     "lab.loggers.wandb",
