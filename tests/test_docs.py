@@ -62,7 +62,21 @@ def _check_loggers_page(out: str, namespace: dict[str, object]) -> None:
     assert ":white_check_mark: lab: experiment notify-demo completed" in out.splitlines()
 
 
+def _check_provenance_page(out: str, namespace: dict[str, object]) -> None:
+    import importlib.metadata
+
+    torch_version = importlib.metadata.version("torch")
+    assert out.splitlines() == [
+        "{'tags': ['published'], 'notes': 'first try'}",
+        "[('prov-b',)]",
+        "[('prov-a', 'base-r1'), ('prov-b', 'base-r1')]",
+        "2 ('prov-b', 'base-r0', 1.0)",
+        f"[('base-r0', '{torch_version}'), ('base-r1', '{torch_version}')]",
+    ]
+
+
 PAGES = {
+    "provenance.md": _check_provenance_page,
     "store.md": _check_store_page,
     "analysis.md": _check_analysis_page,
     "callbacks.md": _check_callbacks_page,
