@@ -119,7 +119,8 @@ def test_show_prints_arms_runs_and_final_metrics(demo_db: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "quickstart: completed, 6 runs, seed 0"
-    runs = lines[lines.index("runs") + 2 :]
+    start = lines.index("runs") + 2
+    runs = lines[start : lines.index("", start)]  # the table ends at a blank line
     assert [r.split()[0] for r in runs] == [
         f"{arm}-r{i}" for arm in ("sgd-lr0.01", "sgd-lr0.1") for i in range(3)
     ]
@@ -130,6 +131,20 @@ def test_show_prints_arms_runs_and_final_metrics(demo_db: Path) -> None:
         store.close()
     assert first["step"] == 60  # the newest step, read from summaries
     assert runs[0].split()[5:7] == ["60", f"{first['summary']['loss']:.4g}"]
+    # then where the runs came from: one line, as every run shares the experiment's provenance
+    at = lines.index(
+        "provenance (full record: lab.inspect.provenance; diff: <run folder>/git.diff)"
+    )
+    assert lines[at + 1].split() == [
+        "commit",
+        "dirty",
+        "python",
+        "torch",
+        "host",
+        "command",
+        "runs",
+    ]
+    assert lines[at + 2].split()[-2:] == ["all", "6"] and len(lines) == at + 3
 
 
 def test_show_unknown_experiment_is_one_line(demo_db: Path) -> None:
