@@ -205,3 +205,17 @@ def test_lab_show_prints_a_compact_provenance_section(repo: Path, sqlite_url: st
     python = ".".join(map(str, sys.version_info[:3]))
     assert row == [commit, "no", python, torch.__version__, socket.gethostname(), "train.py",
                    "--lr", "0.1", "all", "2"]  # fmt: skip
+
+
+def test_runs_in_worker_processes_record_it_too(repo: Path, sqlite_url: str) -> None:
+    (repo / "train.py").write_text("lr = 0.7\n")
+    result = Experiment(
+        "workers", _train, repeats=2, store=sqlite_url, executor="processes", workers=2
+    ).run()
+    assert [r.status for r in result.runs] == ["completed", "completed"]
+    con = lab.inspect.connect(sqlite_url)
+    rows = con.sql("select run_key, commit, dirty from provenance order by run_key").fetchall()
+    commit = _git(repo, "rev-parse", "HEAD")
+    assert rows == [("base-r0", commit, True), ("base-r1", commit, True)]
+    for key in ("base-r0", "base-r1"):
+        assert "+lr = 0.7" in (repo / "runs" / "workers" / key / DIFF_FILE).read_text()
