@@ -40,10 +40,11 @@ fits    Whole fits with each callback attached alone, against `bare` (no callbac
 Callbacks: SqlLogger (the reference), ConsoleLogger (plain lines into os.devnull),
 JsonlLogger, ConfigSaver, MetricSaver(every=100), SpeedMonitor, StabilityMonitor (also with
 window=1000: O(1), so the same cost), GradientMonitor(every=10), GarbageCollector,
-EarlyStopping (never stopping), Notifier (a webhook never called: it only fires at a run's
-or an experiment's end), WandbLogger offline (WANDB_MODE=offline, WANDB_DIR in a temporary
-folder; skipped without wandb) and ModelAverager(window=100, every=500) when
-`lab.callbacks.averaging` exists. Prints one JSON line; ~2 minutes.
+EarlyStopping (never stopping), SystemMonitor(every_s=0.1), Notifier (a webhook never
+called: it only fires at a run's or an experiment's end), WandbLogger offline
+(WANDB_MODE=offline, WANDB_DIR in a temporary folder; skipped without wandb) and
+ModelAverager(window=100, every=500) when `lab.callbacks.averaging` exists. Prints one JSON
+line; ~2 minutes.
 
     python bench/callbacks.py [--steps 1000] [--rounds 6] [--block 20] [--quick]
 """
@@ -94,6 +95,7 @@ def factories(folder: Path) -> tuple[dict[str, Factory], dict[str, str]]:
         StabilityMonitor,
     )
     from lab.callbacks.notify import Notifier
+    from lab.callbacks.system import SystemMonitor
     from lab.loggers import ConsoleLogger, SqlLogger
 
     devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
@@ -110,6 +112,8 @@ def factories(folder: Path) -> tuple[dict[str, Factory], dict[str, str]]:
         "GarbageCollector": lambda d: GarbageCollector(),
         "EarlyStopping": lambda d: EarlyStopping("loss", patience=10**9),
         "Notifier": lambda d: Notifier("http://127.0.0.1:9/never-called"),
+        # sampled 100 times as often as its default, so the thread's share shows in `fits`
+        "SystemMonitor(every_s=0.1)": lambda d: SystemMonitor(every_s=0.1),
     }
     skipped: dict[str, str] = {}
     try:
