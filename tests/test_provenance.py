@@ -219,3 +219,22 @@ def test_runs_in_worker_processes_record_it_too(repo: Path, sqlite_url: str) -> 
     assert rows == [("base-r0", commit, True), ("base-r1", commit, True)]
     for key in ("base-r0", "base-r1"):
         assert "+lr = 0.7" in (repo / "runs" / "workers" / key / DIFF_FILE).read_text()
+
+
+def test_a_bare_loop_records_it_each_fit(repo: Path, sqlite_url: str) -> None:
+    from lab import SqlLogger, TrainingLoop
+
+    logger = SqlLogger(sqlite_url)
+    for lr in ("0.2", "0.3"):  # the code changes between two fits of one notebook session
+        (repo / "train.py").write_text(f"lr = {lr}\n")
+        model = torch.nn.Linear(2, 1)
+        TrainingLoop(
+            model, torch.optim.SGD(model.parameters(), lr=0.1),
+            [(torch.ones(1, 2), torch.ones(1, 1))] * 2,
+            lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), 2,
+            callbacks=[logger],
+        ).fit(run_dir=repo / f"fit-{lr}")  # fmt: skip
+        assert f"+lr = {lr}" in (repo / f"fit-{lr}" / DIFF_FILE).read_text()
+    con = lab.inspect.connect(sqlite_url)
+    commit = _git(repo, "rev-parse", "HEAD")
+    assert con.sql("select commit, dirty from provenance").fetchall() == [(commit, True)] * 2

@@ -212,6 +212,7 @@ class SqlLogger(Callback):
                 ctx.ids[RUN_ID], status="failed", error=f"{type(exc).__name__}: {exc}"
             )
             self._store.finish_experiment(ctx.ids[EXPERIMENT_ID], status="failed")
+            self._run_id = None
 
     def close(self) -> None:
         if self._store is not None and self._owns_store:
@@ -263,6 +264,7 @@ class SqlLogger(Callback):
             status = "stopped" if artifacts.stopped else "completed"
             store.finish_run(self._require_run(state.ctx), status=status, summary=artifacts.metrics)
             store.finish_experiment(state.ctx.ids[EXPERIMENT_ID], status="completed")
+            self._run_id = None  # the next bare fit is a run (and an experiment) of its own
 
     # ------------------------------------------------------------------------------------
     def _require_run(self, ctx: LogContext) -> int:
@@ -303,6 +305,7 @@ class SqlLogger(Callback):
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         name = ctx.experiment or f"loop-{stamp}-{uuid.uuid4().hex[:6]}"  # unique per fit
         exp_id = store.begin_experiment(name, config={}, seed=0, repeats=1)
+        self._provenance = _collect()  # each bare fit is an experiment of its own
         group_id = store.add_group(exp_id, "loop")
         run_key = ctx.run_key or "loop"
         run_id = store.start_run(
