@@ -188,10 +188,12 @@ def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
     branch = _run_git(folder, "rev-parse", "--abbrev-ref", "HEAD").stdout.decode().strip()
     remote = _run_git(folder, "config", "--get", "remote.origin.url").stdout.decode().strip()
     untracked = _run_git(folder, "ls-files", "--others", "--exclude-standard", "-z").stdout
+    # binary files show as "Binary files ... differ"; no external diff or textconv runs
+    plain = ("--no-color", "--no-ext-diff", "--no-textconv")
     if commit is not None:
-        raw = _run_git(folder, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary").stdout
+        raw = _run_git(folder, "diff", "HEAD", *plain).stdout
     else:  # no commit yet: everything staged is the change
-        raw = _run_git(folder, "diff", "--cached", "--no-color", "--no-ext-diff").stdout
+        raw = _run_git(folder, "diff", "--cached", *plain).stdout
     text, truncated = _cap(raw, diff_limit)
     git = {
         "commit": commit,

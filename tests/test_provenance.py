@@ -94,6 +94,26 @@ def test_outside_a_repository_the_commit_is_none_and_the_record_says_why(tmp_pat
     assert git["note"] == f"{folder} is not in a git repository"
 
 
+def test_a_repository_without_a_commit_and_a_machine_without_git(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "new"
+    folder.mkdir()
+    _git(folder, "init", "-q")
+    (folder / "a.py").write_text("x = 1\n")
+    _git(folder, "add", "a.py")
+    prov = collect(folder)
+    git = prov.record["git"]
+    assert (git["commit"], git["dirty"], git["note"]) == (
+        None, True, "the repository has no commit yet"
+    )  # fmt: skip
+    assert "+x = 1" in prov.diff
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no git on the PATH
+    git = collect(folder).record["git"]
+    assert (git["commit"], git["note"]) == (None, "git is not installed")
+
+
 def test_versions_packages_devices_command_and_host() -> None:
     record = collect().record
     assert record["python"] == ".".join(map(str, sys.version_info[:3]))
