@@ -351,3 +351,15 @@ def test_the_wandb_id_follows_the_run_folder(tmp_path: Path) -> None:
     # the same names elsewhere (a fresh store and output folder) are another wandb run
     assert run_id_for(tmp_path / "elsewhere" / "sweep" / "a-r0") != first
     assert [p.name for p in (tmp_path / "sweep" / "a-r0").iterdir()] == [ID_FILE]  # no tmp left
+
+
+def test_the_experiments_tags_and_notes_go_to_each_wandb_run(offline: Path) -> None:
+    def train(run: lab.RunSpec) -> dict[str, float]:
+        return {"loss": 1.0}
+
+    Experiment(
+        "wb-tags", train, repeats=2, tags=["baseline", "v1"], notes="why",
+        callbacks=[WandbLogger("lab-test")], store=False,
+    ).run()  # fmt: skip
+    runs = _offline_runs(offline)
+    assert [(list(r.run.tags), r.run.notes) for r in runs] == [(["baseline", "v1"], "why")] * 2

@@ -36,7 +36,7 @@ from lab._background import BackgroundCalls
 from lab._imports import require
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
@@ -294,6 +294,8 @@ class WandbLogger(Callback):
             group=ctx.group_name,
             job_type=ctx.arm,
             config=dict(ctx.run_config or {}),
+            tags=list(ctx.extras.get(TAGS) or []) or None,  # the experiment's, as lab's store
+            notes=ctx.extras.get(NOTES),
         )
         run.define_metric(STEP)
         run.define_metric("*", step_metric=STEP)
