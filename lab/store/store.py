@@ -289,25 +289,36 @@ class Store:
                     SqlRun.boot_id, SqlRun.heartbeat_at,
                 ).where(SqlRun.status == "running")
             ).all()  # fmt: skip
-        gone: list[tuple[int, str, str]] = []
+        gone: list[tuple[str, str, Any]] = []
         for run_id, key, host, pid, started, boot, beat in running:
             why = owner_gone(
                 host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
                 stale_after_s=self.stale_after_s, now=now,
             )  # fmt: skip
             if why is not None:
-                gone.append((run_id, key, why))
+                # only if the row still shows the owner judged here: a run that another
+                # process took over, or whose owner beat again meanwhile, stays as it is
+                same = sa.and_(
+                    SqlRun.run_id == run_id, SqlRun.status == "running",
+                    SqlRun.pid.is_not_distinct_from(pid),
+                    SqlRun.process_start.is_not_distinct_from(started),
+                    SqlRun.heartbeat_at.is_not_distinct_from(beat),
+                )  # fmt: skip
+                gone.append((key, why, same))
         if not gone:
             return []
+        marked = []
         with transaction(self.engine) as conn:
-            for run_id, _key, why in gone:
-                conn.execute(
+            for key, why, same in gone:
+                done = conn.execute(
                     sa.update(SqlRun)
-                    .where(SqlRun.run_id == run_id, SqlRun.status == "running")
+                    .where(same)
                     .values(status="crashed", error=f"{why} while the run was running",
                             ended_at=now)
                 )  # fmt: skip
-        return [key for _run_id, key, _why in gone]
+                if done.rowcount:
+                    marked.append(key)
+        return marked
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
