@@ -1,32 +1,42 @@
 """lab: run torch training experiments as arms x repeats, and record everything they do.
 
 >>> from lab import Experiment, Arm, TrainingLoop   # the whole public surface is __all__
+
+The public names are imported on first use (PEP 562), so ``import lab`` and the ``lab``
+command stay fast: torch is imported by the names that need it, not by the package.
 """
 
-from lab.errors import LabError
-from lab.experiment import (
-    Arm,
-    ArmResult,
-    Experiment,
-    ExperimentResult,
-    RunResult,
-    RunSpec,
-    Summary,
-)
-from lab.hooks import Callback, LogContext, LoopState
-from lab.loggers import ConsoleLogger, SqlLogger
-from lab.loop import (
-    CheckpointConfig,
-    EvalResult,
-    Evaluator,
-    LoopArtifacts,
-    ManifestRow,
-    TrainingBatch,
-    TrainingLoop,
-)
-from lab.store import Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Where each public name lives; ``lab.<name>`` imports its module on first access.
+_WHERE: dict[str, str] = {
+    "Arm": "lab.experiment",
+    "ArmResult": "lab.experiment",
+    "Callback": "lab.hooks",
+    "CheckpointConfig": "lab.loop",
+    "ConsoleLogger": "lab.loggers",
+    "EvalResult": "lab.loop",
+    "Evaluator": "lab.loop",
+    "Experiment": "lab.experiment",
+    "ExperimentResult": "lab.experiment",
+    "LabError": "lab.errors",
+    "LogContext": "lab.hooks",
+    "LoopArtifacts": "lab.loop",
+    "LoopState": "lab.hooks",
+    "ManifestRow": "lab.loop",
+    "RunResult": "lab.experiment",
+    "RunSpec": "lab.experiment",
+    "SqlLogger": "lab.loggers",
+    "Store": "lab.store",
+    "Summary": "lab.experiment",
+    "TrainingBatch": "lab.loop",
+    "TrainingLoop": "lab.loop",
+}
 
 __all__ = [
     "Arm",
@@ -51,3 +61,41 @@ __all__ = [
     "TrainingBatch",
     "TrainingLoop",
 ]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from lab.errors import LabError
+    from lab.experiment import (
+        Arm,
+        ArmResult,
+        Experiment,
+        ExperimentResult,
+        RunResult,
+        RunSpec,
+        Summary,
+    )
+    from lab.hooks import Callback, LogContext, LoopState
+    from lab.loggers import ConsoleLogger, SqlLogger
+    from lab.loop import (
+        CheckpointConfig,
+        EvalResult,
+        Evaluator,
+        LoopArtifacts,
+        ManifestRow,
+        TrainingBatch,
+        TrainingLoop,
+    )
+    from lab.store import Store
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module the first time the name is used, then keep it."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
