@@ -22,3 +22,12 @@ def render(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 run``, ``2 runs``: a count with its noun, so that no message says "1 runs".
+
+    >>> plural(1, "run"), plural(0, "run"), plural(3, "repeat"), plural(2, "match", "matches")
+    ('1 run', '0 runs', '3 repeats', '2 matches')
+    """
+    return f"{n} {word if n == 1 else (many or word + 's')}"

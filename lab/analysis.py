@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 import duckdb
 
 from lab._stats import t_ppf
+from lab._table import plural
 from lab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -152,9 +153,9 @@ def _check_metric(scope: _Scope, key: str, arms: tuple[str, ...] = ()) -> None:
         )
     if lacking:
         raise ConfigError(
-            f"metric {key!r} is missing from {len(lacking)} of {len(rows)} runs of experiment "
-            f"{scope.experiment!r}: {_listing(lacking)}; analyse a metric every run logged, or "
-            "choose the runs yourself in SQL over the final_metrics view"
+            f"metric {key!r} is missing from {len(lacking)} of {plural(len(rows), 'run')} of "
+            f"experiment {scope.experiment!r}: {_listing(lacking)}; analyse a metric every run "
+            "logged, or choose the runs yourself in SQL over the final_metrics view"
         )
 
 
@@ -177,9 +178,9 @@ def _check_eval(scope: _Scope, name: str, arms: tuple[str, ...] = (), *, every: 
     lacking = [run_key for run_key, ok, _ in rows if not ok]
     if every and lacking:
         raise ConfigError(
-            f"eval {name!r} is missing (or failed) in {len(lacking)} of {len(rows)} runs of "
-            f"experiment {scope.experiment!r}: {_listing(lacking)}; query the evals and "
-            "predictions views to choose the runs yourself"
+            f"eval {name!r} is missing (or failed) in {len(lacking)} of "
+            f"{plural(len(rows), 'run')} of experiment {scope.experiment!r}: {_listing(lacking)}; "
+            "query the evals and predictions views to choose the runs yourself"
         )
 
 

@@ -4,31 +4,57 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from sqlalchemy.engine import make_url
 
-from lab._table import render
-from lab.errors import LabError
+from lab._table import plural, render
+from lab.errors import ConfigError, LabError, Terminated
 
+if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` never load torch
+    from lab.experiment import Experiment, ExperimentResult, Summary
+
+# Plain help text: Rich markup would swallow "[default: ...]" and give flags a "<bool>".
 app = typer.Typer(
     help="Run torch experiments as arms x repeats, and read back what they recorded.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-db_app = typer.Typer(help="Inspect and migrate the store's schema.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="Inspect and migrate the store's schema.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(db_app, name="db")
 
 StoreOption = Annotated[
     str | None,
-    typer.Option("--store", help="Store URL [default: $LAB_STORE_URL, else sqlite:///lab.db]"),
+    typer.Option(
+        "--store",
+        metavar="URL",
+        help="Store URL [default: $LAB_STORE_URL, else sqlite:///lab.db]",
+    ),
+]
+AllMetricsOption = Annotated[
+    bool,
+    typer.Option(
+        "--all-metrics", help="Show every final metric in the summary, lr and step_time too"
+    ),
 ]
 F = TypeVar("F", bound=Callable[..., Any])
+#: The exit status after Ctrl-C, as a shell reports a process that SIGINT ended.
+INTERRUPTED = 130
+
+
+def _shown(url: str) -> str:
+    """A store URL as it may be printed: its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _clean_errors(fn: F) -> F:
@@ -45,30 +71,122 @@ def _clean_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: What `lab quickstart` prints to try in Python; each runs as printed (a test runs them).
+FINAL_LOSS_QUERY = (
+    "select arm, count(*) as n, avg(value) as val_loss from final_metrics "
+    "where experiment = 'quickstart' and key = 'val/loss' group by arm order by val_loss"
+)
+PREDICTIONS_QUERY = (
+    "select run_key, example_id, output, target, score from predictions "
+    "join evals using (eval_id) join runs using (run_id) limit 5"
+)
+NOTEBOOK = "quickstart.ipynb"
+
+
 @app.command()
 @_clean_errors
 def quickstart(
     store: StoreOption = None,
-    output_dir: Annotated[str, typer.Option(help="Where run folders go")] = "runs",
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per run")] = 300,
+    output_dir: Annotated[str, typer.Option(metavar="DIR", help="Where run folders go")] = "runs",
+    steps: Annotated[int, typer.Option(min=1, metavar="N", help="Optimizer steps per run")] = 300,
+    notebook: Annotated[
+        bool,
+        typer.Option(
+            "--notebook",
+            help=f"Also write the analysis notebook, as ./{NOTEBOOK} (open it from this folder)",
+        ),
+    ] = False,
+    notebook_to: Annotated[
+        Path | None,
+        typer.Option("--notebook-to", metavar="PATH", help="Write the notebook there instead"),
+    ] = None,
+    all_metrics: AllMetricsOption = False,
 ) -> None:
-    """Run the demo experiment (2 arms x 3 repeats) into a store and print its summary."""
-    from lab.demo import quickstart as run_demo
+    """Run the demo experiment (2 arms x 3 repeats) into a store and print its summary.
+
+    Running it again continues it: finished runs are kept, the others run.
+    """
+    from lab.demo import quickstart_experiment, write_notebook
     from lab.store import resolve_url
 
+    if notebook_to is not None or notebook:
+        written = write_notebook(notebook_to or Path(NOTEBOOK))  # before a run that takes a while
     url = resolve_url(store)
-    result = run_demo(url, output_dir=output_dir, steps=steps)
-    keys = ("loss", "val/loss", "holdout/acc")
-    typer.echo(str(result.summary("val/loss", "min", keys=keys)))
-    shown = make_url(url).render_as_string(hide_password=True)
-    typer.echo(f"\nRecorded in {shown}. Next: lab ls, lab show quickstart, or in Python:")
-    typer.echo('  import lab.inspect; lab.inspect.connect("' + shown + '").sql(')
-    typer.echo("      \"select arm, avg(value) from final_metrics where key = 'val/loss' "
-               "group by arm\").df()")  # fmt: skip
-    query = "select * from predictions limit 5"
-    typer.echo("Per-example predictions of the holdout benchmark:")
-    typer.echo(f'  lab.inspect.connect("{shown}").sql("{query}").df()')
-    typer.echo("A walk-through of arms, curves and predictions: notebooks/quickstart.ipynb")
+    again = ["lab", "quickstart"]
+    again += ["--store", _shown(url)] if store is not None else []
+    again += ["--output-dir", output_dir] if output_dir != "runs" else []
+    again += ["--steps", str(steps)] if steps != 300 else []
+    result = _run(
+        quickstart_experiment(url, output_dir=output_dir, steps=steps),
+        lambda r: r.summary("val/loss", "min", all_metrics=all_metrics),
+        shlex.join(again),
+    )
+    shown = _shown(url)
+    option = f" --store {shlex.quote(shown)}" if store is not None else ""
+    typer.echo(f"\n{result.name}: recorded in {shown}. Next:")
+    typer.echo(f"  lab ls{option}")
+    typer.echo(f"  lab show quickstart{option}")
+    typer.echo("The final validation loss per arm, and the holdout benchmark's predictions:")
+    typer.echo("  import lab.inspect")
+    typer.echo(f"  con = lab.inspect.connect({json.dumps(shown)})")
+    typer.echo(f"  con.sql({json.dumps(FINAL_LOSS_QUERY)}).show()")
+    typer.echo(f"  con.sql({json.dumps(PREDICTIONS_QUERY)}).show()")
+    env = f"LAB_STORE_URL={shlex.quote(shown)} " if store is not None else ""
+    if notebook_to is not None or notebook:
+        typer.echo("The walk-through of arms, curves and predictions, in Jupyter:")
+        typer.echo(f"  {env}jupyter lab {shlex.quote(str(written))}")
+    elif Path(NOTEBOOK).exists():
+        typer.echo(f"The walk-through of arms, curves and predictions: ./{NOTEBOOK}")
+    else:
+        typer.echo(f"The walk-through of arms, curves and predictions, as ./{NOTEBOOK}:")
+        typer.echo(f"  lab quickstart --notebook{option}")
+
+
+def _run(
+    exp: Experiment, summarize: Callable[[ExperimentResult], Summary], again: str
+) -> ExperimentResult:
+    """Run an experiment for a command and print its summary once, ranked as asked.
+
+    On a terminal a `ConsoleLogger` shows progress (one is attached when none is), and it
+    leaves the summary to this function. Ctrl-C (or SIGTERM) prints what finished, without
+    ranking arms that did not, and the command that continues it; the exit status is 130.
+    """
+    from lab.loggers.console import ConsoleLogger
+
+    consoles = [cb for cb in exp.callbacks if isinstance(cb, ConsoleLogger)]
+    if not consoles and sys.stdout.isatty():
+        consoles.append(ConsoleLogger(every_s=5.0))
+        exp.callbacks.append(consoles[-1])
+    for console in consoles:
+        console.summary = False  # printed below, once
+    try:
+        result = exp.run()
+    except (KeyboardInterrupt, Terminated):
+        partial = exp.result
+        what = "nothing finished"
+        if partial is not None:
+            typer.echo(_summary_text(partial, summarize))
+            finished = sum(1 for r in partial.runs if r.status in ("completed", "stopped"))
+            what = f"{finished} of {plural(exp.n_runs, 'run')} finished"
+        typer.echo(
+            f"interrupted: {what}; the same command continues it (finished runs are kept, "
+            f"the others run again): {again}",
+            err=True,
+        )
+        raise typer.Exit(INTERRUPTED) from None
+    typer.echo(_summary_text(result, summarize))
+    return result
+
+
+def _summary_text(
+    result: ExperimentResult, summarize: Callable[[ExperimentResult], Summary]
+) -> str:
+    """The summary as the command asked for it; when its metric is missing (no run got as
+    far as logging it), the summary ranked by what there is."""
+    try:
+        return str(summarize(result))
+    except LabError:
+        return str(result.summary())
 
 
 @app.command("run")
@@ -79,11 +197,13 @@ def run_file(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
     ] = False,
+    all_metrics: AllMetricsOption = False,
 ) -> None:
     """Run the experiment an experiment file describes and print its summary.
 
     Exits 1 when the file is wrong (one line, nothing runs) and when any run failed (after
-    the summary, one line naming the failures); 0 when every run completed or stopped.
+    the summary, one line naming the failures); 0 when every run completed or stopped; 130
+    when interrupted (after what finished, and the command that continues it).
     """
     from lab.experiment_file import plan, read_experiment_file
     from lab.store import resolve_url
@@ -93,8 +213,8 @@ def run_file(
     if dry_run:
         typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {file}")
         return
-    result = exp.run()
-    typer.echo(str(spec.summarize(result)))
+    again = ["lab", "run", str(file)] + (["--store", _shown(store)] if store is not None else [])
+    result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))
     failed = [r for r in result.runs if r.status == "failed"]
     if failed:
         first = (failed[0].error or "failed").splitlines()[0]
@@ -102,8 +222,8 @@ def run_file(
         if isinstance(exp.store, str):  # recorded: say where to look
             hint = f"; details: lab show {exp.name}"
             if exp.store != resolve_url(None):
-                hint += f" --store {make_url(exp.store).render_as_string(hide_password=True)}"
-        typer.echo(f"error: {len(failed)} of {len(result.runs)} runs failed "
+                hint += f" --store {_shown(exp.store)}"
+        typer.echo(f"error: {len(failed)} of {plural(len(result.runs), 'run')} failed "
                    f"({failed[0].run_key}: {first}){hint}", err=True)  # fmt: skip
         raise typer.Exit(1)
 
@@ -159,10 +279,19 @@ def show(
     name: Annotated[str, typer.Argument(help="Experiment name")],
     store: StoreOption = None,
     metrics: Annotated[
-        str, typer.Option(help="Comma-separated final metrics to show")
+        str, typer.Option(metavar="KEYS", help="Comma-separated final metrics to show")
     ] = "loss,val/loss",
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", metavar="KEY", help="Show one run instead: its error and whole traceback"
+        ),
+    ] = None,
 ) -> None:
-    """Show an experiment's arms, runs, statuses, newest steps and last metric values."""
+    """Show an experiment's arms, runs, statuses, newest steps and last metric values.
+
+    With --run KEY, one run: where and how long it ran, its error and its traceback.
+    """
     from lab.store import Store
 
     s = Store(store)
@@ -170,8 +299,13 @@ def show(
         exp = s.get_experiment(name)
     finally:
         s.close()
+    if run is not None:
+        typer.echo(_run_details(exp, run))
+        return
     keys = [k for k in metrics.split(",") if k]
-    typer.echo(f"{exp['name']}: {exp['status']}, {len(exp['runs'])} runs, seed {exp['seed']}")
+    typer.echo(
+        f"{exp['name']}: {exp['status']}, {plural(len(exp['runs']), 'run')}, seed {exp['seed']}"
+    )
     if exp["tags"]:
         typer.echo(f"tags: {' '.join(exp['tags'])}")
     if exp["notes"]:
@@ -183,7 +317,19 @@ def show(
     typer.echo("\nruns")
     typer.echo(
         render(
-            ("run", "arm", "repeat", "seed", "status", "step", *keys, "tags", "error"),
+            (
+                "run",
+                "arm",
+                "repeat",
+                "seed",
+                "status",
+                "step",
+                *keys,
+                "duration",
+                "host",
+                "tags",
+                "error",
+            ),
             [
                 (
                     r["run_key"],
@@ -193,6 +339,8 @@ def show(
                     r["status"],
                     r["step"],
                     *(r["summary"].get(k) for k in keys),
+                    _duration(r),
+                    r["host"],
                     " ".join(r["tags"]),
                     r["error"] or "",
                 )
@@ -280,6 +428,42 @@ def tag(
         s.close()
     what = experiment if run_key is None else f"{experiment} {run_key}"
     typer.echo(f"{what}: tags: {' '.join(now['tags']) or '-'}; notes: {now['notes'] or '-'}")
+
+
+def _duration(run: dict[str, Any]) -> str | None:
+    """How long a run ran, from its start to its end (None while it runs)."""
+    if run["started_at"] is None or run["ended_at"] is None:
+        return None
+    seconds = max((run["ended_at"] - run["started_at"]).total_seconds(), 0.0)
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{int(secs):02d}"
+    return f"{minutes}:{int(secs):02d}" if minutes else f"{secs:.1f}s"
+
+
+def _run_details(exp: dict[str, Any], run_key: str) -> str:
+    """One run as text: identity, status, where and how long it ran, error and traceback."""
+    runs = {r["run_key"]: r for r in exp["runs"]}
+    r = runs.get(run_key)
+    if r is None:
+        known = ", ".join(runs) or "none"
+        raise ConfigError(f"no run {run_key!r} in experiment {exp['name']!r}; runs: {known}")
+    when = "-" if r["started_at"] is None else r["started_at"].strftime("%Y-%m-%d %H:%M:%S")
+    lines = [
+        f"{exp['name']} / {r['run_key']}: {r['status']}",
+        f"arm {r['arm']}, repeat {r['repeat']}, stage {r['stage']}, seed {r['seed']}, "
+        f"step {r['step'] if r['step'] is not None else '-'}",
+        f"host {r['host'] or '-'}, pid {r['pid'] or '-'}, started {when} UTC, "
+        f"duration {_duration(r) or '- (not ended)'}",
+    ]
+    if r["error"]:
+        lines.append(f"error: {r['error']}")
+    if r["traceback"]:
+        lines += ["", r["traceback"].rstrip()]
+    elif r["status"] == "failed":
+        lines.append("no traceback was recorded")
+    return "\n".join(lines)
 
 
 @app.command("export")

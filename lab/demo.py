@@ -10,14 +10,21 @@ compare arms on. It takes a few seconds on two CPU cores.
 
 from __future__ import annotations
 
+import os
+from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pydantic
 import torch
 
+from lab.errors import ConfigError
 from lab.experiment import Arm, Experiment, ExperimentResult, RunSpec
 from lab.hooks import Callback
 from lab.loop import EvalResult, Evaluator, LoopArtifacts, TrainingLoop
+
+if TYPE_CHECKING:
+    import duckdb
 
 HOLDOUT_SIZE = 64
 TOLERANCE = 0.2  # a holdout prediction is a hit when it is this close to its target
@@ -105,9 +112,34 @@ def train(run: RunSpec) -> LoopArtifacts:
         data=batches,
         loss_fn=mse,
         num_steps=cfg.steps,
-        evaluators=[Evaluator("val", lambda m: {"loss": mse(m, (val_x, val_y)).item()}, every=50)],
+        evaluators=[  # every 50 steps, or once at the end of a shorter run
+            Evaluator(
+                "val", lambda m: {"loss": mse(m, (val_x, val_y)).item()}, every=min(50, cfg.steps)
+            )
+        ],
     )
     return loop.fit(run)
+
+
+def quickstart_experiment(
+    store: str | None = None,
+    *,
+    output_dir: str | Path = "runs",
+    callbacks: list[Callback] | None = None,
+    steps: int = 300,
+) -> Experiment:
+    """The demo experiment, built and not yet run (`lab quickstart` runs it)."""
+    return Experiment(
+        "quickstart",
+        train,
+        base_config=DemoConfig(steps=steps),
+        arms=[Arm("sgd-lr0.01", lr=0.01), Arm("sgd-lr0.1", lr=0.1)],
+        repeats=3,
+        callbacks=callbacks or [],
+        store=store,
+        output_dir=output_dir,
+        benchmarks=[Evaluator("holdout", holdout)],
+    )
 
 
 def quickstart(
@@ -119,14 +151,82 @@ def quickstart(
 ) -> ExperimentResult:
     """Run the demo experiment into `store` (default: as every store URL) and return it:
     its val curves, and the holdout benchmark's metrics, breakdowns and predictions."""
-    return Experiment(
-        "quickstart",
-        train,
-        base_config=DemoConfig(steps=steps),
-        arms=[Arm("sgd-lr0.01", lr=0.01), Arm("sgd-lr0.1", lr=0.1)],
-        repeats=3,
-        callbacks=callbacks or [],
-        store=store,
-        output_dir=output_dir,
-        benchmarks=[Evaluator("holdout", holdout)],
-    ).run()
+    exp = quickstart_experiment(store, output_dir=output_dir, callbacks=callbacks, steps=steps)
+    return exp.run()
+
+
+# -- the notebook ------------------------------------------------------------------------
+NOTEBOOK = "quickstart.ipynb"
+
+
+def notebook_text() -> str:
+    """The analysis notebook of the quickstart, as shipped: inside the installed package
+    (``lab/_notebooks``), or in the source checkout's ``notebooks/`` (an editable install)."""
+    shipped = resources.files("lab").joinpath("_notebooks").joinpath(NOTEBOOK)
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "notebooks" / NOTEBOOK).read_text(
+        encoding="utf-8"
+    )
+
+
+def write_notebook(path: str | Path = NOTEBOOK) -> Path:
+    """Write the quickstart's analysis notebook to `path` (``lab quickstart --notebook``),
+    so that a pip-installed lab, which has no ``notebooks/`` folder, still hands it over.
+
+    An existing file is never overwritten: that is one `ConfigError` naming it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / NOTEBOOK
+    if path.exists():
+        raise ConfigError(f"{path} exists; remove it, or write the notebook elsewhere with "
+                          "--notebook-to PATH")  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(notebook_text(), encoding="utf-8")
+    return path
+
+
+def find_store(start: str | Path | None = None) -> tuple[str, str]:
+    """The store a notebook reads, found as the `lab` command finds it, and why that one.
+
+    ``LAB_STORE_URL`` if set; else ``lab.db`` in the working directory, as the command
+    looks for it; else the nearest ``lab.db`` in a folder above it (a notebook's kernel
+    starts in the notebook's folder, e.g. ``notebooks/`` below where ``lab quickstart`` ran);
+    else ``lab.db`` in the working directory, which does not exist yet.
+    Returns (URL, how it was found).
+    """
+    env = os.environ.get("LAB_STORE_URL")
+    if env:
+        return env, "from $LAB_STORE_URL"
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "lab.db").is_file():
+            how = "in the working directory" if folder == here else "in a folder above"
+            return f"sqlite:///{folder / 'lab.db'}", how
+    return f"sqlite:///{here / 'lab.db'}", "not found: a new store in the working directory"
+
+
+def open_quickstart(url: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to the store that holds the quickstart, for its notebook.
+
+    Prints which store it opened. Without `url`, the store is found by `find_store`. If that
+    store holds no ``quickstart`` experiment, it says so and runs it there first, as
+    ``lab quickstart`` would (same settings, so the same numbers): the notebook never
+    shows results it made up quietly.
+    """
+    import lab.inspect
+
+    url, how = (url, "as given") if url is not None else find_store()
+    print(f"store: {url} ({how})")
+    con = lab.inspect.connect(url)
+    (found,) = con.sql("select count(*) from experiments where name = 'quickstart'").fetchone()
+    if found:
+        return con
+    con.close()
+    runs = Path(url.removeprefix("sqlite:///")).parent / "runs" if url.startswith(
+        "sqlite:///") else Path("runs")  # fmt: skip
+    print(f"it holds no quickstart experiment: running it now, as `lab quickstart` does "
+          f"(2 arms x 3 repeats, 300 steps; run folders in {runs})")  # fmt: skip
+    quickstart(url, output_dir=runs)
+    return lab.inspect.connect(url)

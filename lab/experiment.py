@@ -28,7 +28,7 @@ import pydantic
 from lab._seeding import seed_everything
 from lab._signals import unwind_on_sigterm
 from lab._stats import Spread, spread
-from lab._table import fmt, render
+from lab._table import fmt, plural, render
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.executors import Outcome, ProcessPool, WorkerDied
 from lab.hooks import (
@@ -233,6 +233,13 @@ class ArmResult:
     name: str
     overrides: dict[str, Any]
     runs: list[RunResult] = field(default_factory=list)
+    planned: int | None = None  # the runs the arm holds (repeats x stages)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every planned run of the arm finished (completed or stopped)."""
+        done = sum(1 for r in self.runs if r.status in FINISHED)
+        return done >= (self.planned if self.planned is not None else len(self.runs))
 
     def values(self, metric: str) -> list[float]:
         """The final `metric` of every run that finished (completed or stopped)."""
@@ -254,9 +261,33 @@ class SummaryRow:
     ci_high: float
 
 
+#: Final metrics a printed summary leaves out unless asked for all of them: the loop's
+#: bookkeeping and the monitors' internals say how a run went, not which arm wins.
+ROUTINE_METRICS: tuple[str, ...] = ("lr", "step_time")
+ROUTINE_PREFIXES: tuple[str, ...] = (
+    "throughput/",
+    "gpu_memory/",
+    "stability/",
+    "grad_norm/",
+    "param_norm/",
+)
+
+
+def is_routine(metric: str) -> bool:
+    """Whether a printed summary hides `metric` by default (see `ROUTINE_METRICS`)."""
+    return metric in ROUTINE_METRICS or metric.startswith(ROUTINE_PREFIXES)
+
+
 @dataclass
 class Summary:
-    """Per arm and final metric: n, mean, std and 95% CI across repeats, and the best arm."""
+    """Per arm and final metric: n, mean, std and 95% CI across repeats, and the best arm.
+
+    `rows` holds every metric; the text (``str(summary)``) leaves out the routine ones
+    (``lr``, ``step_time``, the monitors' ``throughput/``, ``stability/``, ... keys) unless
+    `all_metrics` is set, and says which it left out. After an interrupt (`interrupted`) the
+    text counts the runs that finished out of those `planned`, and ranks only the arms whose
+    runs all finished (`unfinished_arms` are named, never ranked).
+    """
 
     experiment: str
     rows: list[SummaryRow]
@@ -267,6 +298,11 @@ class Summary:
     margin: float | None
     runs: int
     runs_by_status: dict[str, int]
+    planned: int | None = None
+    interrupted: bool = False
+    unfinished_arms: list[str] = field(default_factory=list)
+    all_metrics: bool = False
+    shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
 
     def row(self, arm: str, metric: str) -> SummaryRow:
         """The row of `arm` and `metric`."""
@@ -280,8 +316,29 @@ class Summary:
         return [r.__dict__.copy() for r in self.rows]
 
     def __str__(self) -> str:
+        return self.format()
+
+    def format(self, all_metrics: bool | None = None) -> str:
+        """The summary as text; `all_metrics` (default: the summary's own) shows every
+        metric, the routine ones included."""
+        show_all = self.all_metrics if all_metrics is None else all_metrics
+        named = {self.metric, *(self.shown_metrics or [])}
+        hidden = (
+            []
+            if show_all
+            else sorted(
+                {r.metric for r in self.rows if r.metric not in named and is_routine(r.metric)}
+            )
+        )
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.runs_by_status.items()))
-        lines = [f"{self.experiment}: {self.runs} runs ({statuses})"]
+        if self.interrupted:
+            finished = sum(n for s, n in self.runs_by_status.items() if s in FINISHED)
+            planned = self.planned if self.planned is not None else self.runs
+            head = (f"{self.experiment}: interrupted; {finished} of {plural(planned, 'run')} "
+                    f"finished ({statuses or 'none started'})")  # fmt: skip
+        else:
+            head = f"{self.experiment}: {plural(self.runs, 'run')} ({statuses})"
+        lines = [head]
         lines.append(
             render(
                 ("arm", "metric", "n", "mean", "std", "95% CI"),
@@ -290,21 +347,37 @@ class Summary:
                         r.arm,
                         r.metric,
                         r.n,
-                        r.mean,
+                        r.mean if r.n > 0 else None,  # nothing finished: no value, not NaN
                         r.std if r.n > 1 else None,
                         f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.n > 1 else "-",
                     )
                     for r in self.rows
+                    if r.metric not in hidden
                 ],
             )
         )
-        if self.best_arm is not None:
-            best = self.row(self.best_arm, self.metric)
-            line = f"best arm by {self.metric} ({self.mode}): {self.best_arm} ({fmt(best.mean)})"
-            if self.runner_up is not None:
-                line += f", ahead of {self.runner_up} by {fmt(self.margin)}"
-            lines.append(line)
+        if hidden:
+            lines.append(
+                f"not shown: {', '.join(hidden)} (all_metrics=True, or --all-metrics, shows them)"
+            )
+        lines += self._verdict()
         return "\n".join(lines)
+
+    def _verdict(self) -> list[str]:
+        """The best-arm line: none for arms whose runs did not all finish."""
+        unfinished = ", ".join(self.unfinished_arms)
+        if self.best_arm is None or self.metric is None:
+            if self.unfinished_arms and self.metric is not None:
+                return [f"no best arm: not every arm finished its runs (unfinished: {unfinished})"]
+            return []
+        best = self.row(self.best_arm, self.metric)
+        which = "best of the finished arms" if self.unfinished_arms else "best arm"
+        line = f"{which} by {self.metric} ({self.mode}): {self.best_arm} ({fmt(best.mean)})"
+        if self.runner_up is not None:
+            line += f", ahead of {self.runner_up} by {fmt(self.margin)}"
+        if self.unfinished_arms:
+            line += f"; not ranked, unfinished: {unfinished}"
+        return [line]
 
 
 @dataclass
@@ -316,6 +389,7 @@ class ExperimentResult:
     seconds: float = 0.0
     error: str | None = None
     callback_errors: list[dict[str, Any]] = field(default_factory=list)
+    planned: int | None = None  # the runs the experiment holds; more than `runs` if interrupted
 
     @property
     def runs(self) -> list[RunResult]:
@@ -335,11 +409,14 @@ class ExperimentResult:
         mode: Literal["min", "max"] = "min",
         *,
         keys: Sequence[str] | None = None,
+        all_metrics: bool = False,
     ) -> Summary:
         """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
 
         `metric` defaults to ``loss``; `keys` limits the rows to some metrics. Failed runs
-        are left out of the statistics.
+        are left out of the statistics. The text leaves out routine metrics (``lr``,
+        ``step_time``, monitors' internals) unless `all_metrics`; `rows` holds them all.
+        After an interrupt (`error` set), only the arms whose runs all finished are ranked.
         """
         if mode not in ("min", "max"):
             raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
@@ -351,19 +428,23 @@ class ExperimentResult:
                 )
         chosen = metric or ("loss" if "loss" in known else None)
         shown = list(keys) if keys is not None else known
+        interrupted = self.error is not None
+        unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
         rows = []
         spreads: dict[str, Spread] = {}
         for arm in self.arms:
             for key in shown:
                 s = spread(arm.values(key))
                 rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-            if chosen is not None:
+            if chosen is not None and arm.name not in unfinished:
                 spreads[arm.name] = spread(arm.values(chosen))
         ranked = sorted(
             (name for name, s in spreads.items() if not math.isnan(s.mean)),
             key=lambda name: spreads[name].mean,
             reverse=mode == "max",
         )
+        if unfinished and len(ranked) < 2:
+            ranked = []  # one finished arm is no winner: there was nothing to beat
         best = ranked[0] if ranked else None
         runner_up = ranked[1] if len(ranked) > 1 else None
         margin = (
@@ -373,8 +454,10 @@ class ExperimentResult:
         for r in self.runs:
             by_status[r.status] = by_status.get(r.status, 0) + 1
         return Summary(
-            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status
-        )
+            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status,
+            planned=self.planned, interrupted=interrupted, unfinished_arms=unfinished,
+            all_metrics=all_metrics, shown_metrics=list(keys) if keys is not None else None,
+        )  # fmt: skip
 
 
 TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
@@ -481,6 +564,8 @@ class Experiment:
             raise ConfigError(f"notes={notes!r}: use a string")
         self.notes = notes
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
+        #: The latest `run()`'s result; after an interrupt, what had finished by then.
+        self.result: ExperimentResult | None = None
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -518,7 +603,13 @@ class Experiment:
                 NOTES: self.notes,
             }
         )
-        result = ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
+        result = ExperimentResult(
+            self.name,
+            [ArmResult(a.name, a.overrides, planned=self.repeats * len(a.stages or [None]))
+             for a in self.arms],
+            planned=self.n_runs,
+        )  # fmt: skip
+        self.result = result  # the caller can read it even when run() raises (an interrupt)
         started = time.perf_counter()
         unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
         try:
@@ -594,6 +685,8 @@ class Experiment:
         jobs: dict[tuple[int, int, int], tuple[int, RunJob]] = {}  # running, by key
         done: dict[tuple[int, int, int], RunResult] = {}  # key: (arm index, repeat, stage)
         pool = ProcessPool(self.workers)
+        # what shows progress in this process hears of each run as its result arrives
+        watchers = hooks.sibling(cb for cb in callbacks if cb.run_end_in_parent)
 
         def arm_so_far(index: int) -> ArmResult:
             """The arm's runs that have ended, for `on_run_end`'s `arm` in a worker."""
@@ -639,6 +732,11 @@ class Experiment:
             chain, job = jobs.pop(outcome.key)
             if outcome.ok:
                 finished(chain, outcome.value)
+                if watchers.listens("on_run_end"):
+                    watchers.run_key = job.run_key
+                    arm_result = arm_so_far(chains[chain][0])
+                    watchers.fire("on_run_end", job.ctx, outcome.value, arm_result)
+                    watchers.run_key = None
             elif not (interrupted and outcome.progress is None):  # else: it never started
                 arm_result = arm_so_far(chains[chain][0])
                 finished(chain, self._record_lost(hooks, outcome, job, arm_result, interrupted))

@@ -40,7 +40,7 @@ import pydantic
 import yaml
 from sqlalchemy.engine import make_url
 
-from lab._table import render
+from lab._table import plural, render
 from lab._validation import describe, unknown_field
 from lab.callbacks.registry import build
 from lab.errors import ConfigError, StoreError
@@ -199,16 +199,20 @@ class ExperimentFile(pydantic.BaseModel):
                 raise  # the URL came from --store or LAB_STORE_URL, which the error names
             raise type(exc)(f"{label}: store: {exc}") from None
 
-    def summarize(self, result: ExperimentResult) -> Summary:
-        """The result's summary, ranked as the file's ``summary`` says.
+    def summarize(self, result: ExperimentResult, *, all_metrics: bool = False) -> Summary:
+        """The result's summary, ranked as the file's ``summary`` says (`all_metrics`: its
+        text shows the routine metrics too).
 
         When every run failed there are no metrics to rank by; the summary then only counts
         the runs, rather than calling the file's metric unknown.
         """
         if all(r.status == "failed" for r in result.runs):
-            return result.summary()
+            return result.summary(all_metrics=all_metrics)
         try:
-            return result.summary(self.summary.metric, self.summary.mode, keys=self.summary.keys)
+            return result.summary(
+                self.summary.metric, self.summary.mode, keys=self.summary.keys,
+                all_metrics=all_metrics,
+            )  # fmt: skip
         except ConfigError as exc:  # a metric no run logged: a typo in the file
             raise ConfigError(f"{self._label()}: summary: {exc}") from None
 
@@ -266,7 +270,8 @@ def plan(exp: Experiment) -> str:
     """
     runs = exp.repeats * sum(len(arm.stages or [None]) for arm in exp.arms)
     where = exp.executor if exp.executor == "serial" else f"processes, {exp.workers} at a time"
-    lines = [f"{exp.name}: {len(exp.arms)} arms x {exp.repeats} repeats = {runs} runs ({where})"]
+    lines = [f"{exp.name}: {plural(len(exp.arms), 'arm')} x {plural(exp.repeats, 'repeat')} = "
+             f"{plural(runs, 'run')} ({where})"]  # fmt: skip
     module = getattr(exp.train, "__module__", None)
     name = getattr(exp.train, "__qualname__", None)
     lines.append(f"train: {module}:{name}" if module and name else f"train: {exp.train!r}")

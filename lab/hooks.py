@@ -35,6 +35,8 @@ A bare `TrainingLoop.fit()` (no Experiment) fires the loop's part of this list, 
 (`on_experiment_start`, `on_group_start`, `on_experiment_end`, `close`) fire in the parent
 process, and everything from `on_run_start` to `on_run_end` fires in the run's worker
 process, on pickled copies of the callbacks, which then get a `close()` of their own there.
+A callback whose class sets `run_end_in_parent` also gets `on_run_end` in the parent, as
+each run's result arrives there (a display that counts the runs done).
 
 `HOOKS` below is the same list in order; a test keeps it equal to the methods of `Callback`.
 
@@ -255,6 +257,10 @@ class Callback:
     #: name, then ``#2``, ``#3``... for more of one class). Set it to keep two callbacks of
     #: one class apart across a resume that reorders them.
     state_key: str | None = None
+    #: With ``executor="processes"``, also get `on_run_end` in the experiment's own process
+    #: as each run's result arrives from its worker (its copy in the worker gets it too).
+    #: For a display that counts runs done; a sink that records runs must leave it False.
+    run_end_in_parent: ClassVar[bool] = False
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:

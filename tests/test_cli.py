@@ -35,15 +35,19 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--steps", "60",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "best arm by val/loss (min)" in out.stdout
+    assert out.stdout.count("best arm by val/loss (min)") == 1
     assert "sgd-lr0.01" in out.stdout and "sgd-lr0.1" in out.stdout
-    assert "lab.inspect" in out.stdout
-    # it ends with where to go next: the predictions query and the notebook
-    tail = out.stdout.strip().splitlines()[-3:]
-    assert tail == [
-        "Per-example predictions of the holdout benchmark:",
-        f'  lab.inspect.connect("sqlite:///{db}").sql("select * from predictions limit 5").df()',
-        "A walk-through of arms, curves and predictions: notebooks/quickstart.ipynb",
+    # it ends with where to go next: commands, queries and the notebook, each runnable as shown
+    # (tests/test_cli_ux.py runs them)
+    tail = out.stdout.strip().splitlines()[-7:]
+    assert tail[:3] == [
+        "The final validation loss per arm, and the holdout benchmark's predictions:",
+        "  import lab.inspect",
+        f'  con = lab.inspect.connect("sqlite:///{db}")',
+    ]
+    assert tail[-2:] == [
+        "The walk-through of arms, curves and predictions, as ./quickstart.ipynb:",
+        f"  lab quickstart --notebook --store sqlite:///{db}",
     ]
     return db
 
@@ -101,7 +105,7 @@ def test_quickstart_reads_lab_store_url(tmp_path: Path) -> None:
         env={"LAB_STORE_URL": f"sqlite:///{db}"},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert f"Recorded in sqlite:///{db}." in out.stdout
+    assert f"quickstart: recorded in sqlite:///{db}. Next:" in out.stdout
     assert not (Path.cwd() / "lab.db").exists()
     con = sqlite3.connect(db)
     assert con.execute("SELECT count(*) FROM runs").fetchone() == (6,)
@@ -229,7 +233,8 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "lab"
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ")}
+    commands = out.stdout.split("Commands:\n")[1].splitlines()
+    listed = {line.split()[0] for line in commands if line.startswith("  ")}
     assert {"quickstart", "ls", "show", "export", "db"} <= listed, out.stdout
 
 

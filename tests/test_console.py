@@ -216,7 +216,7 @@ def _train_plain(run: lab.RunSpec) -> lab.LoopArtifacts:
 
 
 @pytest.mark.slow
-def test_under_a_process_pool_the_parent_prints_the_plan_and_workers_print_uncounted_lines(
+def test_under_a_process_pool_the_parent_prints_the_plan_and_counts_runs_as_they_end(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     console = Console(force_terminal=True, width=120, color_system=None)  # bars if it could
@@ -228,8 +228,8 @@ def test_under_a_process_pool_the_parent_prints_the_plan_and_workers_print_uncou
     assert [r.status for r in result.runs] == ["completed"] * 4
     lines = [line.strip() for line in capfd.readouterr().out.splitlines()]
     assert "pool: 4 runs (2 arms x 2 repeats)" in lines  # a plain line: no bar that never moves
-    ends = sorted(line.split()[0] for line in lines if "  completed  " in line)
-    assert ends == ["a-r0", "a-r1", "b-r0", "b-r1"]
-    assert not [line for line in lines if line.endswith("runs]")]  # a worker cannot count
+    ends = [line for line in lines if "  completed  " in line]  # from the parent alone
+    assert sorted(line.split()[0] for line in ends) == ["a-r0", "a-r1", "b-r0", "b-r1"]
+    assert [line.split("  ")[-1] for line in ends] == [f"[{k}/4 runs]" for k in range(1, 5)]
     assert "━" not in "".join(lines)
     assert any(line.startswith("pool: completed in ") for line in lines)

@@ -150,6 +150,10 @@ def test_a_file_runs_2_arms_x_2_repeats_with_its_callbacks(tmp_path: Path, name:
     assert out.stderr == ""
     assert "lr-sweep: 4 runs (4 completed)" in out.stdout
     assert re.search(r"^best arm by val/loss \(min\): (small|large) ", out.stdout, re.M)
+    # once, ranked by the file's metric, though the file attaches a console logger too
+    assert out.stdout.count("lr-sweep: 4 runs (4 completed)") == 1
+    assert out.stdout.count("best arm") == 1
+    assert "lr-sweep: completed in " in out.stdout  # the console logger's last line
 
     assert rows(db, "select name, status from experiments") == [("lr-sweep", "completed")]
     assert rows(db, RUNS_BY_ARM) == [
@@ -256,8 +260,8 @@ def test_every_run_failing_still_prints_a_summary(tmp_path: Path) -> None:
     path = write(tmp_path / "exp", "all.yaml", spec(name="all", arms=arms, callbacks=[], repeats=1))
     out = lab_run(path, "--store", f"sqlite:///{tmp_path / 'lab.db'}", cwd=tmp_path)
     assert out.returncode == 1
-    assert out.stdout.splitlines()[0] == "all: 1 runs (1 failed)"
-    assert out.stderr.splitlines()[-1].startswith("error: 1 of 1 runs failed (bad-r0: ")
+    assert out.stdout.splitlines()[0] == "all: 1 run (1 failed)"
+    assert out.stderr.splitlines()[-1].startswith("error: 1 of 1 run failed (bad-r0: ")
 
 
 def _known_kinds() -> str:
@@ -421,7 +425,7 @@ def test_arms_with_stages_and_processes_show_in_the_plan(tmp_path: Path) -> None
     assert exp.arms[0].stages == [{"lr": 0.1}, {"lr": 0.01}] and exp.arms[0].carry == "full"
     assert [c.lr for c in exp.stage_configs["cl"]] == [0.1, 0.01]
     lines = plan(exp).splitlines()
-    assert lines[0] == "lr-sweep: 1 arms x 2 repeats = 4 runs (processes, 3 at a time)"
+    assert lines[0] == "lr-sweep: 1 arm x 2 repeats = 4 runs (processes, 3 at a time)"
     assert lines[-1] == (
         'cl   {}, stages [{"lr": 0.1}, {"lr": 0.01}] (carry full)  '
         "cl-r0-s0, cl-r0-s1, cl-r1-s0, cl-r1-s1"

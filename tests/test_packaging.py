@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,9 @@ def test_db_upgrade_from_a_non_editable_install(tmp_path: Path) -> None:
         check=True, timeout=300,
     )  # fmt: skip
     assert (target / "lab" / "_migrations" / "env.py").exists()
+    # the notebook that `lab quickstart` names ships inside, for `lab quickstart --notebook`
+    shipped = target / "lab" / "_notebooks" / "quickstart.ipynb"
+    assert shipped.read_bytes() == (ROOT / "notebooks" / "quickstart.ipynb").read_bytes()
     # Run from an unrelated folder, with the installed copy first on the path: no source tree.
     env = {**os.environ, "PYTHONPATH": str(target)}
     work = tmp_path / "elsewhere"
@@ -50,3 +54,20 @@ def test_db_upgrade_from_a_non_editable_install(tmp_path: Path) -> None:
     assert Path(migrations) == target / "lab" / "_migrations"
     assert message == f"upgraded sqlite:///x.db from empty to {head_revision()}"
     assert (work / "x.db").exists()
+    code = "from lab.demo import notebook_text; print(len(notebook_text()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == len(shipped.read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_the_sdist_holds_the_notebook(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT, check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    (sdist,) = tmp_path.glob("lab-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    assert "notebooks/quickstart.ipynb" in names

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import pydantic
 
 from lab._imports import require
+from lab._table import plural
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -144,7 +145,7 @@ def experiment_message(result: ExperimentResult) -> str:
     icon = ":white_check_mark:" if result.status == "completed" else ":x:"
     lines = [
         f"{icon} lab: experiment {result.name} {result.status} in {result.seconds:.1f}s: "
-        f"{len(runs)} runs ({statuses})"
+        f"{plural(len(runs), 'run')} ({statuses})"
     ]
     if result.error:
         lines.append(f"interrupted: {result.error}")

@@ -29,6 +29,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from lab._table import plural
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
@@ -49,6 +50,7 @@ class ConsoleLoggerConfig(pydantic.BaseModel):
     summary_mode: Literal["min", "max"] = "min"
     every_s: float | None = pydantic.Field(default=None, gt=0)
     progress: bool | None = None
+    summary: bool = True
 
 
 @dataclass
@@ -87,10 +89,13 @@ class ConsoleLogger(Callback):
     `every` steps, at the last step, and, with `every_s`, whenever that many seconds passed
     since the run's last line (so a slow run still shows signs of life). `stream` (default
     ``sys.stdout``) or a rich `console` say where it writes. The experiment's summary ranks
-    arms by `summary_metric` (`summary_mode` "min" or "max"; default ``loss`` if known).
+    arms by `summary_metric` (`summary_mode` "min" or "max"; default ``loss`` if known);
+    with ``summary=False`` the experiment ends with its status line only, for a caller that
+    prints the summary itself (``lab run`` and ``lab quickstart`` do, ranked as asked).
     """
 
     priority = -10  # after the loggers that record: the run-end line can show their ids
+    run_end_in_parent = True  # under a process pool, the parent counts the runs as they end
 
     def __init__(
         self,
@@ -103,6 +108,7 @@ class ConsoleLogger(Callback):
         every_s: float | None = None,
         progress: bool | None = None,
         console: Console | None = None,
+        summary: bool = True,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"ConsoleLogger(every={every!r}): use an int >= 1")
@@ -118,6 +124,7 @@ class ConsoleLogger(Callback):
         self.summary_mode: Literal["min", "max"] = summary_mode
         self.progress = progress
         self.console = console
+        self.summary = summary
         self._bars: Progress | None = None
         self._experiment_task: TaskID | None = None
         self._live: dict[str, _Live] = {}
@@ -141,9 +148,10 @@ class ConsoleLogger(Callback):
         self._total = int(ctx.extras.get(RUNS) or max(len(arms), 1) * int(repeats))
         self._done = int(ctx.extras.get(FINISHED_BEFORE) or 0)  # skipped: they never end here
         self._in_experiment = True
-        # Under a process pool on_run_end fires in the workers: a bar here would never move.
+        # Under a process pool the workers print their runs' step lines to the same output,
+        # which a redrawn display here would garble: plain lines, one per run as it ends.
         self._counting = ctx.extras.get(EXECUTOR) != "processes"
-        shown = f"{len(arms)} arms x {repeats} repeats"
+        shown = f"{plural(len(arms), 'arm')} x {plural(int(repeats), 'repeat')}"
         if self._done:
             shown += f"; {self._done} finished before"
         if self._use_bars() and self._counting:
@@ -153,15 +161,16 @@ class ConsoleLogger(Callback):
                 kind="experiment",
             )  # fmt: skip
         else:
-            self._print(f"{ctx.experiment}: {self._total} runs ({shown})")
+            self._print(f"{ctx.experiment}: {plural(self._total, 'run')} ({shown})")
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         live = self._live.pop(run_result.run_key, None)
+        if self._in_worker:  # the parent prints the line, with the count of runs done
+            return
         line = self.run_line(run_result)
-        if not self._in_worker:  # a worker's copy sees only its own runs: no count to give
-            self._done += 1
-            self._total = max(self._total, self._done)
-            line += f"  [{self._done}/{self._total} runs]"
+        self._done += 1
+        self._total = max(self._total, self._done)
+        line += f"  [{self._done}/{plural(self._total, 'run')}]"
         url = ctx.extras.get("wandb:url")
         if url:
             line += f"  {url}"
@@ -177,11 +186,13 @@ class ConsoleLogger(Callback):
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
         self._stop_bars()
         self._in_experiment = False
-        try:
-            summary = result.summary(self.summary_metric, self.summary_mode)
-        except ConfigError:  # e.g. every run failed, so the metric was never recorded
-            summary = result.summary(mode=self.summary_mode)
-        text = f"{summary}\n{result.name}: {result.status} in {_duration(result.seconds)}"
+        text = f"{result.name}: {result.status} in {_duration(result.seconds)}"
+        if self.summary:
+            try:
+                summary = result.summary(self.summary_metric, self.summary_mode)
+            except ConfigError:  # e.g. every run failed, so the metric was never recorded
+                summary = result.summary(mode=self.summary_mode)
+            text = f"{summary}\n{text}"
         self._print(text)
 
     def close(self) -> None:

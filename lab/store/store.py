@@ -717,6 +717,11 @@ class Store:
                         SqlRun.tags,
                         SqlRun.notes,
                         SqlRun.provenance,
+                        SqlRun.traceback,
+                        SqlRun.host,
+                        SqlRun.pid,
+                        SqlRun.started_at,
+                        SqlRun.ended_at,
                     )
                     .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
                     .where(SqlRun.experiment_id == exp["experiment_id"])
