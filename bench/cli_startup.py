@@ -9,6 +9,10 @@ one, made once before timing). Prints one JSON line; the target is under 0.5 s f
 
     python bench/cli_startup.py            # 10 rounds
     python bench/cli_startup.py --quick    # 3 rounds
+    python bench/cli_startup.py --before /path/to/older/checkout   # + its help, ls, show
+
+With ``--before``, the same commands also run from another source tree of `lab` (put first
+on ``PYTHONPATH``), alternating with this one in every round: a before/after in one run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from _common import alternate, log, machine
 
 
 def _timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    """Seconds for one fresh process of `argv`, from start to exit."""
     started = time.perf_counter()
     subprocess.run(argv, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
@@ -36,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--before", type=Path, help="an older lab source tree to time too")
     args = parser.parse_args()
     rounds = 3 if args.quick else args.rounds
 
@@ -57,6 +63,10 @@ def main() -> None:
             name: (lambda i, a=argv: {"s": _timed(a, env, folder)})
             for name, argv in commands.items()
         }
+        if args.before is not None:
+            old = {**env, "PYTHONPATH": str(args.before.resolve())}
+            for name in ("lab_help", "lab_ls", "lab_show"):
+                arms[f"{name}_before"] = lambda i, a=commands[name]: {"s": _timed(a, old, folder)}
         results = alternate(rounds, arms)
     medians = {n: round(statistics.median(r["s"] for r in rs), 4) for n, rs in results.items()}
     print(
