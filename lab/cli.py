@@ -192,7 +192,9 @@ def _summary_text(
 @app.command("run")
 @_clean_errors
 def run_file(
-    file: Annotated[Path, typer.Argument(help="Experiment file: .yaml, .yml or .json")],
+    file: Annotated[
+        Path, typer.Argument(metavar="FILE", help="Experiment file: .yaml, .yml or .json")
+    ],
     store: StoreOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
@@ -276,7 +278,7 @@ def list_experiments(store: StoreOption = None) -> None:
 @app.command()
 @_clean_errors
 def show(
-    name: Annotated[str, typer.Argument(help="Experiment name")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Experiment name")],
     store: StoreOption = None,
     metrics: Annotated[
         str, typer.Option(metavar="KEYS", help="Comma-separated final metrics to show")
@@ -469,7 +471,7 @@ def _run_details(exp: dict[str, Any], run_key: str) -> str:
 @app.command("export")
 @_clean_errors
 def export_experiment(
-    name: Annotated[str, typer.Argument(help="Experiment name")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Experiment name")],
     to: Annotated[str, typer.Option("--to", help="Folder for the Parquet files")],
     store: StoreOption = None,
 ) -> None:
