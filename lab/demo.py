@@ -10,6 +10,7 @@ compare arms on. It takes a few seconds on two CPU cores.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from importlib import resources
 from pathlib import Path
@@ -219,6 +220,8 @@ def open_quickstart(url: str | None = None) -> duckdb.DuckDBPyConnection:
 
     url, how = (url, "as given") if url is not None else find_store()
     print(f"store: {url} ({how})")
+    if importlib.util.find_spec("pandas") is None:  # lab does not depend on it; .df() does
+        print("the cells below show tables with .df(), which needs pandas: pip install pandas")
     con = lab.inspect.connect(url)
     (found,) = con.sql("select count(*) from experiments where name = 'quickstart'").fetchone()
     if found:

@@ -385,6 +385,19 @@ def test_every_snippet_quickstart_prints_runs_right_after_it(tmp_path: Path) -> 
                               ".sql('select 1').df()"], capture_output=True, text=True,
                              timeout=300, cwd=tmp_path, env=env)  # fmt: skip
     assert blocked.returncode != 0  # the check above would catch a snippet that needs pandas
+    # The notebook's first cell, from a kernel started in notebooks/ below, without pandas:
+    # it names the store it found above, and says what its .df() tables need.
+    (tmp_path / "notebooks").mkdir()
+    cell = ("import sys\nsys.modules['pandas'] = None\nfrom lab.demo import open_quickstart\n"
+            "print(open_quickstart().sql('select count(*) from runs').fetchone())")  # fmt: skip
+    ran = subprocess.run([sys.executable, "-c", cell], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path / "notebooks", env=env)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        f"store: sqlite:///{tmp_path / 'lab.db'} (in a folder above)",
+        "the cells below show tables with .df(), which needs pandas: pip install pandas",
+        "(6,)",
+    ]
 
 
 POOL_SCRIPT = """
