@@ -59,6 +59,8 @@ READ_ONLY = [
     ["export", "tiny", "--to", "{tmp}/export"],
     ["db", "current"],
     ["db", "upgrade"],
+    ["tag", "tiny", "+baseline", "--note", "first"],
+    ["tag", "tiny", "a-r0", "+best"],
 ]
 
 
@@ -164,10 +166,11 @@ def test_show_has_duration_and_host_and_prints_a_failed_runs_traceback(tmp_path:
     out = lab_cli("show", "fails", "--store", url)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    header, *runs = lines[lines.index("runs") + 1 :]
+    start = lines.index("runs") + 1
+    header, *runs = lines[start : lines.index("", start)]  # the provenance section follows
     assert header.split() == [
         "run", "arm", "repeat", "seed", "status", "step", "loss", "val/loss", "duration", "host",
-        "error",
+        "tags", "error",
     ]  # fmt: skip
     assert [r.split()[0] for r in runs] == ["base-r0", "base-r1"]
     host = socket.gethostname()
