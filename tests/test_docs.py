@@ -25,6 +25,7 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
         exec(compile(block, str(README), "exec"), namespace)
     out = capsys.readouterr().out
     assert "best arm by val/loss (min)" in out
+    assert "not shown: lr, step_time (all_metrics=True, or --all-metrics, shows them)" in out
     assert "on_run_start" in out
     assert "lr-sweep" in out and "bench-demo" in out
     assert "['throughput/samples_per_s', 'throughput/steps_per_s']" in out  # callbacks-demo
