@@ -42,6 +42,7 @@ from lab.hooks import (
     LogContext,
 )
 from lab.loggers.sql import SqlLogger
+from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.training import LoopArtifacts
 from lab.store.engine import resolve_url
@@ -1114,13 +1115,14 @@ def _benchmark(
 
 def _final_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a chain's next stage starts from: the parent run's newest one."""
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.exists():
+    root = run_dir / "checkpoints"
+    latest = CheckpointManager(root).read_latest() if (root / LATEST_FILE).exists() else None
+    if latest is None:
         raise CheckpointError(
             f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "
             "give its TrainingLoop checkpoint=CheckpointConfig(save_at_end=True)"
         )
-    return run_dir / "checkpoints" / latest.read_text().strip()
+    return latest
 
 
 def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:

@@ -323,6 +323,20 @@ def _is_complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() and (path / STATE_FILE).is_file()
 
 
+def _plain_name(name: Any) -> bool:
+    """Whether `name` is one folder name: no separator, not absolute, not "." or "..", no NUL.
+
+    A manifest names its checkpoints this way; anything else could lead outside the folder.
+    """
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\x00" not in name
+    )
+
+
 class CheckpointManager:
     """Saves checkpoints atomically into one run's folder, applies retention, answers queries.
 
@@ -350,6 +364,8 @@ class CheckpointManager:
         self._entries: dict[int, _Entry] = {}
         self._pending: _PendingSave | None = None
         self._rebuild()
+        for entry in self._entries.values():
+            self._inside(entry.save.path)
         self._warn_inconsistencies()
 
     # -- queries ---------------------------------------------------------------------------
@@ -446,6 +462,12 @@ class CheckpointManager:
                 f"{path} is the checkpoint root, not a checkpoint; pass a step or one of its "
                 f"step_* folders ({self._available()})"
             )
+        if not in_root:
+            raise CheckpointError(
+                f"{path} is outside this run's checkpoint folder {self.root}; resume from a "
+                f"step or one of its step_* folders ({self._available()}), or copy the "
+                "checkpoint in first"
+            )
         if not _is_complete(path):
             raise CheckpointError(
                 f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker or no "
@@ -453,6 +475,21 @@ class CheckpointManager:
                 f"({self._available()})"
             )
         return path
+
+    def read_latest(self) -> Path | None:
+        """The checkpoint the `latest` file names (None without one), checked like a row.
+
+        `latest` is a plain file anyone can edit, so what it names must be a complete,
+        unremoved checkpoint folder inside the root, or this raises CheckpointError.
+        """
+        path = self.root / LATEST_FILE
+        try:
+            name = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}") from exc
+        return self.resolve(self._inside(name, source=LATEST_FILE))
 
     def load(self, target: str | Path | int) -> dict[str, Any]:
         """The saved state of a checkpoint (a folder, a step, or "latest"), on the CPU.
@@ -485,8 +522,10 @@ class CheckpointManager:
                 path.unlink()
                 removed.append(path)
         for entry in sorted(self._entries.values(), key=lambda e: e.order):
-            folder = self.root / entry.save.path
-            if entry.removal is not None and folder.is_dir():
+            if entry.removal is None:
+                continue
+            folder = self._inside(entry.save.path)
+            if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)
                 removed.append(folder)
         return removed
@@ -510,6 +549,8 @@ class CheckpointManager:
                 f"load_state_dict got no checkpoint bookkeeping ({_one_line(exc)}); "
                 "pass what CheckpointManager.state_dict() returned"
             ) from exc
+        for row in rows:
+            self._inside(row.path, source="the checkpoint's bookkeeping")
         others = sorted({r.run_key for r in rows} - {self.run_key})
         if others:
             raise CheckpointError(
@@ -546,7 +587,7 @@ class CheckpointManager:
             raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
         metrics = self._metrics(step, info)
         kind = self.config.kind(step, final=final)
-        final_dir = self.root / step_dirname(step)
+        final_dir = self._inside(step_dirname(step))  # a link that leads out is refused
         tmp = self.root / f"{TMP_PREFIX}{final_dir.name}"
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
         info["metrics"] = metrics
@@ -700,6 +741,7 @@ class CheckpointManager:
         for entry in committed:
             if keep[entry.save.step]:
                 continue
+            folder = self._inside(entry.save.path)  # before anything is recorded or deleted
             row = ManifestRow(
                 self.run_key,
                 entry.save.step,
@@ -716,7 +758,6 @@ class CheckpointManager:
                 break
             self._rows.append(row)
             entry.removal = row
-            folder = self.root / entry.save.path
             shutil.rmtree(folder, ignore_errors=True)
             if folder.exists():
                 log.warning("%s is recorded as removed but could not be deleted", folder)
@@ -742,6 +783,27 @@ class CheckpointManager:
             ),
             key=lambda e: e.order,
         )
+
+    def _inside(self, name: Any, *, source: str = MANIFEST_FILE) -> Path:
+        """The folder a manifest row names, or CheckpointError if it lies outside the root.
+
+        Retention and `remove_stale_tmp` delete what the rows name, so a row is trusted only
+        with a plain folder name, and a folder that is a link must lead back into the root: a
+        manifest written by hand (an absolute path, "..", a link to elsewhere) touches nothing.
+        """
+        if not _plain_name(name):
+            raise CheckpointError(
+                f"{source} in {self.root} names {name!r}, which is not a folder inside it; "
+                "a checkpoint is named by its step_* folder: fix or remove that row"
+            )
+        folder = self.root / name
+        target = folder.resolve()
+        if folder.is_symlink() and target.parent != self.root.resolve():
+            raise CheckpointError(
+                f"{folder} is a link to {target}, outside the checkpoint folder {self.root}; "
+                "nothing there is loaded or removed: replace the link by the folder itself"
+            )
+        return folder
 
     def _entry_named(self, name: str) -> _Entry | None:
         return next((e for e in self._entries.values() if e.save.path == name), None)
