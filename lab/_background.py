@@ -16,13 +16,14 @@ the thread.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("lab.background")
+from lab._secrets import logger
+
+log = logger("lab.background")
 
 
 class BackgroundCalls:

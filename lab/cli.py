@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from lab._secrets import mask
 from lab._table import plural, render
 from lab.errors import ConfigError, LabError, Terminated
 
@@ -65,7 +66,7 @@ def _clean_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except LabError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {mask(str(exc))}", err=True)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import heapq
-import logging
 import math
 import os
 import pickle
@@ -25,6 +24,7 @@ from typing import Any, Literal
 
 import pydantic
 
+from lab._secrets import logger
 from lab._seeding import seed_everything
 from lab._signals import unwind_on_sigterm
 from lab._stats import Spread, spread
@@ -48,7 +48,7 @@ from lab.loop.training import LoopArtifacts
 from lab.store.engine import resolve_url
 from lab.store.store import check_tags
 
-log = logging.getLogger("lab.experiment")
+log = logger("lab.experiment")
 
 RunStatus = Literal["completed", "failed", "stopped"]
 #: The statuses of a run that ended on its own terms: running the experiment again skips it.

@@ -47,7 +47,6 @@ holds `step == 7`, and a metric logged there is stored at step 7.
 
 from __future__ import annotations
 
-import logging
 import os
 import traceback
 import weakref
@@ -57,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from lab._secrets import logger
 from lab.errors import CallbackError, ConfigError
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from lab.loop.evals import EvalResult
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.hooks")
+log = logger("lab.hooks")
 
 #: Every hook, in the order of the lifecycle above.
 HOOKS: tuple[str, ...] = (

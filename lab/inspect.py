@@ -23,7 +23,6 @@ views are built over its files, so a notebook reads an export like the store it 
 
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 from pathlib import Path
@@ -34,12 +33,14 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from lab._secrets import logger, mask
 from lab.errors import ConfigError, StoreError
+from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.schema import TABLES, Base
 from lab.store.store import Store
 
-log = logging.getLogger("lab.inspect")
+log = logger("lab.inspect")
 
 # The store each connection of `connect()` reads, for what must go to the store itself.
 _STORES: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
@@ -84,22 +85,29 @@ def connect(
                 _attach(con, store)
                 used = "attach"
             except (duckdb.Error, OSError) as exc:
+                # DuckDB's error repeats the connection string, password included
+                reason = mask(" ".join(str(exc).split()))
                 if mode == "attach":
-                    raise
-                log.info("DuckDB cannot attach the store (%s); copying it in through Arrow", exc)
+                    raise StoreError(
+                        f"DuckDB cannot attach the store at {_shown(store)} ({reason}); "
+                        "fix what it says, or read it through Arrow with mode='arrow'"
+                    ) from None
+                log.info("DuckDB cannot attach the store (%s); copying it in through Arrow", reason)
         if used is None:
             _copy_through_arrow(con, store)
             used = "arrow"
         _create_views(con, nan_is_null=store.dialect == "sqlite")
-        con.execute(
-            "CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode",
-            [store.engine.url.render_as_string(hide_password=True), used],
-        )
+        con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", [_shown(store), used])
         if used == "attach":
             _STORES[con] = store.url
         return con
     finally:
         store.close()
+
+
+def _shown(store: Store) -> str:
+    """The store's URL as messages show it: without its password."""
+    return store.engine.url.render_as_string(hide_password=True)
 
 
 def _is_folder(url: str | os.PathLike[str]) -> bool:
@@ -320,7 +328,7 @@ def history(
         )
     engine = make_engine(url)
     try:
-        with engine.connect() as conn:
+        with connect_store(engine) as conn:
             rows = conn.execute(
                 sa.text('SELECT step, value FROM metrics WHERE run_id = :r AND "key" = :k '
                         "ORDER BY step"), {"r": run_id, "k": key},

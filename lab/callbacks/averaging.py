@@ -23,7 +23,6 @@ It lives outside ``checkpoints/``, so the loop's retention never removes it.
 from __future__ import annotations
 
 import bisect
-import logging
 from collections import OrderedDict
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 import torch
 
+from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import CheckpointError, ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -39,7 +39,7 @@ from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, step_dirna
 if TYPE_CHECKING:
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.callbacks.averaging")
+log = logger("lab.callbacks.averaging")
 
 __all__ = ["EXTRAS_KEY", "ModelAverager", "ModelAveragerConfig"]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
-import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ import pydantic
 
 from lab._atomic import write_text_atomic
 from lab._json import finite_json, floats_back
+from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from lab.loop.evals import EvalResult
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.callbacks.files")
+log = logger("lab.callbacks.files")
 
 __all__ = [
     "ConfigSaver",

@@ -19,7 +19,6 @@ gradients in `on_step_end`, where the parameters are already updated.
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pydantic
 import torch
 
+from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -36,7 +36,7 @@ from lab.hooks import Callback, LogContext, LoopState
 if TYPE_CHECKING:
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.callbacks.monitors")
+log = logger("lab.callbacks.monitors")
 
 #: Above `SqlLogger` (100): a monitor's keys are in the step's metrics before it stores them.
 MONITOR_PRIORITY = 200

@@ -9,13 +9,13 @@ imported when the first message is sent, so the module imports without it
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
 
 from lab._imports import require
+from lab._secrets import logger, mask, register_url
 from lab._table import plural
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.training import LoopArtifacts
 
-log = logging.getLogger("lab.notify")
+log = logger("lab.notify")
 
 NotifyOn = Literal["end", "failure", "both"]
 ON_CHOICES: tuple[str, ...] = ("end", "failure", "both")
@@ -66,6 +66,7 @@ class Notifier(Callback):
         if not timeout_s > 0:
             raise ConfigError(f"Notifier(timeout_s={timeout_s!r}): use a positive number")
         require("httpx", "notify", "Notifier")
+        register_url(url)  # httpx logs each request's URL: its path is the token
         self.url = url
         self.on: NotifyOn = on
         self.timeout_s = float(timeout_s)
@@ -161,4 +162,4 @@ def _loop_name(ctx: LogContext) -> str:
 def _short(exc: BaseException, url: str) -> str:
     """The first line of `exc`, with the webhook URL (a secret) blanked out."""
     text = str(exc).splitlines()[0] if str(exc) else ""
-    return text.replace(url, "<webhook>")
+    return mask(text.replace(url, "<webhook>"))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import logging
 import math
 import os
 import re
@@ -51,9 +50,10 @@ from typing import Any, Literal
 
 import torch
 
+from lab._secrets import logger
 from lab.errors import CheckpointError, ConfigError
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 STATE_FILE = "state.pt"
 INFO_FILE = "training_info.json"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import time
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lab._metrics import as_number
+from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
 from lab.errors import CheckpointError, ConfigError, LossError
 from lab.hooks import Callback, Dispatcher, LogContext, LoopState
@@ -25,7 +25,7 @@ from lab.loop.evals import EvalResult, Evaluator
 if TYPE_CHECKING:
     from lab.experiment import RunSpec
 
-log = logging.getLogger("lab.loop")
+log = logger("lab.loop")
 
 _END = object()
 

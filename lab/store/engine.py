@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from lab._json import finite_json
+from lab._secrets import mask
 from lab.errors import StoreUnreachable, UnknownScheme
 
 DEFAULT_URL = "sqlite:///lab.db"
@@ -33,7 +34,7 @@ def resolve_url(url: str | None = None) -> str:
         parsed = make_url(chosen)
     except ArgumentError:
         raise UnknownScheme(
-            f"store URL {chosen!r} is not a URL; use sqlite:///path/to/lab.db "
+            f"store URL {mask(chosen)!r} is not a URL; use sqlite:///path/to/lab.db "
             "or postgresql://user:password@host/dbname"
         ) from None
     backend = parsed.get_backend_name()
@@ -151,7 +152,7 @@ def connect(engine: Engine) -> Connection:
         return engine.connect()
     except OperationalError as exc:
         url = engine.url.render_as_string(hide_password=True)
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        reason = mask(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc))
         raise StoreUnreachable(
             f"cannot reach the store at {url} ({reason}); start the server or fix "
             "LAB_STORE_URL / the store URL"

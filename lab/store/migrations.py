@@ -29,11 +29,12 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
+from lab._secrets import logger
 from lab.errors import NotALabStore, SchemaTooNew, StoreError
 from lab.store.engine import SQLITE_BUSY_TIMEOUT_MS, transaction
 from lab.store.schema import TABLES
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 # The backup notice is printed to stderr by `upgrade` itself; without this, logging's
 # last-resort handler would print it a second time when the application set up no logging.
 log.addHandler(logging.NullHandler())

@@ -22,7 +22,6 @@ to the main thread is turned into `Terminated`, an exception that unwinds the tr
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 import threading
@@ -34,10 +33,11 @@ from typing import Any
 
 import sqlalchemy.exc as sa_exc
 
+from lab._secrets import logger
 from lab._signals import unwind_on_sigterm
 from lab.errors import StoreError
 
-log = logging.getLogger("lab.store")
+log = logger("lab.store")
 
 #: One step of one run: (run_id, step, {key: value}, wall_time).
 MetricItem = tuple[int, int, dict[str, float], float]

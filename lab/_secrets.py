@@ -1,0 +1,148 @@
+"""Credentials never reach a message or a log line: `mask(text)` and the filter that applies it.
+
+A store URL holds a password, a libpq connection string holds ``password=...``, an HTTP
+header a bearer token, and a webhook URL is itself the token (its path). Drivers quote them
+back in their errors: DuckDB's postgres scanner repeats the whole connection string when
+ATTACH fails, and httpx logs every request's URL at INFO. So every error `lab` raises from
+a URL goes through `mask`, and `MaskSecrets` is installed on lab's loggers and on httpx's
+and httpcore's, so a record is masked before any handler (a file, pytest's capture, a
+notebook) sees it, at every level.
+
+>>> mask("postgresql://lab:hunter2@db:5432/lab")
+'postgresql://lab:***@db:5432/lab'
+>>> mask("host=db user=lab password='p w' dbname=lab")
+'host=db user=lab password=*** dbname=lab'
+>>> mask("Authorization: Bearer abc.def-123")
+'Authorization: Bearer ***'
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+HIDDEN = "***"
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # scheme://user:PASSWORD@host (a password with "@" or "/" must be %-escaped in a URL)
+    (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:'\"]*:)[^\s/@'\"]+(?=@)"), r"\1***"),
+    # libpq and ODBC key=value strings: password=x, password='x y', password="x"
+    (
+        re.compile(r"(?i)\b((?:password|passwd)\s*=\s*)('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^\s'\";&]+)"),
+        r"\1***",
+    ),
+    # a password in a dict or JSON: 'password': 'x', "password": "x"
+    (re.compile(r"(?i)(['\"](?:password|passwd)['\"]\s*:\s*)(['\"])(?:(?!\2).)*\2"), r"\1\2***\2"),
+    # HTTP credentials: a bearer token anywhere, any scheme's credentials in Authorization
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9\-._~+/]+=*"), r"\1***"),
+    (
+        re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(?!bearer\b)((?:\w+\s+)?)[^\s'\"]+"),
+        r"\1\2***",
+    ),
+    # tokens in a query string
+    (
+        re.compile(
+            r"(?i)([?&](?:access_token|token|api_key|apikey|key|secret|password|sig|signature|"
+            r"auth)=)[^&\s'\"#]+"
+        ),
+        r"\1***",
+    ),
+    # webhook URLs whose path is the token: Slack, Discord, Teams, Mattermost and the like
+    (
+        re.compile(
+            r"(?i)(https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
+            r"(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks|"
+            r"[\w.-]+\.webhook\.office\.com/webhookb2|[\w.:-]+/hooks)/)[^\s'\"<>]+"
+        ),
+        r"\1***",
+    ),
+)
+
+# literal secrets registered at run time (a Notifier's URL path), longest first; replaced
+# whole under the lock, so `mask` reads a consistent tuple without taking it
+_known: tuple[str, ...] = ()
+_known_lock = threading.Lock()
+
+
+def register(secret: str) -> None:
+    """Mask `secret` wherever it appears from now on (in this process).
+
+    For secrets no pattern recognizes, such as the path of a webhook URL on a host of your
+    own. Strings shorter than 6 characters are ignored: masking them would garble messages.
+    """
+    global _known
+    if isinstance(secret, str) and len(secret) >= 6:
+        with _known_lock:
+            if secret not in _known:
+                _known = tuple(sorted({*_known, secret}, key=len, reverse=True))
+
+
+def register_url(url: str) -> None:
+    """Register the secret part of a URL whose path (or query) is a token: all after the host."""
+    match = re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#]+([/?#].*)?$", url or "")
+    tail = match.group(1) if match else None
+    if tail and tail not in ("/", "?", "#"):
+        register(tail)
+
+
+def mask(text: str) -> str:
+    """`text` with every credential it holds replaced by ``***``: URL passwords, libpq
+    ``password=...``, bearer and basic tokens, token query parameters, webhook paths, and
+    the secrets passed to `register`."""
+    if not text:
+        return text
+    for secret in _known:
+        if secret in text:
+            text = text.replace(secret, "/" + HIDDEN if secret.startswith("/") else HIDDEN)
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class MaskSecrets(logging.Filter):
+    """Masks a log record's message, arguments and traceback before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record in place; never drop it."""
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: leave it to logging's own error report
+            return True
+        masked = mask(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = mask(record.exc_text)
+        if record.stack_info:
+            record.stack_info = mask(record.stack_info)
+        return True
+
+
+_FILTER = MaskSecrets()
+
+#: Third-party loggers that print URLs: httpx logs each request line at INFO, httpcore
+#: its connections at DEBUG. A filter on a logger applies only to records made on it,
+#: not to those of its children, so each one is named.
+THIRD_PARTY = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
+def logger(name: str) -> logging.Logger:
+    """`logging.getLogger(name)` with `MaskSecrets` installed: how every lab module logs."""
+    log = logging.getLogger(name)
+    if _FILTER not in log.filters:
+        log.addFilter(_FILTER)
+    return log
+
+
+for _name in ("lab", *THIRD_PARTY):
+    logger(_name)

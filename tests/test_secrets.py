@@ -1,0 +1,196 @@
+"""Credentials never reach output: each failing path runs for real (a wrong PostgreSQL
+password, a closed port, an ATTACH the server refuses, `lab ls --store` in a subprocess, a
+Notifier posting to a loopback webhook whose path is its token), and everything it printed or
+logged, at DEBUG on every logger, is searched for the secret."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import lab.inspect
+from lab._secrets import mask
+from lab.callbacks.notify import Notifier
+from lab.errors import StoreError, StoreUnreachable
+
+LAB = str(Path(sys.executable).with_name("lab"))
+ROOT = str(Path(lab.inspect.__file__).resolve().parents[1])  # this checkout, for subprocesses
+
+
+def _everything(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> str:
+    """All a test printed and logged: stdout, stderr, and each record, formatted."""
+    out, err = capfd.readouterr()
+    records = [r.getMessage() for r in caplog.records]
+    return "\n".join([out, err, caplog.text, *records])
+
+
+def _admin() -> str:
+    url = os.environ.get("LAB_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but LAB_TEST_POSTGRES_URL is not set")
+        pytest.skip("LAB_TEST_POSTGRES_URL is not set")
+    return url
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with(url: str, **parts: Any) -> str:
+    return sa.engine.make_url(url).set(**parts).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)
+    for name in ("lab", "httpx", "httpcore", "sqlalchemy", "duckdb"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    return caplog
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("where", ["bad password", "closed port"])
+def test_a_store_that_refuses_the_password_never_shows_it(
+    where: str, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret = f"Wr0ng-pw-{uuid.uuid4().hex[:8]}"
+    url = _with(_admin(), password=secret)
+    if where == "closed port":
+        url = _with(url, port=_closed_port())
+    with pytest.raises(StoreUnreachable) as info:
+        lab.inspect.connect(url)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "postgresql+psycopg://postgres:***@127.0.0.1:" in str(info.value)
+    cli = subprocess.run([LAB, "ls", "--store", url], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT},
+                         timeout=120)  # fmt: skip
+    assert cli.returncode == 1 and cli.stdout == ""
+    assert cli.stderr.startswith("error: cannot reach the store at postgresql+psycopg://postgres:")
+    everything = "\n".join([shown, cli.stdout, cli.stderr, _everything(debug_logs, capfd)])
+    assert secret not in everything
+
+
+@pytest.fixture
+def limited_url(pg_url: str) -> Iterator[str]:
+    """A store whose owner may hold one connection: the store's own, so DuckDB's ATTACH (a
+    second one) is refused by the server, with a message that quotes its connection string."""
+    role = f"lab_sec_{uuid.uuid4().hex[:8]}"
+    secret = f"Att4ch-s3cret-{uuid.uuid4().hex[:8]}"
+    database = sa.engine.make_url(pg_url).database
+    admin = sa.create_engine(_with(pg_url, database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(
+            f"CREATE ROLE {role} LOGIN PASSWORD '{secret}' CONNECTION LIMIT 1 NOSUPERUSER"
+        )
+        conn.exec_driver_sql(f'ALTER DATABASE "{database}" OWNER TO {role}')
+    try:
+        yield _with(pg_url, username=role, password=secret)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_a_refused_attach_never_shows_the_password(
+    limited_url: str, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret = sa.engine.make_url(limited_url).password
+    assert secret is not None
+    con = lab.inspect.connect(limited_url)  # auto: ATTACH is refused, Arrow copies it in
+    assert con.sql("select mode from lab_source").fetchone() == ("arrow",)
+    con.close()
+    attached = [r.getMessage() for r in debug_logs.records if r.name == "lab.inspect"]
+    assert len(attached) == 1 and "password=***" in attached[0]
+    assert "too many connections for role" in attached[0]
+    with pytest.raises(StoreError) as info:
+        lab.inspect.connect(limited_url, mode="attach")
+    message = str(info.value)
+    assert message.startswith("DuckDB cannot attach the store at postgresql+psycopg://")
+    assert "password=***" in message and "\n" not in message
+    assert message.endswith("fix what it says, or read it through Arrow with mode='arrow'")
+    shown = "".join(traceback.format_exception(info.value))
+    assert secret not in shown + _everything(debug_logs, capfd)
+
+
+class _Webhook:
+    """A loopback webhook whose path is its token, as Slack's are."""
+
+    def __init__(self, status: int) -> None:
+        self.token = f"T0/B0/{uuid.uuid4().hex}"
+        self.bodies: list[dict[str, Any]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                hook.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/{self.token}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_the_notifier_never_shows_its_webhook_token(
+    status: int, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    hook = _Webhook(status)
+    try:
+        notifier = Notifier(hook.url, on="both")
+        assert notifier.post("run r0 failed") is (status == 200)
+    finally:
+        hook.stop()
+    refused = Notifier(f"http://127.0.0.1:{_closed_port()}/services/{hook.token}x")
+    assert refused.post("nobody listens") is False
+    assert hook.bodies == [{"text": "run r0 failed"}]
+    everything = _everything(debug_logs, capfd) + repr(notifier) + repr(refused)
+    port = hook.server.server_address[1]
+    assert f"HTTP Request: POST http://127.0.0.1:{port}/*** " in everything  # httpx logs it
+    assert hook.token not in everything
+
+
+def test_mask_hides_each_kind_of_credential() -> None:
+    cases = {
+        "postgresql+psycopg://lab:pw%40x@db:5432/lab": "postgresql+psycopg://lab:***@db:5432/lab",
+        "host=db port=5432 password='a b\\'c' dbname=x": "host=db port=5432 password=*** dbname=x",
+        'ATTACH "host=h password=hunter2 user=u"': 'ATTACH "host=h password=*** user=u"',
+        "{'password': 'hunter2'}": "{'password': '***'}",
+        "Authorization: Bearer eyJhbGciOi.x-y": "Authorization: Bearer ***",
+        "authorization: Basic dXNlcjpwYXNz": "authorization: Basic ***",
+        "GET https://api.x/v1?token=abc123&page=2": "GET https://api.x/v1?token=***&page=2",
+        "POST https://hooks.slack.com/services/T1/B2/xyz": "POST https://hooks.slack.com/services/***",
+        "https://discord.com/api/webhooks/1/abc": "https://discord.com/api/webhooks/***",
+        "http://chat.example.com/hooks/q1w2e3": "http://chat.example.com/hooks/***",
+    }
+    assert {text: mask(text) for text in cases} == cases
+    plain = ["sqlite:////tmp/lab.db, http://host:8080/x@y", "a basic token budget; password reset"]
+    assert [mask(text) for text in plain] == plain
