@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab._names import MAX_KEY  # characters a metric key may hold: the `key` columns' width
 from lab.errors import MetricError
-
-MAX_KEY = 255  # characters a metric key may hold: the width of the `key` columns
 
 
 def check_key(key: Any, step: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import pydantic
 
+from lab._names import MAX_NAME, check_name
 from lab._secrets import logger
 from lab._seeding import seed_everything
 from lab._signals import unwind_on_sigterm
@@ -97,6 +98,7 @@ class Arm:
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an arm needs a non-empty name, got {name!r}")
+        check_name("arm", name, MAX_NAME)
         if stages is not None and (
             isinstance(stages, dict) or not stages or not all(isinstance(s, dict) for s in stages)
         ):
@@ -511,6 +513,7 @@ class Experiment:
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
+        check_name("experiment", name, MAX_NAME)
         if not callable(train):
             raise ConfigError("train must be a function train(run) -> LoopArtifacts | dict")
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -533,6 +536,9 @@ class Experiment:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError(f"duplicate arm names {dupes}; give every arm its own name")
+        for arm in arms:  # a chain's group is named after its arm and repeat
+            if arm.stages is not None:
+                check_name("group", f"{arm.name}-r{repeats - 1}", MAX_NAME)
         folders: dict[str, str] = {}  # casefolded: some filesystems ignore case
         for arm_name in names:
             other = folders.setdefault(safe_name(arm_name).casefold(), arm_name)

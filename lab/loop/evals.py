@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError
 
 
@@ -76,6 +77,7 @@ class Evaluator:
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("Evaluator needs a non-empty name, e.g. Evaluator('val', fn)")
+        check_name("eval", name, MAX_KEY)
         if not callable(fn):
             raise ConfigError(f"Evaluator {name!r}: fn must be a function fn(model) -> dict")
         if every is not None and (isinstance(every, bool) or every < 1):

@@ -17,6 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from lab._names import MAX_KEY, MAX_NAME
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -58,7 +60,7 @@ class SqlExperiment(Base):
     __tablename__ = "experiments"
 
     experiment_id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(512), unique=True)
+    name: Mapped[str] = mapped_column(sa.String(MAX_NAME), unique=True)
     status: Mapped[str] = mapped_column(sa.String(16))
     config: Mapped[dict[str, Any]]
     seed: Mapped[int]
@@ -79,7 +81,7 @@ class SqlArm(Base):
     experiment_id: Mapped[int] = mapped_column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
     )
-    name: Mapped[str] = mapped_column(sa.String(512))
+    name: Mapped[str] = mapped_column(sa.String(MAX_NAME))
     overrides: Mapped[dict[str, Any]]
     config: Mapped[dict[str, Any]]
 
@@ -94,7 +96,7 @@ class SqlGroup(Base):
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
     )
     arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(sa.String(512))
+    name: Mapped[str] = mapped_column(sa.String(MAX_NAME))
     kind: Mapped[str] = mapped_column(sa.String(16))
 
     __table_args__ = (
@@ -112,7 +114,7 @@ class SqlRun(Base):
     )
     group_id: Mapped[int] = mapped_column(sa.ForeignKey("groups.group_id", ondelete="CASCADE"))
     arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
-    run_key: Mapped[str] = mapped_column(sa.String(255))
+    run_key: Mapped[str] = mapped_column(sa.String(MAX_KEY))
     repeat: Mapped[int]
     stage: Mapped[int]
     seed: Mapped[int]
@@ -159,7 +161,7 @@ class SqlMetric(Base):
     run_id: Mapped[int] = mapped_column(
         sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
     )
-    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
     step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(sa.Double)  # NULL is NaN on SQLite
     wall_time: Mapped[float] = mapped_column(sa.Double)
@@ -176,7 +178,7 @@ class SqlSummary(Base):
     run_id: Mapped[int] = mapped_column(
         sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
     )
-    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
     count: Mapped[int] = mapped_column(sa.BigInteger)
     first_step: Mapped[int] = mapped_column(sa.BigInteger)
     last_step: Mapped[int] = mapped_column(sa.BigInteger)
@@ -191,7 +193,7 @@ class SqlEval(Base):
 
     eval_id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(sa.String(255))
+    name: Mapped[str] = mapped_column(sa.String(MAX_KEY))
     step: Mapped[int | None] = mapped_column(sa.BigInteger)  # NULL: after training
     metrics: Mapped[dict[str, Any]]
     breakdowns: Mapped[dict[str, Any]]

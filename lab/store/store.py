@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lab._json import floats_back
 from lab._metrics import as_number, check_key
+from lab._names import MAX_KEY, MAX_NAME, check_name, storable_text
 from lab.errors import ConfigError, NoExperiment, NoRun
 from lab.store.engine import (
     check_reachable,
@@ -66,8 +67,7 @@ def _text(value: Any) -> str | None:
     """
     if value is None:
         return None
-    text = value if isinstance(value, str) else dumps_json(value)
-    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+    return storable_text(value if isinstance(value, str) else dumps_json(value))
 
 
 class Store:
@@ -179,6 +179,7 @@ class Store:
         `tags` join the experiment's tags (those added earlier, by ``lab tag`` too, stay);
         `notes`, when given, replace its notes.
         """
+        check_name("experiment", name, MAX_NAME)
         values = {
             "name": name,
             "status": "running",
@@ -200,6 +201,7 @@ class Store:
         self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
     ) -> int:
         """Record an arm of an experiment; returns its id."""
+        check_name("arm", name, MAX_NAME)
         values = {
             "experiment_id": experiment_id,
             "name": name,
@@ -213,6 +215,7 @@ class Store:
         self, experiment_id: int, name: str, *, kind: str = "repeats", arm_id: int | None = None
     ) -> int:
         """Record a group of runs; returns its id."""
+        check_name("group", name, MAX_NAME)
         values = {"experiment_id": experiment_id, "name": name, "kind": kind, "arm_id": arm_id}
         with transaction(self.engine) as conn:
             return self._upsert(conn, SqlGroup, values, ["experiment_id", "name"], "group_id")
@@ -241,6 +244,7 @@ class Store:
         What the run recorded earlier stays until its training starts: `truncate_run` then
         drops all of it for a fresh start, or what lies after the checkpoint for a resume.
         """
+        check_name("run key", run_key, MAX_KEY)
         values = {
             "experiment_id": experiment_id,
             "group_id": group_id,
@@ -465,8 +469,10 @@ class Store:
         An eval is keyed by (run, name, step), step None meaning after training: writing one
         again (a re-run, a resumed run scoring the same step) deletes the earlier row and,
         by cascade, its predictions, in the same transaction, so readers never see both.
-        The predictions go in as one batched insert, `idx` in list order.
+        The predictions go in as one batched insert, `idx` in list order. The name is checked
+        like an `Evaluator`'s; NUL in the error text is stored as U+FFFD.
         """
+        check_name("eval", result.name, MAX_KEY)
         same = sa.and_(
             SqlEval.run_id == run_id,
             SqlEval.name == result.name,
@@ -484,7 +490,7 @@ class Store:
                     breakdowns=result.breakdowns,
                     tags=result.tags,
                     seconds=result.seconds,
-                    error=result.error,
+                    error=storable_text(result.error),
                     created_at=_now(),
                 )
                 .returning(SqlEval.eval_id)
@@ -524,7 +530,11 @@ class Store:
         notes: str | None = None,
     ) -> None:
         """Record a run's final status, error and final metrics; `tags` join the run's
-        tags and `notes`, when given, replace its notes (what `train(run)` set)."""
+        tags and `notes`, when given, replace its notes (what `train(run)` set).
+
+        The error and traceback are free text: NUL in them is stored as U+FFFD (PostgreSQL
+        refuses NUL, and the run would stay `running` with its real error lost).
+        """
         self._active.discard(run_id)
         add = check_tags(tags)
         with transaction(self.engine) as conn:
@@ -536,8 +546,8 @@ class Store:
                 .where(SqlRun.run_id == run_id)
                 .values(
                     status=status,
-                    error=error,
-                    traceback=traceback,
+                    error=storable_text(error),
+                    traceback=storable_text(traceback),
                     summary=summary,
                     callback_errors=callback_errors or None,
                     ended_at=_now(),

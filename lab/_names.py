@@ -1,0 +1,65 @@
+"""What a name may be, and how free text is stored: the same on SQLite and on PostgreSQL.
+
+SQLite stores a string of any length with any character in it; PostgreSQL refuses a value
+longer than its ``varchar(n)`` column and any text that holds NUL, with a raw `DataError`
+halfway through a run. So `lab` checks every name against the width of its column before
+anything is written (`check_name`), and stores free text (errors, tracebacks, prediction
+fields) with NUL replaced by U+FFFD (`storable_text`), on both backends alike.
+
+>>> check_name("arm", "small", MAX_NAME)
+'small'
+>>> storable_text("bad\\x00byte")
+'bad\\ufffdbyte'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.errors import ConfigError
+
+#: Characters an experiment, arm or group name may hold: the width of their `name` columns.
+MAX_NAME = 512
+#: Characters a run key, an eval name or a metric key may hold: the width of their columns.
+MAX_KEY = 255
+
+NUL_REPLACEMENT = "\ufffd"
+
+
+def check_name(kind: str, name: Any, limit: int) -> str:
+    """`name` if the store can hold it as the name of a `kind`; else one `ConfigError` line
+    that says what is wrong (empty, too long, a NUL, a lone surrogate) and the limit."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{kind} name {name!r} is not a non-empty string; give it a name")
+    shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
+    if len(name) > limit:
+        raise ConfigError(
+            f"{kind} name {shown} is {len(name)} characters long; {kind} names hold at most "
+            f"{limit}: shorten it"
+        )
+    if "\x00" in name:
+        raise ConfigError(
+            f"{kind} name {shown} holds a NUL character (\\x00), which the store cannot hold: "
+            "remove it"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{kind} name {shown} is not valid unicode (a lone surrogate): fix its encoding"
+        ) from None
+    return name
+
+
+def storable_text(text: str | None) -> str | None:
+    """Free text as the store keeps it: NUL becomes U+FFFD (PostgreSQL cannot store NUL), and
+    a lone surrogate U+FFFD too (UTF-8 cannot encode it); the rest is kept as it is."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_REPLACEMENT)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join(NUL_REPLACEMENT if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
