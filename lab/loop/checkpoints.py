@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import json
 import math
 import os
@@ -273,6 +274,46 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Recording:
+    """A file whose write errors are kept: `torch.save` turns an OSError raised by `write`
+    into a RuntimeError that no longer says what failed (for a full disk, "unexpected pos
+    704 vs 598"), so the save reports the OSError itself."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fh, name)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _disk_full(step: int, exc: BaseException, path: Path, root: Path) -> CheckpointError | None:
+    """The one line for a save that ran out of space writing `path`; None for other errors.
+
+    It is built once the partial save is removed, so the space it names is what is left.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in _FULL:
+        return None
+    try:
+        free = f"{shutil.disk_usage(root).free // 1024} KiB free after cleanup"
+    except OSError:
+        free = "free space unknown"
+    return CheckpointError(
+        f"cannot save step {step}: {os.strerror(exc.errno)} writing {path} ({free}); the "
+        "earlier checkpoints are kept: free some space, or put the run folder on a larger disk"
+    )
 
 
 def _write_durable(path: Path, data: bytes) -> None:
@@ -596,17 +637,25 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir()
         except OSError as exc:
+            full = _disk_full(step, exc, tmp, self.root)
+            if full is not None:
+                raise full from exc
             raise CheckpointError(
                 f"cannot save step {step}: cannot create {tmp}: {_one_line(exc)}"
             ) from exc
         renamed = False
+        writing = tmp / STATE_FILE  # the file being written, for a full disk's message
+        out: _Recording | None = None
         try:
-            with open(tmp / STATE_FILE, "wb") as fh:
-                torch.save(state, fh)
+            with open(writing, "wb") as fh:
+                out = _Recording(fh)
+                torch.save(state, out)
                 fh.flush()
                 os.fsync(fh.fileno())
-            _write_durable(tmp / INFO_FILE, json.dumps(info, sort_keys=True).encode())
-            _write_durable(tmp / COMPLETE_MARKER, b"")
+            writing = tmp / INFO_FILE
+            _write_durable(writing, json.dumps(info, sort_keys=True).encode())
+            writing = tmp / COMPLETE_MARKER
+            _write_durable(writing, b"")
             _fsync_dir(tmp)
             if final_dir.is_dir():  # re-saving a step (e.g. a restarted run): replace it whole
                 shutil.rmtree(final_dir)
@@ -616,11 +665,16 @@ class CheckpointManager:
             row = ManifestRow(
                 self.run_key, step, final_dir.name, "save", info["time"], metrics, kind=kind
             )
+            writing = self.root / MANIFEST_FILE
             self._append(row)
         except BaseException as exc:
             shutil.rmtree(final_dir if renamed else tmp, ignore_errors=True)
             if not isinstance(exc, Exception):
                 raise
+            cause = out.error if out is not None and out.error is not None else exc
+            full = _disk_full(step, cause, writing, self.root)
+            if full is not None:
+                raise full from exc
             raise CheckpointError(
                 f"cannot save step {step} in {final_dir if renamed else tmp}: {_one_line(exc)}"
             ) from exc
