@@ -29,24 +29,24 @@ NUL_REPLACEMENT = "\ufffd"
 def check_name(kind: str, name: Any, limit: int) -> str:
     """`name` if the store can hold it as the name of a `kind`; else one `ConfigError` line
     that says what is wrong (empty, too long, a NUL, a lone surrogate) and the limit."""
+    what = kind if kind.endswith("key") else f"{kind} name"  # "run key", "arm name"
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{kind} name {name!r} is not a non-empty string; give it a name")
+        raise ConfigError(f"{what} {name!r} is not a non-empty string; give it a name")
     shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
     if len(name) > limit:
         raise ConfigError(
-            f"{kind} name {shown} is {len(name)} characters long; {kind} names hold at most "
-            f"{limit}: shorten it"
+            f"{what} {shown} is {len(name)} characters long; {what}s hold at most {limit}: "
+            "shorten it"
         )
     if "\x00" in name:
         raise ConfigError(
-            f"{kind} name {shown} holds a NUL character (\\x00), which the store cannot hold: "
-            "remove it"
+            f"{what} {shown} holds a NUL character (\\x00), which the store cannot hold: remove it"
         )
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(
-            f"{kind} name {shown} is not valid unicode (a lone surrogate): fix its encoding"
+            f"{what} {shown} is not valid unicode (a lone surrogate): fix its encoding"
         ) from None
     return name
 

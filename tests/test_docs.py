@@ -34,6 +34,8 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
 def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert "metric 'acc' at step 2 is a str ('high')" in out
     assert "keys hold at most 255" in out
+    assert "arm names hold at most 512: shorten it" in out
+    assert "['RuntimeError: bad\ufffdbyte']" in out
     table = out.splitlines()[-4:]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 

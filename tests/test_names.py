@@ -106,8 +106,8 @@ def test_a_name_the_store_cannot_hold_fails_at_construction(make: Any, message: 
          "names hold at most 512: shorten it"),
         (lambda s, e, g: s.start_run(e, g, run_key="k" * 256, arm_id=None, repeat=0, stage=0,
                                      seed=0, config={}, output_dir=None),
-         "run key name 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk'... is 256 characters long; run "
-         "key names hold at most 255: shorten it"),
+         "run key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk'... is 256 characters long; run "
+         "keys hold at most 255: shorten it"),
         (lambda s, e, g: s.log_metrics(1, 1, {"k" * 256: 1.0}),
          "metric key 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk'... at step 1 is 256 characters "
          "long; keys hold at most 255"),

@@ -118,6 +118,7 @@ class Notifier(Callback):
         """Send `text`; True if the webhook accepted it. Never raises for a webhook problem."""
         import httpx  # lazily: only a configured notifier needs it
 
+        register_url(self.url)  # again: a copy unpickled in a worker process skips __init__
         payload: dict[str, Any] = {"text": text}
         try:
             response = httpx.post(self.url, json=payload, timeout=self.timeout_s)
