@@ -220,7 +220,7 @@ def run_file(
     result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))
     failed = [r for r in result.runs if r.status == "failed"]
     if failed:
-        first = (failed[0].error or "failed").splitlines()[0]
+        first = mask((failed[0].error or "failed").splitlines()[0])
         hint = ""
         if isinstance(exp.store, str):  # recorded: say where to look
             hint = f"; details: lab show {exp.name}"

@@ -21,11 +21,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import torch
 
 import lab.inspect
+from lab import Callback, Experiment, TrainingLoop
 from lab._secrets import mask
 from lab.callbacks.notify import Notifier
 from lab.errors import StoreError, StoreUnreachable
+from lab.loggers.console import ConsoleLogger
+from lab.store import Store
 
 LAB = str(Path(sys.executable).with_name("lab"))
 ROOT = str(Path(lab.inspect.__file__).resolve().parents[1])  # this checkout, for subprocesses
@@ -194,3 +198,58 @@ def test_mask_hides_each_kind_of_credential() -> None:
     assert {text: mask(text) for text in cases} == cases
     plain = ["sqlite:////tmp/lab.db, http://host:8080/x@y", "a basic token budget; password reset"]
     assert [mask(text) for text in plain] == plain
+
+
+class _Leaky(Callback):
+    """A callback whose failure quotes a credential, as a driver's error would."""
+
+    def on_train_start(self, state: Any) -> None:
+        raise RuntimeError("cannot post to https://api.example.com/v1?token=cb-s3cret-tok")
+
+
+def test_a_run_error_quoting_a_password_is_masked_everywhere_it_goes(
+    store_url: str, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret = "run-s3cret-pw"
+
+    def train(run: Any) -> Any:
+        model = torch.nn.Linear(1, 1)
+        loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            [torch.ones(1, 1)], lambda m, b: m(b).sum(), 1,
+                            callbacks=[_Leaky()], checkpoint=None)  # fmt: skip
+        loop.fit(run)
+        raise ConnectionError(f"cannot open postgresql://me:{secret}@db.internal/x")
+
+    hook = _Webhook(200)
+    try:
+        result = Experiment(
+            "leak",
+            train,
+            store=store_url,
+            strict=False,
+            callbacks=[ConsoleLogger(), Notifier(hook.url, on="failure")],
+        ).run()
+    finally:  # fmt: skip
+        hook.stop()
+    assert (
+        result.runs[0].error
+        == f"ConnectionError: cannot open postgresql://me:{secret}@db.internal/x"
+    )
+    store = Store(store_url)
+    try:
+        [run] = store.get_experiment("leak")["runs"]
+    finally:
+        store.close()
+    assert run["error"] == "ConnectionError: cannot open postgresql://me:***@db.internal/x"
+    assert [f["error"] for f in run["callback_errors"]] == [
+        "RuntimeError: cannot post to https://api.example.com/v1?token=***"
+    ]
+    stored = json.dumps(run, default=str)
+    assert secret not in stored and "cb-s3cret-tok" not in stored
+    [body] = hook.bodies
+    assert body["text"].startswith(":x: lab: run base-r0 of leak failed after ")
+    assert body["text"].endswith("(arm base, repeat 0): ConnectionError: cannot open "
+                                 "postgresql://me:***@db.internal/x")  # fmt: skip
+    everything = _everything(debug_logs, capfd)
+    assert "error: ConnectionError: cannot open postgresql://me:***@db.internal/x" in everything
+    assert secret not in everything and "cb-s3cret-tok" not in everything

@@ -115,11 +115,12 @@ class Notifier(Callback):
 
     # -- sending -------------------------------------------------------------------------
     def post(self, text: str) -> bool:
-        """Send `text`; True if the webhook accepted it. Never raises for a webhook problem."""
+        """Send `text` (credentials masked); True if the webhook accepted it. Never raises for
+        a webhook problem."""
         import httpx  # lazily: only a configured notifier needs it
 
         register_url(self.url)  # again: a copy unpickled in a worker process skips __init__
-        payload: dict[str, Any] = {"text": text}
+        payload: dict[str, Any] = {"text": mask(text)}  # a run's error may quote a password
         try:
             response = httpx.post(self.url, json=payload, timeout=self.timeout_s)
             response.raise_for_status()

@@ -29,6 +29,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from lab._secrets import mask
 from lab._table import plural
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
@@ -268,7 +269,7 @@ class ConsoleLogger(Callback):
             parts.append(shown)
         parts.append(_duration(run_result.seconds))
         if run_result.error:
-            parts.append(f"error: {run_result.error}")
+            parts.append(f"error: {mask(run_result.error)}")
         return "  ".join(parts)
 
     # ------------------------------------------------------------------------------------

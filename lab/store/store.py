@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from lab._json import floats_back
 from lab._metrics import as_number, check_key
 from lab._names import MAX_KEY, MAX_NAME, check_name, storable_text
+from lab._secrets import mask
 from lab.errors import ConfigError, NoExperiment, NoRun
 from lab.store.engine import (
     check_reachable,
@@ -490,7 +491,7 @@ class Store:
                     breakdowns=result.breakdowns,
                     tags=result.tags,
                     seconds=result.seconds,
-                    error=storable_text(result.error),
+                    error=_free_text(result.error),
                     created_at=_now(),
                 )
                 .returning(SqlEval.eval_id)
@@ -533,7 +534,8 @@ class Store:
         tags and `notes`, when given, replace its notes (what `train(run)` set).
 
         The error and traceback are free text: NUL in them is stored as U+FFFD (PostgreSQL
-        refuses NUL, and the run would stay `running` with its real error lost).
+        refuses NUL, and the run would stay `running` with its real error lost), and any
+        credential they quote (a store URL's password, a token) as ``***``, as in the logs.
         """
         self._active.discard(run_id)
         add = check_tags(tags)
@@ -546,10 +548,10 @@ class Store:
                 .where(SqlRun.run_id == run_id)
                 .values(
                     status=status,
-                    error=storable_text(error),
-                    traceback=storable_text(traceback),
+                    error=_free_text(error),
+                    traceback=_free_text(traceback),
                     summary=summary,
-                    callback_errors=callback_errors or None,
+                    callback_errors=_failures(callback_errors),
                     ended_at=_now(),
                 )
             )
@@ -560,7 +562,7 @@ class Store:
             conn.execute(
                 sa.update(SqlRun)
                 .where(SqlRun.run_id == run_id)
-                .values(callback_errors=callback_errors or None)
+                .values(callback_errors=_failures(callback_errors))
             )
 
     def finish_experiment(
@@ -819,6 +821,22 @@ _PREDICTION_INSERT = (
     "INSERT INTO predictions (eval_id, idx, example_id, input, output, target, score, extras) "
     "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m})"
 )
+
+
+def _free_text(text: str | None) -> str | None:
+    """An error or a traceback as the store keeps it: credentials masked, NUL as U+FFFD."""
+    return storable_text(mask(text)) if text else text
+
+
+def _failures(failures: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Callback failures as the store keeps them: their error and traceback masked."""
+    if not failures:
+        return None
+    return [
+        {k: mask(v) if k in ("error", "traceback") and isinstance(v, str) else v
+         for k, v in f.items()}
+        for f in failures
+    ]  # fmt: skip
 
 
 def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:

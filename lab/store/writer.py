@@ -33,7 +33,7 @@ from typing import Any
 
 import sqlalchemy.exc as sa_exc
 
-from lab._secrets import logger
+from lab._secrets import logger, mask
 from lab._signals import unwind_on_sigterm
 from lab.errors import StoreError
 
@@ -327,4 +327,4 @@ def close_all() -> None:
         try:
             writer.close()
         except StoreError as exc:
-            print(f"lab: {exc}", file=sys.stderr)
+            print(f"lab: {mask(str(exc))}", file=sys.stderr)
