@@ -148,3 +148,24 @@ def test_a_latest_file_pointing_outside_fails_the_next_stage(tmp_path: Path) -> 
     )
     assert started == []  # the tampered stage never started from the outside folder
     assert _snapshot(outside) == before
+
+
+def test_bookkeeping_restored_from_a_checkpoint_is_checked_like_the_manifest(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "run" / "checkpoints"
+    m = _saved(root)
+    outside = _outside(tmp_path)
+    before = _snapshot(outside)
+    state = m.state_dict()
+    state["manifest"].append({**state["manifest"][0], "step": 3, "path": str(outside)})
+    manifest = (root / "manifest.jsonl").read_bytes()
+    with pytest.raises(CheckpointError) as info:
+        m.load_state_dict(state)
+    assert str(info.value) == (
+        f"the checkpoint's bookkeeping in {root} names {str(outside)!r}, which is not a folder "
+        "inside it; a checkpoint is named by its step_* folder: fix or remove that row"
+    )
+    assert (root / "manifest.jsonl").read_bytes() == manifest  # nothing appended
+    assert m.checkpoints() == [1, 2]
+    assert _snapshot(outside) == before
