@@ -59,6 +59,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
 )
 
+# Whether a text may hold a credential at all: one scan, so that the common message, which
+# holds none, skips the patterns above.
+_MAYBE = re.compile(r"(?i)://|pass|bearer|authoriz|[?&][a-z_]+=")
+
 # literal secrets registered at run time (a Notifier's URL path), longest first; replaced
 # whole under the lock, so `mask` reads a consistent tuple without taking it
 _known: tuple[str, ...] = ()
@@ -95,6 +99,8 @@ def mask(text: str) -> str:
     for secret in _known:
         if secret in text:
             text = text.replace(secret, "/" + HIDDEN if secret.startswith("/") else HIDDEN)
+    if not _MAYBE.search(text):
+        return text
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
