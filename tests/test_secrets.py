@@ -25,7 +25,7 @@ import torch
 
 import lab.inspect
 from lab import Callback, Experiment, TrainingLoop
-from lab._secrets import mask
+from lab._secrets import MaskSecrets, mask
 from lab.callbacks.notify import Notifier
 from lab.errors import StoreError, StoreUnreachable
 from lab.loggers.console import ConsoleLogger
@@ -253,3 +253,23 @@ def test_a_run_error_quoting_a_password_is_masked_everywhere_it_goes(
     everything = _everything(debug_logs, capfd)
     assert "error: ConnectionError: cannot open postgresql://me:***@db.internal/x" in everything
     assert secret not in everything and "cb-s3cret-tok" not in everything
+
+
+def test_every_lab_logger_masks() -> None:
+    """A filter applies only to the logger it is on, not to its children: each lab module's
+    logger must come from `lab._secrets.logger`, or its records would go out unmasked."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(lab.__path__, "lab."):
+        importlib.import_module(module.name)
+    names = [n for n in logging.root.manager.loggerDict if n == "lab" or n.startswith("lab.")]
+    loggers = [logging.getLogger(n) for n in names if not isinstance(
+        logging.root.manager.loggerDict[n], logging.PlaceHolder)]  # fmt: skip
+    assert len(loggers) >= 10
+    unmasked = sorted(g.name for g in loggers if not any(isinstance(f, MaskSecrets)
+                                                         for f in g.filters))  # fmt: skip
+    assert unmasked == [], f"log through lab._secrets.logger(...) in: {unmasked}"
+    source = Path(lab.__file__).parent
+    files = [p for p in source.rglob("*.py") if p.name != "_secrets.py"]
+    assert [str(p) for p in files if "logging.getLogger(" in p.read_text()] == []
