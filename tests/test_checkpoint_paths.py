@@ -144,7 +144,7 @@ def test_a_latest_file_pointing_outside_fails_the_next_stage(tmp_path: Path) -> 
     latest = tmp_path / "runs" / "chain" / "cl-r0-s0" / "checkpoints" / "latest"
     assert result.runs[1].error == (
         f"CheckpointError: latest in {latest.parent} names {str(outside)!r}, which is not a "
-        "folder inside it; a checkpoint is named by its step_* folder: fix or remove that row"
+        "folder inside it; a checkpoint is named by its step_* folder: fix or delete that file"
     )
     assert started == []  # the tampered stage never started from the outside folder
     assert _snapshot(outside) == before

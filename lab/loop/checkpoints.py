@@ -30,6 +30,12 @@ is the highest step. A removal appends a `remove` row whose `reason` names the r
 longer keep the checkpoint (e.g. "keep_last=2; keep_top_k=1 by val/loss (min)"), then deletes
 the folder; a folder whose removal was recorded counts as removed even if a kill left it on
 disk, and `remove_stale_tmp()` deletes it later.
+
+Nothing outside the root is ever read or deleted on the manager's own account: a manifest row,
+a `latest` file or a restored bookkeeping that names anything but a plain folder name (an
+absolute path, "..", a link that leads out) is a `CheckpointError`, and `resolve` refuses a
+path outside the root. Checkpoints are pickles (`weights_only=False`), so this also keeps a
+hand-edited file from loading one planted elsewhere.
 """
 
 from __future__ import annotations
@@ -471,7 +477,8 @@ class CheckpointManager:
         """The folder of a checkpoint named by a step, a path, or "latest"; or why there is none.
 
         A relative path that does not exist is also looked up under the checkpoint root, so
-        `resolve("step_000100")` works. The error says what to pass instead.
+        `resolve("step_000100")` works; a path outside the root (a link that leads out
+        included) is refused. The error says what to pass instead.
         """
         if isinstance(target, bool):
             raise CheckpointError(f"resolve({target!r}): pass a step number or a checkpoint path")
@@ -846,9 +853,10 @@ class CheckpointManager:
         manifest written by hand (an absolute path, "..", a link to elsewhere) touches nothing.
         """
         if not _plain_name(name):
+            fix = "fix or delete that file" if source == LATEST_FILE else "fix or remove that row"
             raise CheckpointError(
                 f"{source} in {self.root} names {name!r}, which is not a folder inside it; "
-                "a checkpoint is named by its step_* folder: fix or remove that row"
+                f"a checkpoint is named by its step_* folder: {fix}"
             )
         folder = self.root / name
         target = folder.resolve()
