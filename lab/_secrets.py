@@ -23,17 +23,35 @@ import re
 import threading
 
 HIDDEN = "***"
+_NOT_PLACEHOLDER = r"(?!(?:password|<password>|PASSWORD)@)"
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # scheme://user:PASSWORD@host (a password with "@" or "/" must be %-escaped in a URL)
-    (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:'\"]*:)[^\s/@'\"]+(?=@)"), r"\1***"),
+    # scheme://user:PASSWORD@host (a password with "@" or "/" must be %-escaped in a URL); the
+    # placeholder of a usage hint ("postgresql://user:password@host/dbname") is left alone
+    (
+        re.compile(
+            rf"([A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:'\"]*:){_NOT_PLACEHOLDER}[^\s/@'\"]+(?=@)"
+        ),
+        r"\1***",
+    ),
+    # user:PASSWORD@host with no scheme in front (a URL missing its "postgresql://")
+    (
+        re.compile(rf"(?<![\w/:.%+-])([\w.%+-]+:){_NOT_PLACEHOLDER}[^\s/@:'\"]+(?=@[\w.\[\]-]+)"),
+        r"\1***",
+    ),
     # libpq and ODBC key=value strings: password=x, password='x y', password="x"
     (
         re.compile(r"(?i)\b((?:password|passwd)\s*=\s*)('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^\s'\";&]+)"),
         r"\1***",
     ),
-    # a password in a dict or JSON: 'password': 'x', "password": "x"
-    (re.compile(r"(?i)(['\"](?:password|passwd)['\"]\s*:\s*)(['\"])(?:(?!\2).)*\2"), r"\1\2***\2"),
+    # a password or token in a dict or JSON: 'password': 'x', "token": "x"
+    (
+        re.compile(
+            r"(?i)(['\"](?:password|passwd|token|access_token|api_key|apikey|secret)['\"]\s*:\s*)"
+            r"(['\"])(?:(?!\2).)*\2"
+        ),
+        r"\1\2***\2",
+    ),
     # HTTP credentials: a bearer token anywhere, any scheme's credentials in Authorization
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9\-._~+/]+=*"), r"\1***"),
     (
@@ -61,7 +79,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 # Whether a text may hold a credential at all: one scan, so that the common message, which
 # holds none, skips the patterns above.
-_MAYBE = re.compile(r"(?i)://|pass|bearer|authoriz|[?&][a-z_]+=")
+_MAYBE = re.compile(r"(?i)://|pass|bearer|authoriz|[?&][a-z_]+=|:[^\s@]+@|token|secret|api_?key")
 
 # literal secrets registered at run time (a Notifier's URL path), longest first; replaced
 # whole under the lock, so `mask` reads a consistent tuple without taking it

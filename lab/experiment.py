@@ -7,6 +7,7 @@ or in a worker (``executor="processes"``, see `lab.executors`), goes through `ex
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import heapq
@@ -117,10 +118,16 @@ class Arm:
         """One validated config per stage (one in all for an arm without stages)."""
         if self.stages is None:
             return [self.apply(base)]
-        return [
-            Arm(f"{self.name} stage {k}", **{**self.overrides, **stage}).apply(base)
-            for k, stage in enumerate(self.stages)
-        ]
+        return [self._stage(k, stage).apply(base) for k, stage in enumerate(self.stages)]
+
+    def _stage(self, k: int, overrides: dict[str, Any]) -> Arm:
+        """Stage k as an arm of its own, named for messages only (never stored, so its name
+        may run past the limit of a stored one)."""
+        stage = copy.copy(self)
+        stage.name = f"{self.name} stage {k}"
+        stage.overrides = {**self.overrides, **overrides}
+        stage.stages = None
+        return stage
 
     def __repr__(self) -> str:
         args = "".join(f", {k}={v!r}" for k, v in self.overrides.items())

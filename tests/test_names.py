@@ -136,6 +136,11 @@ def test_the_store_refuses_the_same_names_on_both_backends(
     assert _rows(store_url, "select count(*) from runs") == [(0,)]
 
 
+def test_an_arm_with_stages_at_the_limit_is_accepted() -> None:
+    arm = Arm("c" * (MAX_NAME - 3), stages=[{}, {}])  # its groups: "<name>-r0" ... "-r9"
+    assert Experiment("x", _train, arms=[arm], repeats=10, store=False).n_runs == 20
+
+
 def test_names_at_the_limit_round_trip(store_url: str) -> None:
     name, arm = "x" * MAX_NAME, "a" * MAX_NAME
     result = Experiment(name, _train, arms=[Arm(arm)], store=store_url).run()

@@ -27,7 +27,7 @@ import lab.inspect
 from lab import Callback, Experiment, TrainingLoop
 from lab._secrets import MaskSecrets, mask
 from lab.callbacks.notify import Notifier
-from lab.errors import StoreError, StoreUnreachable
+from lab.errors import LabError, StoreError, StoreUnreachable
 from lab.loggers.console import ConsoleLogger
 from lab.store import Store
 
@@ -135,6 +135,32 @@ def test_a_refused_attach_never_shows_the_password(
     assert secret not in shown + _everything(debug_logs, capfd)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://lab:Sekr1t-pw@db:notaport/lab",
+         "store URL 'postgresql://lab:***@db:notaport/lab' is not a URL; use "
+         "sqlite:///path/to/lab.db or postgresql://user:password@host/dbname"),
+        ("lab:Sekr1t-pw@db/lab",
+         "store URL 'lab:***@db/lab' is not a URL; use sqlite:///path/to/lab.db or "
+         "postgresql://user:password@host/dbname"),
+        ("postgresql://lab:Sekr1t-pw@127.0.0.1:1/lab?bogus=1",
+         'cannot connect to the store at postgresql+psycopg://lab:***@127.0.0.1:1/lab?bogus=1 '
+         '(invalid connection option "bogus"); fix LAB_STORE_URL / the store URL'),
+    ],
+    ids=["bad port", "no scheme", "unknown option"],
+)  # fmt: skip
+def test_a_malformed_store_url_is_one_line_without_its_password(
+    url: str, message: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(LabError) as info:
+        lab.inspect.connect(url)
+    assert str(info.value) == message
+    cli = subprocess.run([LAB, "ls", "--store", url], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)  # fmt: skip
+    assert (cli.returncode, cli.stdout, cli.stderr) == (1, "", f"error: {message}\n")
+
+
 class _Webhook:
     """A loopback webhook whose path is its token, as Slack's are."""
 
@@ -194,9 +220,15 @@ def test_mask_hides_each_kind_of_credential() -> None:
         "POST https://hooks.slack.com/services/T1/B2/xyz": "POST https://hooks.slack.com/services/***",
         "https://discord.com/api/webhooks/1/abc": "https://discord.com/api/webhooks/***",
         "http://chat.example.com/hooks/q1w2e3": "http://chat.example.com/hooks/***",
+        "store URL 'lab:hunter2@db/lab'": "store URL 'lab:***@db/lab'",
+        '{"token": "abc", "api_key": "k"}': '{"token": "***", "api_key": "***"}',
     }
     assert {text: mask(text) for text in cases} == cases
-    plain = ["sqlite:////tmp/lab.db, http://host:8080/x@y", "a basic token budget; password reset"]
+    plain = [
+        "sqlite:////tmp/lab.db, http://host:8080/x@y",
+        "a basic token budget; password reset",
+        "use postgresql://user:password@host/dbname",  # a usage hint's placeholder
+    ]
     assert [mask(text) for text in plain] == plain
 
 

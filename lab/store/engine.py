@@ -13,11 +13,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from lab._json import finite_json
 from lab._secrets import mask
-from lab.errors import StoreUnreachable, UnknownScheme
+from lab.errors import StoreError, StoreUnreachable, UnknownScheme
 
 DEFAULT_URL = "sqlite:///lab.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -32,7 +32,8 @@ def resolve_url(url: str | None = None) -> str:
     chosen = url or os.environ.get("LAB_STORE_URL") or DEFAULT_URL
     try:
         parsed = make_url(chosen)
-    except ArgumentError:
+        parsed.port  # noqa: B018  # a port that is not a number fails here, not at connect
+    except (ArgumentError, ValueError):
         raise UnknownScheme(
             f"store URL {mask(chosen)!r} is not a URL; use sqlite:///path/to/lab.db "
             "or postgresql://user:password@host/dbname"
@@ -150,12 +151,16 @@ def connect(engine: Engine) -> Connection:
     """
     try:
         return engine.connect()
-    except OperationalError as exc:
+    except DBAPIError as exc:
         url = engine.url.render_as_string(hide_password=True)
         reason = mask(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc))
-        raise StoreUnreachable(
-            f"cannot reach the store at {url} ({reason}); start the server or fix "
-            "LAB_STORE_URL / the store URL"
+        if isinstance(exc, OperationalError):
+            raise StoreUnreachable(
+                f"cannot reach the store at {url} ({reason}); start the server or fix "
+                "LAB_STORE_URL / the store URL"
+            ) from None
+        raise StoreError(  # the driver refused the URL itself: an unknown option, say
+            f"cannot connect to the store at {url} ({reason}); fix LAB_STORE_URL / the store URL"
         ) from None
 
 
