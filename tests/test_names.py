@@ -206,3 +206,17 @@ def test_an_eval_result_named_too_long_fails_on_both_backends_alike(store_url: s
     assert _rows(store_url, "select example_id, input from predictions") == [
         ("id\ufffd", "in\ufffdput")
     ]
+
+
+def test_notes_with_nul_are_stored_visibly_on_both_backends(store_url: str) -> None:
+    store = Store(store_url)
+    try:
+        exp = store.begin_experiment("noted", config={}, seed=0, repeats=1, notes="a\x00b")
+        run = store.start_run(exp, store.add_group(exp, "g"), run_key="r", arm_id=None,
+                              repeat=0, stage=0, seed=0, config={}, output_dir=None)  # fmt: skip
+        store.finish_run(run, status="completed", notes="run\x00note")
+        assert store.tag("noted", notes="x\x00y")["notes"] == "x\ufffdy"
+    finally:
+        store.close()
+    assert _rows(store_url, "select notes from experiments") == [("x\ufffdy",)]
+    assert _rows(store_url, "select notes from runs") == [("run\ufffdnote",)]

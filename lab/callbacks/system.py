@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from lab._secrets import logger
 from lab.callbacks.monitors import MONITOR_PRIORITY
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
@@ -30,7 +31,7 @@ from lab.hooks import Callback, LogContext, LoopState
 if TYPE_CHECKING:
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.callbacks.system")
+log = logger("lab.callbacks.system")
 
 _MIB = 1024.0 * 1024.0
 INSTALL = "pip install 'lab[system]'"

@@ -21,7 +21,6 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.loop.evals import EvalResult
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.training import LoopArtifacts, TrainingBatch
 
-log = logging.getLogger("lab.loggers.sql")
+log = logger("lab.loggers.sql")
 
 EXPERIMENT_ID = "sql:experiment_id"
 RUN_ID = "sql:run_id"

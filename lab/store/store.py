@@ -636,8 +636,8 @@ class Store:
         tags = [t for t in current or [] if t not in remove]
         tags += [t for t in dict.fromkeys(add) if t not in tags]
         values: dict[str, Any] = {"tags": tags or None}
-        if notes is not None:
-            values["notes"] = notes or None
+        if notes is not None:  # free text: NUL as U+FFFD, as in errors
+            values["notes"] = storable_text(notes) or None
         conn.execute(sa.update(model).where(where).values(**values))
         return {"tags": tags, "notes": values.get("notes", old_notes)}
 
