@@ -66,6 +66,15 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         r"\1***",
     ),
+    # well-known token formats: GitHub, Hugging Face, Slack, OpenAI, GitLab, AWS access keys
+    (
+        re.compile(
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,}|hf_[A-Za-z0-9]{30,}"
+            r"|xox[abprs]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+            r"|AKIA[0-9A-Z]{16})\b"
+        ),
+        HIDDEN,
+    ),
     # webhook URLs whose path is the token: Slack, Discord, Teams, Mattermost and the like
     (
         re.compile(
@@ -79,7 +88,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 # Whether a text may hold a credential at all: one scan, so that the common message, which
 # holds none, skips the patterns above.
-_MAYBE = re.compile(r"(?i)://|pass|bearer|authoriz|[?&][a-z_]+=|:[^\s@]+@|token|secret|api_?key")
+_MAYBE = re.compile(
+    r"(?i)://|pass|bearer|authoriz|[?&][a-z_]+=|:[^\s@]+@|token|secret|api_?key"
+    r"|gh[pousr]_|github_pat_|hf_|xox|sk-|glpat-|AKIA"
+)
 
 # literal secrets registered at run time (a Notifier's URL path), longest first; replaced
 # whole under the lock, so `mask` reads a consistent tuple without taking it
@@ -110,8 +122,9 @@ def register_url(url: str) -> None:
 
 def mask(text: str) -> str:
     """`text` with every credential it holds replaced by ``***``: URL passwords, libpq
-    ``password=...``, bearer and basic tokens, token query parameters, webhook paths, and
-    the secrets passed to `register`."""
+    ``password=...``, bearer and basic tokens, token query parameters, well-known token
+    formats (GitHub, Hugging Face, Slack, OpenAI, GitLab, AWS), webhook paths, and the
+    secrets passed to `register`."""
     if not text:
         return text
     for secret in _known:

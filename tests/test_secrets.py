@@ -222,12 +222,16 @@ def test_mask_hides_each_kind_of_credential() -> None:
         "http://chat.example.com/hooks/q1w2e3": "http://chat.example.com/hooks/***",
         "store URL 'lab:hunter2@db/lab'": "store URL 'lab:***@db/lab'",
         '{"token": "abc", "api_key": "k"}': '{"token": "***", "api_key": "***"}',
+        "401 for hf_" + "a1B2" * 9 + " at the hub": "401 for *** at the hub",
+        "git: ghp_" + "Z9y8" * 9 + " expired": "git: *** expired",
+        "aws AKIAIOSFODNN7EXAMPLE denied": "aws *** denied",
     }
     assert {text: mask(text) for text in cases} == cases
     plain = [
         "sqlite:////tmp/lab.db, http://host:8080/x@y",
         "a basic token budget; password reset",
         "use postgresql://user:password@host/dbname",  # a usage hint's placeholder
+        "hf_hub_download failed; task-sk-1 ran",
     ]
     assert [mask(text) for text in plain] == plain
 
