@@ -51,12 +51,12 @@ def _wait_for_sample(monitor: SystemMonitor, count: int) -> None:
 
 
 def _batches(monitor: SystemMonitor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches that wait, before steps 2 and 4, until the monitor has a new sample."""
+    """Batches that wait, before steps 2 and 4, until the monitor has taken a sample since
+    the step before ended: that sample is still waiting when the step ends."""
     gen = torch.Generator().manual_seed(0)
-    start = monitor.samples
     for step in range(1, 6):
         if step in (2, 4):
-            _wait_for_sample(monitor, start + step // 2)
+            _wait_for_sample(monitor, monitor.samples + 1)
         yield torch.randn(4, 3, generator=gen), torch.randn(4, 1, generator=gen)
 
 
