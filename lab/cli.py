@@ -237,7 +237,7 @@ def list_experiments(store: StoreOption = None) -> None:
     """List experiments with their status and run counts."""
     from lab.store import Store
 
-    s = Store(store)
+    s = Store(store, readonly=True)
     try:
         rows = s.list_experiments()
     finally:
@@ -297,7 +297,7 @@ def show(
     """
     from lab.store import Store
 
-    s = Store(store)
+    s = Store(store, readonly=True)
     try:
         exp = s.get_experiment(name)
     finally:
@@ -507,14 +507,9 @@ def db_upgrade(store: StoreOption = None) -> None:
 @_clean_errors
 def db_current(store: StoreOption = None) -> None:
     """Print the store's schema revision, and whether it is the newest this lab knows."""
-    from lab.store import Store
-    from lab.store.migrations import current_revision, head_revision, is_known
+    from lab.store.migrations import head_revision, is_known, read_revision
 
-    s = Store(store, migrate=False)
-    try:
-        current = current_revision(s.engine)
-    finally:
-        s.close()
+    current = read_revision(store)
     head = head_revision()
     if current is None:
         typer.echo(f"empty (no schema yet; head is {head}; run: lab db upgrade)")

@@ -32,7 +32,31 @@ class SchemaTooNew(StoreError):
 
 
 class NotALabStore(StoreError):
-    """The database holds tables, but not a `lab` store."""
+    """The database holds no `lab` store: it is empty, or holds someone else's tables."""
+
+
+class NoStore(StoreError):
+    """No store exists where a command that only reads was pointed."""
+
+
+class NotADatabase(StoreError):
+    """The store's file is not a SQLite database."""
+
+
+class StoreDamaged(StoreError):
+    """The store's file is a SQLite database that cannot be read back whole."""
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written: a read-only file, folder or file system."""
+
+
+class SchemaTooOld(StoreError):
+    """The store's schema is older than this `lab` can read; ``lab db upgrade`` fixes it."""
+
+
+class ExportError(LabError):
+    """An export cannot be written where it was asked to go."""
 
 
 class NoExperiment(LabError, KeyError):

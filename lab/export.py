@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import duckdb
+
 import lab.inspect
-from lab.errors import NoExperiment
+from lab.errors import ExportError, LabError, NoExperiment
+from lab.store.engine import sqlite_error
 from lab.store.schema import TABLES, Base
 
 _RUNS = "run_id IN (SELECT run_id FROM runs WHERE experiment_id = {id})"
@@ -48,6 +51,11 @@ def export(
     the same files' contents. Raises `NoExperiment`, naming the known experiments.
     """
     folder = Path(to).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(
+            f"cannot export to {folder}: it is a file, and an export is a folder of Parquet "
+            "files; give a folder's path (it is created if missing)"
+        )
     con = lab.inspect.connect(store)
     try:
         row = con.execute("SELECT experiment_id FROM experiments WHERE name = ?", [name]).fetchone()
@@ -57,7 +65,13 @@ def export(
             hint = f"; known: {', '.join(known)}" if known else ""
             raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
         experiment_id = int(row[0])
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ExportError(
+                f"cannot create the export folder {folder} ({exc.strerror or exc}); "
+                "choose a folder you can write"
+            ) from None
         counts: dict[str, int] = {}
         written: list[tuple[Path, Path]] = []
         try:
@@ -75,12 +89,32 @@ def export(
                     f"TO '{path}' (FORMAT parquet)"
                 ).fetchone()  # type: ignore[misc]
                 counts[table] = int(n)
-        except BaseException:
+        except BaseException as exc:
             for tmp, _ in written:
                 tmp.unlink(missing_ok=True)
+            mapped = _export_error(exc, folder, con) if isinstance(exc, duckdb.Error) else None
+            if mapped is not None:
+                raise mapped from None
             raise
         for tmp, final in written:
             os.replace(tmp, final)
         return counts
     finally:
         con.close()
+
+
+def _export_error(
+    exc: duckdb.Error, folder: Path, con: duckdb.DuckDBPyConnection
+) -> LabError | None:
+    """One line for a failed export: a store that cannot be read, or a folder that cannot
+    be written (the files written so far are removed); None for anything else."""
+    (source,) = con.execute("SELECT url FROM lab_source").fetchone()  # type: ignore[misc]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    mapped = sqlite_error(exc, source)
+    if mapped is not None:
+        return mapped
+    if isinstance(exc, duckdb.IOException):
+        return ExportError(
+            f"cannot write the export into {folder} ({text}); choose a folder you can write"
+        )
+    return None

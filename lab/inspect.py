@@ -34,9 +34,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from lab._secrets import logger, mask
-from lab.errors import ConfigError, StoreError
+from lab.errors import ConfigError, SchemaTooOld, StoreError
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
+from lab.store.migrations import head_revision
 from lab.store.schema import TABLES, Base
 from lab.store.store import Store
 
@@ -58,8 +59,11 @@ def connect(
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per store table, read from `url`.
 
-    `url` resolves like every store URL (argument, ``LAB_STORE_URL``, ``sqlite:///lab.db``);
-    the store is opened once first, so an old schema is upgraded and a newer one refused.
+    `url` resolves like every store URL (argument, ``LAB_STORE_URL``, ``sqlite:///lab.db``).
+    The store is only read, never created or changed: a missing path, a file that is not a
+    store and a newer schema are refused with one line. A store at an older revision is
+    read as it is, the columns it lacks showing as NULL (``lab db upgrade`` adds them); one
+    that lacks a whole table is refused with that command.
     `mode` forces ATTACH in place (``"attach"``) or a copy through Arrow (``"arrow"``);
     ``"auto"`` attaches when the scanner loads and falls back to Arrow otherwise.
 
@@ -76,8 +80,9 @@ def connect(
                 "read in place: leave mode out"
             )
         return _connect_parquet(Path(url))
-    store = Store(resolve_url(os.fspath(url) if url is not None else None))
+    store = Store(resolve_url(os.fspath(url) if url is not None else None), readonly=True)
     try:
+        missing = _missing_columns(store)
         con = duckdb.connect()
         used = None
         if mode in ("auto", "attach"):
@@ -94,9 +99,9 @@ def connect(
                     ) from None
                 log.info("DuckDB cannot attach the store (%s); copying it in through Arrow", reason)
         if used is None:
-            _copy_through_arrow(con, store)
+            _copy_through_arrow(con, store, missing)
             used = "arrow"
-        _create_views(con, nan_is_null=store.dialect == "sqlite")
+        _create_views(con, nan_is_null=store.dialect == "sqlite", missing=missing)
         con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", [_shown(store), used])
         if used == "attach":
             _STORES[con] = store.url
@@ -108,6 +113,28 @@ def connect(
 def _shown(store: Store) -> str:
     """The store's URL as messages show it: without its password."""
     return store.engine.url.render_as_string(hide_password=True)
+
+
+def _missing_columns(store: Store) -> dict[str, set[str]]:
+    """The columns of each table that a store at an older revision lacks (nothing at head);
+    refuses a store that lacks a whole table, which an upgrade must fill in first."""
+    if store.revision is None or store.revision == head_revision():
+        return {}
+    found = sa.inspect(store.engine)
+    tables = set(found.get_table_names())
+    url = store.engine.url.render_as_string(hide_password=True)
+    lacking = [name for name in TABLES if name not in tables]
+    if lacking:
+        raise SchemaTooOld(
+            f"{url} is at schema revision {store.revision}, older than this lab's "
+            f"{head_revision()}, and lacks {', '.join(lacking)}; upgrade it (a backup is "
+            f"made first): lab db upgrade --store {url}"
+        )
+    missing = {}
+    for name in TABLES:
+        present = {c["name"] for c in found.get_columns(name)}
+        missing[name] = {c.name for c in Base.metadata.tables[name].columns} - present
+    return missing
 
 
 def _is_folder(url: str | os.PathLike[str]) -> bool:
@@ -161,6 +188,11 @@ def _attach(con: duckdb.DuckDBPyConnection, store: Store) -> None:
             raise duckdb.IOException("an in-memory SQLite store cannot be attached")
         con.execute(f"ATTACH '{_quote(str(Path(database).resolve()))}' AS store "
                     "(TYPE sqlite, READ_ONLY)")  # fmt: skip
+        try:  # the scanner opens the file on first use: one that cannot falls back to Arrow
+            con.execute('SELECT * FROM store."experiments" LIMIT 0')
+        except duckdb.Error:
+            con.execute("DETACH store")
+            raise
     else:
         parts = {
             "host": url.host,
@@ -195,13 +227,20 @@ def _arrow_type(column: sa.Column) -> pa.DataType:
     return pa.string()  # text, and JSON as its text
 
 
-def _copy_through_arrow(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+def _copy_through_arrow(
+    con: duckdb.DuckDBPyConnection, store: Store, missing: dict[str, set[str]]
+) -> None:
     con.execute("CREATE SCHEMA store")
     with store.engine.connect() as conn:
         for name in TABLES:
             table = Base.metadata.tables[name]
+            lacks = missing.get(name, set())
             columns = [
-                sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
+                sa.null().label(c.name)
+                if c.name in lacks
+                else sa.cast(c, sa.Text).label(c.name)
+                if isinstance(c.type, sa.JSON)
+                else c
                 for c in table.columns
             ]
             rows = conn.execute(sa.select(*columns)).all()
@@ -215,12 +254,25 @@ def _copy_through_arrow(con: duckdb.DuckDBPyConnection, store: Store) -> None:
 _NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, *, nan_is_null: bool) -> None:
+_DUCK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "timestamp[us]": "TIMESTAMP"}
+
+
+def _create_views(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    nan_is_null: bool,
+    missing: dict[str, set[str]] | None = None,
+) -> None:
     for name in TABLES:
         columns = []
+        lacks = (missing or {}).get(name, set())
         for column in Base.metadata.tables[name].columns:
             quoted = f'"{column.name}"'
-            if isinstance(column.type, sa.JSON):
+            if column.name in lacks:  # an older revision's store: NULL until it is upgraded
+                kind = "JSON" if isinstance(column.type, sa.JSON) else None
+                kind = kind or _DUCK_TYPES.get(str(_arrow_type(column)), "VARCHAR")
+                columns.append(f"NULL::{kind} AS {quoted}")
+            elif isinstance(column.type, sa.JSON):
                 columns.append(f"{quoted}::JSON AS {quoted}")
             elif (name, column.name) in _NAN_AS_NULL and nan_is_null:
                 columns.append(f"coalesce({quoted}, 'nan'::DOUBLE) AS {quoted}")
@@ -326,7 +378,7 @@ def history(
             "ORDER BY step",
             params={"key": key},
         )
-    engine = make_engine(url)
+    engine = make_engine(url, readonly=True)
     try:
         with connect_store(engine) as conn:
             rows = conn.execute(

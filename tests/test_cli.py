@@ -113,7 +113,9 @@ def test_quickstart_reads_lab_store_url(tmp_path: Path) -> None:
 
 
 def test_ls_on_an_empty_store_says_what_to_do(tmp_path: Path) -> None:
-    out = lab_cli("ls", "--store", f"sqlite:///{tmp_path / 'empty.db'}")
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Store(url).close()  # a store with lab's schema and no experiment
+    out = lab_cli("ls", "--store", url)
     assert out.returncode == 0
     assert out.stdout.strip() == "no experiments yet; try: lab quickstart"
 
@@ -185,11 +187,17 @@ def test_export_of_an_unknown_experiment_is_one_line(demo_db: Path, tmp_path: Pa
 
 
 def test_db_current_and_upgrade(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    db = tmp_path / "fresh.db"
+    url = f"sqlite:///{db}"
     head = head_revision()
+    out = lab_cli("db", "current", "--store", url)  # reads only: never creates the file
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr.startswith(f"error: no store at {db} ") and not db.exists()
+    db.touch()  # an empty file is an empty SQLite database
     out = lab_cli("db", "current", "--store", url)
     assert out.returncode == 0
     assert out.stdout.strip() == f"empty (no schema yet; head is {head}; run: lab db upgrade)"
+    assert db.stat().st_size == 0
     out = lab_cli("db", "upgrade", "--store", url)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"upgraded {url} from empty to {head}"

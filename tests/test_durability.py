@@ -89,7 +89,7 @@ def test_a_stale_heartbeat_on_another_host_is_crashed_on_open(store_url: str) ->
     ) and rows[1]["error"].endswith("s ago while the run was running")
 
 
-def test_lab_ls_shows_a_stale_run_as_crashed(sqlite_url: str) -> None:
+def test_lab_ls_and_show_show_a_stale_run_as_crashed_and_write_nothing(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     run_id = _new_run(store, experiment="far")
     store.finish_run(run_id, status="completed")
@@ -100,8 +100,17 @@ def test_lab_ls_shows_a_stale_run_as_crashed(sqlite_url: str) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "1 crashed" in out.stdout
-    assert _scalar(sqlite_url, "SELECT status FROM runs") == "crashed"  # stored, not only shown
+    assert "1 crashed" in out.stdout and "1 running" not in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "show", "far", "--store", sqlite_url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = out.stdout.splitlines()[-1:]
+    assert row.split()[:5] == ["r0", "-", "0", "0", "crashed"], out.stdout
+    assert "was last seen 36" in row and row.endswith("s ago while the run was running")
+    # commands that only read show it; the next store opened for writing records it
+    assert _scalar(sqlite_url, "SELECT status FROM runs") == "running"
 
 
 # -- bad input -------------------------------------------------------------------------------------

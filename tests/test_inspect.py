@@ -11,7 +11,7 @@ import pytest
 
 import lab.inspect
 from lab import Arm, Callback, Experiment, RunSpec
-from lab.errors import ConfigError, UnknownScheme
+from lab.errors import ConfigError, NoStore, UnknownScheme
 from lab.store import Store
 
 ARMS = ("a", "b")
@@ -134,8 +134,13 @@ def test_connect_resolves_lab_store_url(
     assert lab.inspect.connect().sql("select name from experiments").fetchall() == [("inspect-me",)]
 
 
-def test_connect_upgrades_an_empty_store(tmp_path: Path) -> None:
-    con = lab.inspect.connect(f"sqlite:///{tmp_path / 'new.db'}")
+def test_connect_reads_an_empty_store_and_never_creates_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    with pytest.raises(NoStore, match="no store at"):
+        lab.inspect.connect(url)
+    assert list(tmp_path.iterdir()) == []
+    Store(url).close()
+    con = lab.inspect.connect(url)
     assert con.sql("select count(*) from runs").fetchone() == (0,)
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import struct
 import time
+import urllib.parse
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +20,16 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 
 from lab._json import finite_json
 from lab._secrets import mask
-from lab.errors import StoreError, StoreUnreachable, UnknownScheme
+from lab.errors import (
+    NoStore,
+    NotADatabase,
+    SchemaTooOld,
+    StoreDamaged,
+    StoreError,
+    StoreReadOnly,
+    StoreUnreachable,
+    UnknownScheme,
+)
 
 DEFAULT_URL = "sqlite:///lab.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -60,33 +72,26 @@ def dumps_json(value: Any) -> str:
     return json.dumps(finite_json(value), ensure_ascii=False, default=str)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`, with SQLite's WAL, busy timeout and foreign keys switched on."""
+def make_engine(url: str, *, readonly: bool = False) -> Engine:
+    """An engine for `url`, with SQLite's WAL, busy timeout and foreign keys switched on.
+
+    `readonly` is for commands that only read: a SQLite file is opened with
+    ``mode=ro`` (never created, never switched to WAL, never written), PostgreSQL sessions
+    are read-only transactions, and the errors a damaged file or an older schema raises
+    while reading become one-line `StoreError`s. Without it, a SQLite file that cannot be
+    written, or is not a database, is refused before SQLite opens it, so a refusal leaves
+    the file and its folder exactly as they were.
+    """
     parsed = make_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":
-            database = parsed.database
-            connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-            options: dict[str, Any] = {}
-            if database and database != ":memory:":
-                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            else:
-                # Each connection to :memory: is a database of its own: share one, so the
-                # metric writer's thread sees the tables the opening thread created.
-                options["poolclass"] = sa.pool.StaticPool
-                connect_args["check_same_thread"] = False
-            engine = sa.create_engine(
-                url, json_serializer=dumps_json, connect_args=connect_args, **options
-            )
-            sa.event.listen(engine, "connect", _sqlite_pragmas)
-            # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
-            sa.event.listen(engine, "begin", _sqlite_begin)
+            engine = _sqlite_engine(url, parsed.database, readonly=readonly)
         else:
+            connect_args: dict[str, Any] = {"connect_timeout": 10}
+            if readonly:
+                connect_args["options"] = "-c default_transaction_read_only=on"
             engine = sa.create_engine(
-                url,
-                json_serializer=dumps_json,
-                pool_pre_ping=True,
-                connect_args={"connect_timeout": 10},
+                url, json_serializer=dumps_json, pool_pre_ping=True, connect_args=connect_args
             )
     except NoSuchModuleError:
         raise UnknownScheme(f"no SQLAlchemy driver for {parsed.drivername!r}") from None
@@ -95,7 +100,195 @@ def make_engine(url: str) -> Engine:
             f"the driver for {parsed.drivername!r} is not installed ({exc.name}); "
             "run: pip install 'lab[postgres]'"
         ) from None
+    if readonly:
+        sa.event.listen(engine, "handle_error", _reading_error)
     return engine
+
+
+def _sqlite_engine(url: str, database: str | None, *, readonly: bool) -> Engine:
+    connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    options: dict[str, Any] = {}
+    if database and database != ":memory:":
+        path = Path(database).expanduser()
+        if readonly:
+            _check_sqlite_file(path, url)
+            uri = _readonly_uri(path)
+            timeout = SQLITE_BUSY_TIMEOUT_MS / 1000
+            options["creator"] = lambda: sqlite3.connect(
+                uri, uri=True, timeout=timeout, check_same_thread=False
+            )
+        else:
+            _check_writable(path, url)
+    else:
+        # Each connection to :memory: is a database of its own: share one, so the
+        # metric writer's thread sees the tables the opening thread created.
+        options["poolclass"] = sa.pool.StaticPool
+        connect_args["check_same_thread"] = False
+    engine = sa.create_engine(url, json_serializer=dumps_json, connect_args=connect_args, **options)
+    sa.event.listen(engine, "connect", _sqlite_reader_pragmas if readonly else _sqlite_pragmas)
+    # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
+    sa.event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _shown(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(path: Path, url: str) -> None:
+    """Refuse a path that holds no SQLite database, before SQLite opens (or creates) it.
+
+    Reads the 100-byte header only. A lab store is in WAL mode; when no ``-wal`` file is
+    beside it (so no connection has it open), the header's page count must fit in the
+    file: a copy cut short is refused here, before a reader leaves ``-wal``/``-shm`` files
+    next to a file that cannot be read anyway.
+    """
+    if not path.exists():
+        raise NoStore(
+            f"no store at {path} (commands that only read never create one); record an "
+            "experiment into it (lab run, lab quickstart) or create an empty one: "
+            f"lab db upgrade --store {_shown(url)}"
+        )
+    if path.is_dir():
+        raise NotADatabase(
+            f"{path} is a folder, not a store; point --store / LAB_STORE_URL at a "
+            "SQLite file, e.g. sqlite:///lab.db"
+        )
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise StoreError(
+            f"cannot read {path} ({exc.strerror or exc}); check its permissions"
+        ) from None
+    if not header:
+        return  # an empty file is an empty database
+    if len(header) < 100 or not header.startswith(_MAGIC):
+        raise NotADatabase(
+            f"{path} is not a SQLite database (its first bytes are not the SQLite header); "
+            "point --store / LAB_STORE_URL at a lab store"
+        )
+    wal_mode = header[18] == 2 and header[19] == 2
+    change, pages, valid_for = (struct.unpack(">I", header[i : i + 4])[0] for i in (24, 28, 92))
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    wal = path.with_name(path.name + "-wal")
+    if wal_mode and change == valid_for and pages and not wal.exists() and size < pages * page_size:
+        raise StoreDamaged(
+            f"{path} is damaged: it is {size} bytes but its header says "
+            f"{pages * page_size} (a copy cut short?); restore it from a backup "
+            f"({path.name}.bak-*) or copy it again"
+        )
+
+
+def _readonly_uri(path: Path) -> str:
+    """A ``mode=ro`` URI for `path`, ``immutable`` where the folder cannot be written.
+
+    A reader of a WAL database needs its ``-shm`` file, and creates it when it can. In a
+    folder that cannot be written (a read-only mount, a shared archive) it cannot, and
+    SQLite then opens the file only as immutable; nothing can write there either, so
+    nothing changes under the reader.
+    """
+    quoted = urllib.parse.quote(str(path.resolve()))
+    shm = path.with_name(path.name + "-shm")
+    if not os.access(path.parent, os.W_OK) and not shm.exists():
+        return f"file:{quoted}?mode=ro&immutable=1"
+    return f"file:{quoted}?mode=ro"
+
+
+def _check_writable(path: Path, url: str) -> None:
+    """Refuse a store `lab` cannot write, before SQLite touches it; create its folder."""
+    if path.exists():
+        _check_sqlite_file(path, url)
+        folder = path.parent
+        if not os.access(path, os.W_OK) or not os.access(folder, os.W_OK):
+            what = "file" if not os.access(path, os.W_OK) else f"folder {folder}"
+            raise StoreReadOnly(
+                f"{path} cannot be written (its {what} is read-only); recording needs a "
+                "store lab can write: fix the permissions or use another --store; "
+                "lab ls, show and export read it as it is"
+            )
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreReadOnly(
+            f"cannot create the folder of {path} ({exc.strerror or exc}); choose a "
+            "--store / LAB_STORE_URL in a folder lab can write"
+        ) from None
+    if not os.access(path.parent, os.W_OK):
+        raise StoreReadOnly(
+            f"cannot create {path}: its folder {path.parent} is read-only; choose a "
+            "--store / LAB_STORE_URL in a folder lab can write"
+        )
+
+
+def _sqlite_reader_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # As `_sqlite_pragmas`, without what writes: the journal mode is the file's business.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.close()
+
+
+#: Engines whose database is at an older schema revision than this lab's: reads that miss
+#: a column or table there are refused with the upgrade command, not a driver error.
+_OLDER: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+
+
+def mark_older(engine: Engine, revision: str, head: str) -> None:
+    """Note that `engine`'s database is at `revision`, older than `head`: a read that
+    needs what the upgrade adds then says to run ``lab db upgrade``."""
+    _OLDER[engine] = f"{revision}, older than this lab's {head},"
+
+
+def sqlite_error(exc: BaseException, where: str) -> StoreError | None:
+    """The one-line `StoreError` for a SQLite error that says the file itself is bad (not
+    a database, damaged, read-only), or None for any other error."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = text.lower()
+    if "file is not a database" in low:
+        return NotADatabase(
+            f"{where} is not a SQLite database ({text}); point --store / LAB_STORE_URL at "
+            "a lab store"
+        )
+    if "malformed" in low or "corrupt" in low:
+        return StoreDamaged(
+            f"{where} is damaged ({text}); restore it from a backup (*.bak-*) or copy it again"
+        )
+    if "readonly database" in low or "read-only file system" in low:
+        return StoreReadOnly(
+            f"{where} cannot be written ({text}); recording needs a store lab can write: "
+            "fix the permissions or use another --store; lab ls, show and export read it "
+            "as it is"
+        )
+    return None
+
+
+def _reading_error(ctx: sa.engine.ExceptionContext) -> None:
+    """A read-only engine's errors as one line: a bad file, or a schema too old to read."""
+    orig = ctx.original_exception
+    engine = ctx.engine
+    where = _shown(str(engine.url)) if engine is not None else "the store"
+    if isinstance(orig, sqlite3.DatabaseError):
+        mapped = sqlite_error(orig, where)
+        if mapped is not None:
+            raise mapped from None
+    older = _OLDER.get(engine) if engine is not None else None
+    missing = type(orig).__name__ in ("UndefinedColumn", "UndefinedTable") or (
+        isinstance(orig, sqlite3.OperationalError)
+        and str(orig).startswith(("no such column", "no such table"))
+    )
+    if older and missing:
+        reason = str(orig).strip().splitlines()[0]
+        raise SchemaTooOld(
+            f"{where} is at schema revision {older} and cannot be read as it is "
+            f"({reason}); upgrade it (a backup is made first): lab db upgrade --store {where}"
+        ) from None
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -153,7 +346,16 @@ def connect(engine: Engine) -> Connection:
         return engine.connect()
     except DBAPIError as exc:
         url = engine.url.render_as_string(hide_password=True)
+        if isinstance(exc.orig, sqlite3.DatabaseError):
+            mapped = sqlite_error(exc.orig, url)
+            if mapped is not None:
+                raise mapped from None
         reason = mask(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc))
+        if isinstance(exc, OperationalError) and engine.dialect.name == "sqlite":
+            raise StoreError(
+                f"cannot open the store at {url} ({reason}); check the path and its "
+                "permissions, or fix LAB_STORE_URL / the store URL"
+            ) from None
         if isinstance(exc, OperationalError):
             raise StoreUnreachable(
                 f"cannot reach the store at {url} ({reason}); start the server or fix "

@@ -31,7 +31,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from lab._secrets import logger
 from lab.errors import NotALabStore, SchemaTooNew, StoreError
-from lab.store.engine import SQLITE_BUSY_TIMEOUT_MS, transaction
+from lab.store.engine import (
+    SQLITE_BUSY_TIMEOUT_MS,
+    connect,
+    make_engine,
+    resolve_url,
+    transaction,
+)
 from lab.store.schema import TABLES
 
 log = logger(__name__)
@@ -141,6 +147,66 @@ def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
             command.upgrade(alembic_config(conn), revision)
         after = MigrationContext.configure(conn).get_current_revision()
     return Upgraded(before, after, backup)
+
+
+def readable_revision(
+    engine: Engine, *, empty_ok: bool = False, newer_ok: bool = False
+) -> str | None:
+    """The revision of a database that commands which only read may read, after refusing
+    what they cannot: an empty database (unless `empty_ok`, returning None), someone
+    else's tables, a newer schema (unless `newer_ok`). Nothing is created, migrated or
+    locked.
+
+    An older revision is returned as it is: reads go ahead, and one that needs what an
+    upgrade would add is refused with the ``lab db upgrade`` line (see
+    `lab.store.engine.mark_older`).
+    """
+    url = engine.url.render_as_string(hide_password=True)
+    with connect(engine) as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current is not None and is_known(current):
+            return current
+        tables = sorted(
+            t for t in sa.inspect(conn).get_table_names() if not t.startswith("sqlite_")
+        )
+    ours = sorted(set(TABLES) & set(tables))
+    if current is not None:
+        if ours and newer_ok:
+            return current
+        if ours:
+            raise _too_new(engine, current)
+        raise NotALabStore(
+            f"{url} is not a lab store: its alembic_version says {current} and it holds none "
+            "of lab's tables; point --store / LAB_STORE_URL at a lab store"
+        )
+    if ours:
+        raise NotALabStore(
+            f"{url} has tables named like lab's ({', '.join(ours)}) but no alembic_version; "
+            "point --store / LAB_STORE_URL at a lab store"
+        )
+    if tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise NotALabStore(
+            f"{url} is not a lab store: it holds other tables ({shown}) and none of lab's; "
+            "point --store / LAB_STORE_URL at a lab store"
+        )
+    if empty_ok:
+        return None
+    raise NotALabStore(
+        f"{url} holds no lab store yet (no tables); record an experiment into it "
+        f"(lab run, lab quickstart) or create the schema: lab db upgrade --store {url}"
+    )
+
+
+def read_revision(url: str | None = None) -> str | None:
+    """The revision of the store at `url` (None: an empty database), read without creating,
+    migrating or writing anything; refuses a missing store, a file that is not one, and
+    someone else's tables. What ``lab db current`` prints."""
+    engine = make_engine(resolve_url(url), readonly=True)
+    try:
+        return readable_revision(engine, empty_ok=True, newer_ok=True)
+    finally:
+        engine.dispose()
 
 
 def ensure_schema(engine: Engine) -> None:

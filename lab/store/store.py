@@ -29,11 +29,12 @@ from lab.store.engine import (
     connect,
     dumps_json,
     make_engine,
+    mark_older,
     resolve_url,
     transaction,
 )
 from lab.store.liveness import boot_id, owner_gone, process_start
-from lab.store.migrations import ensure_schema
+from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.schema import (
     SqlArm,
     SqlCheckpoint,
@@ -84,6 +85,7 @@ class Store:
         url: str | None = None,
         *,
         migrate: bool = True,
+        readonly: bool = False,
         give_up_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
@@ -91,12 +93,31 @@ class Store:
         """`give_up_s`: how long a flush waits out a failing store before it raises (default
         ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
         running run says it is alive, and after how long without a word it counts as crashed.
+
+        `readonly` opens the store as commands that only read do (`lab ls`, `lab show`,
+        `lab.inspect`): a missing store is refused rather than created, an empty or
+        foreign database is refused rather than given lab's tables, an older schema is
+        read as it is (or refused with the upgrade command) rather than migrated, and
+        nothing is ever written: runs whose process is gone are shown as crashed by the
+        reads, not marked so in the store.
         """
         self.url = resolve_url(url)
-        self.engine: Engine = make_engine(self.url)
-        check_reachable(self.engine)
-        if migrate:
-            ensure_schema(self.engine)
+        self.readonly = readonly
+        #: The schema revision read when opened read-only (an older one is read as it is).
+        self.revision: str | None = None
+        self.engine: Engine = make_engine(self.url, readonly=readonly)
+        try:
+            check_reachable(self.engine)
+            if readonly and self.engine.url.database not in (None, "", ":memory:"):
+                migrate = False
+                self.revision = readable_revision(self.engine)
+                if self.revision != head_revision():
+                    mark_older(self.engine, str(self.revision), head_revision())
+            elif migrate:  # (an in-memory store is private to this process: given a schema)
+                ensure_schema(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
         self.dialect = self.engine.dialect.name
         self.give_up_s = give_up_s
         self.heartbeat_s = heartbeat_s
@@ -287,6 +308,23 @@ class Store:
         at the least). Runs recorded before heartbeats existed (NULL) are judged by pid only.
         """
         now = _now()
+        gone = self._gone_runs(now)
+        if not gone:
+            return []
+        marked = []
+        with transaction(self.engine) as conn:
+            for _run_id, key, why, same in gone:
+                done = conn.execute(
+                    sa.update(SqlRun).where(same).values(status="crashed", error=why, ended_at=now)
+                )
+                if done.rowcount:
+                    marked.append(key)
+        return marked
+
+    def _gone_runs(self, now: datetime | None = None) -> list[tuple[int, str, str, Any]]:
+        """The `running` runs whose owner is gone (see `mark_crashed`): (run id, run key,
+        error, the condition that the row still shows the owner judged here)."""
+        now = now or _now()
         with connect(self.engine) as conn:
             running = conn.execute(
                 sa.select(
@@ -294,7 +332,7 @@ class Store:
                     SqlRun.boot_id, SqlRun.heartbeat_at,
                 ).where(SqlRun.status == "running")
             ).all()  # fmt: skip
-        gone: list[tuple[str, str, Any]] = []
+        gone: list[tuple[int, str, str, Any]] = []
         for run_id, key, host, pid, started, boot, beat in running:
             why = owner_gone(
                 host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
@@ -309,21 +347,8 @@ class Store:
                     SqlRun.process_start.is_not_distinct_from(started),
                     SqlRun.heartbeat_at.is_not_distinct_from(beat),
                 )  # fmt: skip
-                gone.append((key, why, same))
-        if not gone:
-            return []
-        marked = []
-        with transaction(self.engine) as conn:
-            for key, why, same in gone:
-                done = conn.execute(
-                    sa.update(SqlRun)
-                    .where(same)
-                    .values(status="crashed", error=f"{why} while the run was running",
-                            ended_at=now)
-                )  # fmt: skip
-                if done.rowcount:
-                    marked.append(key)
-        return marked
+                gone.append((run_id, key, f"{why} while the run was running", same))
+        return gone
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
@@ -658,6 +683,17 @@ class Store:
             by_status: dict[int, dict[str, int]] = {}
             for exp_id, status, n in conn.execute(sa.select(counts)):
                 by_status.setdefault(exp_id, {})[status] = n
+            if self.readonly:  # show runs whose process is gone as crashed; never write it
+                for exp_id in conn.execute(
+                    sa.select(SqlRun.experiment_id).where(
+                        SqlRun.run_id.in_([run_id for run_id, *_ in self._gone_runs()])
+                    )
+                ).scalars():
+                    per = by_status[exp_id]
+                    per["running"] -= 1
+                    per["crashed"] = per.get("crashed", 0) + 1
+                    if not per["running"]:
+                        del per["running"]
             arm_counts = dict(
                 conn.execute(
                     sa.select(SqlArm.experiment_id, sa.func.count()).group_by(SqlArm.experiment_id)
@@ -752,6 +788,8 @@ class Store:
                 per = latest.setdefault(run_id, {"step": 0, "values": {}})
                 per["step"] = max(per["step"], step)
                 per["values"][key] = math.nan if value is None else value
+        # Read-only: a run whose process is gone is shown as crashed, never marked so.
+        gone = {run_id: why for run_id, _, why, _ in self._gone_runs()} if self.readonly else {}
         return {
             "name": exp["name"],
             "status": exp["status"],
@@ -764,7 +802,7 @@ class Store:
             "tags": exp["tags"] or [],
             "notes": exp["notes"],
             "arms": [dict(a) for a in arms],
-            "runs": [_with_latest(r, latest.get(r["run_id"])) for r in runs],
+            "runs": [_with_latest(r, latest.get(r["run_id"]), gone.get(r["run_id"])) for r in runs],
         }
 
     def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
@@ -892,14 +930,18 @@ def check_tags(tags: Sequence[str] | str) -> list[str]:
     return out
 
 
-def _with_latest(run: Any, latest: dict[str, Any] | None) -> dict[str, Any]:
+def _with_latest(run: Any, latest: dict[str, Any] | None, gone: str | None) -> dict[str, Any]:
     """A run's record with its newest step and its metrics' last values from `summaries`,
-    then the final metrics the run returned (which add post-training evals) over them."""
+    then the final metrics the run returned (which add post-training evals) over them;
+    `gone`: why a `running` run is crashed, when a read-only store shows it so."""
     values = dict(latest["values"]) if latest else {}
     values.update(floats_back(run["summary"] or {}))
-    return {
+    shown = {
         **run,
         "step": latest["step"] if latest else None,
         "summary": values,
         "tags": run["tags"] or [],
     }
+    if gone is not None:
+        shown.update(status="crashed", error=gone)
+    return shown
