@@ -36,7 +36,8 @@ def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert "keys hold at most 255" in out
     assert "arm names hold at most 512: shorten it" in out
     assert "['RuntimeError: bad\ufffdbyte']" in out
-    table = out.splitlines()[-4:]  # final_metrics: acc, grad, loss (any order), under a header
+    assert out.splitlines()[-3:] == ["NoStore", "NotADatabase", "False True"]  # read-only
+    table = out.splitlines()[-7:-3]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 
 

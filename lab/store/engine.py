@@ -167,11 +167,13 @@ def _check_sqlite_file(path: Path, url: str) -> None:
         ) from None
     if not header:
         return  # an empty file is an empty database
-    if len(header) < 100 or not header.startswith(_MAGIC):
+    if header[: len(_MAGIC)] != _MAGIC[: len(header)]:
         raise NotADatabase(
             f"{path} is not a SQLite database (its first bytes are not the SQLite header); "
             "point --store / LAB_STORE_URL at a lab store"
         )
+    if len(header) < 100:
+        return  # (being written by another process's first commit): SQLite judges it
     wal_mode = header[18] == 2 and header[19] == 2
     change, pages, valid_for = (struct.unpack(">I", header[i : i + 4])[0] for i in (24, 28, 92))
     page_size = struct.unpack(">H", header[16:18])[0]
