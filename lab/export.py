@@ -14,6 +14,7 @@ unchanged, without the store, its server or its other experiments.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def export(
                 counts[table] = int(n)
         except BaseException as exc:
             for tmp, _ in written:
-                tmp.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a folder that cannot be written
+                    tmp.unlink(missing_ok=True)
             mapped = _export_error(exc, folder, con) if isinstance(exc, duckdb.Error) else None
             if mapped is not None:
                 raise mapped from None

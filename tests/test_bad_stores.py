@@ -444,3 +444,19 @@ def test_a_read_only_store_never_writes_on_postgres(pg_url: str) -> None:
             store.begin_experiment("sneaky", config={}, seed=0, repeats=1)
     finally:
         store.close()
+
+
+def test_export_into_a_folder_it_cannot_write_is_one_line(tmp_path: Path, template: Path) -> None:
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    wrap, undo = _readonly(shelf)
+    try:
+        url = f"sqlite:///{template}"
+        out = _lab("export", "exp", "--to", str(shelf), "--store", url, wrap=wrap)
+    finally:
+        if undo is not None:
+            undo()
+    assert out.returncode == 1, out.stdout
+    assert out.stderr.startswith(f"error: cannot write the export into {shelf} ("), out.stderr
+    assert out.stderr.endswith("); choose a folder you can write\n") and out.stderr.count("\n") == 1
+    assert list(shelf.iterdir()) == []

@@ -262,7 +262,7 @@ def sqlite_error(exc: BaseException, where: str) -> StoreError | None:
         return StoreDamaged(
             f"{where} is damaged ({text}); restore it from a backup (*.bak-*) or copy it again"
         )
-    if "readonly database" in low or "read-only file system" in low:
+    if "readonly database" in low:
         return StoreReadOnly(
             f"{where} cannot be written ({text}); recording needs a store lab can write: "
             "fix the permissions or use another --store; lab ls, show and export read it "
