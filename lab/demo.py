@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pydantic
 import torch
 
-from lab.errors import ConfigError
+from lab.errors import ConfigError, NoStore, NotALabStore
 from lab.experiment import Arm, Experiment, ExperimentResult, RunSpec
 from lab.hooks import Callback
 from lab.loop import EvalResult, Evaluator, LoopArtifacts, TrainingLoop
@@ -222,11 +222,15 @@ def open_quickstart(url: str | None = None) -> duckdb.DuckDBPyConnection:
     print(f"store: {url} ({how})")
     if importlib.util.find_spec("pandas") is None:  # lab does not depend on it; .df() does
         print("the cells below show tables with .df(), which needs pandas: pip install pandas")
-    con = lab.inspect.connect(url)
-    (found,) = con.sql("select count(*) from experiments where name = 'quickstart'").fetchone()
-    if found:
-        return con
-    con.close()
+    try:
+        con = lab.inspect.connect(url)
+    except (NoStore, NotALabStore):  # nothing recorded there yet: the quickstart creates it
+        pass
+    else:
+        query = "select count(*) from experiments where name = 'quickstart'"
+        if con.sql(query).fetchone()[0]:  # type: ignore[index]
+            return con
+        con.close()
     runs = Path(url.removeprefix("sqlite:///")).parent / "runs" if url.startswith(
         "sqlite:///") else Path("runs")  # fmt: skip
     print(f"it holds no quickstart experiment: running it now, as `lab quickstart` does "
