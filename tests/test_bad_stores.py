@@ -330,7 +330,8 @@ def test_commands_that_only_read_read_a_read_only_store(
             undo()
     assert ls.returncode == 0, ls.stderr
     assert ls.stdout.splitlines()[1].split()[:6] == ["exp", "completed", "0", "1", "1", "1"]
-    assert show.returncode == 0 and show.stdout.startswith("exp: completed, 1 runs"), show.stderr
+    assert show.returncode == 0, show.stderr
+    assert show.stdout.startswith("exp: completed, 1 run, seed 0"), show.stdout
     assert current.stdout == f"{head_revision()} (head)\n", current.stderr
     assert export.returncode == 0, export.stderr
     assert (tmp_path / "out" / "metrics.parquet").is_file()
