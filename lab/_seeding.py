@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,3 +41,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
         _np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def caller_rng_kept() -> Iterator[None]:
+    """Put the caller's generators back after a block that seeds and draws from them.
+
+    A run seeds `random`, numpy and torch with its own seed; without this, a caller that
+    draws between runs (a random search: ``lr = 10 ** random.uniform(-3, -0.5)``) would draw
+    the same numbers after every run. CUDA generators are saved only when CUDA is already
+    initialized (saving them would initialize it, and cost a CUDA context to runs that stay
+    on the CPU). When a run initializes CUDA itself, its generators are seeded afterwards
+    with the caller's `torch.initial_seed()`: what `torch.manual_seed` had queued for them.
+    """
+    python = random.getstate()
+    numpy = _np.random.get_state() if _np is not None else None
+    cpu = torch.get_rng_state()
+    initial_seed = torch.initial_seed()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        if numpy is not None:
+            _np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        elif torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(initial_seed)

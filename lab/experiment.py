@@ -27,7 +27,7 @@ import pydantic
 
 from lab._names import MAX_NAME, check_name
 from lab._secrets import logger
-from lab._seeding import seed_everything
+from lab._seeding import caller_rng_kept, seed_everything
 from lab._signals import unwind_on_sigterm
 from lab._stats import Spread, spread
 from lab._table import fmt, plural, render
@@ -982,16 +982,27 @@ def execute_run(
     """Execute one run, from `on_run_start` to `on_run_end`: the one code path of every run,
     in the experiment's process and in a worker process alike.
 
-    Seeds every generator with the run's seed, calls `train`, runs the post-training
-    benchmarks, and records the outcome: a run that raises is `failed` (its error and
-    traceback kept) and the others go on. So is a run whose critical callback raised in
-    `on_run_start` (the run does not train; `on_error` and `on_run_end` still fire for the
-    other callbacks) or in `on_run_end` (see `_end_run`). The result is appended to
-    `arm_result` before `on_run_end` sees it. `started(ctx)` is called once `on_run_start`
-    has fired (a worker reports the run's ids with it). Returns the result and, when the run
-    was interrupted (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports;
-    strict mode's `CallbackError` propagates at once.
+    Seeds every generator with the run's seed and puts the caller's generator states back when
+    the run ends (a random search that draws between runs gets fresh draws), calls `train`, runs
+    the post-training benchmarks, and records the outcome: a run that raises is `failed` (its
+    error and traceback kept) and the others go on. So is a run whose critical callback raised
+    in `on_run_start` (the run does not train; `on_error` and `on_run_end` still fire for the
+    other callbacks) or in `on_run_end` (see `_end_run`). The result is appended to `arm_result`
+    before `on_run_end` sees it. `started(ctx)` is called once `on_run_start` has fired (a
+    worker reports the run's ids with it). Returns the result and, when the run was interrupted
+    (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
+    `CallbackError` propagates at once.
     """
+    with caller_rng_kept():
+        return _execute_seeded_run(job, hooks, arm_result, started)
+
+
+def _execute_seeded_run(
+    job: RunJob,
+    hooks: Dispatcher,
+    arm_result: ArmResult,
+    started: Callable[[LogContext], None] | None,
+) -> tuple[RunResult, BaseException | None]:
     ctx = job.ctx
     run_dir = ctx.output_dir / job.run_key
     run_dir.mkdir(parents=True, exist_ok=True)

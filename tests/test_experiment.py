@@ -706,3 +706,66 @@ def test_a_run_stopped_early_is_not_trained_again(sqlite_url: str, tmp_path: Pat
     assert con.execute(rows).fetchall() == stored  # statuses and summaries unchanged
     assert con.execute("SELECT count(*) FROM metrics").fetchone() == metric_rows
     con.close()
+
+
+# --------------------------------------------------------------------------------------------
+# the caller's generators
+
+
+def _draw_all() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def test_a_run_puts_the_callers_generators_back() -> None:
+    seen: list[tuple[float, float, float]] = []
+
+    def train(run: lab.RunSpec) -> dict[str, float]:
+        seen.append(_draw_all())  # the run draws from its own seed, and moves every generator
+        return {}
+
+    _seed_all(123)
+    _draw_all()
+    expected = _draw_all()  # what the caller draws next without an experiment in between
+    _seed_all(123)
+    _draw_all()
+    Experiment("rng", train, repeats=2, seed=5, store=False).run()
+    assert _draw_all() == expected
+    # the runs kept their own seeding: seed + repeat, whatever the caller had drawn
+    for repeat, draws in enumerate(seen):
+        _seed_all(5 + repeat)
+        assert draws == _draw_all()
+
+
+def test_a_random_search_gets_a_fresh_draw_after_each_run() -> None:
+    def train(run: lab.RunSpec) -> dict[str, float]:
+        return {"loss": run.config.lr * torch.rand(1).item()}
+
+    random.seed(0)
+    without_runs = [10 ** random.uniform(-3, -0.5) for _ in range(4)]
+    random.seed(0)
+    drawn = []
+    for i in range(4):
+        lr = 10 ** random.uniform(-3, -0.5)
+        drawn.append(lr)
+        Experiment(f"search-{i}", train, base_config=Config(lr=lr), store=False).run()
+    assert drawn == without_runs
+    assert len(set(drawn)) == 4
+
+
+def test_a_failing_run_also_puts_the_callers_generators_back() -> None:
+    def train(run: lab.RunSpec) -> None:
+        random.random()
+        raise RuntimeError("boom")
+
+    _seed_all(9)
+    expected = _draw_all()
+    _seed_all(9)
+    result = Experiment("rng-fail", train, store=False).run()
+    assert result.runs[0].status == "failed"
+    assert _draw_all() == expected
