@@ -58,8 +58,9 @@ def test_quickstart_records_two_arms_times_three_repeats(demo_db: Path) -> None:
     assert con.execute("select status, count(*) from runs group by status").fetchall() == [
         ("completed", 6)
     ]
-    # 60 steps x 4 step metrics x 6 runs, plus val/loss at step 50 of each run
-    assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6 + 6,)
+    # 60 steps x 4 step metrics x 6 runs, plus val/loss at step 50 and the holdout
+    # benchmark's holdout/acc and holdout/mse at step 60 of each run
+    assert con.execute("select count(*) from metrics").fetchone() == (60 * 4 * 6 + 6 + 2 * 6,)
 
 
 def test_quickstart_records_a_benchmark_with_breakdowns_and_predictions(demo_db: Path) -> None:
@@ -167,8 +168,8 @@ def test_export_writes_one_parquet_file_per_table(demo_db: Path, tmp_path: Path)
     assert lines[0].split() == ["table", "rows"]
     counts = {line.split()[0]: int(line.split()[1]) for line in lines[1:10]}
     assert counts == {
-        "experiments": 1, "arms": 2, "groups": 2, "runs": 6, "metrics": 60 * 4 * 6 + 6,
-        "summaries": 6 * 5, "evals": 12, "predictions": 6 * 64, "checkpoints": 0,
+        "experiments": 1, "arms": 2, "groups": 2, "runs": 6, "metrics": 60 * 4 * 6 + 6 + 2 * 6,
+        "summaries": 6 * 7, "evals": 12, "predictions": 6 * 64, "checkpoints": 0,
     }  # fmt: skip
     assert (
         lines[-1]
@@ -265,3 +266,41 @@ def test_show_lists_callback_errors_recorded_on_runs(tmp_path: Path) -> None:
     assert tail[0].split() == ["run", "callback", "hook", "error"]
     assert tail[1].split() == ["base-r1", "Flaky", "on_run_start", "ValueError:", "bad", "sink"]
     assert len(tail) == 2
+
+
+def test_benchmark_metrics_are_final_metrics_everywhere(store_url: str, tmp_path: Path) -> None:
+    """holdout/acc (a post-training benchmark) reads the same in the experiment's own
+    summary, `lab show`, the final_metrics view and lab.inspect.summary."""
+    from lab._table import fmt
+    from lab.demo import quickstart
+
+    result = quickstart(store_url, output_dir=tmp_path / "runs", steps=20)
+    mine = result.summary("holdout/acc", "max", keys=["holdout/acc"])
+
+    out = lab_cli("show", "quickstart", "--store", store_url, "--metrics", "holdout/acc")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = lines.index("runs") + 1
+    assert lines[header].split() == ["run", "arm", "repeat", "seed", "status", "step",
+                                     "holdout/acc", "error"]  # fmt: skip
+    shown = {line.split()[0]: line.split()[6] for line in lines[header + 1 : header + 7]}
+    assert shown == {r.run_key: fmt(r.metrics["holdout/acc"]) for r in result.runs}
+
+    con = lab.inspect.connect(store_url)
+    final = dict(
+        con.sql(
+            "SELECT run_key, value FROM final_metrics WHERE experiment = 'quickstart' "
+            "AND key = 'holdout/acc' ORDER BY run_key"
+        ).fetchall()
+    )
+    assert final == {r.run_key: r.metrics["holdout/acc"] for r in result.runs}
+    steps = con.sql("SELECT DISTINCT step FROM final_metrics WHERE key = 'holdout/acc'")
+    assert steps.fetchall() == [(20,)]  # at each run's last step
+
+    rel = lab.inspect.summary(con, "quickstart", "holdout/acc", mode="max")
+    got = {r[0]: r for r in rel.fetchall()}
+    assert sorted(got) == ["sgd-lr0.01", "sgd-lr0.1"]
+    for arm, (_, n, mean, std, low, high, _rank, is_best, _margin) in got.items():
+        row = mine.row(arm, "holdout/acc")
+        assert (n, mean, std, low, high) == (row.n, row.mean, row.std, row.ci_low, row.ci_high)
+        assert is_best == (arm == mine.best_arm)

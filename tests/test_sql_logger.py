@@ -257,9 +257,10 @@ def test_experiment_rows_match_what_the_loop_reported(store_url: str) -> None:
         }
         assert all(k.startswith("sql:") for k in ids)
 
-    # -- metrics: every step x every key, plus val/<key> at the eval steps ------------------
+    # -- metrics: every step x every key, val/<key> at the eval steps, and the post-training
+    # benchmark's bench/<key> at the last step (a final metric like the others)
     (n_metrics,) = _rows(engine, "SELECT count(*) AS n FROM metrics")
-    assert n_metrics["n"] == 4 * STEPS * len(STEP_KEYS) + 4 * 2
+    assert n_metrics["n"] == 4 * STEPS * len(STEP_KEYS) + 4 * 2 + 4
     for run_key, run_id in run_ids.items():
         got = {
             (m["key"], m["step"]): m["value"]
@@ -275,7 +276,8 @@ def test_experiment_rows_match_what_the_loop_reported(store_url: str) -> None:
             for step, metrics in rec.evals[run_key].items()
             for key, value in metrics.items()
         }
-        assert len(expected) == STEPS * len(STEP_KEYS) + 2
+        expected[("bench/mae", STEPS)] = by_key[run_key].metrics["bench/mae"]
+        assert len(expected) == STEPS * len(STEP_KEYS) + 2 + 1
         assert got == expected  # exact floats
 
     # -- evals: val at steps 3 and 6 in the loop, bench after training (step NULL) -----------

@@ -918,3 +918,27 @@ def test_a_resumed_run_keeps_its_rows_up_to_the_checkpoint(store: Store, store_u
     assert _scalar(store_url, "SELECT count(*) FROM predictions") == 1
     ckpts = _rows(store_url, "SELECT step FROM checkpoints WHERE run_id = :r", r=run_id)
     assert ckpts == [{"step": 5}]
+
+
+def test_a_resume_at_the_last_step_drops_the_post_training_metrics(
+    store: Store, store_url: str
+) -> None:
+    """A post-training benchmark writes `<eval>/<key>` at the run's last step; a resume from
+    that step runs the benchmark again, so its metrics go with its eval row."""
+    run_id = _new_run(store)
+    for step in range(1, 4):
+        store.log_metrics(run_id, step, {"loss": float(step), "val/acc": 0.25 * step})
+    store.log_metrics(run_id, 3, {"holdout/acc": 0.5})
+    store.write_eval(run_id, EvalResult("holdout", {"acc": 0.5}, step=None))
+    store.write_eval(run_id, EvalResult("val", {"acc": 0.75}, step=3))
+    assert store.last_step(run_id) == 3
+    store.truncate_run(run_id, after_step=3)
+    keys = _rows(
+        store_url, 'SELECT "key", step FROM metrics WHERE run_id = :r AND step = 3 ORDER BY 1',
+        r=run_id,
+    )  # fmt: skip
+    assert keys == [{"key": "loss", "step": 3}, {"key": "val/acc", "step": 3}]
+    sql = 'SELECT "key" FROM summaries WHERE run_id = :r ORDER BY 1'
+    summaries = _rows(store_url, sql, r=run_id)
+    assert [r["key"] for r in summaries] == ["loss", "val/acc"]
+    assert store.last_step(_new_run(store, "other")) is None

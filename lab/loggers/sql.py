@@ -10,7 +10,9 @@
 | on_eval             | its metrics as `<eval>/<key>` metrics, and an eval row  |
 |                     | (with its wall time) unless on_benchmark_eval follows   |
 | on_benchmark_eval   | an eval row and its predictions (an eval re-run at the  |
-|                     | same step replaces both)                                |
+|                     | same step replaces both); after training, also its      |
+|                     | metrics as `<eval>/<key>` at the run's last step, so    |
+|                     | they are final metrics like the others                  |
 | on_checkpoint       | a checkpoint row (after flushing metrics)               |
 | on_run_end          | final status, error, final metrics, callback failures,  |
 |                     | the tags and notes `train(run)` gave the run            |
@@ -177,7 +179,15 @@ class SqlLogger(Callback):
     ) -> None:
         store = self.open()
         store.flush()
-        store.write_eval(self._require_run(ctx), replace(eval_result, step=step), predictions)
+        run_id = self._require_run(ctx)
+        if step is None and eval_result.metrics:
+            # A post-training benchmark's metrics join the run's metrics at its last step,
+            # so `summaries`, the final_metrics view and lab.inspect see them as final values.
+            last = store.last_step(run_id)
+            named = {f"{eval_result.name}/{k}": v for k, v in eval_result.metrics.items()}
+            store.log_metrics(run_id, last if last is not None else 0, named)
+            store.flush()
+        store.write_eval(run_id, replace(eval_result, step=step), predictions)
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         store = self.open()

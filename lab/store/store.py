@@ -373,16 +373,41 @@ class Store:
             )
         return {r["run_key"]: {**r, "summary": floats_back(r["summary"] or {})} for r in rows}
 
+    def last_step(self, run_id: int) -> int | None:
+        """The newest step a run logged a metric at, or None; queued metrics count (they
+        are flushed first)."""
+        self.flush()
+        with connect(self.engine) as conn:
+            return conn.execute(
+                sa.select(sa.func.max(SqlSummary.last_step)).where(SqlSummary.run_id == run_id)
+            ).scalar_one()
+
     def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
         """Drop a run's metrics, evals (with predictions) and checkpoint rows after a step.
 
         ``after_step=None`` drops all of them: a run that starts again from nothing replaces
         its earlier record. A run resumed from the checkpoint at step N keeps what it logged
         up to N, and the steps it trains again are written anew, never twice. Post-training
-        evals (step NULL) always go: they run again at the end.
+        evals (step NULL) always go: they run again at the end. So do the metrics they wrote
+        (``<eval>/<key>`` at the run's last step), even when that step is N.
         """
         self.flush()
         with transaction(self.engine) as conn:
+            if after_step is not None:
+                post = conn.execute(
+                    sa.select(SqlEval.name, SqlEval.metrics).where(
+                        SqlEval.run_id == run_id, SqlEval.step.is_(None)
+                    )
+                ).all()
+                keys = [f"{name}/{k}" for name, metrics in post for k in (metrics or {})]
+                if keys:
+                    conn.execute(
+                        sa.delete(SqlMetric).where(
+                            SqlMetric.run_id == run_id,
+                            SqlMetric.key.in_(keys),
+                            SqlMetric.step >= after_step,
+                        )
+                    )
             for model in (SqlMetric, SqlEval, SqlCheckpoint):  # predictions: ON DELETE CASCADE
                 where = model.run_id == run_id
                 if after_step is not None:
