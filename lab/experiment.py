@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import pydantic
 
+from lab._distributed import launcher_rank
 from lab._names import MAX_NAME, check_name
 from lab._secrets import logger
 from lab._seeding import caller_rng_kept, seed_everything
@@ -590,7 +591,20 @@ class Experiment:
         An interrupt (Ctrl-C) records the run it hit as failed and the experiment as failed,
         then propagates. With ``executor="processes"``, what cannot be sent to a worker
         process fails here first, as a `ConfigError`, before anything runs.
+
+        Under ``torchrun`` (``WORLD_SIZE`` > 1), only rank 0 runs the experiment; every other
+        rank logs one WARNING and returns an empty result (no runs, nothing recorded), so no
+        run is trained or recorded twice. Runs do not train across ranks yet.
         """
+        ranks = launcher_rank()
+        if ranks is not None and ranks[0] != 0:
+            log.warning(
+                "%s: rank %d of %d skips the experiment; under torchrun only rank 0 runs it "
+                "(runs do not train across ranks yet)",
+                self.name,
+                *ranks,
+            )
+            return ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
         callbacks = self._callbacks()
         if self.executor == "processes":
             self._check_sendable(callbacks)
