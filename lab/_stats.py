@@ -1,4 +1,9 @@
-"""Small statistics for summaries: mean, sample std and a Student-t confidence interval.
+"""Small statistics for summaries: mean, sample std and a confidence interval across repeats.
+
+Two intervals: Student's t (the default), and a percentile bootstrap over the repeats for
+bounded or skewed metrics (it never leaves the range of the values). Either is clipped to a
+metric's declared `bounds`. `ExperimentResult.summary` and `lab.inspect.summary` both call
+`spread`, so they give the same numbers.
 
 The t quantile is computed here (regularized incomplete beta by continued fraction, then
 bisection) so that summaries need no scipy; the tests check it against scipy.
@@ -7,8 +12,20 @@ bisection) so that summaries need no scipy; the tests check it against scipy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
+
+from lab.errors import ConfigError
+
+Interval = Literal["t", "bootstrap"]
+INTERVALS = ("t", "bootstrap")
+# Up to this many distinct resamples (n <= 8 repeats) the bootstrap is computed exactly, over
+# every resample with its multinomial weight; beyond it, from this many seeded resamples.
+BOOTSTRAP_EXACT_LIMIT = 20_000
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -93,8 +110,64 @@ class Spread:
         return (self.ci_high - self.ci_low) / 2.0
 
 
-def spread(values: Sequence[float], confidence: float = 0.95) -> Spread:
-    """Mean, sample std (n-1) and a t-distribution CI of `values`; NaN where undefined."""
+def check_interval(interval: Any) -> Interval:
+    """`interval` if it names a known interval, else a `ConfigError` naming the choices."""
+    if not isinstance(interval, str) or interval not in INTERVALS:
+        raise ConfigError(
+            f"interval={interval!r}: use 't' (Student's t) or 'bootstrap' (percentile "
+            "bootstrap over repeats, for bounded metrics such as accuracies)"
+        )
+    return interval  # type: ignore[return-value]
+
+
+def check_bounds(bounds: Any, metric: str | None = None) -> tuple[float, float] | None:
+    """`bounds` as ``(low, high)`` floats, or None; anything else is a `ConfigError`."""
+    if bounds is None:
+        return None
+    ok = (
+        isinstance(bounds, tuple | list)
+        and len(bounds) == 2
+        and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+        and bounds[0] < bounds[1]  # False for NaN too
+    )
+    if not ok:
+        which = f" of {metric!r}" if metric is not None else ""
+        raise ConfigError(
+            f"bounds{which}={bounds!r}: give (low, high) with low < high, e.g. (0, 1) for an "
+            "accuracy or (0, inf) for a loss"
+        )
+    return float(bounds[0]), float(bounds[1])
+
+
+def spread(
+    values: Sequence[float],
+    confidence: float = 0.95,
+    *,
+    interval: Interval = "t",
+    bounds: tuple[float, float] | None = None,
+    metric: str | None = None,
+) -> Spread:
+    """Mean, sample std (n-1) and a CI of the mean of `values`; NaN where undefined.
+
+    ``interval="t"``: mean ± t(q, n-1)·std/√n with q = (1 + confidence)/2.
+    ``interval="bootstrap"``: the (1 - confidence)/2 and (1 + confidence)/2 quantiles
+    (inverted CDF) of the means of resamples of `values` with replacement;
+    exact (every resample, weighted) up to `BOOTSTRAP_EXACT_LIMIT` distinct resamples, else
+    `BOOTSTRAP_RESAMPLES` seeded ones, so the same values always give the same interval.
+    With `bounds` (a metric's known range, e.g. ``(0, 1)``) the interval is clipped to it,
+    and a value outside it is a `ConfigError` (the bounds, or the metric, are wrong; NaN is
+    data and passes). `metric` names the values in that message.
+    """
+    check_interval(interval)
+    bounds = check_bounds(bounds, metric)
+    if bounds is not None:
+        outside = [v for v in values if v < bounds[0] or v > bounds[1]]
+        if outside:
+            which = f"metric {metric!r}" if metric is not None else "a value"
+            raise ConfigError(
+                f"{which} has {outside[0]!r} outside bounds=({bounds[0]:g}, {bounds[1]:g}); "
+                "declare the metric's real range, or leave bounds out"
+            )
     n = len(values)
     if n == 0:
         return Spread(0, math.nan, math.nan, math.nan, math.nan)
@@ -102,5 +175,77 @@ def spread(values: Sequence[float], confidence: float = 0.95) -> Spread:
     if n == 1:
         return Spread(1, mean, math.nan, math.nan, math.nan)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_ppf(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
-    return Spread(n, mean, std, mean - half, mean + half)
+    if interval == "bootstrap":
+        if all(math.isfinite(v) for v in values):
+            low, high = bootstrap_interval(values, confidence)
+        else:  # a NaN or an infinity: no interval, as with t (its std is NaN)
+            low = high = math.nan
+    else:
+        half = t_ppf(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
+        low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = clip(low, bounds), clip(high, bounds)
+    return Spread(n, mean, std, low, high)
+
+
+def clip(value: float, bounds: tuple[float, float] | None) -> float:
+    """`value` limited to `bounds`; NaN stays NaN."""
+    if bounds is None or math.isnan(value):
+        return value
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the mean of `values` (finite, at least two).
+
+    Each resample draws len(values) values with replacement; the interval's ends are the
+    (1-confidence)/2 and (1+confidence)/2 quantiles of the resample means, each the smallest
+    mean whose cumulative share reaches it (numpy's ``method="inverted_cdf"``).
+    """
+    values = sorted(values)  # the same interval whatever order the runs ended in
+    n = len(values)
+    lo_q, hi_q = (1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0
+    if math.comb(2 * n - 1, n) <= BOOTSTRAP_EXACT_LIMIT:
+        weighted = sorted(
+            (math.fsum(c * v for c, v in zip(counts, values, strict=True)) / n, weight)
+            for counts, weight in _resamples(n)
+        )
+        total = n**n
+    else:
+        rng = random.Random(BOOTSTRAP_SEED)  # its own generator: the caller's stays as it was
+        weighted = sorted(
+            (math.fsum(rng.choices(values, k=n)) / n, 1) for _ in range(BOOTSTRAP_RESAMPLES)
+        )
+        total = BOOTSTRAP_RESAMPLES
+    return _quantile(weighted, total, lo_q), _quantile(weighted, total, hi_q)
+
+
+def _resamples(n: int) -> Iterator[tuple[tuple[int, ...], int]]:
+    """Every distinct resample of n values as (how often each value is drawn, how many of
+    the n**n ordered draws give it)."""
+    fact = [math.factorial(k) for k in range(n + 1)]
+
+    def compositions(left: int, slots: int) -> Iterator[tuple[int, ...]]:
+        if slots == 1:
+            yield (left,)
+            return
+        for first in range(left, -1, -1):
+            for rest in compositions(left - first, slots - 1):
+                yield (first, *rest)
+
+    for counts in compositions(n, n):
+        weight = fact[n]
+        for c in counts:
+            weight //= fact[c]
+        yield counts, weight
+
+
+def _quantile(weighted: list[tuple[float, int]], total: int, q: float) -> float:
+    """The smallest value whose cumulative weight reaches q * total."""
+    need = q * total
+    cumulative = 0
+    for value, weight in weighted:
+        cumulative += weight
+        if cumulative >= need:
+            return value
+    return weighted[-1][0]

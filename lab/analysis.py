@@ -22,6 +22,9 @@ every flush), so `summary` and `compare` cost the same at any store size. `curve
 points themselves. Arms come in the experiment's order (the order they were added).
 Confidence intervals are Student-t 95% intervals across repeats: mean ± t(0.975, n-1)·std/√n
 with the sample std; with one repeat the std and both bounds are NULL (NaN in pandas).
+`summary` (and `plot_summary`) also offer ``interval="bootstrap"``, a percentile bootstrap
+over the repeats, and `summary`, `curves` and the plots take ``bounds=(low, high)``, a
+metric's known range, to clip intervals to it (see docs/analysis.md).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 import duckdb
 
-from lab._stats import t_ppf
+from lab._stats import Interval, check_bounds, check_interval, spread, t_ppf
 from lab._table import plural
 from lab.errors import ConfigError
 
@@ -246,54 +249,96 @@ def summary(
     mode: Literal["min", "max"] = "min",
     *,
     stage: int | None = None,
+    interval: Interval = "t",
+    bounds: tuple[float, float] | None = None,
 ) -> duckdb.DuckDBPyRelation:
     """Per arm, the final `metric` across repeats, ranked, so you can say which arm wins.
 
-    Columns: arm, n, mean, std (sample), ci_low, ci_high (95% t interval), rank (1 is best
+    Columns: arm, n, mean, std (sample), ci_low, ci_high (95% interval), rank (1 is best
     by `mode`: ``"min"`` when lower is better), is_best, and margin: on the best arm's row,
     how far it is ahead of the runner-up (NULL on the other rows, and with one arm). Rows
     come in the experiment's arm order; an arm with no run that counts has n = 0 and no
     rank, and so does an arm whose mean is NaN. Ties rank in arm order. Only completed and
     stopped runs count.
 
-    The same numbers as `ExperimentResult.summary`, read back from the store:
+    `interval`: ``"t"`` (Student's t, the default) or ``"bootstrap"`` (percentile bootstrap
+    over the repeats, which never leaves the values' range). `bounds`: the metric's known
+    range, e.g. ``(0, 1)`` for an accuracy; the interval is clipped to it, and a value
+    outside it is an error. The same numbers as `ExperimentResult.summary` (one
+    implementation, `lab._stats.spread`), read back from the store:
 
     >>> lab.inspect.summary(con, "lr-sweep", "val/loss").df()             # doctest: +SKIP
-    >>> lab.inspect.summary(con, "lr-sweep", "val/loss").order("rank")    # doctest: +SKIP
+    >>> lab.inspect.summary(con, "bench", "test/acc", "max", bounds=(0, 1))  # doctest: +SKIP
     """
     _check_mode(mode)
+    check_interval(interval)
+    bounds = check_bounds(bounds, metric)
     scope = _scope(con, experiment, stage)
     _check_metric(scope, metric)
-    order = "ASC" if mode == "min" else "DESC"
-    sql = f"""
-        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)},
-        arm_list AS MATERIALIZED (
-            SELECT arm_id, name AS arm FROM arms WHERE experiment_id = {scope.experiment_id}
-            UNION ALL SELECT DISTINCT NULL, NULL FROM counted WHERE arm_id IS NULL
-        ),
-        v AS MATERIALIZED (
-            SELECT c.arm_id, s.last_value AS value FROM counted c
+    per_arm: dict[int | None, tuple[str | None, list[float]]] = {}
+    for arm_id, arm, value, _repeat in scope.rows(
+        f"""SELECT arm_id, name, NULL, NULL FROM arms WHERE experiment_id = {scope.experiment_id}
+            UNION ALL
+            SELECT c.arm_id, c.arm, s.last_value, c.repeat FROM counted c
             JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(metric)}
-        ),
-        per_arm AS MATERIALIZED (
-            SELECT l.arm_id, l.arm, v.value
-            FROM arm_list l LEFT JOIN v ON v.arm_id IS NOT DISTINCT FROM l.arm_id
-        ),
-        agg AS MATERIALIZED ({_spread("per_arm", "arm_id, arm")}),
-        ranked AS MATERIALIZED (
-            SELECT *, CASE WHEN mean IS NOT NULL AND NOT isnan(mean) THEN row_number() OVER (
-                       ORDER BY (mean IS NULL OR isnan(mean)), mean {order}, arm_id NULLS LAST)
-                   END AS rank
-            FROM agg
-        )
-        SELECT r.arm, r.n, r.mean, r.std, {_ci("r.n", "r.mean", "r.std")}, r.rank,
-               coalesce(r.rank = 1, FALSE) AS is_best,
-               CASE WHEN r.rank = 1 THEN abs(r.mean - (SELECT mean FROM ranked WHERE rank = 2))
-               END AS margin
-        FROM ranked r LEFT JOIN tq ON tq.df = r.n - 1
-        ORDER BY r.arm_id NULLS LAST
-    """
-    return con.sql(sql)
+            ORDER BY 1 NULLS LAST, 4 NULLS FIRST"""
+    ):  # each arm once with no value (so an arm with nothing counted is a row), then values
+        values = per_arm.setdefault(arm_id, (arm, []))[1]
+        if value is not None:
+            values.append(value)
+    stats = {
+        arm_id: spread(values, interval=interval, bounds=bounds, metric=metric)
+        for arm_id, (_arm, values) in per_arm.items()
+    }
+    ranked = sorted(  # stable: ties keep the arm order
+        (arm_id for arm_id, st in stats.items() if st.n and not math.isnan(st.mean)),
+        key=lambda arm_id: stats[arm_id].mean,
+        reverse=mode == "max",
+    )
+    rank = {arm_id: i + 1 for i, arm_id in enumerate(ranked)}
+    margin = abs(stats[ranked[0]].mean - stats[ranked[1]].mean) if len(ranked) > 1 else None
+    rows = []
+    for arm_id, (arm, _values) in per_arm.items():
+        st, spread_known = stats[arm_id], stats[arm_id].n >= 2
+        rows.append((
+            arm, st.n, st.mean if st.n else None, st.std if spread_known else None,
+            st.ci_low if spread_known else None, st.ci_high if spread_known else None,
+            rank.get(arm_id), rank.get(arm_id) == 1, margin if rank.get(arm_id) == 1 else None,
+        ))  # fmt: skip
+    return _relation(con, _SUMMARY_COLUMNS, rows)
+
+
+_SUMMARY_COLUMNS = (
+    ("arm", "VARCHAR"), ("n", "BIGINT"), ("mean", "DOUBLE"), ("std", "DOUBLE"),
+    ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"), ("rank", "BIGINT"), ("is_best", "BOOLEAN"),
+    ("margin", "DOUBLE"),
+)  # fmt: skip
+
+
+def _value(value: object) -> str:
+    """A SQL literal of a Python value: floats go through text, so NaN, inf and every bit
+    of a double survive."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, float):
+        return f"'{value!r}'::DOUBLE"
+    if isinstance(value, int):
+        return str(value)
+    return _lit(str(value))
+
+
+def _relation(
+    con: duckdb.DuckDBPyConnection, columns: tuple[tuple[str, str], ...], rows: list[tuple]
+) -> duckdb.DuckDBPyRelation:
+    """A relation of a few computed rows, typed, so it composes like the others."""
+    names = ", ".join(name for name, _ in columns)
+    typed = ", ".join(f"CAST({name} AS {kind}) AS {name}" for name, kind in columns)
+    values = ", ".join(
+        f"({i}, " + ", ".join(_value(v) for v in row) + ")" for i, row in enumerate(rows)
+    )
+    return con.sql(f"SELECT {typed} FROM (VALUES {values}) AS t(_row, {names}) ORDER BY _row")
 
 
 def compare(
@@ -386,6 +431,7 @@ def curves(
     *,
     every: int | None = None,
     stage: int | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> duckdb.DuckDBPyRelation:
     """Per arm and step, the mean of `key` across repeats with its 95% CI: learning curves
     with their seed spread.
@@ -403,30 +449,58 @@ def curves(
       Without `every`, each logged step is its own bucket, and `n` at a step counts only
       the runs that logged exactly that step.
 
+    The band is the t interval at each step; with `bounds` (the metric's known range, e.g.
+    ``(0, 1)`` for an accuracy) it is clipped to that range.
+
     This reads the metrics view, so it scans the store's points (see
     `lab.inspect.history` for one run's series through the store's index).
 
     >>> lab.inspect.curves(con, "lr-sweep", "loss", every=10).df()       # doctest: +SKIP
     """
+    bounds = check_bounds(bounds, key)
+    scope, points = _points(con, experiment, key, every, stage)
+    ci_low, ci_high = "ci_low", "ci_high"
+    if bounds is not None:  # NULL and NaN stay as they are
+        lo, hi = _value(bounds[0]), _value(bounds[1])
+        ci_low = f"CASE WHEN isnan(ci_low) THEN ci_low ELSE greatest(ci_low, {lo}) END"
+        ci_high = f"CASE WHEN isnan(ci_high) THEN ci_high ELSE least(ci_high, {hi}) END"
+    sql = f"""
+        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {points},
+        agg AS MATERIALIZED ({_spread("points", "arm_id, arm, step")}),
+        ci AS MATERIALIZED (
+            SELECT arm_id, arm, step, n, mean, std, {_ci()}
+            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        )
+        SELECT arm, step, n, mean, std, {ci_low} AS ci_low, {ci_high} AS ci_high
+        FROM ci ORDER BY arm_id NULLS LAST, step
+    """
+    return con.sql(sql)
+
+
+def _points(
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    key: str,
+    every: int | None,
+    stage: int | None,
+) -> tuple[_Scope, str]:
+    """The scope, and a CTE `points`: one value of `key` per counted run and step (or bucket
+    of `every` steps: the mean of the run's points in it)."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ConfigError(f"every={every!r}: give a bucket width in steps, an int >= 1, or None")
     scope = _scope(con, experiment, stage)
     _check_metric(scope, key)
     bucket = "m.step" if every is None else f"CAST(ceil(m.step / {every}) AS BIGINT) * {every}"
-    sql = f"""
-        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)},
-        points AS MATERIALIZED (
-            SELECT c.arm_id, c.arm, c.run_id, {bucket} AS step, avg(m.value) AS value
+    return (
+        scope,
+        f"""points AS MATERIALIZED (
+            SELECT c.arm_id, c.arm, c.run_id, c.run_key, c.repeat, {bucket} AS step,
+                   avg(m.value) AS value
             FROM metrics m JOIN counted c ON c.run_id = m.run_id
             WHERE m.key = {_lit(key)}
-            GROUP BY c.arm_id, c.arm, c.run_id, {bucket}
-        ),
-        agg AS MATERIALIZED ({_spread("points", "arm_id, arm, step")})
-        SELECT arm, step, n, mean, std, {_ci()}
-        FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
-        ORDER BY arm_id NULLS LAST, step
-    """
-    return con.sql(sql)
+            GROUP BY c.arm_id, c.arm, c.run_id, c.run_key, c.repeat, {bucket}
+        )""",
+    )
 
 
 # -- evals and predictions --------------------------------------------------------------------
@@ -618,6 +692,23 @@ def _label(arm: str | None) -> str:
     return "(no arm)" if arm is None else str(arm)
 
 
+def ema(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average: s[0] = x[0], s[i] = weight·s[i-1] + (1-weight)·x[i].
+
+    `weight` is how much the past counts (0: no smoothing; TensorBoard's and W&B's slider).
+    A NaN point stays NaN in the output and is skipped by the average.
+    """
+    out: list[float] = []
+    smoothed: float | None = None
+    for x in values:
+        if math.isnan(x):
+            out.append(math.nan)
+            continue
+        smoothed = x if smoothed is None else weight * smoothed + (1.0 - weight) * x
+        out.append(smoothed)
+    return out
+
+
 def plot_curves(
     con: duckdb.DuckDBPyConnection,
     experiment: str,
@@ -626,30 +717,76 @@ def plot_curves(
     *,
     every: int | None = None,
     stage: int | None = None,
+    log_y: bool = False,
+    smooth: float | None = None,
+    seeds: bool = False,
+    bounds: tuple[float, float] | None = None,
 ) -> Figure:
     """`curves` drawn: one line per arm (the mean across repeats) in a shaded 95% CI band.
+
+    ``log_y=True`` puts the y axis on a log scale. ``smooth=w`` (0 <= w < 1) draws the mean,
+    the band and the seeds through an exponential moving average of weight `w` (see `ema`),
+    with the raw mean faint behind. ``seeds=True`` adds each run's own curve, thin, in its
+    arm's colour (its `gid` is the run key). `bounds` clips the band to the metric's range.
 
     Draws on `ax` when given, else on a new `matplotlib.figure.Figure` (no pyplot, so it
     works under any backend and in threads); returns the figure. Save it with
     ``fig.savefig("curves.png")``, or let a notebook show it.
 
     >>> lab.inspect.plot_curves(con, "lr-sweep", "loss").savefig("loss.png")  # doctest: +SKIP
+    >>> lab.inspect.plot_curves(con, "lr-sweep", "loss", log_y=True, smooth=0.6, seeds=True)
+    ... # doctest: +SKIP
     """
-    data = curves(con, experiment, key, every=every, stage=stage).fetchall()
+    if smooth is not None and (
+        isinstance(smooth, bool) or not isinstance(smooth, int | float) or not 0 <= smooth < 1
+    ):
+        raise ConfigError(
+            f"smooth={smooth!r}: give the moving average's weight, 0 <= smooth < 1 (e.g. 0.6), "
+            "or None"
+        )
+    data = curves(con, experiment, key, every=every, stage=stage, bounds=bounds).fetchall()
+    runs: dict[str | None, dict[str, list[tuple[int, float]]]] = {}
+    if seeds:
+        scope, points = _points(con, experiment, key, every, stage)
+        for arm, run_key, step, value in scope.rows(
+            f""", {points} SELECT arm, run_key, step, value FROM points
+                ORDER BY arm_id NULLS LAST, repeat, step"""
+        ):
+            runs.setdefault(arm, {}).setdefault(run_key, []).append((step, value))
     fig, ax = _axes(ax)
     by_arm: dict[str | None, list[tuple]] = {}
     for arm, step, _n, mean, _std, low, high in data:
         by_arm.setdefault(arm, []).append((step, mean, low, high))
     nan = float("nan")
+
+    def shown(ys: list[float]) -> list[float]:
+        return ys if smooth is None else ema(ys, float(smooth))
+
     for arm, rows in by_arm.items():
         steps = [r[0] for r in rows]
-        (line,) = ax.plot(steps, [r[1] for r in rows], label=_label(arm))
-        lows = [nan if r[2] is None else r[2] for r in rows]
-        highs = [nan if r[3] is None else r[3] for r in rows]
-        ax.fill_between(steps, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+        means = [nan if r[1] is None else r[1] for r in rows]
+        (line,) = ax.plot(steps, shown(means), label=_label(arm))
+        color = line.get_color()
+        if smooth is not None:  # the raw mean, faint, behind the smoothed one
+            ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8, label="_raw")
+        lows = shown([nan if r[2] is None else r[2] for r in rows])
+        highs = shown([nan if r[3] is None else r[3] for r in rows])
+        ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
+        for run_key, points in runs.get(arm, {}).items():
+            (seed_line,) = ax.plot(
+                [p[0] for p in points],
+                shown([nan if p[1] is None else p[1] for p in points]),
+                color=color, alpha=0.5, linewidth=0.7, label="_seed",
+            )  # fmt: skip
+            seed_line.set_gid(run_key)
+    if log_y:
+        ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel(key)
-    ax.set_title(f"{experiment}: {key} (mean and 95% CI across repeats)")
+    what = "mean and 95% CI across repeats"
+    if smooth is not None:
+        what += f", EMA {smooth:g}"
+    ax.set_title(f"{experiment}: {key} ({what})")
     ax.legend(title="arm")
     return fig
 
@@ -662,16 +799,20 @@ def plot_summary(
     ax: Axes | None = None,
     *,
     stage: int | None = None,
+    interval: Interval = "t",
+    bounds: tuple[float, float] | None = None,
 ) -> Figure:
     """`summary` drawn: each arm's mean final `metric` with its 95% CI as an error bar, the
-    best arm named in the title.
+    best arm named in the title. `interval` and `bounds` are `summary`'s.
 
     Draws on `ax` when given, else on a new `matplotlib.figure.Figure`; returns the figure.
     An arm with one repeat has a point and no bar.
 
     >>> lab.inspect.plot_summary(con, "lr-sweep", "val/loss").savefig("val.png")  # doctest: +SKIP
     """
-    rows = summary(con, experiment, metric, mode, stage=stage).fetchall()
+    rows = summary(
+        con, experiment, metric, mode, stage=stage, interval=interval, bounds=bounds
+    ).fetchall()
     fig, ax = _axes(ax)
     nan = float("nan")
     xs = list(range(len(rows)))
@@ -683,7 +824,8 @@ def plot_summary(
     ax.set_xlabel("arm")
     ax.set_ylabel(metric)
     best = [r for r in rows if r[7]]
-    title = f"{experiment}: final {metric} (mean and 95% CI across repeats)"
+    ci = "95% CI" if interval == "t" else f"95% {interval} CI"
+    title = f"{experiment}: final {metric} (mean and {ci} across repeats)"
     if best:
         title += f"\nbest ({mode}): {_label(best[0][0])}"
     ax.set_title(title)

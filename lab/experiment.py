@@ -18,7 +18,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +30,7 @@ from lab._names import MAX_NAME, check_name
 from lab._secrets import logger
 from lab._seeding import caller_rng_kept, seed_everything
 from lab._signals import unwind_on_sigterm
-from lab._stats import Spread, spread
+from lab._stats import Interval, Spread, check_bounds, check_interval, spread
 from lab._table import fmt, plural, render
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.executors import Outcome, ProcessPool, WorkerDied
@@ -314,6 +314,7 @@ class Summary:
     unfinished_arms: list[str] = field(default_factory=list)
     all_metrics: bool = False
     shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
+    interval: Interval = "t"
 
     def row(self, arm: str, metric: str) -> SummaryRow:
         """The row of `arm` and `metric`."""
@@ -350,9 +351,10 @@ class Summary:
         else:
             head = f"{self.experiment}: {plural(self.runs, 'run')} ({statuses})"
         lines = [head]
+        ci = "95% CI" if self.interval == "t" else f"95% CI ({self.interval})"
         lines.append(
             render(
-                ("arm", "metric", "n", "mean", "std", "95% CI"),
+                ("arm", "metric", "n", "mean", "std", ci),
                 [  # with one repeat there is no spread: std and CI show as "-"
                     (
                         r.arm,
@@ -421,6 +423,8 @@ class ExperimentResult:
         *,
         keys: Sequence[str] | None = None,
         all_metrics: bool = False,
+        interval: Interval = "t",
+        bounds: Mapping[str, tuple[float, float]] | None = None,
     ) -> Summary:
         """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
 
@@ -428,11 +432,23 @@ class ExperimentResult:
         are left out of the statistics. The text leaves out routine metrics (``lr``,
         ``step_time``, monitors' internals) unless `all_metrics`; `rows` holds them all.
         After an interrupt (`error` set), only the arms whose runs all finished are ranked.
+        `interval` is ``"t"`` (Student's t) or ``"bootstrap"`` (percentile bootstrap over
+        repeats: it stays inside the values' range). `bounds` declares metrics' known
+        ranges, e.g. ``{"holdout/acc": (0, 1)}``: their intervals are clipped to them. The
+        same numbers as `lab.inspect.summary`.
         """
         if mode not in ("min", "max"):
             raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
+        check_interval(interval)
+        if bounds is not None and not isinstance(bounds, Mapping):
+            raise ConfigError(
+                f"bounds={bounds!r}: give a dict of metric ranges, e.g. "
+                "bounds={'holdout/acc': (0, 1)}"
+            )
+        ranges = {k: check_bounds(v, k) for k, v in (bounds or {}).items()}
         known = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
-        for name in ([metric] if metric is not None else []) + list(keys or []):
+        named = ([metric] if metric is not None else []) + list(keys or []) + list(ranges)
+        for name in named:
             if name not in known:
                 raise ConfigError(
                     f"no run has a final metric {name!r}; known: {', '.join(known) or 'none'}"
@@ -445,10 +461,10 @@ class ExperimentResult:
         spreads: dict[str, Spread] = {}
         for arm in self.arms:
             for key in shown:
-                s = spread(arm.values(key))
+                s = spread(arm.values(key), interval=interval, bounds=ranges.get(key), metric=key)
                 rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
             if chosen is not None and arm.name not in unfinished:
-                spreads[arm.name] = spread(arm.values(chosen))
+                spreads[arm.name] = spread(arm.values(chosen))  # the mean ranks the arms
         ranked = sorted(
             (name for name, s in spreads.items() if not math.isnan(s.mean)),
             key=lambda name: spreads[name].mean,
@@ -468,6 +484,7 @@ class ExperimentResult:
             self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status,
             planned=self.planned, interrupted=interrupted, unfinished_arms=unfinished,
             all_metrics=all_metrics, shown_metrics=list(keys) if keys is not None else None,
+            interval=interval,
         )  # fmt: skip
 
 

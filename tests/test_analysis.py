@@ -642,3 +642,129 @@ def test_plot_summary_draws_means_with_error_bars(plot_con: Any) -> None:
         "best (max): large"
         in lab.inspect.plot_summary(plot_con, "exp", "loss", "max").axes[0].get_title()
     )
+
+
+# -- intervals for bounded metrics ------------------------------------------------------------
+
+ACCS = {"x": [0.98, 0.99, 1.0], "y": [0.55, 0.61, 0.58, 0.6]}
+
+
+def train_acc(run: RunSpec) -> dict[str, float]:
+    """Logs an accuracy through the real hooks and returns the same final value."""
+    from lab.hooks import LoopState
+
+    value = ACCS[run.arm][run.repeat] if run.repeat < len(ACCS[run.arm]) else math.nan
+    state = LoopState(ctx=run.ctx, model=None, optimizer=None, num_steps=1)  # type: ignore[arg-type]
+    state.step = 1
+    run.dispatcher.fire("on_step_end", state, 1, None, {"acc": value})
+    return {"acc": value}
+
+
+@pytest.mark.parametrize("interval", ["t", "bootstrap"])
+def test_bounded_summary_is_the_in_memory_one(
+    store_url: str, tmp_path: Path, interval: str
+) -> None:
+    def train(run: RunSpec) -> dict[str, float]:
+        if run.arm == "x" and run.repeat == 3:
+            raise RuntimeError("x has three repeats")
+        return train_acc(run)
+
+    result = Experiment(
+        "acc", train, repeats=4, store=store_url, arms=[Arm("x"), Arm("y")],
+        output_dir=tmp_path / "runs",
+    ).run()  # fmt: skip
+    want = result.summary("acc", "max", interval=interval, bounds={"acc": (0, 1)})  # type: ignore[arg-type]
+    con = lab.inspect.connect(store_url)
+    rel = lab.inspect.summary(con, "acc", "acc", "max", interval=interval, bounds=(0, 1))  # type: ignore[arg-type]
+    got = rows(rel)
+    assert [r["arm"] for r in got] == ["x", "y"]
+    for row in got:
+        mem = want.row(row["arm"], "acc")
+        assert (row["n"], row["mean"], row["std"], row["ci_low"], row["ci_high"]) == (
+            mem.n, mem.mean, mem.std, mem.ci_low, mem.ci_high
+        )  # fmt: skip
+        assert 0.0 <= row["ci_low"] <= row["ci_high"] <= 1.0
+    x = got[0]
+    if interval == "t":  # scipy's interval, clipped at 1
+        low, high = t_interval(ACCS["x"])
+        assert high > 1.0 and close(x["ci_low"], low) and x["ci_high"] == 1.0
+    else:  # the exact bootstrap: the means of all 27 resamples of three values
+        import itertools
+
+        import numpy as np
+
+        means = [np.mean(c) for c in itertools.product(ACCS["x"], repeat=3)]
+        low, high = np.quantile(means, [0.025, 0.975], method="inverted_cdf")
+        assert close(x["ci_low"], float(low)) and close(x["ci_high"], float(high))
+    assert [r["arm"] for r in got if r["is_best"]] == [want.best_arm] == ["x"]
+    assert close(got[0]["margin"], want.margin)
+    with pytest.raises(ConfigError, match=r"metric 'acc' has 0\.98 outside bounds=\(0, 0\.5\)"):
+        lab.inspect.summary(con, "acc", "acc", bounds=(0, 0.5))
+    with pytest.raises(ConfigError, match="interval='normal': use 't'"):
+        lab.inspect.summary(con, "acc", "acc", interval="normal")  # type: ignore[arg-type]
+
+
+def test_curves_band_is_clipped_to_bounds(sqlite_url: str) -> None:
+    record(sqlite_url, [Run("a", i, {"acc": {1: v, 2: 0.5}}) for i, v in enumerate(ACCS["x"])])
+    con = lab.inspect.connect(sqlite_url)
+    step1, step2 = rows(lab.inspect.curves(con, "exp", "acc", bounds=(0, 1)))
+    low, high = t_interval(ACCS["x"])
+    assert close(step1["ci_low"], low) and step1["ci_high"] == 1.0 and high > 1.0
+    assert (step2["ci_low"], step2["ci_high"]) == (0.5, 0.5)
+    plain = rows(lab.inspect.curves(con, "exp", "acc"))[0]
+    assert close(plain["ci_high"], high)
+
+
+def _ema(values: list[float], weight: float) -> list[float]:
+    out = [values[0]]
+    for v in values[1:]:
+        out.append(weight * out[-1] + (1 - weight) * v)
+    return out
+
+
+def test_plot_curves_log_y_smoothing_and_seeds(plot_con: Any) -> None:
+    fig = lab.inspect.plot_curves(plot_con, "exp", "loss", log_y=True, smooth=0.6, seeds=True)
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["small", "large", "solo"]  # raw and seed lines stay out of the legend
+    by_label: dict[str, list[Any]] = {}
+    for line in ax.lines:
+        by_label.setdefault(line.get_label(), []).append(line)
+    # the small arm: runs i = 0, 1, 2 log (i + 1) / s at s = 1..5; the mean is 2 / s
+    raw_mean = [2.0 / s for s in range(1, 6)]
+    assert list(by_label["small"][0].get_ydata()) == pytest.approx(_ema(raw_mean, 0.6))
+    assert list(by_label["_raw"][0].get_ydata()) == pytest.approx(raw_mean)
+    seeds = {line.get_gid(): line for line in by_label["_seed"]}
+    assert sorted(seeds) == [f"{arm}-r{i}" for arm in ("large", "small") for i in range(3)] + [
+        "solo-r0"
+    ]
+    for i in range(3):
+        line = seeds[f"small-r{i}"]
+        assert list(line.get_xdata()) == [1, 2, 3, 4, 5]
+        assert list(line.get_ydata()) == pytest.approx(
+            _ema([(i + 1) / s for s in range(1, 6)], 0.6)
+        )
+        assert line.get_color() == by_label["small"][0].get_color()
+    assert "EMA 0.6" in ax.get_title()
+
+    plain = lab.inspect.plot_curves(plot_con, "exp", "loss").axes[0]
+    assert plain.get_yscale() == "linear"
+    assert [line.get_label() for line in plain.lines] == ["small", "large", "solo"]
+    for smooth in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(ConfigError, match=r"smooth=.*: give the moving average's weight"):
+            lab.inspect.plot_curves(plot_con, "exp", "loss", smooth=smooth)  # type: ignore[arg-type]
+
+
+def test_plot_summary_error_bars_respect_bounds(sqlite_url: str) -> None:
+    record(sqlite_url, [Run("a", i, finals(acc=v)) for i, v in enumerate(ACCS["x"])])
+    con = lab.inspect.connect(sqlite_url)
+    (ax,) = lab.inspect.plot_summary(con, "exp", "acc", "max", bounds=(0, 1)).axes
+    (bars,) = ax.containers
+    mean = statistics.fmean(ACCS["x"])
+    low, _high = t_interval(ACCS["x"])
+    (segment,) = bars.lines[2][0].get_segments()
+    assert [y for _x, y in segment] == pytest.approx([low, 1.0])
+    assert list(bars.lines[0].get_ydata()) == pytest.approx([mean])
+    (ax,) = lab.inspect.plot_summary(con, "exp", "acc", "max", interval="bootstrap").axes
+    assert "95% bootstrap CI" in ax.get_title()

@@ -769,3 +769,95 @@ def test_a_failing_run_also_puts_the_callers_generators_back() -> None:
     result = Experiment("rng-fail", train, store=False).run()
     assert result.runs[0].status == "failed"
     assert _draw_all() == expected
+
+
+# --------------------------------------------------------------------------------------------
+# intervals for bounded metrics
+
+
+def _numpy_bootstrap(values: list[float]) -> tuple[float, float]:
+    """The exact percentile bootstrap: the mean of every one of the n**n ordered resamples."""
+    import itertools
+
+    n = len(values)
+    means = [np.mean([values[i] for i in idx]) for idx in itertools.product(range(n), repeat=n)]
+    low, high = np.quantile(means, [0.025, 0.975], method="inverted_cdf")
+    return float(low), float(high)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.5, 0.7], [0.5, 0.7, 0.65], [0.1, 0.2, 0.4, 0.35], [0.91, 0.93, 0.97, 0.99, 1.0]],
+)
+def test_bootstrap_over_few_repeats_is_exact(values: list[float]) -> None:
+    s = spread(values, interval="bootstrap")
+    low, high = _numpy_bootstrap(values)
+    assert (s.ci_low, s.ci_high) == (pytest.approx(low, rel=1e-12), pytest.approx(high, rel=1e-12))
+    assert s.mean == pytest.approx(np.mean(values), rel=1e-12)
+    assert s.std == pytest.approx(np.std(values, ddof=1), rel=1e-12)
+    assert min(values) <= s.ci_low <= s.ci_high <= max(values)
+    assert spread(values[::-1], interval="bootstrap") == s  # the order of the runs is no matter
+
+
+def test_bootstrap_over_many_repeats_is_seeded_and_leaves_the_callers_rng() -> None:
+    values = [0.6 + 0.013 * ((7 * i) % 23) for i in range(30)]
+    random.seed(4)
+    expected = random.random()
+    random.seed(4)
+    s = spread(values, interval="bootstrap")
+    assert random.random() == expected
+    assert spread(values, interval="bootstrap") == s  # the same every time
+    theirs = stats.bootstrap(
+        (values,), np.mean, method="percentile", n_resamples=10_000, random_state=0
+    ).confidence_interval
+    sem = stats.sem(values)
+    assert s.ci_low == pytest.approx(theirs.low, abs=0.1 * sem)
+    assert s.ci_high == pytest.approx(theirs.high, abs=0.1 * sem)
+
+
+def test_t_interval_is_clipped_to_declared_bounds() -> None:
+    values = [0.98, 0.99, 1.0]
+    low, high = stats.t.interval(0.95, df=2, loc=np.mean(values), scale=stats.sem(values))
+    assert high > 1.0  # the plain t interval leaves [0, 1]
+    plain = spread(values)
+    assert (plain.ci_low, plain.ci_high) == (pytest.approx(low), pytest.approx(high))
+    bounded = spread(values, bounds=(0, 1))
+    assert (bounded.ci_low, bounded.ci_high) == (pytest.approx(low), 1.0)
+    assert (bounded.mean, bounded.std) == (plain.mean, plain.std)
+    nan = spread([0.5, math.nan], bounds=(0, 1))  # NaN is data: no interval, no error
+    assert math.isnan(nan.mean) and math.isnan(nan.ci_low) and math.isnan(nan.ci_high)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"interval": "wilson"}, "interval='wilson': use 't' (Student's t) or 'bootstrap' "
+                                 "(percentile bootstrap over repeats, for bounded metrics such "
+                                 "as accuracies)"),
+        ({"bounds": (1, 0)}, "bounds of 'acc'=(1, 0): give (low, high) with low < high, e.g. "
+                             "(0, 1) for an accuracy or (0, inf) for a loss"),
+        ({"bounds": (0, 1, 2)}, "bounds of 'acc'=(0, 1, 2): give (low, high)"),
+        ({"bounds": (0, 0.5)}, "metric 'acc' has 0.7 outside bounds=(0, 0.5); declare the "
+                               "metric's real range, or leave bounds out"),
+    ],
+)  # fmt: skip
+def test_bad_interval_or_bounds_is_one_line(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        spread([0.7, 0.72], metric="acc", **kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_experiment_summary_with_bootstrap_and_bounds() -> None:
+    result = _summary_result()
+    summary = result.summary("acc", "max", interval="bootstrap", bounds={"acc": (0, 1)})
+    for arm in ("a", "b"):
+        row = summary.row(arm, "acc")
+        assert (row.ci_low, row.ci_high) == pytest.approx(_numpy_bootstrap(_ACC[arm]), rel=1e-12)
+        loss = summary.row(arm, "loss")  # no bounds declared for loss: bootstrap all the same
+        assert (loss.ci_low, loss.ci_high) == pytest.approx(_numpy_bootstrap(_LOSS[arm]), rel=1e-12)
+    assert str(summary).splitlines()[1].split()[-3:] == ["95%", "CI", "(bootstrap)"]
+    assert summary.best_arm == "b"
+    with pytest.raises(ConfigError, match="no run has a final metric 'acc '; known: acc, loss"):
+        result.summary(bounds={"acc ": (0, 1)})
+    with pytest.raises(ConfigError, match=r"bounds=\(0, 1\): give a dict of metric ranges"):
+        result.summary(bounds=(0, 1))  # type: ignore[arg-type]
