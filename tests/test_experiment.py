@@ -861,3 +861,44 @@ def test_experiment_summary_with_bootstrap_and_bounds() -> None:
         result.summary(bounds={"acc ": (0, 1)})
     with pytest.raises(ConfigError, match=r"bounds=\(0, 1\): give a dict of metric ranges"):
         result.summary(bounds=(0, 1))  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_run_puts_the_callers_cuda_generator_back() -> None:
+    def train(run: lab.RunSpec) -> dict[str, float]:
+        return {"x": torch.rand(1, device="cuda").item()}
+
+    torch.cuda.manual_seed_all(11)
+    torch.rand(1, device="cuda")  # CUDA is initialized and its generator has moved
+    state = torch.cuda.get_rng_state_all()
+    expected = torch.rand(1, device="cuda").item()
+    torch.cuda.set_rng_state_all(state)
+    Experiment("cuda-rng", train, repeats=2, store=False).run()
+    assert torch.rand(1, device="cuda").item() == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_run_that_initializes_cuda_leaves_the_callers_seed(tmp_path: Path) -> None:
+    """CUDA not yet initialized by the caller: afterwards its generator starts from the seed
+    the caller gave torch.manual_seed, as if no run had happened (a fresh process)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, lab\n"
+        "torch.manual_seed(21)\n"
+        "if {run}:\n"
+        "    lab.Experiment('c', lambda run: {{'x': torch.rand(1, device='cuda').item()}},\n"
+        "                   store=False, output_dir={out!r}).run()\n"
+        "print(repr(torch.rand(1, device='cuda').item()))\n"
+    )
+    draws = [
+        subprocess.run(
+            [sys.executable, "-c", script.format(run=run, out=str(tmp_path))],
+            capture_output=True, text=True, check=True, timeout=300,
+        ).stdout.strip()
+        for run in (False, True)
+    ]  # fmt: skip
+    assert draws[0] == draws[1]
