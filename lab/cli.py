@@ -119,7 +119,10 @@ def quickstart(
     again += ["--steps", str(steps)] if steps != 300 else []
     result = _run(
         quickstart_experiment(url, output_dir=output_dir, steps=steps),
-        lambda r: r.summary("val/loss", "min", all_metrics=all_metrics),
+        # holdout/acc is a fraction of examples: its interval stays inside [0, 1]
+        lambda r: r.summary(
+            "val/loss", "min", all_metrics=all_metrics, bounds={"holdout/acc": (0, 1)}
+        ),
         shlex.join(again),
     )
     shown = _shown(url)

@@ -35,6 +35,7 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--steps", "60",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    (folder / "quickstart.out").write_text(out.stdout)
     assert out.stdout.count("best arm by val/loss (min)") == 1
     assert "sgd-lr0.01" in out.stdout and "sgd-lr0.1" in out.stdout
     # it ends with where to go next: commands, queries and the notebook, each runnable as shown
@@ -304,3 +305,23 @@ def test_benchmark_metrics_are_final_metrics_everywhere(store_url: str, tmp_path
         row = mine.row(arm, "holdout/acc")
         assert (n, mean, std, low, high) == (row.n, row.mean, row.std, row.ci_low, row.ci_high)
         assert is_best == (arm == mine.best_arm)
+
+
+def test_quickstart_prints_the_holdout_acc_that_lab_inspect_reads(demo_db: Path) -> None:
+    """The summary `lab quickstart` prints for holdout/acc (bounded to [0, 1]) is what
+    lab.inspect.summary computes from the store."""
+    from lab._table import fmt
+
+    printed = {
+        line.split()[0]: line.split(maxsplit=5)[2:]
+        for line in (demo_db.parent / "quickstart.out").read_text().splitlines()
+        if len(line.split()) > 1 and line.split()[1] == "holdout/acc"
+    }
+    con = lab.inspect.connect(f"sqlite:///{demo_db}")
+    rel = lab.inspect.summary(con, "quickstart", "holdout/acc", "max", bounds=(0, 1))
+    expected = {
+        arm: [fmt(n), fmt(mean), fmt(std), f"[{fmt(low)}, {fmt(high)}]"]
+        for arm, n, mean, std, low, high, *_ in rel.fetchall()
+    }
+    assert printed == expected
+    assert all(0 <= low <= high <= 1 for *_, low, high, _r, _b, _m in rel.fetchall())
