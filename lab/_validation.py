@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections import abc
 from typing import Any
 
 import pydantic
@@ -114,3 +115,79 @@ def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
             if found is not None:
                 return found
     return None
+
+
+def expected(annotation: Any, metadata: typing.Iterable[Any] = ()) -> str:
+    """What a value of `annotation` must be, in words, for the ``use ...`` part of a message:
+    ``an int >= 1, or None``, ``'min' or 'max'``, ``a list of strings``.
+
+    `metadata` holds constraints found beside the type (pydantic's ``FieldInfo.metadata``:
+    ``Ge(1)``, ``MinLen(1)``...), as ``Annotated`` holds them inside it.
+
+    >>> from typing import Literal
+    >>> expected(Literal["min", "max"])
+    "'min' or 'max'"
+    """
+    return _words(annotation, list(metadata), plural=False)
+
+
+def _words(annotation: Any, meta: list[Any], *, plural: bool) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _words(args[0], [*args[1:], *meta], plural=plural)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        text = " or ".join(_words(a, meta, plural=plural) for a in options)
+        return f"{text}, or None" if len(options) < len(args) else text
+    if origin is typing.Literal:
+        shown = [repr(a) for a in args]
+        return " or ".join([", ".join(shown[:-1]), shown[-1]]) if len(shown) > 1 else shown[0]
+    bounds = _bounds(meta)
+    if annotation is bool:
+        return "True or False"
+    if annotation is int:
+        return ("ints" if plural else "an int") + bounds
+    if annotation is float:
+        return ("numbers" if plural else "a number") + bounds
+    if annotation is str:
+        sized = any(getattr(m, "min_length", 0) for m in _flat(meta))
+        if sized:
+            return "non-empty strings" if plural else "a non-empty string"
+        return "strings" if plural else "a string"
+    if origin in (list, tuple, set, frozenset) or origin in _SEQUENCES:
+        item = args[0] if args else Any
+        sized = any(getattr(m, "min_length", 0) for m in _flat(meta))
+        what = (
+            ("non-empty lists of " if plural else "a non-empty list of ")
+            if sized
+            else ("lists of " if plural else "a list of ")
+        )
+        return what + _words(item, [], plural=True)
+    if origin is dict or annotation is dict:
+        return "mappings" if plural else "a mapping"
+    if isinstance(annotation, type) and annotation is not typing.Any:
+        return f"{annotation.__name__} objects" if plural else f"a {annotation.__name__}"
+    return "valid values" if plural else "a valid value"
+
+
+_SEQUENCES = (abc.Sequence, abc.MutableSequence, abc.Iterable, abc.Collection, abc.Set)
+
+
+def _flat(meta: list[Any]) -> list[Any]:
+    """Constraints, with those inside a ``pydantic.Field(...)`` taken out of it."""
+    out: list[Any] = []
+    for m in meta:
+        out.extend(m.metadata if isinstance(m, pydantic.fields.FieldInfo) else [m])
+    return out
+
+
+def _bounds(meta: list[Any]) -> str:
+    """`` >= 1``, `` > 0 and <= 2``: the numeric bounds among the constraints."""
+    parts = []
+    for m in _flat(meta):
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(m, attr, None)
+            if value is not None and type(m).__name__.lower() == attr:
+                parts.append(f"{sign} {value}")
+    return (" " + " and ".join(parts)) if parts else ""

@@ -21,7 +21,7 @@ from lab.callbacks import REGISTRY, build
 from lab.callbacks.files import JsonlLogger, MetricSaver
 from lab.errors import ConfigError
 from lab.experiment_file import load_experiment, plan, read_experiment_file
-from lab.loggers.console import ConsoleLogger, ConsoleLoggerConfig
+from lab.loggers.console import ConsoleLogger
 
 LAB = Path(sys.executable).parent / "lab"  # the installed console script
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "experiment-files.md"
@@ -318,7 +318,7 @@ def test_a_mistake_in_the_file_is_one_line_and_runs_nothing(
     assert out.stdout == ""
     message = expected.format(
         file=path, folder=path.parent, kinds=_known_kinds(),
-        console=", ".join(sorted(ConsoleLoggerConfig.model_fields)),
+        console=", ".join(sorted(ConsoleLogger.Config.model_fields)),
     )  # fmt: skip
     assert out.stderr == f"error: {message}\n"
     assert not (tmp_path / "lab.db").exists() and not (tmp_path / "runs").exists()

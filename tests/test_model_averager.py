@@ -536,18 +536,18 @@ def test_build_makes_a_model_averager() -> None:
             "ModelAverager needs exactly one of at_steps=[...] (the merge steps) or every=M "
             "(merge each M steps); got at_steps=[5], every=5",
         ),
-        ({"window": 2, "every": 0}, "ModelAverager(every=0): use an int >= 1"),
+        ({"window": 2, "every": 0}, "ModelAverager(every=0): use an int >= 1, or None"),
         (
             {"window": 2, "at_steps": []},
-            "ModelAverager(at_steps=[]): give a non-empty list of merge steps, ints >= 1",
+            "ModelAverager(at_steps=[]): use a non-empty list of ints >= 1, or None",
         ),
         (
             {"window": 2, "at_steps": [0, 4]},
-            "ModelAverager(at_steps=[0, 4]): give a non-empty list of merge steps, ints >= 1",
+            "ModelAverager(at_steps=[0, 4]): use a non-empty list of ints >= 1, or None",
         ),
         (
             {"window": 0, "every": 5},
-            "ModelAverager(window=0): give the number of steps to average, an int >= 1",
+            "ModelAverager(window=0): use an int >= 1",
         ),
         (
             {"window": 2, "every": 5, "folder": "checkpoints"},

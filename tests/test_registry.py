@@ -15,7 +15,8 @@ import yaml
 import lab.callbacks
 import lab.loggers
 from lab import Callback
-from lab.callbacks import REGISTRY, build
+from lab.callbacks import REGISTRY, build, register
+from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import _load_builtins
 from lab.errors import ConfigError
 
@@ -39,7 +40,7 @@ def _builtin_callback_classes() -> list[type[Callback]]:
     return sorted(found.values(), key=lambda c: c.__name__)
 
 
-def test_every_builtin_callback_is_registered_with_a_config_matching_its_constructor() -> None:
+def test_every_builtin_callback_is_registered_with_a_config_built_from_its_signature() -> None:
     _load_builtins()
     classes = _builtin_callback_classes()
     assert len(classes) >= 14
@@ -51,15 +52,18 @@ def test_every_builtin_callback_is_registered_with_a_config_matching_its_constru
         assert issubclass(config, pydantic.BaseModel)
         assert config.model_config.get("extra") == "forbid", kind
         assert cls.Config is config  # type: ignore[attr-defined]
-        params = {
-            name
-            for name, p in inspect.signature(cls.__init__).parameters.items()
-            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        }
-        fields = set(config.model_fields)
-        assert fields <= params, f"{kind}: Config fields the constructor lacks: {fields - params}"
+        assert config.__qualname__ == f"{cls.__qualname__}.Config"
+        signature = inspect.signature(cls.__init__).parameters
+        plain = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        params = {name for name, p in signature.items() if name != "self" and p.kind not in plain}
         live = {name for c, name in LIVE_ARGUMENTS if c == cls.__name__}
-        assert params - fields == live, f"{kind}: constructor params the Config lacks"
+        assert list(config.model_fields) == [n for n in signature if n in params - live], kind
+        for name, field in config.model_fields.items():  # the signature's defaults, as is
+            default = signature[name].default
+            if default is inspect.Parameter.empty:
+                assert field.is_required(), (kind, name)
+            else:
+                assert field.default == default, (kind, name)
 
 
 YAML = """
@@ -116,9 +120,12 @@ def test_bad_specs_and_bad_values_are_one_line_each() -> None:
         build([{"kind": "speed_monitor"}, {"kind": "speed_monitor", "args": {}}])
     with pytest.raises(ConfigError) as info:
         build([{"kind": "early_stopping", "params": {"metric": "loss", "patience": "soon"}}])
-    assert str(info.value).startswith("early_stopping: patience: Input should be a valid integer")
-    with pytest.raises(ConfigError, match=r"early_stopping: metric: Field required"):
+    assert str(info.value) == "EarlyStopping(patience='soon'): use an int >= 1"
+    with pytest.raises(ConfigError) as info:
         build([{"kind": "early_stopping"}])
+    assert str(info.value) == (
+        "early_stopping: missing params ['metric']; write params: {metric: ...}"
+    )
 
 
 def test_critical_in_a_spec_makes_that_callback_fail_the_run() -> None:
@@ -218,3 +225,118 @@ def test_a_missing_extra_is_named_with_its_pip_line_before_anything_runs(
     with pytest.raises(ConfigError) as info:
         build([spec])
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("early_stopping", {"metric": "loss", "patience": "soon"},
+         "EarlyStopping(patience='soon'): use an int >= 1"),
+        ("early_stopping", {"metric": "loss", "patience": True},
+         "EarlyStopping(patience=True): use an int >= 1"),
+        ("early_stopping", {"metric": ""}, "EarlyStopping(metric=''): use a non-empty string"),
+        ("early_stopping", {"metric": "loss", "mode": "avg"},
+         "EarlyStopping(mode='avg'): use 'min' or 'max'"),
+        ("early_stopping", {"metric": "loss", "min_delta": -1},
+         "EarlyStopping(min_delta=-1): use a number >= 0"),
+        ("speed_monitor", {"every": 2.0}, "SpeedMonitor(every=2.0): use an int >= 1"),
+        ("speed_monitor", {"peak_flops": 0},
+         "SpeedMonitor(peak_flops=0): use a number > 0, or None"),
+        ("stability_monitor", {"window": 5, "min_history": 6},
+         "StabilityMonitor(min_history=6): use 2 <= min_history <= window (5)"),
+        ("stability_monitor", {"threshold": float("nan")},
+         "StabilityMonitor(threshold=nan): use a number > 0"),
+        ("garbage_collector", {"generation": 3},
+         "GarbageCollector(generation=3): use 0, 1 or 2"),
+        ("profiler", {"active": 0}, "ProfilerCallback(active=0): use an int >= 1"),
+        ("metric_saver", {"fname": "sub/m.json"},
+         "MetricSaver(fname='sub/m.json'): give a file name, not a path"),
+        ("console_logger", {"every_s": -1}, "ConsoleLogger(every_s=-1): use a number > 0, or None"),
+        ("console_logger", {"metrics": "loss"},
+         "ConsoleLogger(metrics='loss'): use a list of strings"),
+        ("notifier", {"url": "ftp://x"}, "Notifier(url='ftp://x'): give an http(s) webhook URL"),
+        ("notifier", {"url": "http://h/x", "on": "never"},
+         "Notifier(on='never'): use 'end', 'failure' or 'both'"),
+        ("model_averager", {"window": 2, "every": 0},
+         "ModelAverager(every=0): use an int >= 1, or None"),
+        ("sql_logger", {"store": 5}, "SqlLogger(store=5): use a Store or a string, or None"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_is_the_same_line_from_python_and_from_yaml(
+    kind: str, params: dict, message: str
+) -> None:
+    _load_builtins()
+    cls, _ = REGISTRY[kind]
+    with pytest.raises(ConfigError) as from_python:
+        cls(**params)
+    with pytest.raises(ConfigError) as from_yaml:
+        build(yaml.safe_load(yaml.safe_dump([{"kind": kind, "params": params}])))
+    assert str(from_python.value) == str(from_yaml.value) == message
+
+
+def test_values_are_converted_the_same_way_from_both_doors() -> None:
+    from lab.callbacks.monitors import EarlyStopping, StabilityMonitor
+    from lab.loggers.console import ConsoleLogger
+
+    (built,) = build([{"kind": "console_logger", "params": {"metrics": ["loss", "val/loss"]}}])
+    assert built.metrics == ConsoleLogger(metrics=["loss", "val/loss"]).metrics
+    assert built.metrics == ("loss", "val/loss")
+    # YAML 1.1 reads 1e-3 as a string; a number parameter takes it as the number it spells.
+    (stopping,) = build(yaml.safe_load("[{kind: early_stopping, params: {metric: loss, "
+                                       "min_delta: 1e-3}}]"))  # fmt: skip
+    assert stopping.min_delta == EarlyStopping("loss", min_delta="1e-3").min_delta == 0.001
+    assert StabilityMonitor(keys="loss").keys == ("loss",)
+
+
+def test_a_callback_written_once_is_checked_from_both_doors_and_pickles() -> None:
+    import pickle
+
+    @register("test_every_n")
+    class EveryN(Callback):
+        """A callback as a user writes one: the signature is the only statement of params."""
+
+        def __init__(self, every: PositiveInt = 5, name: str = "n") -> None:
+            self.every, self.name = every, name
+
+    try:
+        assert list(EveryN.Config.model_fields) == ["every", "name"]  # type: ignore[attr-defined]
+        spec = {"kind": "test_every_n", "params": {"every": 0}}
+        for door in (lambda: EveryN(every=0), lambda: build([spec])):
+            with pytest.raises(ConfigError) as info:
+                door()
+            assert str(info.value) == "EveryN(every=0): use an int >= 1"
+        (made,) = build([{"kind": "test_every_n", "params": {"every": 7}}])
+        assert (made.every, made.name) == (7, "n")
+        with pytest.raises(TypeError, match="unexpected keyword argument 'evry'"):
+            EveryN(evry=3)  # a wrong call stays Python's TypeError
+    finally:
+        del REGISTRY["test_every_n"]
+    early = build([{"kind": "early_stopping", "params": {"metric": "val/loss", "patience": 2}}])
+    copy = pickle.loads(pickle.dumps(early[0]))
+    assert (copy.metric, copy.patience) == ("val/loss", 2)
+    config = pickle.loads(pickle.dumps(type(early[0]).Config))  # by reference
+    assert config is type(early[0]).Config
+
+
+def test_a_given_config_model_checks_the_python_door_too() -> None:
+    """`register(kind, Config)` with a hand-written model: both doors still agree."""
+
+    class Params(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        interval_s: float = pydantic.Field(default=1.0, gt=0)
+
+    @register("test_given_config", Params)
+    class Polling(Callback):
+        def __init__(self, interval_s: float = 1.0) -> None:
+            self.interval_s = interval_s
+
+    try:
+        assert Polling.Config is Params  # type: ignore[attr-defined]
+        with pytest.raises(ConfigError) as from_python:
+            Polling(interval_s=0)
+        with pytest.raises(ConfigError) as from_yaml:
+            build([{"kind": "test_given_config", "params": {"interval_s": 0}}])
+        assert str(from_python.value) == str(from_yaml.value)
+        assert str(from_python.value) == "Polling(interval_s=0): use a number > 0"
+    finally:
+        del REGISTRY["test_given_config"]

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pydantic
 import torch
+from annotated_types import MinLen
 
 from lab._secrets import logger
+from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import register
 from lab.errors import CheckpointError, ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logger("lab.callbacks.averaging")
 
-__all__ = ["EXTRAS_KEY", "ModelAverager", "ModelAveragerConfig"]
+__all__ = ["EXTRAS_KEY", "ModelAverager"]
 
 #: Where the newest merged folder of the run is published in `LogContext.extras`.
 EXTRAS_KEY = "model_averager:path"
@@ -49,23 +51,9 @@ EXTRAS_KEY = "model_averager:path"
 _STATE_VERSION = 1
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _sum_dtype(tensor: torch.Tensor) -> torch.dtype:
     """float32, or the tensor's own dtype where that is wider (float64 sums stay float64)."""
     return tensor.dtype if tensor.dtype.itemsize > 4 else torch.float32
-
-
-class ModelAveragerConfig(pydantic.BaseModel):
-    """Params of `ModelAverager`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    at_steps: list[int] | None = None
-    every: int | None = None
-    window: int
-    folder: str = "merged"
 
 
 class _Window:
@@ -103,7 +91,7 @@ class _Window:
         }
 
 
-@register("model_averager", ModelAveragerConfig)
+@register("model_averager")
 class ModelAverager(Callback):
     """Averages the weights over the `window` steps ending at each merge step, and saves it.
 
@@ -145,9 +133,9 @@ class ModelAverager(Callback):
     def __init__(
         self,
         *,
-        window: int,
-        at_steps: list[int] | None = None,
-        every: int | None = None,
+        window: PositiveInt,
+        at_steps: Annotated[Sequence[PositiveInt], MinLen(1)] | None = None,
+        every: PositiveInt | None = None,
         folder: str = "merged",
     ) -> None:
         if (at_steps is None) == (every is None):
@@ -155,22 +143,7 @@ class ModelAverager(Callback):
                 "ModelAverager needs exactly one of at_steps=[...] (the merge steps) or "
                 f"every=M (merge each M steps); got at_steps={at_steps!r}, every={every!r}"
             )
-        if every is not None and (not _is_int(every) or every < 1):
-            raise ConfigError(f"ModelAverager(every={every!r}): use an int >= 1")
-        steps: list[int] = []
-        if at_steps is not None:
-            listed = isinstance(at_steps, (list, tuple))
-            if not listed or not at_steps or not all(_is_int(s) and s >= 1 for s in at_steps):
-                raise ConfigError(
-                    f"ModelAverager(at_steps={at_steps!r}): give a non-empty list of merge "
-                    "steps, ints >= 1"
-                )
-            steps = sorted(set(at_steps))
-        if not _is_int(window) or window < 1:
-            raise ConfigError(
-                f"ModelAverager(window={window!r}): give the number of steps to average, "
-                "an int >= 1"
-            )
+        steps = sorted(set(at_steps)) if at_steps is not None else []
         path = PurePath(folder) if isinstance(folder, str) and folder.strip() else None
         if (
             path is None

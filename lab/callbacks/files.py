@@ -22,11 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import pydantic
-
 from lab._atomic import write_text_atomic
 from lab._json import finite_json, floats_back
 from lab._secrets import logger
+from lab.callbacks.params import FileName, NonNegativeInt, PositiveInt
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -99,15 +98,7 @@ def _error(exc: BaseException) -> str:
 # JsonlLogger
 
 
-class JsonlLoggerConfig(pydantic.BaseModel):
-    """Params of `JsonlLogger`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    path: str | None = None
-    experiment_path: str | None = None
-
-
-@register("jsonl_logger", JsonlLoggerConfig)
+@register("jsonl_logger")
 class JsonlLogger(Callback):
     """One JSON line per hook call: ``{"hook", "time", "run_key", ...payload}``.
 
@@ -403,15 +394,7 @@ def replay(
 # ConfigSaver
 
 
-class ConfigSaverConfig(pydantic.BaseModel):
-    """Params of `ConfigSaver`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    fname: str = CONFIG_FILE
-    config: dict[str, Any] | None = None
-
-
-@register("config_saver", ConfigSaverConfig)
+@register("config_saver")
 class ConfigSaver(Callback):
     """Writes `fname` (``config.json``) into the run folder and every checkpoint folder.
 
@@ -427,9 +410,7 @@ class ConfigSaver(Callback):
 
     priority = 50
 
-    def __init__(self, fname: str = CONFIG_FILE, config: dict[str, Any] | None = None) -> None:
-        if not fname or Path(fname).name != fname:
-            raise ConfigError(f"ConfigSaver(fname={fname!r}): give a file name, not a path")
+    def __init__(self, fname: FileName = CONFIG_FILE, config: dict[str, Any] | None = None) -> None:
         self.fname = fname
         self.config = config
         self._saved_run: str | None = None
@@ -479,17 +460,7 @@ class ConfigSaver(Callback):
 # MetricSaver
 
 
-class MetricSaverConfig(pydantic.BaseModel):
-    """Params of `MetricSaver`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every: int | None = pydantic.Field(default=None, ge=1)
-    at_steps: list[int] = pydantic.Field(default_factory=list)
-    fname: str = METRICS_FILE
-    keys: list[str] | None = None
-
-
-@register("metric_saver", MetricSaverConfig)
+@register("metric_saver")
 class MetricSaver(Callback):
     """Keeps ``metrics.json`` in the run folder: the latest metrics, then the final ones.
 
@@ -504,17 +475,11 @@ class MetricSaver(Callback):
 
     def __init__(
         self,
-        every: int | None = None,
-        at_steps: Sequence[int] = (),
-        fname: str = METRICS_FILE,
+        every: PositiveInt | None = None,
+        at_steps: Sequence[NonNegativeInt] = (),
+        fname: FileName = METRICS_FILE,
         keys: Sequence[str] | None = None,
     ) -> None:
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int)):
-            raise ConfigError(f"MetricSaver(every={every!r}): use an int >= 1, or None")
-        if every is not None and every < 1:
-            raise ConfigError(f"MetricSaver(every={every}): use an int >= 1, or None")
-        if not fname or Path(fname).name != fname:
-            raise ConfigError(f"MetricSaver(fname={fname!r}): give a file name, not a path")
         self.every = every
         self.at_steps = frozenset(int(s) for s in at_steps)
         self.fname = fname

@@ -23,12 +23,20 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 import torch
+from annotated_types import Ge
 
 from lab._secrets import logger
+from lab.callbacks.params import (
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
@@ -42,23 +50,8 @@ log = logger("lab.callbacks.monitors")
 MONITOR_PRIORITY = 200
 
 
-def _check_every(name: str, every: int) -> int:
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"{name}(every={every!r}): use an int >= 1")
-    return every
-
-
 # ---------------------------------------------------------------------------------------------
-class SpeedMonitorConfig(pydantic.BaseModel):
-    """Params of `SpeedMonitor`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every: pydantic.PositiveInt = 1
-    flops_per_token: pydantic.PositiveFloat | None = None
-    peak_flops: pydantic.PositiveFloat | None = None
-
-
-@register("speed_monitor", SpeedMonitorConfig)
+@register("speed_monitor")
 class SpeedMonitor(Callback):
     """Throughput: steps/s, samples/s, tokens/s and MFU, averaged over each `every` steps.
 
@@ -81,11 +74,11 @@ class SpeedMonitor(Callback):
 
     def __init__(
         self,
-        every: int = 1,
-        flops_per_token: float | None = None,
-        peak_flops: float | None = None,
+        every: PositiveInt = 1,
+        flops_per_token: PositiveFloat | None = None,
+        peak_flops: PositiveFloat | None = None,
     ) -> None:
-        self.every = _check_every("SpeedMonitor", every)
+        self.every = every
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self._last: float | None = None
@@ -168,14 +161,7 @@ def _batch_tokens(batch: TrainingBatch, metrics: dict[str, float]) -> int | None
 
 
 # ---------------------------------------------------------------------------------------------
-class GPUMemoryMonitorConfig(pydantic.BaseModel):
-    """Params of `GPUMemoryMonitor`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every: pydantic.PositiveInt = 1
-
-
-@register("gpu_memory_monitor", GPUMemoryMonitorConfig)
+@register("gpu_memory_monitor")
 class GPUMemoryMonitor(Callback):
     """CUDA memory of the model's device, in MB, each `every` steps.
 
@@ -192,8 +178,8 @@ class GPUMemoryMonitor(Callback):
 
     priority = MONITOR_PRIORITY
 
-    def __init__(self, every: int = 1) -> None:
-        self.every = _check_every("GPUMemoryMonitor", every)
+    def __init__(self, every: PositiveInt = 1) -> None:
+        self.every = every
         self._device: torch.device | None = None
         self._said_inactive = False
 
@@ -226,17 +212,6 @@ def _cuda_device(model: torch.nn.Module) -> torch.device | None:
 
 
 # ---------------------------------------------------------------------------------------------
-class StabilityMonitorConfig(pydantic.BaseModel):
-    """Params of `StabilityMonitor`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    window: int = pydantic.Field(default=100, ge=2)
-    threshold: pydantic.PositiveFloat = 3.0
-    rolling_window: pydantic.PositiveInt = 1000
-    keys: tuple[str, ...] = ("loss", "grad_norm")
-    min_history: int = pydantic.Field(default=10, ge=2)
-
-
 _isfinite, _sqrt = math.isfinite, math.sqrt  # module globals: one lookup less per use
 
 
@@ -415,7 +390,7 @@ class _Series:
         self.recent = sum(flags)
 
 
-@register("stability_monitor", StabilityMonitorConfig)
+@register("stability_monitor")
 class StabilityMonitor(Callback):
     """Flags loss and gradient-norm spikes at every step, and scores how often they happen.
 
@@ -449,27 +424,16 @@ class StabilityMonitor(Callback):
 
     def __init__(
         self,
-        window: int = 100,
-        threshold: float = 3.0,
-        keys: Sequence[str] = ("loss", "grad_norm"),
-        min_history: int = 10,
-        rolling_window: int = 1000,
+        window: Annotated[int, pydantic.Strict(), Ge(2)] = 100,
+        threshold: PositiveFloat = 3.0,
+        keys: Sequence[str] | str = ("loss", "grad_norm"),
+        min_history: Annotated[int, pydantic.Strict(), Ge(2)] = 10,
+        rolling_window: PositiveInt = 1000,
     ) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ConfigError(f"StabilityMonitor(window={window!r}): use an int >= 2")
-        if not threshold > 0:
-            raise ConfigError(f"StabilityMonitor(threshold={threshold!r}): use a number > 0")
-        if not 2 <= min_history <= window:
+        if min_history > window:
             raise ConfigError(
-                f"StabilityMonitor(min_history={min_history!r}): use 2 <= min_history <= window"
-            )
-        if (
-            isinstance(rolling_window, bool)
-            or not isinstance(rolling_window, int)
-            or rolling_window < 1
-        ):
-            raise ConfigError(
-                f"StabilityMonitor(rolling_window={rolling_window!r}): use an int >= 1"
+                f"StabilityMonitor(min_history={min_history!r}): use 2 <= min_history <= "
+                f"window ({window})"
             )
         if isinstance(keys, str):
             keys = (keys,)
@@ -564,14 +528,7 @@ class StabilityMonitor(Callback):
 
 
 # ---------------------------------------------------------------------------------------------
-class GradientMonitorConfig(pydantic.BaseModel):
-    """Params of `GradientMonitor`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every: pydantic.PositiveInt = 10
-
-
-@register("gradient_monitor", GradientMonitorConfig)
+@register("gradient_monitor")
 class GradientMonitor(Callback):
     """Per-parameter gradient and parameter 2-norms, each `every` steps.
 
@@ -588,8 +545,8 @@ class GradientMonitor(Callback):
 
     priority = MONITOR_PRIORITY
 
-    def __init__(self, every: int = 10) -> None:
-        self.every = _check_every("GradientMonitor", every)
+    def __init__(self, every: PositiveInt = 10) -> None:
+        self.every = every
         self._params: list[tuple[str, str, torch.Tensor]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -638,21 +595,7 @@ class GradientMonitor(Callback):
 
 
 # ---------------------------------------------------------------------------------------------
-class ProfilerCallbackConfig(pydantic.BaseModel):
-    """Params of `ProfilerCallback`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    wait: int = pydantic.Field(default=1, ge=0)
-    warmup: int = pydantic.Field(default=1, ge=0)
-    active: pydantic.PositiveInt = 3
-    repeat: int = pydantic.Field(default=1, ge=0)
-    skip_first: int = pydantic.Field(default=0, ge=0)
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-
-
-@register("profiler", ProfilerCallbackConfig)
+@register("profiler")
 class ProfilerCallback(Callback):
     """Profiles a few training steps with `torch.profiler` and writes the traces to disk.
 
@@ -671,20 +614,15 @@ class ProfilerCallback(Callback):
 
     def __init__(
         self,
-        wait: int = 1,
-        warmup: int = 1,
-        active: int = 3,
-        repeat: int = 1,
-        skip_first: int = 0,
+        wait: NonNegativeInt = 1,
+        warmup: NonNegativeInt = 1,
+        active: PositiveInt = 3,
+        repeat: NonNegativeInt = 1,
+        skip_first: NonNegativeInt = 0,
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
     ) -> None:
-        if active < 1 or min(wait, warmup, repeat, skip_first) < 0:
-            raise ConfigError(
-                f"ProfilerCallback(wait={wait}, warmup={warmup}, active={active}, "
-                f"repeat={repeat}, skip_first={skip_first}): active >= 1, the others >= 0"
-            )
         self.wait, self.warmup, self.active = wait, warmup, active
         self.repeat, self.skip_first = repeat, skip_first
         self.record_shapes = record_shapes
@@ -746,15 +684,7 @@ class ProfilerCallback(Callback):
 
 
 # ---------------------------------------------------------------------------------------------
-class GarbageCollectorConfig(pydantic.BaseModel):
-    """Params of `GarbageCollector`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every: pydantic.PositiveInt = 100
-    generation: int = pydantic.Field(default=1, ge=0, le=2)
-
-
-@register("garbage_collector", GarbageCollectorConfig)
+@register("garbage_collector")
 class GarbageCollector(Callback):
     """Turns automatic garbage collection off during training and collects on a schedule.
 
@@ -766,10 +696,8 @@ class GarbageCollector(Callback):
     comes back at `on_train_end`, `on_error` or `close`, whichever comes first.
     """
 
-    def __init__(self, every: int = 100, generation: int = 1) -> None:
-        self.every = _check_every("GarbageCollector", every)
-        if generation not in (0, 1, 2):
-            raise ConfigError(f"GarbageCollector(generation={generation!r}): use 0, 1 or 2")
+    def __init__(self, every: PositiveInt = 100, generation: Literal[0, 1, 2] = 1) -> None:
+        self.every = every
         self.generation = generation
         self._was_enabled: bool | None = None
 
@@ -800,18 +728,7 @@ class GarbageCollector(Callback):
 
 
 # ---------------------------------------------------------------------------------------------
-class EarlyStoppingConfig(pydantic.BaseModel):
-    """Params of `EarlyStopping`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    metric: str
-    eval_name: str | None = None
-    patience: pydantic.PositiveInt = 3
-    mode: Literal["min", "max"] = "min"
-    min_delta: float = pydantic.Field(default=0.0, ge=0.0)
-
-
-@register("early_stopping", EarlyStoppingConfig)
+@register("early_stopping")
 class EarlyStopping(Callback):
     """Stops training when `metric` has not improved for `patience` checks in a row.
 
@@ -831,20 +748,12 @@ class EarlyStopping(Callback):
 
     def __init__(
         self,
-        metric: str,
-        eval_name: str | None = None,
-        patience: int = 3,
+        metric: NonEmptyStr,
+        eval_name: NonEmptyStr | None = None,
+        patience: PositiveInt = 3,
         mode: Literal["min", "max"] = "min",
-        min_delta: float = 0.0,
+        min_delta: NonNegativeFloat = 0.0,
     ) -> None:
-        if not metric:
-            raise ConfigError("EarlyStopping needs the metric to watch, e.g. metric='loss'")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ConfigError(f"EarlyStopping(patience={patience!r}): use an int >= 1")
-        if mode not in ("min", "max"):
-            raise ConfigError(f"EarlyStopping(mode={mode!r}): use 'min' or 'max'")
-        if min_delta < 0:
-            raise ConfigError(f"EarlyStopping(min_delta={min_delta!r}): use a number >= 0")
         self.metric = metric
         self.eval_name = eval_name
         self.patience = patience

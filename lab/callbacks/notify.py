@@ -9,7 +9,7 @@ imported when the first message is sent, so the module imports without it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -17,8 +17,8 @@ import pydantic
 from lab._imports import require
 from lab._secrets import logger, mask, register_url
 from lab._table import plural
+from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
-from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
@@ -31,17 +31,18 @@ NotifyOn = Literal["end", "failure", "both"]
 ON_CHOICES: tuple[str, ...] = ("end", "failure", "both")
 
 
-class NotifierConfig(pydantic.BaseModel):
-    """The params of ``{"kind": "notifier", "params": {...}}``."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    url: str
-    on: NotifyOn = "both"
-    timeout_s: float = pydantic.Field(default=5.0, gt=0)
+def _webhook_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("give an http(s) webhook URL")
+    return url
 
 
-@register("notifier", NotifierConfig)
+#: An http(s) URL with a host.
+WebhookUrl = Annotated[str, pydantic.AfterValidator(_webhook_url)]
+
+
+@register("notifier")
 class Notifier(Callback):
     """Posts ``{"text": ...}`` to a webhook (Slack, Mattermost, Discord's /slack endpoint).
 
@@ -57,14 +58,9 @@ class Notifier(Callback):
 
     priority = -50
 
-    def __init__(self, url: str, on: NotifyOn = "both", timeout_s: float = 5.0) -> None:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"Notifier(url=...): give an http(s) webhook URL, got {url!r}")
-        if on not in ON_CHOICES:
-            raise ConfigError(f"Notifier(on={on!r}): use one of {', '.join(ON_CHOICES)}")
-        if not timeout_s > 0:
-            raise ConfigError(f"Notifier(timeout_s={timeout_s!r}): use a positive number")
+    def __init__(
+        self, url: WebhookUrl, on: NotifyOn = "both", timeout_s: PositiveFloat = 5.0
+    ) -> None:
         require("httpx", "notify", "Notifier")
         register_url(url)  # httpx logs each request's URL: its path is the token
         self.url = url

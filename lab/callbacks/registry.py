@@ -1,18 +1,27 @@
-"""Every built-in callback under a registered name, with a pydantic `Config` for its params.
+"""Every built-in callback under a registered name; its parameters are stated once, in
+``__init__``'s signature.
 
-`build([{"kind": "speed_monitor", "params": {"every": 10}}, ...])` makes callbacks from
-YAML or JSON. An unknown kind, or a param its `Config` does not declare, is a `ConfigError`
-that lists the valid ones.
+`register` builds the callback's pydantic `Config` from that signature (the annotations,
+with constraints such as `PositiveInt` from `lab.callbacks.params`, and the defaults) and
+wraps ``__init__`` so that every call is checked against it. `build([{"kind":
+"speed_monitor", "params": {"every": 10}}, ...])` makes callbacks from YAML or JSON by
+calling the class, so Python and a file go through the same check and get the same one-line
+`ConfigError`, ``SpeedMonitor(every=0): use an int >= 1``. An unknown kind, or a param the
+signature does not have, lists the valid ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import functools
+import inspect
+import reprlib
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
 
-from lab._validation import describe
+from lab._validation import expected
 from lab.errors import ConfigError
 from lab.hooks import Callback
 
@@ -21,18 +30,131 @@ C = TypeVar("C", bound=type[Callback])
 #: kind -> (callback class, its Config). Filled by `register` as the modules are imported.
 REGISTRY: dict[str, tuple[type[Callback], type[pydantic.BaseModel]]] = {}
 
+_CHECKED = "__lab_checked__"  # set on an __init__ that `register` wrapped
+_repr = reprlib.Repr()
+_repr.maxstring, _repr.maxother, _repr.maxlist = 60, 60, 8
 
-def register(kind: str, config: type[pydantic.BaseModel]) -> Callable[[C], C]:
-    """Register a callback class under `kind`; it is built as ``cls(**config(**params))``."""
+
+def register(
+    kind: str, config: type[pydantic.BaseModel] | None = None, *, live: Sequence[str] = ()
+) -> Callable[[C], C]:
+    """Register a callback class under `kind`, so a file can name it, and check its params.
+
+    The class's `Config` is built from ``__init__``'s signature (or given as `config`, a
+    pydantic model whose fields match the signature), and ``__init__`` is wrapped to
+    validate every argument against it: a callback states its parameters once and Python
+    and YAML check them the same way. `live` names constructor arguments that are live
+    objects (a stream, a console), which a file cannot hold: they are not checked.
+    """
 
     def decorate(cls: C) -> C:
         if kind in REGISTRY and REGISTRY[kind][0] is not cls:
             raise ConfigError(f"callback kind {kind!r} is registered twice")
-        REGISTRY[kind] = (cls, config)
-        cls.Config = config  # type: ignore[attr-defined]
+        model = config if config is not None else config_from_signature(cls, live=live)
+        REGISTRY[kind] = (cls, model)
+        cls.Config = model  # type: ignore[attr-defined]
+        if not getattr(cls.__init__, _CHECKED, False) or "__init__" in vars(cls):
+            cls.__init__ = _checked_init(cls, model)  # type: ignore[method-assign]
         return cls
 
     return decorate
+
+
+def config_from_signature(
+    cls: type, *, live: Sequence[str] = (), name: str | None = None
+) -> type[pydantic.BaseModel]:
+    """A pydantic model with one field per parameter of ``cls.__init__`` (less `live`):
+    the annotation is the field's type, the default its default, and unknown fields are
+    rejected. It is ``cls.Config`` (pickled by reference, as ``<module>.<Class>.Config``).
+    """
+    init = cls.__init__
+    params = inspect.signature(init).parameters
+    unknown = sorted(set(live) - set(params))
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: live={unknown} are not parameters of __init__")
+    raw = inspect.get_annotations(inspect.unwrap(init))
+    namespace = getattr(inspect.unwrap(init), "__globals__", {})
+    fields: dict[str, Any] = {}
+    for pname, p in list(params.items())[1:]:  # [0] is self
+        if pname in live or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        try:
+            annotation = _resolve(raw.get(pname, Any), namespace)
+        except NameError as exc:
+            raise ConfigError(
+                f"{cls.__name__}({pname}: {raw[pname]}): {exc}; import it at the top of "
+                f"{cls.__module__}, where the annotation is looked up"
+            ) from None
+        fields[pname] = (annotation, ... if p.default is p.empty else p.default)
+    model = pydantic.create_model(  # type: ignore[call-overload]
+        name or f"{cls.__name__}Config",
+        __config__=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+        __module__=cls.__module__,
+        __doc__=f"The params of `{cls.__name__}`, built from its signature.",
+        **fields,
+    )
+    model.__qualname__ = f"{cls.__qualname__}.Config"
+    return model
+
+
+def _resolve(annotation: Any, namespace: dict[str, Any]) -> Any:
+    """A string annotation (``from __future__ import annotations``) as the type it names,
+    looked up in the callback's module; constraints inside ``Annotated`` are kept."""
+    if not isinstance(annotation, str):
+        return annotation
+
+    def holder() -> None: ...
+
+    holder.__annotations__ = {"x": annotation}
+    return typing.get_type_hints(holder, globalns=namespace, include_extras=True)["x"]
+
+
+def _checked_init(cls: type, model: type[pydantic.BaseModel]) -> Callable[..., None]:
+    """``cls.__init__``, checking each given argument against `model` first and passing on
+    what it validated (a list for a tuple becomes a tuple, an int for a float a float).
+
+    Arguments left out keep their defaults unchecked; a wrong call (a missing or unknown
+    argument) is Python's TypeError, as for any function.
+    """
+    init = cls.__init__
+    signature = inspect.signature(init)
+    fields = model.model_fields
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        given = {k: v for k, v in bound.arguments.items() if k in fields}
+        try:
+            checked = model.model_validate(given)
+        except pydantic.ValidationError as exc:
+            raise ConfigError(param_error(cls.__name__, model, exc, given)) from None
+        for key in given:
+            bound.arguments[key] = getattr(checked, key)
+        init(*bound.args, **bound.kwargs)
+
+    setattr(__init__, _CHECKED, True)
+    return __init__
+
+
+def param_error(
+    owner: str, model: type[pydantic.BaseModel], exc: pydantic.ValidationError, given: Any
+) -> str:
+    """The first problem of `exc` as one line, ``Owner(param=value): use ...``: the owner,
+    the parameter, the value it got and what to give instead."""
+    errors = exc.errors()
+    first = errors[0]
+    param = str(first["loc"][0]) if first["loc"] else ""
+    value = given.get(param, first.get("input")) if isinstance(given, Mapping) else None
+    if first["type"] == "value_error":  # a validator's own words
+        fix = str(first["msg"]).removeprefix("Value error, ")
+    elif param in model.model_fields:
+        field = model.model_fields[param]
+        fix = f"use {expected(field.annotation, field.metadata)}"
+    else:
+        fix = str(first["msg"])
+    others = {e["loc"][0] for e in errors if e["loc"]} - {param}  # one per param, not per branch
+    more = f" (and {len(others)} more)" if others else ""
+    return f"{owner}({param}={_repr.repr(value)}): {fix}{more}"
 
 
 def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
@@ -73,15 +195,17 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
                 f"{type(params).__name__} {params!r}; write params: {{name: value}}"
             )
         params = dict(params)
-        unknown = sorted(set(params) - set(config.model_fields))
+        fields = config.model_fields
+        unknown = sorted(set(params) - set(fields))
         if unknown:
-            valid = ", ".join(sorted(config.model_fields)) or "none"
+            valid = ", ".join(sorted(fields)) or "none"
             raise ConfigError(f"{kind}: unknown params {unknown}; valid: {valid}")
-        try:
-            values = config(**params)
-        except pydantic.ValidationError as exc:
-            raise ConfigError(f"{kind}: {describe(exc, config)}") from None
-        callback = cls(**values.model_dump())
+        missing = [n for n, f in fields.items() if f.is_required() and n not in params]
+        if missing:
+            raise ConfigError(
+                f"{kind}: missing params {missing}; write params: {{{missing[0]}: ...}}"
+            )
+        callback = cls(**params)  # checked by the class itself, as from Python
         if critical:
             callback.critical = True  # its failure fails the run (see the failure policy)
         out.append(callback)

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-import pydantic
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -31,6 +30,7 @@ from rich.text import Text
 
 from lab._secrets import mask
 from lab._table import plural
+from lab.callbacks.params import PositiveFloat, PositiveInt
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
@@ -38,20 +38,6 @@ from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, Loo
 if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.training import LoopArtifacts, TrainingBatch
-
-
-class ConsoleLoggerConfig(pydantic.BaseModel):
-    """The params of ``{"kind": "console_logger", "params": {...}}``."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    every: int = pydantic.Field(default=100, ge=1)
-    metrics: tuple[str, ...] = ("loss",)
-    summary_metric: str | None = None
-    summary_mode: Literal["min", "max"] = "min"
-    every_s: float | None = pydantic.Field(default=None, gt=0)
-    progress: bool | None = None
-    summary: bool = True
 
 
 @dataclass
@@ -80,7 +66,7 @@ class _Live:
         return done / elapsed if done > 0 and elapsed > 0 else None
 
 
-@register("console_logger", ConsoleLoggerConfig)
+@register("console_logger", live=("stream", "console"))
 class ConsoleLogger(Callback):
     """Shows each run's progress and ends each run and the experiment with a summary.
 
@@ -100,23 +86,17 @@ class ConsoleLogger(Callback):
 
     def __init__(
         self,
-        every: int = 100,
+        every: PositiveInt = 100,
         metrics: tuple[str, ...] = ("loss",),
         stream: TextIO | None = None,
         summary_metric: str | None = None,
         summary_mode: Literal["min", "max"] = "min",
         *,
-        every_s: float | None = None,
+        every_s: PositiveFloat | None = None,
         progress: bool | None = None,
         console: Console | None = None,
         summary: bool = True,
     ) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"ConsoleLogger(every={every!r}): use an int >= 1")
-        if every_s is not None and not every_s > 0:
-            raise ConfigError(f"ConsoleLogger(every_s={every_s!r}): use seconds > 0, or None")
-        if summary_mode not in ("min", "max"):
-            raise ConfigError(f"ConsoleLogger(summary_mode={summary_mode!r}): use 'min' or 'max'")
         self.every = every
         self.every_s = every_s
         self.metrics = tuple(metrics)

@@ -28,8 +28,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import pydantic
-
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
@@ -61,16 +59,7 @@ def group_key(name: str) -> str:
     return f"sql:group:{name}"
 
 
-class SqlLoggerConfig(pydantic.BaseModel):
-    """The params of ``{"kind": "sql_logger", "params": {...}}``: the store's URL, or None
-    for ``LAB_STORE_URL``, else ``sqlite:///lab.db``."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    store: str | None = None
-
-
-@register("sql_logger", SqlLoggerConfig)
+@register("sql_logger")
 class SqlLogger(Callback):
     """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
 

@@ -27,15 +27,15 @@ import json
 import math
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 
 from lab._atomic import write_text_atomic
 from lab._background import BackgroundCalls
 from lab._imports import require
+from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import register
-from lab.errors import ConfigError
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
@@ -79,20 +79,7 @@ def run_id_for(run_dir: Path | None) -> str:
     return fresh
 
 
-class WandbLoggerConfig(pydantic.BaseModel):
-    """The params of ``{"kind": "wandb_logger", "params": {...}}``."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    project: str
-    entity: str | None = None
-    mode: Literal["online", "offline", "disabled"] | None = None
-    log_every: int = pydantic.Field(default=10, ge=1)
-    predictions_table: bool = True
-    checkpoints: CheckpointMode | None = "summary"
-
-
-@register("wandb_logger", WandbLoggerConfig)
+@register("wandb_logger")
 class WandbLogger(Callback):
     """One wandb run per lab run, grouped by arm, continued when the lab run resumes.
 
@@ -119,26 +106,14 @@ class WandbLogger(Callback):
 
     def __init__(
         self,
-        project: str,
+        project: Annotated[str, pydantic.StringConstraints(strip_whitespace=True, min_length=1)],
         entity: str | None = None,
         mode: Literal["online", "offline", "disabled"] | None = None,
-        log_every: int = 10,
+        log_every: PositiveInt = 10,
         predictions_table: bool = True,
         checkpoints: CheckpointMode | None = "summary",
     ) -> None:
-        if not isinstance(project, str) or not project.strip():
-            raise ConfigError("WandbLogger needs a project name, e.g. WandbLogger('my-proj')")
         require("wandb", "wandb", "WandbLogger")
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-            raise ConfigError(f"WandbLogger(log_every={log_every!r}): use an int >= 1")
-        if checkpoints not in ("summary", "artifact", None):
-            raise ConfigError(
-                f"WandbLogger(checkpoints={checkpoints!r}): use 'summary', 'artifact' or None"
-            )
-        if mode not in ("online", "offline", "disabled", None):
-            raise ConfigError(
-                f"WandbLogger(mode={mode!r}): use 'online', 'offline', 'disabled' or None"
-            )
         self.project = project
         self.entity = entity
         self.mode = mode
