@@ -199,6 +199,10 @@ def run_file(
     file: Annotated[
         Path, typer.Argument(metavar="FILE", help="Experiment file: .yaml, .yml or .json")
     ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value overrides of the file: repeats=5 base_config.lr=0.1"),
+    ] = None,
     store: StoreOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
@@ -207,6 +211,9 @@ def run_file(
 ) -> None:
     """Run the experiment an experiment file describes and print its summary.
 
+    Overrides after the file change its values first, as dotted keys with YAML values:
+    ``lab run sweep.yaml repeats=5 base_config.lr=0.1 arms.small.lr=1e-3``.
+
     Exits 1 when the file is wrong (one line, nothing runs) and when any run failed (after
     the summary, one line naming the failures); 0 when every run completed or stopped; 130
     when interrupted (after what finished, and the command that continues it).
@@ -214,10 +221,11 @@ def run_file(
     from lab.experiment_file import plan, read_experiment_file
     from lab.store import resolve_url
 
-    spec = read_experiment_file(file)
+    spec = read_experiment_file(file, overrides or ())
     exp = spec.build(store=store)
     if dry_run:
-        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {file}")
+        again = " ".join(shlex.quote(str(a)) for a in (file, *(overrides or ())))
+        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {again}")
         return
     again = ["lab", "run", str(file)] + (["--store", _shown(store)] if store is not None else [])
     result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))

@@ -28,11 +28,13 @@ reference.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import inspect
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,13 +42,17 @@ import pydantic
 import yaml
 from sqlalchemy.engine import make_url
 
+from lab._arm_grid import expand_arms
+from lab._overrides import apply_overrides
 from lab._table import plural, render
 from lab._validation import describe, unknown_field
 from lab.callbacks.registry import build
 from lab.errors import ConfigError, StoreError
 from lab.experiment import Arm, Experiment, ExperimentResult, Summary, safe_name
+from lab.hooks import Callback
 from lab.loggers.sql import SqlLogger
 from lab.loop.evals import Evaluator
+from lab.loop.metric_names import LOOP_METRICS, close_matches, logged_by, needed_by
 
 __all__ = ["ArmEntry", "ExperimentFile", "SummaryEntry", "load_experiment", "plan",
            "read_experiment_file"]  # fmt: skip
@@ -124,6 +130,12 @@ class ExperimentFile(pydantic.BaseModel):
     notes: str | None = None
 
     _source: Path | None = pydantic.PrivateAttr(default=None)
+    _overrides: tuple[str, ...] = pydantic.PrivateAttr(default=())
+
+    @pydantic.field_validator("arms", mode="before")
+    @classmethod
+    def _grids(cls, value: Any) -> Any:
+        return expand_arms(value)  # a grid entry: one arm per combination (lab._arm_grid)
 
     @pydantic.field_validator("store")
     @classmethod
@@ -170,17 +182,23 @@ class ExperimentFile(pydantic.BaseModel):
             data = self.base_config or {}
             typo = unknown_field(model, data, at=("base_config",))
             if typo is not None:
-                raise ConfigError(f"{label}: {typo}")
+                raise ConfigError(f"{label}: {typo}{self._from_overrides('base_config')}")
             try:
                 base = model.model_validate(data)
             except pydantic.ValidationError as exc:
-                raise ConfigError(f"{label}: {describe(exc, model, at=('base_config',))}") from None
+                where = describe(exc, model, at=("base_config",))
+                raise ConfigError(
+                    f"{label}: {where}{self._from_overrides('base_config')}"
+                ) from None
         functions = {name: _function(ref, folder, label, f"benchmarks.{name}")
                      for name, ref in self.benchmarks.items()}  # fmt: skip
         try:
             callbacks = build(self.callbacks)
         except ConfigError as exc:
             raise ConfigError(f"{label}: callbacks: {exc}") from None
+        metric = self.summary.metric
+        if metric is not None and metric.partition("/")[0] not in self.benchmarks:
+            callbacks.append(SummaryMetric(metric, f"{label}: summary.metric {metric!r}"))
         try:
             benchmarks = [Evaluator(name, fn) for name, fn in functions.items()]
             arms = [Arm(a.name, stages=a.stages, carry=a.carry, **a.overrides)
@@ -216,17 +234,25 @@ class ExperimentFile(pydantic.BaseModel):
         except ConfigError as exc:  # a metric no run logged: a typo in the file
             raise ConfigError(f"{self._label()}: summary: {exc}") from None
 
+    def _from_overrides(self, field: str) -> str:
+        """`` (overrides: base_config.lr=x)``: the overrides of `field`, where a bad value of
+        it may have come from."""
+        mine = [o for o in self._overrides if o.partition("=")[0].split(".")[0] == field]
+        return f" (overrides: {' '.join(mine)})" if mine else ""
+
     def _label(self) -> str:
         """How messages name the file: its path as given."""
         return str(self._source) if self._source is not None else "experiment file"
 
 
-def read_experiment_file(path: str | Path) -> ExperimentFile:
+def read_experiment_file(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentFile:
     """Parse and check an experiment file without importing or running anything, so a
     mistake in it costs one line, not a run that dies later.
 
     The suffix picks the format: ``.yaml``/``.yml`` (YAML, loaded safely; a key written twice
-    is an error rather than silently the last) or ``.json``.
+    is an error rather than silently the last) or ``.json``. `overrides` change the file's
+    values before it is checked, as ``lab run FILE repeats=5 base_config.lr=0.1`` does
+    (dotted keys, YAML values; see `lab._overrides`).
     """
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
@@ -246,22 +272,56 @@ def read_experiment_file(path: str | Path) -> ExperimentFile:
             f"{path}: the file holds a {type(data).__name__}, not fields; write name:, train:, "
             "... at the top level"
         )
+    if overrides:
+        try:
+            data = apply_overrides(data, overrides, fields=_override_fields)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     try:
         spec = ExperimentFile.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise ConfigError(f"{path}: {describe(exc, ExperimentFile)}") from None
+        raise ConfigError(
+            f"{path}: {describe(exc, ExperimentFile)}{_from(exc, overrides)}"
+        ) from None
     spec._source = path
+    spec._overrides = tuple(overrides)
     return spec
 
 
-def load_experiment(path: str | Path, *, store: str | Literal[False] | None = None) -> Experiment:
+def _override_fields(path: tuple[str, ...]) -> list[str] | None:
+    """The keys an override may set at `path`: the file's fields, the summary's; any key
+    elsewhere (a base config's or an arm's, which the config's model checks at build)."""
+    if path == ():
+        return list(ExperimentFile.model_fields)
+    if path == ("summary",):
+        return list(SummaryEntry.model_fields)
+    return None
+
+
+def _from(exc: pydantic.ValidationError, overrides: Sequence[str]) -> str:
+    """`` (from the override 'repeats=many')`` when the bad value came from one."""
+    loc = tuple(str(p) for p in exc.errors()[0]["loc"])
+    for text in reversed(overrides):
+        key = tuple(text.partition("=")[0].strip().split("."))
+        if loc[: len(key)] == key or key[: len(loc)] == loc:
+            return f" (from the override {text!r})"
+    return ""
+
+
+def load_experiment(
+    path: str | Path,
+    *,
+    store: str | Literal[False] | None = None,
+    overrides: Sequence[str] = (),
+) -> Experiment:
     """The `Experiment` an experiment file describes, built and checked, not yet run: the same
     study from a file that a launcher, a sweep tool or a colleague can edit without code.
 
-    `store` wins over the file's ``store``, which wins over ``LAB_STORE_URL``. The file's
+    `store` wins over the file's ``store``, which wins over ``LAB_STORE_URL``. `overrides`
+    (``["repeats=5", "base_config.lr=0.1"]``) change the file's values first. The file's
     folder stays on ``sys.path`` (for the worker processes of ``executor: processes``).
     """
-    return read_experiment_file(path).build(store=store)
+    return read_experiment_file(path, overrides).build(store=store)
 
 
 def plan(exp: Experiment) -> str:
@@ -278,7 +338,7 @@ def plan(exp: Experiment) -> str:
     if exp.base_config is not None:
         config = json.dumps(exp.base_config.model_dump(mode="json"))
         lines.append(f"config: {type(exp.base_config).__name__} {config}")
-    sinks = [type(cb).__name__ for cb in exp.callbacks]
+    sinks = [type(cb).__name__ for cb in exp.callbacks if not isinstance(cb, SummaryMetric)]
     if exp.store is False:
         lines.append("store: none (store: false)")
     else:
@@ -289,6 +349,7 @@ def plan(exp: Experiment) -> str:
         lines.append(f"store: {shown}")
     lines.append(f"run folders: {exp.output_dir / safe_name(exp.name)}/<run>")
     lines.append(f"callbacks: {', '.join(sinks) or 'none'}")
+    lines += _metric_lines(exp)
     if exp.benchmarks:
         lines.append(f"benchmarks: {', '.join(b.name for b in exp.benchmarks)}")
     rows = []
@@ -301,6 +362,42 @@ def plan(exp: Experiment) -> str:
         rows.append((arm.name, cell, ", ".join(keys)))
     lines += ["", render(("arm", "overrides", "runs"), rows)]
     return "\n".join(lines)
+
+
+class SummaryMetric(Callback):
+    """The file's ``summary.metric``, handed to every fit as a needed metric name, so a typo
+    shows at the first step or eval of the first run (a WARNING with the close matches), not
+    after the last run, when the summary cannot rank by it. It fires no hook."""
+
+    def __init__(self, metric: str, who: str) -> None:
+        self.metrics_needed = {metric: who}
+
+
+def _metric_lines(exp: Experiment) -> list[str]:
+    """The plan's word on the metric names its callbacks and summary need: which ones the
+    known sources declare, and a warning for each that looks like a typo of one of them.
+
+    ``train(run)`` builds the loop, its evaluators and loss function, so before the runs
+    only the loop's own metrics, the callbacks' and declared benchmark metrics are known;
+    a name beyond them is looked for at each run's first step or eval.
+    """
+    needed = needed_by(exp.callbacks)
+    if not needed:
+        return []
+    known = [*LOOP_METRICS, *logged_by(exp.callbacks)]
+    known += [f"{b.name}/{k}" for b in exp.benchmarks for k in b.metrics or ()]
+    lines, later = [], []
+    for name, who in needed.items():
+        if any(fnmatch.fnmatchcase(name, p) for p in known):
+            continue
+        later.append(name)
+        matches = close_matches(name, known)
+        if matches:
+            guess = " or ".join(repr(m) for m in matches)
+            lines.append(f"warning: {who}: no known source logs {name!r}; did you mean {guess}?")
+    if later:
+        lines.append(f"metrics looked for at each run's first step or eval: {', '.join(later)}")
+    return lines
 
 
 # -- parsing ---------------------------------------------------------------------------------

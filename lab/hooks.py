@@ -51,9 +51,10 @@ import os
 import traceback
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lab._secrets import logger
@@ -261,6 +262,12 @@ class Callback:
     #: as each run's result arrives from its worker (its copy in the worker gets it too).
     #: For a display that counts runs done; a sink that records runs must leave it False.
     run_end_in_parent: ClassVar[bool] = False
+    #: The keys this callback adds to a step's metrics (exact, or glob patterns such as
+    #: ``"throughput/*"``), so a name that something needs is known before the first step.
+    metrics_logged: tuple[str, ...] = ()
+    #: The metric names this callback reads, as the store names them (``"val/loss"``), each
+    #: with who needs it: checked when a fit starts (see `lab.loop.metric_names`).
+    metrics_needed: Mapping[str, str] = MappingProxyType({})
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:

@@ -221,6 +221,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
         f"store: sqlite:///{db}",
         "run folders: runs/lr-sweep/<run>",
         "callbacks: ConsoleLogger, JsonlLogger, MetricSaver, SqlLogger",
+        "metrics looked for at each run's first step or eval: val/loss",
         "benchmarks: holdout",
         "",
         "arm    overrides     runs",

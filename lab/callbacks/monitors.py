@@ -71,6 +71,12 @@ class SpeedMonitor(Callback):
     """
 
     priority = MONITOR_PRIORITY
+    metrics_logged = (
+        "throughput/steps_per_s",
+        "throughput/samples_per_s",
+        "throughput/tokens_per_s",
+        "throughput/mfu",
+    )
 
     def __init__(
         self,
@@ -177,6 +183,12 @@ class GPUMemoryMonitor(Callback):
     """
 
     priority = MONITOR_PRIORITY
+    metrics_logged = (
+        "gpu_memory/allocated_mb",
+        "gpu_memory/reserved_mb",
+        "gpu_memory/max_allocated_mb",
+        "gpu_memory/alloc_retries",
+    )
 
     def __init__(self, every: PositiveInt = 1) -> None:
         self.every = every
@@ -440,6 +452,12 @@ class StabilityMonitor(Callback):
         self.window = window
         self.threshold = float(threshold)
         self.keys = tuple(keys)
+        self.metrics_logged = tuple(
+            f"stability/{k}_{suffix}"
+            for k in self.keys
+            for suffix in ("spike", "spike_score", "spike_score_total")
+        )
+        self.metrics_needed = {k: f"StabilityMonitor(keys={self.keys!r})" for k in self.keys}
         self.min_history = int(min_history)
         self.rolling_window = rolling_window
         self._series = {k: _Series(k, window, rolling_window) for k in self.keys}
@@ -544,6 +562,7 @@ class GradientMonitor(Callback):
     """
 
     priority = MONITOR_PRIORITY
+    metrics_logged = ("grad_norm/*", "param_norm/*")
 
     def __init__(self, every: PositiveInt = 10) -> None:
         self.every = every
@@ -756,6 +775,9 @@ class EarlyStopping(Callback):
     ) -> None:
         self.metric = metric
         self.eval_name = eval_name
+        watched = f"{eval_name}/{metric}" if eval_name else metric
+        args = f"{metric!r}, eval_name={eval_name!r}" if eval_name else f"{metric!r}"
+        self.metrics_needed = {watched: f"EarlyStopping({args})"}
         self.patience = patience
         self.mode = mode
         self.min_delta = float(min_delta)

@@ -59,7 +59,10 @@ class Evaluator:
     per-example predictions (a benchmark). Choose when with `every` (each N steps),
     `at_steps` (fixed steps), `at_start` (before the first step, as step 0; so does
     ``0 in at_steps``) and `at_end`. Passed to ``Experiment(benchmarks=[...])`` it runs once
-    per run, after training, and the `when` arguments are not used.
+    per run, after training, and the `when` arguments are not used. `metrics` names the keys
+    `fn` returns, when they are known: a name needed from it (``"val/loss"`` for
+    `EarlyStopping` or a checkpoint's metric) is then checked before the first step, and a
+    typo is an error rather than a metric that never shows up.
 
     >>> Evaluator("val", lambda model: {"loss": 0.5}, every=50).due(100, num_steps=200)
     True
@@ -74,6 +77,7 @@ class Evaluator:
         at_steps: Iterable[int] = (),
         at_start: bool = False,
         at_end: bool = False,
+        metrics: Iterable[str] | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError("Evaluator needs a non-empty name, e.g. Evaluator('val', fn)")
@@ -90,6 +94,11 @@ class Evaluator:
             raise ConfigError(f"Evaluator {name!r}: at_steps must be steps >= 0")
         self.at_start = at_start or 0 in self.at_steps
         self.at_end = at_end
+        if isinstance(metrics, str):
+            raise ConfigError(
+                f"Evaluator {name!r}: metrics={metrics!r}; give a list of keys, e.g. ['loss']"
+            )
+        self.metrics: tuple[str, ...] | None = tuple(metrics) if metrics is not None else None
 
     def due(self, step: int, *, num_steps: int) -> bool:
         """Whether this evaluator runs after step `step` (1..num_steps; step 0 is

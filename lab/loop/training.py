@@ -21,6 +21,13 @@ from lab.errors import CheckpointError, ConfigError, LossError
 from lab.hooks import Callback, Dispatcher, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
+from lab.loop.metric_names import (
+    LOOP_METRICS,
+    MetricWatch,
+    check_metric_names,
+    logged_by,
+    needed_by,
+)
 
 if TYPE_CHECKING:
     from lab.experiment import RunSpec
@@ -75,7 +82,10 @@ class LoopArtifacts:
 class TrainingLoop:
     """Trains `model` for `num_steps` optimizer steps and fires every loop hook in place.
 
-    `loss_fn(model, batch)` returns a scalar loss tensor, or `(loss, metrics)` to log more.
+    `loss_fn(model, batch)` returns a scalar loss tensor, or `(loss, metrics)` to log more;
+    `loss_metrics` names the keys of those metrics, when they are known. With them, and
+    `Evaluator(metrics=...)`, a metric name that a callback or the checkpoint config needs
+    but nothing logs is an error before the first step (see `lab.loop.metric_names`).
     `data` is any iterable of batches and is iterated again at each epoch's end.
 
     >>> import torch
@@ -102,6 +112,7 @@ class TrainingLoop:
         evaluators: Sequence[Evaluator] = (),
         checkpoint: CheckpointConfig | None = None,
         callbacks: Sequence[Callback] = (),
+        loss_metrics: Sequence[str] | None = None,
     ) -> None:
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
@@ -122,8 +133,12 @@ class TrainingLoop:
         self.evaluators = list(evaluators)
         self.checkpoint = checkpoint
         self.callbacks = list(callbacks)
+        if isinstance(loss_metrics, str):
+            raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
+        self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
         self._epoch_rng: dict[str, Any] | None = None  # RNG at the current epoch's start
         self._async_manager: CheckpointManager | None = None  # has a save in flight
+        self._watch: MetricWatch | None = None  # needed metric names to look for, this fit
 
     # ------------------------------------------------------------------------------------
     def fit(
@@ -181,6 +196,7 @@ class TrainingLoop:
         parent: tuple[Path | None, str] = (None, "weights"),
     ) -> LoopArtifacts:
         # -- set up ------------------------------------------------------------------------
+        watch = self._check_metric_names(hooks)  # a metric nothing logs: fail before a step
         model, optimizer = self.model, self.optimizer
         if self.device is not None:
             model.to(self.device)
@@ -215,6 +231,8 @@ class TrainingLoop:
         fire = hooks.fire
         wants_pre_step = hooks.listens("pre_step")
         wants_step_end = hooks.listens("on_step_end")
+        watch_step = watch is not None and bool(watch.at_step)  # the first step only
+        self._watch = watch
         model.train()
 
         fire("on_train_start", state)
@@ -273,6 +291,9 @@ class TrainingLoop:
             )
             if wants_step_end:
                 fire("on_step_end", state, step_idx, batch, metrics)
+            if watch_step:  # needed names no source declared: looked for once
+                watch_step = False
+                watch.after_step(step_idx, metrics)  # type: ignore[union-attr]
 
             # -- in-loop evals -----------------------------------------------------------
             if evaluators:  # no list is built: a step with nothing due allocates nothing
@@ -367,6 +388,8 @@ class TrainingLoop:
     ) -> None:
         result = self._evaluate(evaluator, state, hooks, step_idx)
         evals.append(result)
+        if self._watch is not None and result.error is None:
+            self._watch.after_eval(result.name, step_idx, result.metrics, state.metrics)
         eval_metrics.update({f"{result.name}/{k}": v for k, v in result.metrics.items()})
 
     def _evaluate(
@@ -400,6 +423,22 @@ class TrainingLoop:
         if result.benchmark:
             hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step_idx)
         return result
+
+    def _check_metric_names(self, hooks: Dispatcher) -> MetricWatch | None:
+        """Look up every metric name the callbacks and the checkpoint config need in what
+        the loop, the loss function, the evaluators and the callbacks declare."""
+        needed = needed_by(hooks.callbacks)
+        if self.checkpoint is not None and self.checkpoint.metric is not None:
+            metric = self.checkpoint.metric
+            needed.setdefault(metric, f"CheckpointConfig(metric={metric!r})")
+        if not needed:
+            return None
+        return check_metric_names(
+            needed,
+            step_metrics=[*LOOP_METRICS, *(self.loss_metrics or ()), *logged_by(hooks.callbacks)],
+            step_open=self.loss_metrics is None,
+            evals={ev.name: ev.metrics for ev in self.evaluators},
+        )
 
     def _checkpoint_manager(
         self, folder: Path | None, ctx: LogContext, *, fresh: bool
