@@ -1,15 +1,17 @@
 """Command-line overrides of a document: ``repeats=5 base_config.lr=0.1 arms.small.lr=1e-3``.
 
-As OmegaConf's dotlist: each override is ``dotted.key=value``; the value is read as YAML
-(``yaml.safe_load``: ``5`` is an int, ``1e-3`` a string a number field converts, ``[1, 2]``
-a list, ``null`` None, ``'5'`` a string). A part of the key walks into a mapping by key, into
-a list by index (``arms.0.lr``) or by the ``name`` of its item (``arms.small.lr``). So one
-experiment file serves many launches without a copy per change.
+As OmegaConf's dotlist: each override is ``dotted.key=value``, the value read as YAML by a
+safe loader: ``5`` is an int, ``0.1`` a float, ``[1, 2]`` a list, ``null`` None, ``'5'`` a
+string. Unlike plain ``yaml.safe_load`` (YAML 1.1), ``1e-3`` is a float, as in YAML 1.2
+and OmegaConf: a learning rate typed on a command line is a number. A part of the key walks
+into a mapping by key, into a list by index (``arms.0.lr``) or by the ``name`` of its item
+(``arms.small.lr``). So one experiment file serves many launches without a copy per change.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +22,17 @@ from lab.errors import ConfigError
 __all__ = ["apply_overrides", "parse_override"]
 
 
+class _ValueLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that also reads ``1e-3`` and ``1E5`` (no dot) as floats."""
+
+
+_ValueLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     """``"base_config.lr=0.1"`` as ``(("base_config", "lr"), 0.1)``; one line if malformed."""
     key, sep, raw = text.partition("=")
@@ -27,7 +40,7 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     if not sep or not all(parts):
         raise ConfigError(f"override {text!r}: write dotted.key=value, e.g. repeats=5")
     try:
-        value = yaml.safe_load(raw)
+        value = yaml.load(raw, Loader=_ValueLoader)  # safe: a SafeLoader subclass
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ConfigError(

@@ -391,7 +391,8 @@ def _metric_lines(exp: Experiment) -> list[str]:
         if any(fnmatch.fnmatchcase(name, p) for p in known):
             continue
         later.append(name)
-        matches = close_matches(name, known)
+        prefix = name.rpartition("/")[0]  # a typo of a name of the same kind: 'los', not 'val/x'
+        matches = close_matches(name, [k for k in known if k.rpartition("/")[0] == prefix])
         if matches:
             guess = " or ".join(repr(m) for m in matches)
             lines.append(f"warning: {who}: no known source logs {name!r}; did you mean {guess}?")

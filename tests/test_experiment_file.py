@@ -20,7 +20,7 @@ import yaml
 from lab.callbacks import REGISTRY, build
 from lab.callbacks.files import JsonlLogger, MetricSaver
 from lab.errors import ConfigError
-from lab.experiment_file import load_experiment, plan, read_experiment_file
+from lab.experiment_file import SummaryMetric, load_experiment, plan, read_experiment_file
 from lab.loggers.console import ConsoleLogger
 
 LAB = Path(sys.executable).parent / "lab"  # the installed console script
@@ -103,6 +103,7 @@ def write(
 def lab_run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`lab run ...` as a user types it, from `cwd` (not the file's folder)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LAB_STORE_URL", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(DOCS.parent.parent)  # the lab under test, not an installed one
     return subprocess.run(
         [str(LAB), "run", *map(str, args)],
         capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
@@ -386,7 +387,8 @@ def test_load_experiment_builds_the_experiment_and_runs_it(tmp_path: Path) -> No
     assert [(a.name, a.overrides) for a in exp.arms] == [("small", {"lr": 0.01}),
                                                           ("large", {"lr": 0.1})]  # fmt: skip
     assert exp.configs["large"].model_dump() == {"lr": 0.1, "steps": 4, "fail": False}
-    assert [type(cb) for cb in exp.callbacks] == [ConsoleLogger, JsonlLogger, MetricSaver]
+    assert [type(cb) for cb in exp.callbacks] == [ConsoleLogger, JsonlLogger, MetricSaver,
+                                                  SummaryMetric]  # fmt: skip
     assert exp.callbacks[0].every == 2 and exp.callbacks[2].every == 2
     assert exp.train.__module__ == "train_lib" and exp.train.__name__ == "train"
     assert [b.name for b in exp.benchmarks] == ["holdout"]
@@ -503,3 +505,186 @@ def test_a_module_of_the_same_name_imported_from_elsewhere_is_refused(tmp_path: 
         f"in {tmp_path / 'two'}; a process holds one module per name, so rename 'twin_lib' "
         "beside the file"
     )
+
+
+# -------------------------------------------------------------------------------------------
+# overrides and grids
+
+
+def _section(title: str) -> str:
+    text = DOCS.read_text(encoding="utf-8")
+    start = text.index(f"## {title}")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_overrides_and_a_grid_run_as_the_docs_show(tmp_path: Path) -> None:
+    """The docs' grid file and command, through the real `lab` script: the printed plan and
+    each error line are the page's."""
+    section = _section("Overrides and grids")
+    grid_file = re.findall(r"```yaml\n(.*?)```", section, re.S)[0]
+    command = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
+    plan_text, errors = re.findall(r"```text\n(.*?)```", section, re.S)
+    (tmp_path / "train_lib.py").write_text(_blocks("python")[0], encoding="utf-8")
+    (tmp_path / "grid-sweep.yaml").write_text(grid_file, encoding="utf-8")
+    args = command.split()[2:]  # after "lab run"
+    out = lab_run(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == plan_text
+    for line, override in zip(
+        errors.splitlines(),
+        ["reapeats=2", "repeats=many", "arms.nope.lr=1", "arms.1.grid.lr=0.1"],
+        strict=True,
+    ):
+        out = lab_run("grid-sweep.yaml", override, "--dry-run", cwd=tmp_path)
+        assert (out.returncode, out.stdout, out.stderr) == (1, "", line + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid-sweep.yaml", "train_lib.py"]
+
+
+def test_a_grid_runs_one_arm_per_combination_beside_the_arms_written_out(tmp_path: Path) -> None:
+    content = spec(arms=[{"name": "base"}, {"grid": {"lr": [0.01, 0.1], "steps": [2, 4]}}],
+                   repeats=1, callbacks=[], summary={"metric": "loss"})  # fmt: skip
+    path = write(tmp_path / "exp", "grid.yaml", content)
+    out = lab_run(path, "--store", f"sqlite:///{tmp_path / 'lab.db'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert rows(tmp_path / "lab.db", "select name, overrides from arms order by arm_id") == [
+        ("base", "{}"),
+        ("lr=0.01,steps=2", '{"lr": 0.01, "steps": 2}'),
+        ("lr=0.01,steps=4", '{"lr": 0.01, "steps": 4}'),
+        ("lr=0.1,steps=2", '{"lr": 0.1, "steps": 2}'),
+        ("lr=0.1,steps=4", '{"lr": 0.1, "steps": 4}'),
+    ]
+    steps = """select count(*) from metrics m join runs r using (run_id) join arms a using (arm_id)
+               where m.key = 'loss' group by a.arm_id order by a.arm_id"""
+    assert [n for (n,) in rows(tmp_path / "lab.db", steps)] == [4, 2, 4, 2, 4]
+
+
+@pytest.mark.usefixtures("restore_imports")
+def test_overrides_from_python_change_the_values_before_they_are_checked(tmp_path: Path) -> None:
+    path = write(tmp_path / "exp", "lr-sweep.yaml", spec())
+    exp = load_experiment(path, store=False, overrides=[
+        "repeats=3", "base_config.lr=0.2", "arms.small.lr=1e-3", "arms.1.steps=2",
+        "name='007'", "callbacks=[]", "summary.mode=max",
+    ])  # fmt: skip
+    assert (exp.name, exp.repeats, exp.base_config.lr) == ("007", 3, 0.2)
+    assert [type(cb).__name__ for cb in exp.callbacks] == ["SummaryMetric"]  # callbacks=[]
+    assert [(a.name, a.overrides) for a in exp.arms] == [
+        ("small", {"lr": 1e-3}),  # "1e-3" is a string to YAML 1.1; the float field reads it
+        ("large", {"lr": 0.1, "steps": 2}),
+    ]
+    assert read_experiment_file(path, ["summary.mode=max"]).summary.mode == "max"
+    assert read_experiment_file(path).repeats == 2  # the file itself is unchanged
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("repeats", "override 'repeats': write dotted.key=value, e.g. repeats=5"),
+        ("=5", "override '=5': write dotted.key=value, e.g. repeats=5"),
+        ("base_config..lr=1", "override 'base_config..lr=1': write dotted.key=value, e.g. "
+                              "repeats=5"),
+        ("seeed=1", "override 'seeed=1': unknown field 'seeed'; valid: name, train, config, "
+                    "base_config, arms, repeats, seed, store, output_dir, executor, workers, "
+                    "strict, callbacks, benchmarks, summary"),
+        ("summary.metrc=x", "override 'summary.metrc=x': summary: unknown field 'metrc'; "
+                            "valid: metric, mode, keys"),
+        ("arms.5.lr=1", "override 'arms.5.lr=1': arms has no item '5'; give an index 0..1 or "
+                        "a name: small, large"),
+        ("name.x=1", "override 'name.x=1': name is 'lr-sweep', not a mapping; override name "
+                     "itself"),
+        ("repeats=[1", "override 'repeats=[1': the value is not YAML (expected ',' or ']', but "
+                       "got '<stream end>'); quote it: repeats='...'"),
+        ("repeats=0", "repeats: Input should be greater than or equal to 1, got 0 (from the "
+                      "override 'repeats=0')"),
+        ("summary.mode=avg", "summary.mode: Input should be 'min' or 'max', got 'avg' (from "
+                             "the override 'summary.mode=avg')"),
+    ],
+)  # fmt: skip
+def test_a_bad_override_is_one_line_naming_it(tmp_path: Path, override: str, message: str) -> None:
+    path = write(tmp_path / "exp", "lr-sweep.yaml", spec())
+    with pytest.raises(ConfigError) as info:
+        read_experiment_file(path, [override])
+    assert str(info.value) == f"{path}: {message}"
+
+
+@pytest.mark.usefixtures("restore_imports")
+def test_a_bad_base_config_override_names_the_override(tmp_path: Path) -> None:
+    path = write(tmp_path / "exp", "lr-sweep.yaml", spec())
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path, overrides=["base_config.lrr=0.1"])
+    assert str(info.value) == (
+        f"{path}: base_config: unknown field 'lrr'; valid: lr, steps, fail "
+        "(overrides: base_config.lrr=0.1)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ({"grid": {"lr": 0.1}}, "arms: grid.lr of entry 0 is 0.1; give a non-empty list of "
+                                "values, e.g. lr: [0.1]"),
+        ([{"name": "a"}, {"grid": {"lr": []}}], "arms: grid.lr of entry 1 is empty; give at "
+                                                "least one value"),
+        ([{"grid": [1, 2]}], "arms: grid of entry 0 is [1, 2]; write a mapping of override: "
+                             "[values], e.g. grid: {lr: [0.01, 0.1]}"),
+        ([{"name": "g", "grid": {"lr": [1]}}], "arms: entry 0 has a grid and a name; a grid "
+                                               "names its arms by their values (lr=0.01,wd=0): "
+                                               "drop name"),
+    ],
+)  # fmt: skip
+def test_a_bad_grid_is_one_line(tmp_path: Path, arms: Any, message: str) -> None:
+    path = write(tmp_path / "exp", "g.yaml", spec(arms=arms))
+    with pytest.raises(ConfigError) as info:
+        read_experiment_file(path)
+    assert str(info.value) == f"{path}: {message}"
+
+
+def test_grid_arms_are_named_by_their_values_last_key_fastest() -> None:
+    from lab._arm_grid import expand_arms
+
+    grid = {"grid": {"opt": ["adam", "sgd"], "wd": [0, 0.1], "nesterov": [True]}, "steps": 9}
+    assert expand_arms({"grid": {"lr": [1e-3]}}) == [{"name": "lr=0.001", "lr": 1e-3}]
+    assert [a["name"] for a in expand_arms([{"name": "base"}, grid])] == [
+        "base",
+        "opt=adam,wd=0,nesterov=true",
+        "opt=adam,wd=0.1,nesterov=true",
+        "opt=sgd,wd=0,nesterov=true",
+        "opt=sgd,wd=0.1,nesterov=true",
+    ]
+    assert expand_arms([grid])[3] == {
+        "name": "opt=sgd,wd=0.1,nesterov=true", "steps": 9, "opt": "sgd", "wd": 0.1,
+        "nesterov": True,
+    }  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------
+# metric names
+
+
+def test_a_misspelled_summary_metric_warns_at_the_first_eval_of_each_run(tmp_path: Path) -> None:
+    content = spec(summary={"metric": "val/los"}, repeats=1, callbacks=[], store=False)
+    path = write(tmp_path / "exp", "typo.yaml", content)
+    out = lab_run(path, "--dry-run", cwd=tmp_path)
+    assert "metrics looked for at each run's first step or eval: val/los" in out.stdout
+    out = lab_run(path, cwd=tmp_path)
+    warning = (
+        f"{path}: summary.metric 'val/los': eval 'val' at step 2 logged no 'los' (it logged: "
+        "loss); did you mean 'val/loss'?"
+    )
+    assert out.stderr.splitlines() == [
+        warning,  # run small-r0, at its first eval; not again at step 4
+        warning,  # run large-r0
+        f"error: {path}: summary: no run has a final metric 'val/los'; known: grad_norm, loss, "
+        "lr, step_time, val/loss",
+    ]
+
+
+def test_the_dry_run_warns_of_a_name_close_to_a_known_one(tmp_path: Path) -> None:
+    content = spec(callbacks=[{"kind": "early_stopping", "params": {"metric": "los"}}])
+    out = lab_run(write(tmp_path / "exp", "x.yaml", content), "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[5:8] == [
+        "callbacks: EarlyStopping, SqlLogger",
+        "warning: EarlyStopping('los'): no known source logs 'los'; did you mean 'loss'?",
+        "metrics looked for at each run's first step or eval: los, val/loss",
+    ]
