@@ -53,6 +53,10 @@ def _check_callbacks_page(out: str, namespace: dict[str, object]) -> None:
     lines = out.splitlines()
     assert lines[:2] == ["5 True", ", ".join(sorted(set(REGISTRY) - {"loss_every"}))]
     assert lines[2:4] == ["LossEvery(every=0): use an int >= 1"] * 2  # both doors, one line
+    assert lines[4] == (  # a typo in a needed metric name: an error before the first step
+        "EarlyStopping('val/los'): no evaluator, loss function or callback logs metric "
+        "'val/los'; did you mean 'val/loss'? (declared: grad_norm, loss, lr, step_time, val/loss)"
+    )
     page = (README.parent / "docs" / "callbacks.md").read_text(encoding="utf-8")
     assert f"\n{lines[1]}\n" in page  # the page shows every registered kind
     assert "['checkpoints', 'config.json', 'hooks.jsonl', 'metrics.json']" in lines
