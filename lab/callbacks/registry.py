@@ -53,7 +53,7 @@ def register(
         model = config if config is not None else config_from_signature(cls, live=live)
         REGISTRY[kind] = (cls, model)
         cls.Config = model  # type: ignore[attr-defined]
-        if not getattr(cls.__init__, _CHECKED, False) or "__init__" in vars(cls):
+        if not getattr(cls.__init__, _CHECKED, False):  # its own, or an inherited unchecked one
             cls.__init__ = _checked_init(cls, model)  # type: ignore[method-assign]
         return cls
 
