@@ -19,6 +19,9 @@ else maps to one `Experiment` argument::
     tags: [baseline, sweep]             # the experiment's tags and notes, in the store
     notes: first sweep of the learning rate
 
+``lab run FILE key=value ...`` overrides the file's values first (`lab._overrides`), and an
+arm entry ``{grid: {lr: [...], wd: [...]}}`` is one arm per combination (`lab._arm_grid`).
+
 Every problem is one `ConfigError` line that starts with the file's path and says what to
 change: a parse error with its line and column, an unknown field with the valid ones, an
 import with where it looked. Relative paths (``output_dir``, a ``sqlite:///`` store) are
