@@ -20,12 +20,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-import pydantic
-
 from lab._secrets import logger
 from lab.callbacks.monitors import MONITOR_PRIORITY
+from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
-from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
@@ -37,15 +35,7 @@ _MIB = 1024.0 * 1024.0
 INSTALL = "pip install 'lab[system]'"
 
 
-class SystemMonitorConfig(pydantic.BaseModel):
-    """Params of `SystemMonitor`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    every_s: pydantic.PositiveFloat = 10.0
-    gpus: bool = True
-
-
-@register("system_monitor", SystemMonitorConfig)
+@register("system_monitor")
 class SystemMonitor(Callback):
     """CPU %, RSS and GPU utilisation, memory, power and temperature, every `every_s` seconds.
 
@@ -59,10 +49,9 @@ class SystemMonitor(Callback):
     """
 
     priority = MONITOR_PRIORITY
+    metrics_logged = ("system/*",)  # the GPU keys depend on the machine
 
-    def __init__(self, every_s: float = 10.0, gpus: bool = True) -> None:
-        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0:
-            raise ConfigError(f"SystemMonitor(every_s={every_s!r}): use a number of seconds > 0")
+    def __init__(self, every_s: PositiveFloat = 10.0, gpus: bool = True) -> None:
         self.every_s = float(every_s)
         self.gpus = gpus
         #: Samples the thread has taken in this instance's lifetime.
