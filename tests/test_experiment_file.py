@@ -278,7 +278,7 @@ def _known_kinds() -> str:
             spec(reapeats=3),
             "{file}: unknown field 'reapeats'; valid: name, train, config, base_config, arms, "
             "repeats, seed, store, output_dir, executor, workers, strict, callbacks, "
-            "benchmarks, summary",
+            "benchmarks, summary, tags, notes",
             id="unknown-field",
         ),
         pytest.param(
@@ -584,7 +584,7 @@ def test_overrides_from_python_change_the_values_before_they_are_checked(tmp_pat
                               "repeats=5"),
         ("seeed=1", "override 'seeed=1': unknown field 'seeed'; valid: name, train, config, "
                     "base_config, arms, repeats, seed, store, output_dir, executor, workers, "
-                    "strict, callbacks, benchmarks, summary"),
+                    "strict, callbacks, benchmarks, summary, tags, notes"),
         ("summary.metrc=x", "override 'summary.metrc=x': summary: unknown field 'metrc'; "
                             "valid: metric, mode, keys"),
         ("arms.5.lr=1", "override 'arms.5.lr=1': arms has no item '5'; give an index 0..1 or "
