@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lab._secrets import logger
 from lab.errors import ConfigError
 
-log = logging.getLogger("lab.loop")
+log = logger("lab.loop")
 
 __all__ = ["LOOP_METRICS", "MetricWatch", "check_metric_names", "close_matches", "logged_by",
            "needed_by"]  # fmt: skip
