@@ -46,6 +46,13 @@ AllMetricsOption = Annotated[
         "--all-metrics", help="Show every final metric in the summary, lr and step_time too"
     ),
 ]
+FreshOption = Annotated[
+    bool,
+    typer.Option(
+        "--fresh",
+        help="Train every run afresh; the runs recorded before are kept, marked superseded",
+    ),
+]
 F = TypeVar("F", bound=Callable[..., Any])
 #: The exit status after Ctrl-C, as a shell reports a process that SIGINT ended.
 INTERRUPTED = 130
@@ -102,6 +109,7 @@ def quickstart(
         typer.Option("--notebook-to", metavar="PATH", help="Write the notebook there instead"),
     ] = None,
     all_metrics: AllMetricsOption = False,
+    fresh: FreshOption = False,
 ) -> None:
     """Run the demo experiment (2 arms x 3 repeats) into a store and print its summary.
 
@@ -118,7 +126,7 @@ def quickstart(
     again += ["--output-dir", output_dir] if output_dir != "runs" else []
     again += ["--steps", str(steps)] if steps != 300 else []
     result = _run(
-        quickstart_experiment(url, output_dir=output_dir, steps=steps),
+        quickstart_experiment(url, output_dir=output_dir, steps=steps, fresh=fresh),
         # holdout/acc is a fraction of examples: its interval stays inside [0, 1]
         lambda r: r.summary(
             "val/loss", "min", all_metrics=all_metrics, bounds={"holdout/acc": (0, 1)}
@@ -208,6 +216,7 @@ def run_file(
         bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
     ] = False,
     all_metrics: AllMetricsOption = False,
+    fresh: FreshOption = False,
 ) -> None:
     """Run the experiment an experiment file describes and print its summary.
 
@@ -222,7 +231,7 @@ def run_file(
     from lab.store import resolve_url
 
     spec = read_experiment_file(file, overrides or ())
-    exp = spec.build(store=store)
+    exp = spec.build(store=store, fresh=fresh)
     if dry_run:
         again = " ".join(shlex.quote(str(a)) for a in (file, *(overrides or ())))
         typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {again}")
@@ -276,7 +285,10 @@ def list_experiments(store: StoreOption = None) -> None:
                     r["arms"],
                     r["repeats"],
                     r["runs"],
-                    ", ".join(f"{n} {k}" for k, n in sorted(r["runs_by_status"].items())),
+                    ", ".join(
+                        [f"{n} {k}" for k, n in sorted(r["runs_by_status"].items())]
+                        + ([f"{r['superseded']} superseded"] if r["superseded"] else [])
+                    ),
                     r["points"],
                     r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
                     " ".join(r["tags"]),
@@ -367,6 +379,9 @@ def show(
         typer.echo("\nrun notes")
         typer.echo(render(("run", "notes"), notes))
     _show_provenance(exp["runs"])
+    if exp["superseded"]:
+        typer.echo(f"\n{exp['superseded']} superseded runs are kept (fresh starts); "
+                   "lab.inspect's all_runs view lists them")  # fmt: skip
     failures = [(r["run_key"], f) for r in exp["runs"] for f in r["callback_errors"] or []]
     if failures:
         typer.echo("\ncallback errors (the runs went on)")
@@ -478,6 +493,54 @@ def _run_details(exp: dict[str, Any], run_key: str) -> str:
     elif r["status"] == "failed":
         lines.append("no traceback was recorded")
     return "\n".join(lines)
+
+
+@app.command("rm")
+@_clean_errors
+def remove_experiment(
+    name: Annotated[str, typer.Argument(help="Experiment name")],
+    store: StoreOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete without asking")] = False,
+) -> None:
+    """Delete an experiment's rows from the store (its runs, metrics, evals, checkpoints).
+
+    Run folders are left where they are; the command says where.
+    """
+    from lab.store import Store
+
+    s = Store(store)
+    try:
+        exp = s.get_experiment(name)  # an unknown name fails here, before the question
+        runs = len(exp["runs"]) + exp["superseded"]
+        if not yes:
+            typer.confirm(f"delete experiment {name!r} and its {runs} runs from the store?",
+                          abort=True)  # fmt: skip
+        gone = s.delete_experiment(name)
+    finally:
+        s.close()
+    typer.echo(f"deleted experiment {name!r} ({gone['runs']} runs)")
+    folders = sorted({str(Path(f).parent) for f in gone["folders"]})
+    if folders:
+        typer.echo(f"its run folders are kept; remove them yourself if you wish: "
+                   f"{', '.join(folders)}")  # fmt: skip
+
+
+@app.command("mv")
+@_clean_errors
+def rename_experiment(
+    old: Annotated[str, typer.Argument(help="Experiment name now")],
+    new: Annotated[str, typer.Argument(help="New name (must not exist)")],
+    store: StoreOption = None,
+) -> None:
+    """Rename an experiment in the store; its runs keep their rows and folders."""
+    from lab.store import Store
+
+    s = Store(store)
+    try:
+        s.rename_experiment(old, new)
+    finally:
+        s.close()
+    typer.echo(f"renamed experiment {old!r} to {new!r}")
 
 
 @app.command("export")

@@ -128,8 +128,10 @@ def quickstart_experiment(
     output_dir: str | Path = "runs",
     callbacks: list[Callback] | None = None,
     steps: int = 300,
+    fresh: bool = False,
 ) -> Experiment:
-    """The demo experiment, built and not yet run (`lab quickstart` runs it)."""
+    """The demo experiment, built and not yet run (`lab quickstart` runs it); `fresh`
+    supersedes the runs recorded before (``lab quickstart --fresh``)."""
     return Experiment(
         "quickstart",
         train,
@@ -140,6 +142,7 @@ def quickstart_experiment(
         store=store,
         output_dir=output_dir,
         benchmarks=[Evaluator("holdout", holdout)],
+        fresh=fresh,
     )
 
 
@@ -149,10 +152,13 @@ def quickstart(
     output_dir: str | Path = "runs",
     callbacks: list[Callback] | None = None,
     steps: int = 300,
+    fresh: bool = False,
 ) -> ExperimentResult:
     """Run the demo experiment into `store` (default: as every store URL) and return it:
     its val curves, and the holdout benchmark's metrics, breakdowns and predictions."""
-    exp = quickstart_experiment(store, output_dir=output_dir, callbacks=callbacks, steps=steps)
+    exp = quickstart_experiment(
+        store, output_dir=output_dir, callbacks=callbacks, steps=steps, fresh=fresh
+    )
     return exp.run()
 
 

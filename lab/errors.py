@@ -73,6 +73,10 @@ class NoRun(LabError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RunBusy(LabError):
+    """A run is being trained by a live process: nobody else may train it now."""
+
+
 class LossError(LabError, TypeError):
     """A `loss_fn` returned something that is not a scalar loss."""
 

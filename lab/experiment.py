@@ -27,12 +27,22 @@ import pydantic
 
 from lab._distributed import launcher_rank
 from lab._names import MAX_NAME, check_name
+from lab._reuse import (
+    Fingerprint,
+    busy_message,
+    differences,
+    next_generation,
+    refusal,
+    supersede_runs,
+    superseded_folder,
+    train_name,
+)
 from lab._secrets import logger
 from lab._seeding import caller_rng_kept, seed_everything
 from lab._signals import unwind_on_sigterm
 from lab._stats import Interval, Spread, check_bounds, check_interval, spread
 from lab._table import fmt, plural, render
-from lab.errors import CallbackError, CheckpointError, ConfigError
+from lab.errors import CallbackError, CheckpointError, ConfigError, RunBusy
 from lab.executors import Outcome, ProcessPool, WorkerDied
 from lab.hooks import (
     EXECUTOR,
@@ -499,6 +509,15 @@ class Experiment:
     (their recorded results are part of the new result), and the others run again, resuming
     from their newest checkpoint when the loop has checkpoints.
 
+    A recorded run stands for a planned one only when it would train the same thing: the
+    same config, seed, stage and train function (see `lab._reuse`). When any differs, `run`
+    refuses before anything trains, with a `ConfigError` that names the differences. Then
+    use a new name, or ``fresh=True``: the experiment's current runs are superseded (kept
+    under the key ``<run_key>~<n>``, their folders moved to ``<folder>.superseded-<n>``, left
+    out of every reader) and every run trains afresh. Each run is claimed in the store
+    before it starts, so two processes running the same experiment never train one run:
+    the second raises `RunBusy` on a run the first is training.
+
     The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
     `SqlLogger` unless one is attached already; ``store=False`` records nothing.
     Each repeat ``i`` is seeded with ``seed + i``.
@@ -535,6 +554,7 @@ class Experiment:
         workers: int | None = None,
         tags: Sequence[str] = (),
         notes: str | None = None,
+        fresh: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
@@ -595,9 +615,11 @@ class Experiment:
         if notes is not None and not isinstance(notes, str):
             raise ConfigError(f"notes={notes!r}: use a string")
         self.notes = notes
+        self.fresh = bool(fresh)
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
+        self._sql: SqlLogger | None = None  # the logger that claims each run in the store
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -625,14 +647,23 @@ class Experiment:
         callbacks = self._callbacks()
         if self.executor == "processes":
             self._check_sendable(callbacks)
-        self._prior = {}
+        self._prior, self._sql = {}, None
+        folder = self.output_dir / safe_name(self.name)
         for cb in callbacks:
             if isinstance(cb, SqlLogger):  # opening marks runs whose process died `crashed`
-                self._prior = cb.open().previous_runs(self.name)
+                self._sql = cb
+                store = cb.open()
+                store.mark_crashed()  # the store may have been open a while
+                if self.fresh:
+                    supersede_runs(store, self.name, folder, [key for key, *_ in self._plan()])
+                self._prior = store.previous_runs(self.name)
+        if self._sql is None and self.fresh:  # no store: only the folders move aside
+            supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
+        self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
         ctx = LogContext(
             experiment=self.name,
-            output_dir=self.output_dir / safe_name(self.name),
+            output_dir=folder,
             config=self._experiment_config(),
         )
         # What a progress display needs to count runs, including those it never sees end:
@@ -923,7 +954,53 @@ class Experiment:
             },
             "repeats": self.repeats,
             "seed": self.seed,
+            "train": train_name(self.train),
         }
+
+    def _plan(self) -> list[tuple[str, Arm, int, int]]:
+        """Every run of the experiment: (run key, arm, repeat, stage), in lifecycle order."""
+        return [
+            (_run_key(arm, repeat, stage), arm, repeat, stage)
+            for arm in self.arms
+            for repeat in range(self.repeats)
+            for stage in range(len(arm.stages or [None]))
+        ]
+
+    def _fingerprint(self, arm: Arm, repeat: int, stage: int) -> Fingerprint:
+        """What the run of (arm, repeat, stage) depends on: a recorded run stands for it only
+        when this is the same."""
+        config = self.stage_configs[arm.name][stage]
+        return Fingerprint(
+            config=config.model_dump(mode="json") if config is not None else {},
+            seed=self.seed + repeat,
+            stage=stage,
+            train=train_name(self.train),
+            carry=arm.carry if arm.stages is not None and stage > 0 else None,
+        )
+
+    def _check_reuse(self) -> None:
+        """Refuse, before anything runs, to reuse a recorded run that trained something else
+        than its planned run would, or to start a run that a live process is training."""
+        changed: dict[str, list[str]] = {}
+        for run_key, arm, repeat, stage in self._plan():
+            prior = self._prior.get(run_key)
+            if prior is None:
+                continue
+            if prior["status"] == "running":
+                raise RunBusy(busy_message(self.name, run_key, prior))
+            new = self._fingerprint(arm, repeat, stage)
+            if prior["config_hash"] is not None and prior["config_hash"] == new.digest():
+                continue
+            recorded_train = prior["train"] if prior["config_hash"] is not None else None
+            old = Fingerprint(prior["config"] or {}, prior["seed"], prior["stage"],
+                              recorded_train, prior.get("carry"))  # fmt: skip
+            diffs = differences(old, new)
+            if prior["config_hash"] is not None and not diffs:  # what was not recorded
+                diffs = ["train function or carry"]
+            if diffs:
+                changed[run_key] = diffs
+        if changed:
+            raise ConfigError(refusal(self.name, changed, len(self._prior)))
 
     def _run_one(
         self,
@@ -953,14 +1030,20 @@ class Experiment:
         (nothing runs again)."""
         config = self.stage_configs[arm.name][stage]
         seed = self.seed + repeat
-        run_key = f"{safe_name(arm.name)}-r{repeat}"
-        if arm.stages is not None:
-            run_key += f"-s{stage}"
+        run_key = _run_key(arm, repeat, stage)
         parent_key = parent.run_key if parent is not None else None
         ctx.run_key, ctx.repeat, ctx.stage, ctx.seed = run_key, repeat, stage, seed
         ctx.parent_run_key = parent_key
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
+        ctx.config_hash = self._fingerprint(arm, repeat, stage).digest()
         prior = self._prior.get(run_key)
+        if self._sql is not None and (prior is None or prior["status"] not in FINISHED):
+            # Claimed in the store before any run hook: of two processes that start the same
+            # run, one trains it; the other finds it finished (and reuses it) or busy (raises).
+            unknown = prior is None
+            prior = self._sql.claim(ctx)
+            if prior is None and unknown:
+                _move_orphan(ctx.output_dir / run_key)
         if prior is not None and prior["status"] in FINISHED:
             log.info("%s: run %s %s before; skipping it", self.name, run_key, prior["status"])
             return RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
@@ -1194,8 +1277,30 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         log.exception("while recording the end of an interrupted experiment")
 
 
+def _move_orphan(folder: Path) -> None:
+    """Move aside the folder of a run the store does not know (deleted with ``lab rm``,
+    renamed away with ``lab mv``, or recorded in another store), so the run now claimed
+    cannot resume from checkpoints of something else."""
+    if not folder.exists():
+        return
+    target = superseded_folder(folder, next_generation(folder.name, [], [folder]))
+    folder.rename(target)
+    log.warning(
+        "run folder %s is not recorded in this store; moved it to %s so the run starts afresh",
+        folder,
+        target.name,
+    )
+
+
+def _run_key(arm: Arm, repeat: int, stage: int) -> str:
+    """A run's key, which is also its folder's name: ``small-r0``, ``chain-r0-s1``."""
+    key = f"{safe_name(arm.name)}-r{repeat}"
+    return key + f"-s{stage}" if arm.stages is not None else key
+
+
 def _clear_run(ctx: LogContext) -> None:
     ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = ctx.parent_run_key = None
+    ctx.config_hash = None
     ctx.group_name = ctx.arm = None
     ctx.stage = 0
 

@@ -168,12 +168,15 @@ class ExperimentFile(pydantic.BaseModel):
                 )
         return self
 
-    def build(self, *, store: str | Literal[False] | None = None) -> Experiment:
+    def build(
+        self, *, store: str | Literal[False] | None = None, fresh: bool = False
+    ) -> Experiment:
         """Import what the file names and build its `Experiment`, ready to `run()`.
 
         Everything is checked here, before any run: the imports, the base config and every
         arm's overrides, the callbacks. `store` (``lab run --store``) wins over the file's
         own ``store``, which wins over ``LAB_STORE_URL``; nothing is opened until `run()`.
+        `fresh` (``lab run --fresh``) supersedes the runs recorded before (see `Experiment`).
         """
         label = self._label()
         folder = self._source.resolve().parent if self._source is not None else Path.cwd()
@@ -211,7 +214,7 @@ class ExperimentFile(pydantic.BaseModel):
                 callbacks=callbacks, store=store if store is not None else self.store,
                 output_dir=self.output_dir, seed=self.seed, benchmarks=benchmarks,
                 strict=self.strict, executor=self.executor, workers=self.workers,
-                tags=self.tags, notes=self.notes,
+                tags=self.tags, notes=self.notes, fresh=fresh,
             )  # fmt: skip
         except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
             raise ConfigError(f"{label}: {exc}") from None

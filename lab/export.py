@@ -2,7 +2,8 @@
 
 `export(name, to)` writes every store table, cut down to that experiment's rows, to
 ``to/<table>.parquet`` (experiments, arms, groups, runs, metrics, summaries, evals,
-predictions, checkpoints). The files hold what `lab.inspect.connect` shows: NaN restored
+predictions, checkpoints), superseded runs and their rows left out. The files hold what
+`lab.inspect.connect` shows: NaN restored
 where SQLite stored NULL, JSON columns typed as JSON. ``lab.inspect.connect(to)`` reads the
 folder back with the same views, so a notebook written against the store runs on an export
 unchanged, without the store, its server or its other experiments.

@@ -132,6 +132,7 @@ class LogContext:
     seed: int | None = None
     group_kind: str = "repeats"  # "chain" for the stages of a continual arm
     parent_run_key: str | None = None  # the previous stage's run, in a chain
+    config_hash: str | None = None  # what the run depends on, hashed (see lab._reuse)
     ids: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -8,6 +8,12 @@ host, command and packages as columns; `run_tags` and `experiment_tags`: one row
 `final_metrics` reads `summaries`, which every flush keeps up to date, so it costs one row
 per run and key however many points the runs hold.
 
+The `runs` view leaves out superseded runs (those an ``Experiment(..., fresh=True)``
+replaced), and so does everything that joins it (`final_metrics`, the analysis functions);
+`all_runs` holds every run, superseded ones included (``superseded_at`` set, the key
+``<run_key>~<n>``). The other tables keep the superseded runs' rows: join them to `runs`
+to leave those out, to `all_runs` to keep them.
+
 How the store is read: DuckDB's sqlite and postgres scanners ship as Python packages for
 DuckDB 1.5.x (``duckdb-extension-sqlite-scanner``, ``duckdb-extension-postgres-scanner``),
 so the store is ATTACHed read-only and queried in place, with no download. If a scanner
@@ -278,7 +284,11 @@ def _create_views(
                 columns.append(f"coalesce({quoted}, 'nan'::DOUBLE) AS {quoted}")
             else:
                 columns.append(quoted)
-        con.execute(f'CREATE VIEW "{name}" AS SELECT {", ".join(columns)} FROM store."{name}"')
+        select = f'SELECT {", ".join(columns)} FROM store."{name}"'
+        if name == "runs":  # superseded runs (fresh=True) are kept, in all_runs only
+            con.execute(f"CREATE VIEW all_runs AS {select}")
+            select += " WHERE superseded_at IS NULL"
+        con.execute(f'CREATE VIEW "{name}" AS {select}')
     con.execute(
         """
         CREATE VIEW final_metrics AS

@@ -46,6 +46,7 @@ log = logger("lab.loggers.sql")
 
 EXPERIMENT_ID = "sql:experiment_id"
 RUN_ID = "sql:run_id"
+CLAIMED = "sql:claimed"  # the run key whose row `claim` took, for on_run_start to take over
 BARE = "sql:bare"  # set when a bare loop (no Experiment) got an experiment of its own
 
 
@@ -138,25 +139,46 @@ class SqlLogger(Callback):
             arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
         )
 
+    def claim(self, ctx: LogContext) -> dict[str, Any] | None:
+        """Claim the run `ctx` points at before any of its hooks fire (see
+        `Store.claim_run`): None when this process won it, the run's record when another
+        process finished it meanwhile; raises `RunBusy` while a live process trains it."""
+        ctx.ids.pop(RUN_ID, None)
+        ctx.ids.pop(CLAIMED, None)
+        run_id, finished = self.open().claim_run(ctx.ids[EXPERIMENT_ID], **self._run_fields(ctx))
+        if run_id is not None:
+            ctx.ids[RUN_ID], ctx.ids[CLAIMED] = run_id, ctx.run_key
+        return finished
+
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
+        claimed = ctx.ids.get(RUN_ID) if ctx.ids.get(CLAIMED) == ctx.run_key else None
         # The last run's id must not stand in for this run if recording this one fails.
         ctx.ids.pop(RUN_ID, None)
+        ctx.ids.pop(CLAIMED, None)
         self._run_id = None
         run_id = self.open().start_run(
             ctx.ids[EXPERIMENT_ID],
-            ctx.ids[group_key(ctx.group_name)],
-            run_key=ctx.run_key,
-            arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
-            repeat=ctx.repeat or 0,
-            stage=ctx.stage,
-            seed=ctx.seed or 0,
-            config=ctx.run_config or {},
-            output_dir=_folder(ctx),
-            parent_run_id=self._parent_id(ctx),
+            **self._run_fields(ctx),
             provenance=self._run_provenance(ctx),
+            claimed=claimed,
         )
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
+
+    def _run_fields(self, ctx: LogContext) -> dict[str, Any]:
+        assert ctx.run_key is not None and ctx.group_name is not None
+        return {
+            "group_id": ctx.ids[group_key(ctx.group_name)],
+            "run_key": ctx.run_key,
+            "arm_id": ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
+            "repeat": ctx.repeat or 0,
+            "stage": ctx.stage,
+            "seed": ctx.seed or 0,
+            "config": ctx.run_config or {},
+            "output_dir": _folder(ctx),
+            "parent_run_id": self._parent_id(ctx),
+            "config_hash": ctx.config_hash,
+        }
 
     def on_benchmark_eval(
         self,

@@ -22,8 +22,9 @@ from sqlalchemy.engine import Connection, Engine
 from lab._json import floats_back
 from lab._metrics import as_number, check_key
 from lab._names import MAX_KEY, MAX_NAME, check_name, storable_text
+from lab._reuse import busy_message
 from lab._secrets import mask
-from lab.errors import ConfigError, NoExperiment, NoRun
+from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
 from lab.store.engine import (
     check_reachable,
     connect,
@@ -256,18 +257,86 @@ class Store:
         output_dir: str | None,
         parent_run_id: int | None = None,
         provenance: dict[str, Any] | None = None,
+        config_hash: str | None = None,
+        claimed: int | None = None,
     ) -> int:
-        """Record a run as `running` (its row reset, if it ran before); returns its id.
+        """Claim a run and record it as `running` (its row reset, if it ran before); returns
+        its id.
 
         `provenance` is what `lab.provenance.collect` found (git, packages, versions,
         devices, command line). The owner's identity (host, pid, process start time, boot
         id) is recorded too, for `mark_crashed`. Tags and notes stay as they were.
 
-        What the run recorded earlier stays until its training starts: `truncate_run` then
-        drops all of it for a fresh start, or what lies after the checkpoint for a resume.
+        The claim is atomic, on SQLite and PostgreSQL alike: of two processes that start
+        the same run key at once, one gets the row and the other raises `RunBusy`, as does
+        anyone while the row is `running` under a live process (see `_owner_gone`). A run
+        claimed earlier with `claim_run` passes its id as `claimed`: this process (a worker,
+        say) then takes the row over. What the run recorded earlier stays until its training
+        starts: `truncate_run` then drops all of it for a fresh start, or what lies after
+        the checkpoint for a resume.
         """
+        values = self._run_values(
+            experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
+            stage=stage, seed=seed, config=config, output_dir=output_dir,
+            parent_run_id=parent_run_id, config_hash=config_hash, provenance=provenance,
+        )  # fmt: skip
+        if claimed is not None:
+            with transaction(self.engine) as conn:
+                keep = {k: v for k, v in values.items() if k not in ("experiment_id", "run_key")}
+                taken = conn.execute(
+                    sa.update(SqlRun)
+                    .where(SqlRun.run_id == claimed, SqlRun.status == "running")
+                    .values(**keep)
+                ).rowcount
+            if taken != 1:
+                raise RunBusy(f"run {run_key} was claimed by this experiment, but its row is no "
+                              "longer running; run the experiment again")  # fmt: skip
+            run_id = claimed
+        else:
+            run_id, _finished = self._claim(values, ("completed", "failed", "stopped", "crashed"))
+            assert run_id is not None
+        self._active.add(run_id)
+        _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
+        return run_id
+
+    def claim_run(
+        self,
+        experiment_id: int,
+        group_id: int,
+        *,
+        run_key: str,
+        arm_id: int | None,
+        repeat: int,
+        stage: int,
+        seed: int,
+        config: dict[str, Any],
+        output_dir: str | None,
+        parent_run_id: int | None = None,
+        config_hash: str | None = None,
+    ) -> tuple[int | None, dict[str, Any] | None]:
+        """Claim a run that an experiment is about to train, atomically; ``(run_id, None)``
+        when this process won it.
+
+        Only a new run, a `failed` or `crashed` one, or a `running` one whose process is
+        gone can be claimed. A run that another process finished meanwhile comes back as
+        ``(None, its record)`` (status and final metrics) to be reused; one that a live
+        process holds raises `RunBusy`; one recorded meanwhile with another `config_hash`
+        raises `ConfigError`.
+        """
+        values = self._run_values(
+            experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
+            stage=stage, seed=seed, config=config, output_dir=output_dir,
+            parent_run_id=parent_run_id, config_hash=config_hash, provenance=None,
+        )  # fmt: skip
+        return self._claim(values, ("failed", "crashed"))
+
+    def _run_values(
+        self, experiment_id: int, group_id: int, *, run_key: str, arm_id: int | None,
+        repeat: int, stage: int, seed: int, config: dict[str, Any], output_dir: str | None,
+        parent_run_id: int | None, config_hash: str | None, provenance: dict[str, Any] | None,
+    ) -> dict[str, Any]:  # fmt: skip
         check_name("run key", run_key, MAX_KEY)
-        values = {
+        return {
             "experiment_id": experiment_id,
             "group_id": group_id,
             "arm_id": arm_id,
@@ -291,12 +360,68 @@ class Store:
             "started_at": _now(),
             "ended_at": None,
             "heartbeat_at": _now(),
+            "config_hash": config_hash,
         }
+
+    def _claim(
+        self, values: dict[str, Any], reclaim: tuple[str, ...]
+    ) -> tuple[int | None, dict[str, Any] | None]:
+        """Insert the run's row, or take over its row when its status is one of `reclaim`
+        (and its hash is the same, when both have one), in one transaction whose outcome
+        says who won; else judge the row that is there (see `claim_run`)."""
+        keys = ["experiment_id", "run_key"]
+        stmt = self._insert(SqlRun).values(**values)
+        updates = {k: stmt.excluded[k] for k in values if k not in keys}
+        cond = SqlRun.status.in_(reclaim)
+        if values["config_hash"] is not None:
+            same = sa.or_(SqlRun.config_hash.is_(None), SqlRun.config_hash == values["config_hash"])
+            cond = sa.and_(cond, same)
+        stmt = stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=cond)
         with transaction(self.engine) as conn:
-            run_id = self._upsert(conn, SqlRun, values, ["experiment_id", "run_key"], "run_id")
-        self._active.add(run_id)
-        _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
-        return run_id
+            run_id = conn.execute(stmt.returning(SqlRun.run_id)).scalar_one_or_none()
+            if run_id is not None:
+                return run_id, None
+            row = dict(
+                conn.execute(
+                    sa.select(SqlRun.run_id, SqlRun.status, SqlRun.summary, SqlRun.host,
+                              SqlRun.pid, SqlRun.process_start, SqlRun.boot_id,
+                              SqlRun.started_at, SqlRun.heartbeat_at, SqlRun.config_hash,
+                              SqlExperiment.name)
+                    .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+                    .where(SqlRun.experiment_id == values["experiment_id"],
+                           SqlRun.run_key == values["run_key"])
+                ).mappings().one()
+            )  # fmt: skip
+            where = f"run {values['run_key']} of experiment {row['name']!r}"
+            if row["status"] == "running":
+                owner = (row["host"], row["pid"], row["process_start"], row["boot_id"],
+                         row["heartbeat_at"])  # fmt: skip
+                if self._owner_gone(*owner) is None:
+                    raise RunBusy(busy_message(row["name"], values["run_key"], row))
+                took = conn.execute(  # compare-and-swap: only if nobody took it meanwhile
+                    sa.update(SqlRun)
+                    .where(
+                        SqlRun.run_id == row["run_id"],
+                        SqlRun.status == "running",
+                        SqlRun.started_at == row["started_at"],
+                        SqlRun.pid.is_not_distinct_from(row["pid"]),
+                        SqlRun.host.is_not_distinct_from(row["host"]),
+                    )
+                    .values(**{k: v for k, v in values.items() if k not in keys})
+                ).rowcount
+                if took == 1:
+                    return row["run_id"], None
+                raise RunBusy(f"{where} was just claimed by another process; run again")
+            if (
+                values["config_hash"] is not None
+                and row["config_hash"] is not None
+                and row["config_hash"] != values["config_hash"]
+            ):
+                raise ConfigError(
+                    f"{where} was just recorded with other settings by another process; use a "
+                    "new experiment name, or start afresh with fresh=True (lab run --fresh)"
+                )
+        return None, {"status": row["status"], "summary": floats_back(row["summary"] or {})}
 
     def mark_crashed(self) -> list[str]:
         """Mark `running` runs whose owner is gone as `crashed`; returns their run keys.
@@ -334,10 +459,7 @@ class Store:
             ).all()  # fmt: skip
         gone: list[tuple[int, str, str, Any]] = []
         for run_id, key, host, pid, started, boot, beat in running:
-            why = owner_gone(
-                host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
-                stale_after_s=self.stale_after_s, now=now,
-            )  # fmt: skip
+            why = self._owner_gone(host, pid, started, boot, beat, now)
             if why is not None:
                 # only if the row still shows the owner judged here: a run that another
                 # process took over, or whose owner beat again meanwhile, stays as it is
@@ -350,6 +472,26 @@ class Store:
                 gone.append((run_id, key, f"{why} while the run was running", same))
         return gone
 
+    def _owner_gone(
+        self,
+        host: str | None,
+        pid: int | None,
+        started: float | None,
+        boot: str | None,
+        beat: datetime | None,
+        now: datetime | None = None,
+    ) -> str | None:
+        """Why the process that owns a `running` run is gone, or None while it may be alive
+        (`lab.store.liveness.owner_gone`, with this store's `stale_after_s`).
+
+        The one liveness check of the store: `mark_crashed`, the run claim and
+        `delete_experiment` all ask it.
+        """
+        return owner_gone(
+            host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
+            stale_after_s=self.stale_after_s, now=now,
+        )  # fmt: skip
+
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
         with connect(self.engine) as conn:
@@ -360,18 +502,76 @@ class Store:
             ).scalar_one_or_none()
 
     def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
-        """An experiment's recorded runs by run key (status, seed, final metrics), if any."""
+        """An experiment's current (not superseded) runs by run key, if any: status, seed,
+        stage, config, config hash, final metrics, owner, and the experiment's recorded
+        train function (``train``), so a later attempt can tell whether it may reuse them."""
         with connect(self.engine) as conn:
             rows = (
                 conn.execute(
-                    sa.select(SqlRun.run_key, SqlRun.status, SqlRun.seed, SqlRun.summary)
+                    sa.select(
+                        SqlRun.run_key,
+                        SqlRun.status,
+                        SqlRun.seed,
+                        SqlRun.stage,
+                        SqlRun.config,
+                        SqlRun.config_hash,
+                        SqlRun.summary,
+                        SqlRun.host,
+                        SqlRun.pid,
+                        SqlRun.started_at,
+                        SqlExperiment.config.label("experiment_config"),
+                    )
                     .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-                    .where(SqlExperiment.name == experiment)
+                    .where(SqlExperiment.name == experiment, SqlRun.superseded_at.is_(None))
                 )
                 .mappings()
                 .all()
             )
-        return {r["run_key"]: {**r, "summary": floats_back(r["summary"] or {})} for r in rows}
+        out = {}
+        for r in rows:
+            row = {k: v for k, v in r.items() if k != "experiment_config"}
+            row["summary"] = floats_back(r["summary"] or {})
+            row["train"] = (r["experiment_config"] or {}).get("train")
+            out[r["run_key"]] = row
+        return out
+
+    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
+        """An experiment's runs that are not superseded: id, key, status, folder, owner."""
+        with connect(self.engine) as conn:
+            return [
+                dict(r)
+                for r in conn.execute(
+                    sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.status, SqlRun.output_dir,
+                              SqlRun.host, SqlRun.pid, SqlRun.started_at)
+                    .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+                    .where(SqlExperiment.name == experiment, SqlRun.superseded_at.is_(None))
+                    .order_by(SqlRun.run_id)
+                ).mappings()
+            ]  # fmt: skip
+
+    def run_keys(self, experiment: str) -> list[str]:
+        """Every run key of an experiment, superseded ones included."""
+        with connect(self.engine) as conn:
+            return list(
+                conn.execute(
+                    sa.select(SqlRun.run_key)
+                    .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+                    .where(SqlExperiment.name == experiment)
+                ).scalars()
+            )
+
+    def supersede_run(self, run_id: int, run_key: str, output_dir: str | None) -> None:
+        """Mark a run superseded (kept, left out of every reader) under a new key and
+        folder; a run that is running, or superseded already, raises `RunBusy`."""
+        with transaction(self.engine) as conn:
+            done = conn.execute(
+                sa.update(SqlRun)
+                .where(SqlRun.run_id == run_id, SqlRun.superseded_at.is_(None),
+                       SqlRun.status != "running")
+                .values(superseded_at=_now(), run_key=run_key, output_dir=output_dir)
+            ).rowcount  # fmt: skip
+        if done != 1:
+            raise RunBusy(f"run {run_key} started or was superseded meanwhile; run again")
 
     def last_step(self, run_id: int) -> int | None:
         """The newest step a run logged a metric at, or None; queued metrics count (they
@@ -691,11 +891,62 @@ class Store:
         conn.execute(sa.update(model).where(where).values(**values))
         return {"tags": tags, "notes": values.get("notes", old_notes)}
 
+    def delete_experiment(self, name: str) -> dict[str, Any]:
+        """Delete an experiment and, by cascade, its arms, groups, runs (superseded ones
+        too), metrics, summaries, evals, predictions and checkpoint rows, in one
+        transaction. Run folders are files, not rows: they stay, and are returned
+        (``folders``, sorted) with the number of runs deleted (``runs``)."""
+        with transaction(self.engine) as conn:
+            exp_id = self._experiment_id(conn, name)
+            folders = conn.execute(
+                sa.select(SqlRun.output_dir).where(SqlRun.experiment_id == exp_id)
+            ).scalars().all()  # fmt: skip
+            conn.execute(sa.delete(SqlExperiment).where(SqlExperiment.experiment_id == exp_id))
+        return {"runs": len(folders), "folders": sorted(f for f in folders if f)}
+
+    def rename_experiment(self, old: str, new: str) -> None:
+        """Rename an experiment in the store; its rows and run folders stay as they are
+        (each run keeps its recorded `output_dir`). Refuses a name in use."""
+        if not isinstance(new, str) or not new.strip():
+            raise ConfigError(f"an experiment needs a non-empty name, got {new!r}")
+        with transaction(self.engine) as conn:
+            exp_id = self._experiment_id(conn, old)
+            taken = conn.execute(
+                sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == new)
+            ).first()
+            if taken is not None:
+                raise ConfigError(
+                    f"an experiment named {new!r} exists already; pick another name, or "
+                    f"delete it first: lab rm {new}"
+                )
+            conn.execute(
+                sa.update(SqlExperiment)
+                .where(SqlExperiment.experiment_id == exp_id)
+                .values(name=new)
+            )
+
+    @staticmethod
+    def _experiment_id(conn: Connection, name: str) -> int:
+        found = conn.execute(
+            sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
+        ).scalar_one_or_none()
+        if found is None:
+            known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
+            hint = f"; known: {', '.join(sorted(known))}" if known else ""
+            raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+        return found
+
     # -- reads -------------------------------------------------------------------------------
     def list_experiments(self) -> list[dict[str, Any]]:
-        """Every experiment with its status and its run counts by status, newest first."""
+        """Every experiment with its status and its run counts by status, newest first.
+
+        Superseded runs (see `Experiment(fresh=True)`) are left out of the counts and
+        points; `superseded` counts them.
+        """
+        current = SqlRun.superseded_at.is_(None)
         counts = (
             sa.select(SqlRun.experiment_id, SqlRun.status, sa.func.count().label("n"))
+            .where(current)
             .group_by(SqlRun.experiment_id, SqlRun.status)
             .subquery()
         )
@@ -728,6 +979,14 @@ class Store:
                 conn.execute(
                     sa.select(SqlRun.experiment_id, sa.func.sum(SqlSummary.count))
                     .join(SqlSummary, SqlSummary.run_id == SqlRun.run_id)
+                    .where(current)
+                    .group_by(SqlRun.experiment_id)
+                ).all()
+            )
+            superseded = dict(
+                conn.execute(
+                    sa.select(SqlRun.experiment_id, sa.func.count())
+                    .where(SqlRun.superseded_at.is_not(None))
                     .group_by(SqlRun.experiment_id)
                 ).all()
             )
@@ -740,6 +999,7 @@ class Store:
                 "runs": sum(by_status.get(e["experiment_id"], {}).values()),
                 "runs_by_status": by_status.get(e["experiment_id"], {}),
                 "points": int(points.get(e["experiment_id"]) or 0),
+                "superseded": superseded.get(e["experiment_id"], 0),
                 "created_at": e["created_at"],
                 "tags": e["tags"] or [],
                 "notes": e["notes"],
@@ -754,6 +1014,7 @@ class Store:
 
         A run's metrics are the last value of each key from `summaries` (so a running or
         crashed run shows where it got to), overlaid with the final metrics it returned.
+        Superseded runs are left out; `superseded` counts them.
         """
         with connect(self.engine) as conn:
             exp = (
@@ -795,6 +1056,7 @@ class Store:
                         SqlRun.pid,
                         SqlRun.started_at,
                         SqlRun.ended_at,
+                        SqlRun.superseded_at,
                     )
                     .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
                     .where(SqlRun.experiment_id == exp["experiment_id"])
@@ -803,6 +1065,8 @@ class Store:
                 .mappings()
                 .all()
             )
+            superseded = sum(1 for r in runs if r["superseded_at"] is not None)
+            runs = [r for r in runs if r["superseded_at"] is None]
             latest: dict[int, dict[str, Any]] = {}
             for run_id, key, step, value in conn.execute(
                 sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step,
@@ -828,6 +1092,7 @@ class Store:
             "notes": exp["notes"],
             "arms": [dict(a) for a in arms],
             "runs": [_with_latest(r, latest.get(r["run_id"]), gone.get(r["run_id"])) for r in runs],
+            "superseded": superseded,
         }
 
     def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
@@ -961,8 +1226,9 @@ def _with_latest(run: Any, latest: dict[str, Any] | None, gone: str | None) -> d
     `gone`: why a `running` run is crashed, when a read-only store shows it so."""
     values = dict(latest["values"]) if latest else {}
     values.update(floats_back(run["summary"] or {}))
+    fields = {k: v for k, v in run.items() if k != "superseded_at"}
     shown = {
-        **run,
+        **fields,
         "step": latest["step"] if latest else None,
         "summary": values,
         "tags": run["tags"] or [],
