@@ -113,11 +113,15 @@ def refusal(experiment: str, changed: dict[str, list[str]], recorded: int) -> st
     shown = "; ".join(parts[:_SHOWN])
     if len(parts) > _SHOWN:
         shown += f"; and {len(parts) - _SHOWN} more differences"
+    runs = (
+        "runs that trained something else than they"
+        if len(changed) > 1
+        else ("run that trained something else than it")
+    )
     return (
-        f"experiment {experiment!r} has {len(changed)} recorded run"
-        f"{'s' if len(changed) != 1 else ''} that trained something else than they would "
-        f"now: {shown}; use a new experiment name, or start afresh with fresh=True "
-        "(lab run --fresh), which keeps the old runs as superseded"
+        f"experiment {experiment!r} has {len(changed)} recorded {runs} would now: {shown}; "
+        "use a new experiment name, or start afresh with fresh=True (lab run --fresh), which "
+        "keeps the old runs as superseded"
     )
 
 

@@ -191,6 +191,7 @@ def test_experiment_rows_match_what_the_loop_reported(store_url: str) -> None:
     assert (exp["seed"], exp["repeats"]) == (SEED, 2)
     assert exp["ended_at"] is not None and _ts(exp["ended_at"]) >= _ts(exp["created_at"])
     assert _json(exp["config"]) == {
+        "train": f"{__name__}:train",
         "base_config": {"lr": 0.1, "hidden": 4, "fail_at": None},
         "arms": {"a": {"lr": 0.1}, "b": {"lr": 0.05, "hidden": 5}},
         "arm_configs": {
@@ -529,23 +530,25 @@ def test_store_keeps_the_step_row_as_it_was_handed_over(sqlite_url: str, tmp_pat
 def test_running_an_experiment_again_replaces_each_runs_rows(
     store_url: str, tmp_path: Path
 ) -> None:
+    attempts: list[int] = []
+
     def steps_train(run: RunSpec) -> LoopArtifacts:
         x, y = _data(run.seed)
         model = torch.nn.Linear(3, 1)
+        steps = 3 if attempts else 8  # the same config: a run that failed may run again
+        attempts.append(steps)
         artifacts = TrainingLoop(
             model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, y)], _loss,
-            run.config.steps, checkpoint=CheckpointConfig(every=2),
+            steps, checkpoint=CheckpointConfig(every=2),
         ).fit(run)  # fmt: skip
-        if run.config.steps == 8:  # the first attempt fails after training, so it runs again
+        if steps == 8:  # the first attempt fails after training, so it runs again
             raise RuntimeError("lost the node")
         return artifacts
 
-    class Steps(pydantic.BaseModel):
-        steps: int = 8
-
-    for steps in (8, 3):
-        result = Experiment("again", steps_train, base_config=Steps(steps=steps),
-                            store=store_url, output_dir=tmp_path / str(steps)).run()  # fmt: skip
+    for folder in ("first", "second"):  # the second cannot resume: it starts from nothing
+        result = Experiment("again", steps_train, store=store_url,
+                            output_dir=tmp_path / folder).run()  # fmt: skip
+    assert attempts == [8, 3]
     engine = _engine(store_url)
     (run,) = _rows(engine, "SELECT run_id, status, summary FROM runs")
     assert run["status"] == "completed"

@@ -550,10 +550,10 @@ def test_list_experiments_counts_runs_by_status(store: Store) -> None:
     listed = store.list_experiments()
     assert [{k: v for k, v in e.items() if k != "created_at"} for e in listed] == [
         {"name": "beta", "status": "running", "arms": 0, "repeats": 1, "runs": 0,
-         "runs_by_status": {}, "points": 0, "tags": [], "notes": None},
+         "runs_by_status": {}, "points": 0, "superseded": 0, "tags": [], "notes": None},
         {"name": "alpha", "status": "failed", "arms": 2, "repeats": 2, "runs": 4,
          "runs_by_status": {"completed": 2, "failed": 1, "stopped": 1},
-         "points": POINTS, "tags": [], "notes": None},
+         "points": POINTS, "superseded": 0, "tags": [], "notes": None},
     ]  # fmt: skip
     assert all(e["created_at"] is not None for e in listed)
 
