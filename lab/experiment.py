@@ -816,6 +816,8 @@ class Experiment:
             elif not (interrupted and outcome.progress is None):  # else: it never started
                 arm_result = arm_so_far(chains[chain][0])
                 finished(chain, self._record_lost(hooks, outcome, job, arm_result, interrupted))
+            error = outcome.value.error if outcome.ok else None
+            self._release(job.run_key, error or "interrupted before it started")
 
         unwind_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does
         try:
@@ -1018,9 +1020,17 @@ class Experiment:
             arm_result.runs.append(job)
             return job
         run_result, interrupt = execute_run(job, hooks, arm_result)
+        self._release(job.run_key, run_result.error)
         if interrupt is not None:
             raise interrupt
         return run_result
+
+    def _release(self, run_key: str, error: str | None) -> None:
+        """Close the claim on a run whose record never started (the store failed in
+        `on_run_start`, or the run never reached a worker): its row is `failed` with `error`,
+        not left `running`. A run that a worker took over, or that ended, is not touched."""
+        if self._sql is not None:
+            self._sql.release(run_key, error or "the run never started")
 
     def _job(
         self, ctx: LogContext, arm: Arm, repeat: int, stage: int, parent: RunResult | None

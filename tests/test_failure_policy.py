@@ -487,7 +487,12 @@ def test_a_critical_callback_raising_in_on_run_start_fails_only_that_run(
         "on_run_start:base-r1",
         "on_run_start:base-r2", "on_run_end:base-r2",
     ]  # fmt: skip
-    assert _run_rows(sqlite_url) == [("base-r0", "completed", None), ("base-r2", "completed", None)]
+    # base-r1 was claimed before its hooks fired: its row is closed as failed, not running
+    assert _run_rows(sqlite_url) == [
+        ("base-r0", "completed", None),
+        ("base-r1", "failed", "OSError: database is locked"),
+        ("base-r2", "completed", None),
+    ]
 
 
 def test_a_critical_callback_raising_in_on_run_end_fails_that_run_and_the_others_go_on(
@@ -598,7 +603,12 @@ def test_critical_run_start_and_end_failures_in_worker_processes(
         "on_run_start:base-r1", "on_error:base-r1:OSError", "on_run_end:base-r1:failed",
         "on_run_start:base-r2", "on_run_end:base-r2:completed",
     ]  # fmt: skip
-    assert _run_rows(sqlite_url) == [("base-r0", "completed", None), ("base-r2", "completed", None)]
+    # base-r1 was claimed before its hooks fired: its row is closed as failed, not running
+    assert _run_rows(sqlite_url) == [
+        ("base-r0", "completed", None),
+        ("base-r1", "failed", "OSError: database is locked"),
+        ("base-r2", "completed", None),
+    ]
 
     hooks_file.unlink()
     result = Experiment(

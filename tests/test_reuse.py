@@ -329,3 +329,140 @@ def test_two_processes_starting_the_same_experiment_never_train_one_run_twice(
         steps = [json.loads(line)["step"] for line in manifest.splitlines()
                  if json.loads(line)["event"] == "save"]  # fmt: skip
         assert steps == sorted(set(steps)), run  # no step saved twice: one trainer
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def lab_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
+                          text=True, timeout=300, input=stdin)  # fmt: skip
+
+
+def test_quickstart_with_other_steps_is_refused_then_fresh_trains_anew(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    where = ["--store", url, "--output-dir", str(tmp_path / "runs")]
+    first = lab_cli("quickstart", *where, "--steps", "20")
+    assert first.returncode == 0, first.stderr
+    refused = lab_cli("quickstart", *where, "--steps", "10")
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "error: experiment 'quickstart' has 6 recorded runs that trained something else than "
+        "they would now: steps: 20 -> 10 (all 6 runs); use a new experiment name, or start "
+        "afresh with fresh=True (lab run --fresh), which keeps the old runs as superseded\n"
+    )
+    assert rows(url, "SELECT DISTINCT json_extract(config, '$.steps') FROM runs") == [(20,)]
+    fresh = lab_cli("quickstart", *where, "--steps", "10", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    assert rows(url, "SELECT json_extract(config, '$.steps'), count(*) FROM runs "
+                     "WHERE superseded_at IS NULL GROUP BY 1") == [(10, 6)]  # fmt: skip
+    assert rows(url, "SELECT count(*) FROM runs WHERE run_key LIKE '%~1'") == [(6,)]
+    shown = lab_cli("show", "quickstart", "--store", url)
+    assert shown.stdout.startswith("quickstart: completed, 6 runs, seed 0\n")
+    assert "6 superseded runs are kept (fresh starts); lab.inspect's all_runs view lists them" in (
+        shown.stdout
+    )
+    assert "~1" not in shown.stdout
+    listed = lab_cli("ls", "--store", url).stdout
+    assert "6 completed, 6 superseded" in listed
+
+
+def test_rm_asks_first_and_mv_refuses_a_name_in_use(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    out = tmp_path / "out"
+    for name in ("one", "two"):
+        Experiment(name, train, base_config=Config(), store=url, output_dir=out).run()
+    taken = lab_cli("mv", "one", "two", "--store", url)
+    assert (taken.returncode, taken.stderr) == (1, "error: an experiment named 'two' exists "
+                                                   "already; pick another name, or delete it "
+                                                   "first: lab rm two\n")  # fmt: skip
+    moved = lab_cli("mv", "one", "three", "--store", url)
+    assert (moved.returncode, moved.stdout) == (0, "renamed experiment 'one' to 'three'\n")
+    kept = lab_cli("rm", "two", "--store", url, stdin="n\n")
+    assert kept.returncode == 1
+    assert "delete experiment 'two' and its 1 runs from the store? [y/N]" in kept.stdout
+    assert rows(url, "SELECT name FROM experiments ORDER BY name") == [("three",), ("two",)]
+    gone = lab_cli("rm", "two", "--store", url, "--yes")
+    assert gone.returncode == 0, gone.stderr
+    assert gone.stdout == (
+        "deleted experiment 'two' (1 runs)\nits run folders are kept; remove them yourself if "
+        f"you wish: {(out / 'two').resolve()}\n"
+    )
+    assert rows(url, "SELECT name FROM experiments") == [("three",)]
+    assert rows(url, "SELECT count(*) FROM runs") == [(1,)]
+    assert (out / "two" / "base-r0" / "checkpoints" / "latest").exists()
+    unknown = lab_cli("rm", "nope", "--store", url, "--yes")
+    assert (unknown.returncode, unknown.stderr) == (
+        1, "error: no experiment named 'nope' in the store; known: three\n",
+    )  # fmt: skip
+
+
+def test_a_folder_the_store_does_not_know_is_moved_aside_not_resumed(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    Experiment("again", train, base_config=Config(), store=sqlite_url, output_dir=out).run()
+    store = Store(sqlite_url)
+    store.delete_experiment("again")
+    store.close()
+    seen = Started()
+    Experiment("again", train, base_config=Config(steps=2), store=sqlite_url, output_dir=out,
+               callbacks=[seen]).run()  # fmt: skip
+    assert seen.trained == ["base-r0@0"]  # not resumed from the deleted run's step 4
+    assert sorted(p.name for p in (out / "again").iterdir()) == ["base-r0", "base-r0.superseded-1"]
+
+
+TRAIN_LIB = """
+import pydantic, torch
+import lab
+
+
+class Config(pydantic.BaseModel):
+    lr: float = 0.1
+    steps: int = 4
+
+
+def train(run):
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(run.seed))
+    model = torch.nn.Linear(2, 1)
+    loop = lab.TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=run.config.lr),
+                            [(x, x.sum(1, keepdim=True))],
+                            lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+                            run.config.steps)
+    return loop.fit(run)
+"""
+
+
+def test_lab_run_fresh_supersedes_what_a_changed_file_would_not_reuse(tmp_path: Path) -> None:
+    (tmp_path / "train_lib.py").write_text(TRAIN_LIB)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    spec = tmp_path / "exp.yaml"
+    body = ("name: filed\ntrain: train_lib:train\nconfig: train_lib:Config\n"
+            f"output_dir: {tmp_path / 'runs'}\nbase_config: {{steps: STEPS}}\n")  # fmt: skip
+    spec.write_text(body.replace("STEPS", "4"))
+    assert lab_cli("run", str(spec), "--store", url).returncode == 0
+    spec.write_text(body.replace("STEPS", "3"))
+    refused = lab_cli("run", str(spec), "--store", url)
+    assert (refused.returncode, refused.stderr) == (1, (
+        "error: experiment 'filed' has 1 recorded run that trained something else than it "
+        "would now: steps: 4 -> 3 (base-r0); use a new experiment name, or start afresh with "
+        "fresh=True (lab run --fresh), which keeps the old runs as superseded\n"
+    ))  # fmt: skip
+    fresh = lab_cli("run", str(spec), "--store", url, "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    assert rows(url, RUNS) == [("base-r0~1", "completed", True), ("base-r0", "completed", False)]
+
+
+def test_a_run_this_process_left_running_is_claimed_again(sqlite_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    Experiment("left", train, base_config=Config(), store=sqlite_url, output_dir=out).run()
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:  # as if its end could not be recorded: our own pid, running
+        conn.execute(sa.text("UPDATE runs SET status = 'running', pid = :pid"),
+                     {"pid": os.getpid()})  # fmt: skip
+    engine.dispose()
+    seen = Started()
+    Experiment("left", train, base_config=Config(), store=sqlite_url, output_dir=out,
+               callbacks=[seen]).run()  # fmt: skip
+    assert seen.trained == ["base-r0@4"]  # crashed, then resumed from its last checkpoint
+    assert rows(sqlite_url, "SELECT status FROM runs") == [("completed",)]

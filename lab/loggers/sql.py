@@ -82,6 +82,7 @@ class SqlLogger(Callback):
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
         self._resumed_at: int | None = None
         self._provenance: Provenance | None = None  # read once per experiment
+        self._claims: dict[str, int] = {}  # run key -> id: claimed here, not started yet
 
     def open(self) -> Store:
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
@@ -148,7 +149,21 @@ class SqlLogger(Callback):
         run_id, finished = self.open().claim_run(ctx.ids[EXPERIMENT_ID], **self._run_fields(ctx))
         if run_id is not None:
             ctx.ids[RUN_ID], ctx.ids[CLAIMED] = run_id, ctx.run_key
+            self._claims[ctx.run_key] = run_id  # until on_run_start takes the row over
         return finished
+
+    def release(self, run_key: str, error: str) -> None:
+        """Record a claimed run whose `on_run_start` never took its row over (the store
+        failed there, or the run never started) as `failed` with `error`, if this process
+        still holds it; best effort, since the store may be what failed."""
+        run_id = self._claims.pop(run_key, None)
+        if run_id is None:
+            return
+        try:
+            self.open().release_run(run_id, error)
+        except Exception:
+            log.warning("could not record run %s as failed; it stays running until the store "
+                        "finds its process gone", run_key, exc_info=True)  # fmt: skip
 
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
@@ -163,6 +178,7 @@ class SqlLogger(Callback):
             provenance=self._run_provenance(ctx),
             claimed=claimed,
         )
+        self._claims.pop(ctx.run_key, None)
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
 
     def _run_fields(self, ctx: LogContext) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from lab.store.engine import (
     resolve_url,
     transaction,
 )
-from lab.store.liveness import boot_id, owner_gone, process_start
+from lab.store.liveness import START_TOLERANCE_S, boot_id, owner_gone, process_start
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.schema import (
     SqlArm,
@@ -56,6 +56,10 @@ _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
 HEARTBEAT_S = 30.0  # how often a running run's heartbeat is refreshed, at the least
 STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
 _INF = math.inf
+# (store URL, run id) of every run this process claimed and has not finished: a `running`
+# row of this very pid that is not here was left behind (an earlier attempt in this process
+# that could not record its end), not trained now.
+_HELD: set[tuple[str, int]] = set()
 
 
 def _now() -> datetime:
@@ -296,6 +300,7 @@ class Store:
             run_id, _finished = self._claim(values, ("completed", "failed", "stopped", "crashed"))
             assert run_id is not None
         self._active.add(run_id)
+        _HELD.add((self.url, run_id))
         _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
         return run_id
 
@@ -380,6 +385,7 @@ class Store:
         with transaction(self.engine) as conn:
             run_id = conn.execute(stmt.returning(SqlRun.run_id)).scalar_one_or_none()
             if run_id is not None:
+                _HELD.add((self.url, run_id))
                 return run_id, None
             row = dict(
                 conn.execute(
@@ -394,8 +400,8 @@ class Store:
             )  # fmt: skip
             where = f"run {values['run_key']} of experiment {row['name']!r}"
             if row["status"] == "running":
-                owner = (row["host"], row["pid"], row["process_start"], row["boot_id"],
-                         row["heartbeat_at"])  # fmt: skip
+                owner = (row["run_id"], row["host"], row["pid"], row["process_start"],
+                         row["boot_id"], row["heartbeat_at"])  # fmt: skip
                 if self._owner_gone(*owner) is None:
                     raise RunBusy(busy_message(row["name"], values["run_key"], row))
                 took = conn.execute(  # compare-and-swap: only if nobody took it meanwhile
@@ -410,6 +416,7 @@ class Store:
                     .values(**{k: v for k, v in values.items() if k not in keys})
                 ).rowcount
                 if took == 1:
+                    _HELD.add((self.url, row["run_id"]))
                     return row["run_id"], None
                 raise RunBusy(f"{where} was just claimed by another process; run again")
             if (
@@ -459,7 +466,7 @@ class Store:
             ).all()  # fmt: skip
         gone: list[tuple[int, str, str, Any]] = []
         for run_id, key, host, pid, started, boot, beat in running:
-            why = self._owner_gone(host, pid, started, boot, beat, now)
+            why = self._owner_gone(run_id, host, pid, started, boot, beat, now)
             if why is not None:
                 # only if the row still shows the owner judged here: a run that another
                 # process took over, or whose owner beat again meanwhile, stays as it is
@@ -472,8 +479,25 @@ class Store:
                 gone.append((run_id, key, f"{why} while the run was running", same))
         return gone
 
+    def release_run(self, run_id: int, error: str) -> None:
+        """Record a run this process claimed and never started as `failed` with `error`;
+        nothing changes once another process (a worker) took it over, or it ended."""
+        _HELD.discard((self.url, run_id))
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.update(SqlRun)
+                .where(
+                    SqlRun.run_id == run_id,
+                    SqlRun.status == "running",
+                    SqlRun.pid == os.getpid(),
+                    SqlRun.host == socket.gethostname(),
+                )
+                .values(status="failed", error=error, ended_at=_now())
+            )
+
     def _owner_gone(
         self,
+        run_id: int,
         host: str | None,
         pid: int | None,
         started: float | None,
@@ -487,6 +511,13 @@ class Store:
         The one liveness check of the store: `mark_crashed`, the run claim and
         `delete_experiment` all ask it.
         """
+        if host == socket.gethostname() and pid == os.getpid():
+            ours = started is None and boot is None  # recorded before process identities
+            mine = process_start()
+            if started is not None and mine is not None:
+                ours = abs(started - mine) < START_TOLERANCE_S and boot == boot_id()
+            if ours and (self.url, run_id) not in _HELD:
+                return f"this process (pid {pid}) left it running and no longer trains it"
         return owner_gone(
             host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
             stale_after_s=self.stale_after_s, now=now,
@@ -788,6 +819,7 @@ class Store:
         credential they quote (a store URL's password, a token) as ``***``, as in the logs.
         """
         self._active.discard(run_id)
+        _HELD.discard((self.url, run_id))
         add = check_tags(tags)
         with transaction(self.engine) as conn:
             if add or notes is not None:
