@@ -342,20 +342,20 @@ def lab_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
 def test_quickstart_with_other_steps_is_refused_then_fresh_trains_anew(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     where = ["--store", url, "--output-dir", str(tmp_path / "runs")]
-    first = lab_cli("quickstart", *where, "--steps", "20")
+    first = lab_cli("quickstart", *where, "--steps", "60")
     assert first.returncode == 0, first.stderr
-    refused = lab_cli("quickstart", *where, "--steps", "10")
+    refused = lab_cli("quickstart", *where, "--steps", "50")
     assert refused.returncode == 1
     assert refused.stderr == (
         "error: experiment 'quickstart' has 6 recorded runs that trained something else than "
-        "they would now: steps: 20 -> 10 (all 6 runs); use a new experiment name, or start "
+        "they would now: steps: 60 -> 50 (all 6 runs); use a new experiment name, or start "
         "afresh with fresh=True (lab run --fresh), which keeps the old runs as superseded\n"
     )
-    assert rows(url, "SELECT DISTINCT json_extract(config, '$.steps') FROM runs") == [(20,)]
-    fresh = lab_cli("quickstart", *where, "--steps", "10", "--fresh")
+    assert rows(url, "SELECT DISTINCT json_extract(config, '$.steps') FROM runs") == [(60,)]
+    fresh = lab_cli("quickstart", *where, "--steps", "50", "--fresh")
     assert fresh.returncode == 0, fresh.stderr
     assert rows(url, "SELECT json_extract(config, '$.steps'), count(*) FROM runs "
-                     "WHERE superseded_at IS NULL GROUP BY 1") == [(10, 6)]  # fmt: skip
+                     "WHERE superseded_at IS NULL GROUP BY 1") == [(50, 6)]  # fmt: skip
     assert rows(url, "SELECT count(*) FROM runs WHERE run_key LIKE '%~1'") == [(6,)]
     shown = lab_cli("show", "quickstart", "--store", url)
     assert shown.stdout.startswith("quickstart: completed, 6 runs, seed 0\n")
