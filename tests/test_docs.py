@@ -28,6 +28,7 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
     assert "not shown: lr, step_time (all_metrics=True, or --all-metrics, shows them)" in out
     assert "on_run_start" in out
     assert "lr-sweep" in out and "bench-demo" in out
+    assert "lr: 0.1 -> 0.05 (large-r0 and 2 more); use a new experiment name" in out
     assert "['throughput/samples_per_s', 'throughput/steps_per_s']" in out  # callbacks-demo
 
 
