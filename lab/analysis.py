@@ -11,7 +11,8 @@ computed by DuckDB over the views. They are re-exported from `lab.inspect`:
 Which runs count, in every function:
 
 - Only runs whose status is ``completed`` or ``stopped``. Failed, crashed and still-running
-  runs are left out (the views keep them, for anything else you want to ask).
+  runs are left out (the views keep them, for anything else you want to ask), and so are
+  runs superseded by a fresh start (the `runs` view leaves them out; `all_runs` keeps them).
 - In an arm with stages (a chain per repeat), only the runs of the arm's last stage, the end
   of each chain; ``stage=k`` picks stage k instead. An arm without stages has stage 0 only.
 - A metric, or an eval, that some of those runs lack is an error that names them: a mean

@@ -260,6 +260,8 @@ def test_a_running_run_of_a_live_process_is_not_claimed(store_url: str) -> None:
             other.start_run(exp, group, **fields)
         with pytest.raises(RunBusy):
             other.claim_run(exp, group, **fields)
+        with pytest.raises(RunBusy, match=r"^run r0 of experiment 'busy' is being trained"):
+            other.delete_experiment("busy")
         store.finish_run(run_id, status="completed", summary={"loss": 0.5})
         finished = {"status": "completed", "summary": {"loss": 0.5}}
         assert other.claim_run(exp, group, **fields) == (None, finished)

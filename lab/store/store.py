@@ -927,9 +927,18 @@ class Store:
         """Delete an experiment and, by cascade, its arms, groups, runs (superseded ones
         too), metrics, summaries, evals, predictions and checkpoint rows, in one
         transaction. Run folders are files, not rows: they stay, and are returned
-        (``folders``, sorted) with the number of runs deleted (``runs``)."""
+        (``folders``, sorted) with the number of runs deleted (``runs``). Refused with
+        `RunBusy` while a live process trains one of its runs."""
         with transaction(self.engine) as conn:
             exp_id = self._experiment_id(conn, name)
+            for run in conn.execute(
+                sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid,
+                          SqlRun.started_at, SqlRun.heartbeat_at)
+                .where(SqlRun.experiment_id == exp_id, SqlRun.status == "running")
+            ).mappings():  # fmt: skip
+                owner = (run["run_id"], run["host"], run["pid"], run["heartbeat_at"])
+                if self._owner_gone(*owner) is None:
+                    raise RunBusy(busy_message(name, run["run_key"], dict(run)))
             folders = conn.execute(
                 sa.select(SqlRun.output_dir).where(SqlRun.experiment_id == exp_id)
             ).scalars().all()  # fmt: skip
