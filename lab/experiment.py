@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import hashlib
 import heapq
+import json
 import math
 import os
 import pickle
@@ -997,8 +998,8 @@ class Experiment:
             old = Fingerprint(prior["config"] or {}, prior["seed"], prior["stage"],
                               recorded_train, prior.get("carry"))  # fmt: skip
             diffs = differences(old, new)
-            if prior["config_hash"] is not None and not diffs:  # what was not recorded
-                diffs = ["train function or carry"]
+            if prior["config_hash"] is not None and not diffs:  # the one input not recorded
+                diffs = [f"carry: (not recorded) -> {json.dumps(new.carry)}"]
             if diffs:
                 changed[run_key] = diffs
         if changed:

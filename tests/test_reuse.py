@@ -131,6 +131,22 @@ def test_each_field_a_run_depends_on_is_named(
     assert f"would now: {difference}; use a new experiment name" in str(err.value)
 
 
+def test_a_chain_is_reused_only_with_the_same_carry(sqlite_url: str, tmp_path: Path) -> None:
+    def chain(carry: str, seen: Started | None = None) -> Experiment:
+        arm = Arm("chain", stages=[{"lr": 0.1}, {"lr": 0.05}], carry=carry)  # type: ignore[arg-type]
+        return Experiment("chain", train, base_config=Config(), arms=[arm], store=sqlite_url,
+                          output_dir=tmp_path / "out",
+                          callbacks=[seen] if seen else [])  # fmt: skip
+
+    chain("weights").run()
+    seen = Started()
+    chain("weights", seen).run()
+    assert seen.trained == []
+    with pytest.raises(ConfigError) as err:
+        chain("full").run()
+    assert 'now: carry: (not recorded) -> "full" (chain-r0-s1); use' in str(err.value)
+
+
 def test_runs_recorded_before_the_hash_are_compared_by_their_config(
     sqlite_url: str, tmp_path: Path
 ) -> None:
