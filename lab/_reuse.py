@@ -168,34 +168,35 @@ def supersede_runs(
 
     Each current run of `experiment` in `store` gets `superseded_at`, the key
     ``<run_key>~<n>`` and its folder moved to ``<folder>.superseded-<n>`` (its
-    `output_dir` follows). A planned run's folder under `folder` that no row records (a run
-    without a store) moves aside too, so no fresh run resumes from old checkpoints. Refuses,
-    before changing anything, while a live process trains one of the runs. Returns the new
-    keys of the superseded rows.
+    `output_dir` follows; a folder that is gone already keeps its recorded path). A planned
+    run's folder under `folder` that no row records (a run without a store) moves aside
+    too, so no fresh run resumes from old checkpoints. Call it after `Store.mark_crashed`:
+    it refuses, before changing anything, while a run is `running`. Returns the new keys of
+    the superseded rows.
     """
-    rows = store.current_runs(experiment) if store is not None else []
-    for row in rows:
-        if row["status"] == "running":
-            raise RunBusy(busy_message(experiment, row["run_key"], row))
-    taken = store.run_keys(experiment) if store is not None else []
     moved: list[str] = []
-    for row in rows:
-        recorded = Path(row["output_dir"]) if row["output_dir"] else None
-        n = next_generation(row["run_key"], taken, [recorded] if recorded else [])
-        new_key = superseded_key(row["run_key"], n)
-        target = superseded_folder(recorded, n) if recorded is not None else None
-        if recorded is not None and recorded.exists():
-            recorded.rename(target)  # type: ignore[arg-type]
-        try:
-            store.supersede_run(  # type: ignore[union-attr]
-                row["run_id"], new_key, str(target) if target is not None else None
-            )
-        except BaseException:
-            if target is not None and target.exists() and not recorded.exists():  # type: ignore[union-attr]
-                target.rename(recorded)  # type: ignore[arg-type]
-            raise
-        taken.append(new_key)
-        moved.append(new_key)
+    if store is not None:
+        rows = store.current_runs(experiment)
+        for row in rows:
+            if row["status"] == "running":
+                raise RunBusy(busy_message(experiment, row["run_key"], row))
+        taken = store.run_keys(experiment)
+        for row in rows:
+            recorded = Path(row["output_dir"]) if row["output_dir"] else None
+            n = next_generation(row["run_key"], taken, [recorded] if recorded else [])
+            new_key = superseded_key(row["run_key"], n)
+            target = None
+            if recorded is not None and recorded.exists():
+                target = superseded_folder(recorded, n)
+                recorded.rename(target)
+            try:
+                store.supersede_run(row["run_id"], new_key, str(target or recorded or "") or None)
+            except BaseException:
+                if target is not None and recorded is not None and not recorded.exists():
+                    target.rename(recorded)  # the row still points here
+                raise
+            taken.append(new_key)
+            moved.append(new_key)
     for run_key in planned:
         stale = folder / run_key
         if stale.exists():
