@@ -14,10 +14,13 @@ import pydantic
 import pytest
 import sqlalchemy as sa
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lab
 import lab.inspect
 from lab import Arm, Callback, Experiment
+from lab._reuse import Fingerprint, differences
 from lab.errors import ConfigError, NoExperiment, RunBusy
 from lab.store import Store
 
@@ -484,3 +487,25 @@ def test_a_run_this_process_left_running_is_claimed_again(sqlite_url: str, tmp_p
                callbacks=[seen]).run()  # fmt: skip
     assert seen.trained == ["base-r0@4"]  # crashed, then resumed from its last checkpoint
     assert rows(sqlite_url, "SELECT status FROM runs") == [("completed",)]
+
+
+_leaf = st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=5), st.booleans(),
+                  st.none())  # fmt: skip
+_configs = st.recursive(
+    st.dictionaries(st.text(min_size=1, max_size=4), _leaf, max_size=4),
+    lambda inner: st.dictionaries(st.text(min_size=1, max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(config=_configs, seed=st.integers(0, 2**31), stage=st.integers(0, 5))
+def test_the_config_hash_is_canonical(config: dict[str, Any], seed: int, stage: int) -> None:
+    reordered = dict(reversed(list(config.items())))
+    a = Fingerprint(config, seed, stage, "m:train")
+    b = Fingerprint(json.loads(json.dumps(reordered)), seed, stage, "m:train")
+    assert a.digest() == b.digest()  # key order and a JSON round trip change nothing
+    assert len(a.digest()) == 64
+    assert differences(a, Fingerprint(config, seed + 1, stage, "m:train")) == [
+        f"seed: {seed} -> {seed + 1}"
+    ]
+    assert differences(a, a) == []
