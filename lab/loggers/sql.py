@@ -4,6 +4,7 @@
 |---------------------|---------------------------------------------------------|
 | on_experiment_start | the experiment (with its tags and notes) and its arms   |
 | on_group_start      | the group                                               |
+| (before the run)    | `claim`: the run's row, claimed atomically (Experiment) |
 | on_run_start        | the run: config, seed, arm, repeat, status `running`,   |
 |                     | provenance (read once per experiment; `git.diff` file)  |
 | on_step_end         | metrics, through the buffered writer                    |
