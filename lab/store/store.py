@@ -933,10 +933,12 @@ class Store:
             exp_id = self._experiment_id(conn, name)
             for run in conn.execute(
                 sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid,
-                          SqlRun.started_at, SqlRun.heartbeat_at)
+                          SqlRun.process_start, SqlRun.boot_id, SqlRun.started_at,
+                          SqlRun.heartbeat_at)
                 .where(SqlRun.experiment_id == exp_id, SqlRun.status == "running")
             ).mappings():  # fmt: skip
-                owner = (run["run_id"], run["host"], run["pid"], run["heartbeat_at"])
+                owner = (run["run_id"], run["host"], run["pid"], run["process_start"],
+                         run["boot_id"], run["heartbeat_at"])  # fmt: skip
                 if self._owner_gone(*owner) is None:
                     raise RunBusy(busy_message(name, run["run_key"], dict(run)))
             folders = conn.execute(
