@@ -380,7 +380,9 @@ def show(
         typer.echo(render(("run", "notes"), notes))
     _show_provenance(exp["runs"])
     if exp["superseded"]:
-        typer.echo(f"\n{exp['superseded']} superseded runs are kept (fresh starts); "
+        kept = plural(exp["superseded"], "superseded run")
+        verb = "is" if exp["superseded"] == 1 else "are"
+        typer.echo(f"\n{kept} {verb} kept (fresh starts); "
                    "lab.inspect's all_runs view lists them")  # fmt: skip
     failures = [(r["run_key"], f) for r in exp["runs"] for f in r["callback_errors"] or []]
     if failures:
@@ -511,14 +513,14 @@ def remove_experiment(
     s = Store(store)
     try:
         exp = s.get_experiment(name)  # an unknown name fails here, before the question
-        runs = len(exp["runs"]) + exp["superseded"]
+        runs = plural(len(exp["runs"]) + exp["superseded"], "run")
         if not yes:
-            typer.confirm(f"delete experiment {name!r} and its {runs} runs from the store?",
+            typer.confirm(f"delete experiment {name!r} and its {runs} from the store?",
                           abort=True)  # fmt: skip
         gone = s.delete_experiment(name)
     finally:
         s.close()
-    typer.echo(f"deleted experiment {name!r} ({gone['runs']} runs)")
+    typer.echo(f"deleted experiment {name!r} ({plural(gone['runs'], 'run')})")
     folders = sorted({str(Path(f).parent) for f in gone["folders"]})
     if folders:
         typer.echo(f"its run folders are kept; remove them yourself if you wish: "

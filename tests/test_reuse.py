@@ -401,12 +401,12 @@ def test_rm_asks_first_and_mv_refuses_a_name_in_use(tmp_path: Path) -> None:
     assert (moved.returncode, moved.stdout) == (0, "renamed experiment 'one' to 'three'\n")
     kept = lab_cli("rm", "two", "--store", url, stdin="n\n")
     assert kept.returncode == 1
-    assert "delete experiment 'two' and its 1 runs from the store? [y/N]" in kept.stdout
+    assert "delete experiment 'two' and its 1 run from the store? [y/N]" in kept.stdout
     assert rows(url, "SELECT name FROM experiments ORDER BY name") == [("three",), ("two",)]
     gone = lab_cli("rm", "two", "--store", url, "--yes")
     assert gone.returncode == 0, gone.stderr
     assert gone.stdout == (
-        "deleted experiment 'two' (1 runs)\nits run folders are kept; remove them yourself if "
+        "deleted experiment 'two' (1 run)\nits run folders are kept; remove them yourself if "
         f"you wish: {(out / 'two').resolve()}\n"
     )
     assert rows(url, "SELECT name FROM experiments") == [("three",)]
