@@ -492,7 +492,7 @@ class Store:
                     SqlRun.pid == os.getpid(),
                     SqlRun.host == socket.gethostname(),
                 )
-                .values(status="failed", error=error, ended_at=_now())
+                .values(status="failed", error=_free_text(error), ended_at=_now())
             )
 
     def _owner_gone(
