@@ -120,8 +120,8 @@ def refusal(experiment: str, changed: dict[str, list[str]], recorded: int) -> st
     )
     return (
         f"experiment {experiment!r} has {len(changed)} recorded {runs} would now: {shown}; "
-        "use a new experiment name, or start afresh with fresh=True (lab run --fresh), which "
-        "keeps the old runs as superseded"
+        "use a new experiment name, or start afresh with fresh=True (--fresh on the command "
+        "line), which keeps the old runs as superseded"
     )
 
 

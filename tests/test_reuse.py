@@ -97,7 +97,8 @@ def test_a_changed_arm_override_is_refused_before_any_run_trains(
     assert str(err.value) == (
         "experiment 'sweep' has 2 recorded runs that trained something else than they would "
         "now: lr: 0.01 -> 0.05 (small-r0, small-r1); use a new experiment name, or start "
-        "afresh with fresh=True (lab run --fresh), which keeps the old runs as superseded"
+        "afresh with fresh=True (--fresh on the command line), which keeps the old runs as "
+        "superseded"
     )
     assert seen.trained == []
     assert rows(store_url, "SELECT run_key, status, config, config_hash FROM runs ORDER BY 1") == (
@@ -370,7 +371,8 @@ def test_quickstart_with_other_steps_is_refused_then_fresh_trains_anew(tmp_path:
     assert refused.stderr == (
         "error: experiment 'quickstart' has 6 recorded runs that trained something else than "
         "they would now: steps: 60 -> 50 (all 6 runs); use a new experiment name, or start "
-        "afresh with fresh=True (lab run --fresh), which keeps the old runs as superseded\n"
+        "afresh with fresh=True (--fresh on the command line), which keeps the old runs as "
+        "superseded\n"
     )
     assert rows(url, "SELECT DISTINCT json_extract(config, '$.steps') FROM runs") == [(60,)]
     fresh = lab_cli("quickstart", *where, "--steps", "50", "--fresh")
@@ -467,7 +469,7 @@ def test_lab_run_fresh_supersedes_what_a_changed_file_would_not_reuse(tmp_path: 
     assert (refused.returncode, refused.stderr) == (1, (
         "error: experiment 'filed' has 1 recorded run that trained something else than it "
         "would now: steps: 4 -> 3 (base-r0); use a new experiment name, or start afresh with "
-        "fresh=True (lab run --fresh), which keeps the old runs as superseded\n"
+        "fresh=True (--fresh on the command line), which keeps the old runs as superseded\n"
     ))  # fmt: skip
     fresh = lab_cli("run", str(spec), "--store", url, "--fresh")
     assert fresh.returncode == 0, fresh.stderr

@@ -426,7 +426,8 @@ class Store:
             ):
                 raise ConfigError(
                     f"{where} was just recorded with other settings by another process; use a "
-                    "new experiment name, or start afresh with fresh=True (lab run --fresh)"
+                    "new experiment name, or start afresh with fresh=True (--fresh on the "
+                    "command line)"
                 )
         return None, {"status": row["status"], "summary": floats_back(row["summary"] or {})}
 
