@@ -452,7 +452,7 @@ def tag(
         )
     add = [item[1:] for item in items if item.startswith("+")]
     remove = [item[1:] for item in items if item.startswith("-")]
-    s = Store(store)
+    s = Store(store, create=False)  # a mistyped --store is refused, not created empty
     try:
         now = s.tag(experiment, run_key, add=add, remove=remove, notes=note)
     finally:

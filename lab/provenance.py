@@ -37,53 +37,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lab._secrets import HIDDEN, SECRET_NAME, mask
+
 #: The diff is cut at this many bytes (UTF-8), and a marker line says so.
 DIFF_LIMIT = 1_000_000
 #: The diff's file name in the run folder.
 DIFF_FILE = "git.diff"
 #: What stands in for a masked secret.
-MASK = "***"
+MASK = HIDDEN
 _GIT_TIMEOUT_S = 10.0
 
-_SECRET_NAME = (
-    r"(?:password|passwd|pwd|passphrase|token|secret|api[_-]?key|apikey|access[_-]?key|auth(?:orization)?"
-    r"|credentials?|private[_-]?key)"
-)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/\s:@]*:)[^/\s@]+(?=@)")
-_NAMED_VALUE = re.compile(
-    rf"(?i)(?P<head>\b[\w.-]*{_SECRET_NAME}(?:[_.-][\w.-]*)?\s*[=:]\s*)"
-    r"(?:(?:bearer|basic|token)\s+)?[^\s&;]+"
-)
-_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)\S+")
-_KNOWN_TOKEN = re.compile(
-    r"\b(?:gh[pousr]_|github_pat_|hf_|xox[abprs]-|sk-|glpat-|AKIA)[A-Za-z0-9_\-]{8,}"
-)
-_WEBHOOK_PATH = re.compile(
-    r"(?P<head>hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/)[^\s?#]+"
-)
-_SECRET_OPTION = re.compile(rf"(?i)^-{{1,2}}[\w.-]*{_SECRET_NAME}(?:[_.-][\w.-]*)?$")
-
-
-def mask(text: str) -> str:
-    """`text` with the credentials it may hold replaced by ``***``: URL passwords,
-    ``name=value`` pairs whose name says secret (password, token, api_key, ...), bearer
-    tokens, well-known token formats (GitHub, Hugging Face, Slack, OpenAI, GitLab, AWS keys)
-    and webhook paths. Why: a command line is recorded for every run, and read by everyone
-    who reads the store.
-
-    >>> mask("train.py --store postgresql://me:hunter2@db/lab --api-key=abc token=xyz")
-    'train.py --store postgresql://me:***@db/lab --api-key=*** token=***'
-    """
-    text = _URL_PASSWORD.sub(rf"\g<head>{MASK}", text)
-    text = _NAMED_VALUE.sub(rf"\g<head>{MASK}", text)
-    text = _BEARER.sub(rf"\g<head>{MASK}", text)
-    text = _WEBHOOK_PATH.sub(rf"\g<head>{MASK}", text)
-    return _KNOWN_TOKEN.sub(MASK, text)
+_SECRET_OPTION = re.compile(rf"(?i)^-{{1,2}}[\w.-]*{SECRET_NAME}(?:[_.-][\w.-]*)?$")
 
 
 def mask_argv(argv: list[str]) -> list[str]:
-    """A command line with its credentials masked: each argument through `mask`, and the
-    value after an option whose name says secret (``--token abc``, ``--password abc``).
+    """A command line with its credentials masked: each argument through `lab._secrets.mask`
+    (``--api-key=abc``, URL passwords, tokens), and the value after an option whose name says
+    secret (``--token abc``, ``--password abc``). Why: a command line is recorded for every
+    run, and read by everyone who reads the store.
 
     >>> mask_argv(["train.py", "--wandb-token", "abc", "--lr", "0.1"])
     ['train.py', '--wandb-token', '***', '--lr', '0.1']

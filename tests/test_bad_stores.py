@@ -166,6 +166,8 @@ def _argv(command_name: str, case: Case, folder: Path, files: Path) -> list[str]
         return ["db", "upgrade", *store]
     if command_name == "run":
         return ["run", str(files / "never.yaml"), *store]
+    if command_name == "tag":
+        return ["tag", case.experiment, "+kept", *store]
     if command_name == "quickstart":
         return ["quickstart", "--steps", "1", "--output-dir", str(folder / "runs"), *store]
     raise AssertionError(command_name)
@@ -173,7 +175,7 @@ def _argv(command_name: str, case: Case, folder: Path, files: Path) -> list[str]
 
 _VALID = ("unknown experiment", "export target is a file")  # a good store, a bad argument
 READS = ("ls", "show", "export", "db current")
-WRITES = ("db upgrade", "run", "quickstart")
+WRITES = ("db upgrade", "run", "quickstart", "tag")
 EVERYONE = ("missing", "not a database", "damaged", "bad scheme", "unreachable postgres")
 MATRIX = [
     *((c, k) for c in READS for k in (*EVERYONE, "foreign")),
@@ -183,6 +185,7 @@ MATRIX = [
     *((c, k) for c in ("db upgrade", "run") for k in EVERYONE if k != "missing"),
     *((c, k) for c in ("db upgrade", "run") for k in ("read-only file", "read-only folder")),
     *(("quickstart", k) for k in ("not a database", "read-only folder", "bad scheme")),
+    *(("tag", k) for k in (*EVERYONE, "read-only file", "read-only folder", "unknown experiment")),
 ]
 
 
@@ -240,6 +243,17 @@ def test_a_mistyped_path_names_itself_and_how_to_create_a_store(tmp_path: Path) 
     with pytest.raises(NoStore, match="no store at"):
         lab.inspect.connect(f"sqlite:///{db}")
     assert not (tmp_path / "typo").exists()
+    out = _lab("tag", "exp", "+best", "--store", f"sqlite:///{db}")  # writes, never creates
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (
+        f"error: no store at {db} (this command never creates one); record an experiment "
+        f"into it (lab run, lab quickstart) or create an empty one: lab db upgrade --store "
+        f"sqlite:///{db}\n"
+    )
+    assert not (tmp_path / "typo").exists()
+    tmp_path.joinpath("typo").mkdir()  # the folder exists, the file does not
+    assert _lab("tag", "exp", "+best", "--store", f"sqlite:///{db}").returncode == 1
+    assert sorted(p.name for p in (tmp_path / "typo").iterdir()) == []
 
 
 def test_refusals_say_what_is_wrong(tmp_path: Path, template: Path) -> None:

@@ -23,7 +23,7 @@ import lab.inspect
 import lab.loggers.sql
 import lab.provenance
 from lab import Experiment, RunSpec
-from lab.provenance import DIFF_FILE, collect, mask, mask_argv
+from lab.provenance import DIFF_FILE, collect, mask_argv
 from lab.store import Store
 
 
@@ -140,7 +140,7 @@ def test_versions_packages_devices_command_and_host() -> None:
                                                           "WANDB_API_KEY=***"]),
         (["t.py", "--url", "https://x.io/h?token=abc&x=1"], ["t.py", "--url",
                                                             "https://x.io/h?token=***&x=1"]),
-        (["t.py", "Authorization: Bearer eyJabc.def"], ["t.py", "Authorization: ***"]),
+        (["t.py", "Authorization: Bearer eyJabc.def"], ["t.py", "Authorization: Bearer ***"]),
         (["t.py", "--hub", "hf_abcdefghijklmnop", "ghp_0123456789abcdef"],
          ["t.py", "--hub", "***", "***"]),
         (["t.py", "--webhook", "https://hooks.slack.com/services/T0/B0/XyZ"],
@@ -151,11 +151,6 @@ def test_versions_packages_devices_command_and_host() -> None:
 )  # fmt: skip
 def test_credentials_in_the_command_line_are_masked(argv: list[str], masked: list[str]) -> None:
     assert mask_argv(argv) == masked
-
-
-def test_mask_leaves_plain_text_alone() -> None:
-    text = "python train.py --epochs 3 arms.lr=0.1 --author=me --tokenizer=gpt2 --tokens 8"
-    assert mask(text) == text
 
 
 # -- recorded with every run ---------------------------------------------------------------------

@@ -226,6 +226,15 @@ def test_mask_hides_each_kind_of_credential() -> None:
         "401 for hf_" + "a1B2" * 9 + " at the hub": "401 for *** at the hub",
         "git: ghp_" + "Z9y8" * 9 + " expired": "git: *** expired",
         "aws AKIAIOSFODNN7EXAMPLE denied": "aws *** denied",
+        # secret-named name=value and name: value pairs, as a command line or a config has them
+        "train.py --api-key=abc token=xyz": "train.py --api-key=*** token=***",
+        "WANDB_API_KEY=k HF_TOKEN='a b' db.password=\"p w\"": (
+            "WANDB_API_KEY=*** HF_TOKEN=*** db.password=***"
+        ),
+        "passwd: zz pwd=p1 passphrase=p2": "passwd: *** pwd=*** passphrase=***",
+        "aws_access_key_id=AK1 private_key=k2": "aws_access_key_id=*** private_key=***",
+        "x-auth-token: Bearer t1 credentials=c2": "x-auth-token: Bearer *** credentials=***",
+        "--hub hf_abcdefghijklmnop ghp_0123456789abcdef": "--hub *** ***",
     }
     assert {text: mask(text) for text in cases} == cases
     plain = [
@@ -233,6 +242,8 @@ def test_mask_hides_each_kind_of_credential() -> None:
         "a basic token budget; password reset",
         "use postgresql://user:password@host/dbname",  # a usage hint's placeholder
         "hf_hub_download failed; task-sk-1 ran",
+        "python train.py --epochs 3 arms.lr=0.1 --author=me --tokenizer=gpt2 --tokens 8",
+        "token budget: 8 tokens; secrets are masked; hf_transfer is on",
     ]
     assert [mask(text) for text in plain] == plain
 

@@ -72,7 +72,7 @@ def dumps_json(value: Any) -> str:
     return json.dumps(finite_json(value), ensure_ascii=False, default=str)
 
 
-def make_engine(url: str, *, readonly: bool = False) -> Engine:
+def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Engine:
     """An engine for `url`, with SQLite's WAL, busy timeout and foreign keys switched on.
 
     `readonly` is for commands that only read: a SQLite file is opened with
@@ -80,12 +80,13 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     are read-only transactions, and the errors a damaged file or an older schema raises
     while reading become one-line `StoreError`s. Without it, a SQLite file that cannot be
     written, or is not a database, is refused before SQLite opens it, so a refusal leaves
-    the file and its folder exactly as they were.
+    the file and its folder exactly as they were. `create=False` refuses a SQLite file that
+    does not exist (`NoStore`) instead of creating it and its folder.
     """
     parsed = make_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":
-            engine = _sqlite_engine(url, parsed.database, readonly=readonly)
+            engine = _sqlite_engine(url, parsed.database, readonly=readonly, create=create)
         else:
             connect_args: dict[str, Any] = {"connect_timeout": 10}
             if readonly:
@@ -105,7 +106,7 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     return engine
 
 
-def _sqlite_engine(url: str, database: str | None, *, readonly: bool) -> Engine:
+def _sqlite_engine(url: str, database: str | None, *, readonly: bool, create: bool) -> Engine:
     connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     options: dict[str, Any] = {}
     if database and database != ":memory:":
@@ -118,6 +119,8 @@ def _sqlite_engine(url: str, database: str | None, *, readonly: bool) -> Engine:
                 uri, uri=True, timeout=timeout, check_same_thread=False
             )
         else:
+            if not create and not path.exists():
+                raise _no_store(path, url, "this command never creates one")
             _check_writable(path, url)
     else:
         # Each connection to :memory: is a database of its own: share one, so the
@@ -138,6 +141,13 @@ def _shown(url: str) -> str:
 _MAGIC = b"SQLite format 3\x00"
 
 
+def _no_store(path: Path, url: str, why: str) -> NoStore:
+    return NoStore(
+        f"no store at {path} ({why}); record an experiment into it (lab run, lab quickstart) "
+        f"or create an empty one: lab db upgrade --store {_shown(url)}"
+    )
+
+
 def _check_sqlite_file(path: Path, url: str) -> None:
     """Refuse a path that holds no SQLite database, before SQLite opens (or creates) it.
 
@@ -147,11 +157,7 @@ def _check_sqlite_file(path: Path, url: str) -> None:
     next to a file that cannot be read anyway.
     """
     if not path.exists():
-        raise NoStore(
-            f"no store at {path} (commands that only read never create one); record an "
-            "experiment into it (lab run, lab quickstart) or create an empty one: "
-            f"lab db upgrade --store {_shown(url)}"
-        )
+        raise _no_store(path, url, "commands that only read never create one")
     if path.is_dir():
         raise NotADatabase(
             f"{path} is a folder, not a store; point --store / LAB_STORE_URL at a "

@@ -91,6 +91,7 @@ class Store:
         *,
         migrate: bool = True,
         readonly: bool = False,
+        create: bool = True,
         give_up_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
@@ -105,12 +106,16 @@ class Store:
         read as it is (or refused with the upgrade command) rather than migrated, and
         nothing is ever written: runs whose process is gone are shown as crashed by the
         reads, not marked so in the store.
+
+        `create=False` is for commands that change a store without recording into it
+        (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
+        created, so a mistyped ``--store`` leaves nothing behind.
         """
         self.url = resolve_url(url)
         self.readonly = readonly
         #: The schema revision read when opened read-only (an older one is read as it is).
         self.revision: str | None = None
-        self.engine: Engine = make_engine(self.url, readonly=readonly)
+        self.engine: Engine = make_engine(self.url, readonly=readonly, create=create)
         try:
             check_reachable(self.engine)
             if readonly and self.engine.url.database not in (None, "", ":memory:"):
