@@ -151,7 +151,7 @@ def quickstart(
         typer.echo(f"The walk-through of arms, curves and predictions: ./{NOTEBOOK}")
     else:
         typer.echo(f"The walk-through of arms, curves and predictions, as ./{NOTEBOOK}:")
-        typer.echo(f"  lab quickstart --notebook{option}")
+        typer.echo(f"  {shlex.join([*again, '--notebook'])}")  # the same settings: reused
 
 
 def _run(

@@ -48,7 +48,8 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     assert tail[-2:] == [
         "The walk-through of arms, curves and predictions, as ./quickstart.ipynb:",
-        f"  lab quickstart --notebook --store sqlite:///{db}",
+        f"  lab quickstart --store sqlite:///{db} --output-dir {folder / 'runs'} --steps 60 "
+        "--notebook",
     ]
     return db
 

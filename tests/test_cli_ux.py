@@ -353,7 +353,8 @@ def test_every_snippet_quickstart_prints_runs_right_after_it(tmp_path: Path) -> 
     snippets = [line[2:] for line in tail.splitlines() if line.startswith("  ")]
     commands = [s for s in snippets if s.startswith("lab ")]
     python = [s for s in snippets if not s.startswith("lab ")]
-    assert commands == ["lab ls", "lab show quickstart", "lab quickstart --notebook"]
+    # the notebook's command repeats the settings, so it reuses the runs instead of refusing
+    assert commands == ["lab ls", "lab show quickstart", "lab quickstart --steps 20 --notebook"]
     assert len(python) == 4 and python[0] == "import lab.inspect"
     for command in commands:
         ran = subprocess.run([str(LAB), *command.split()[1:]], capture_output=True, text=True,
@@ -369,7 +370,8 @@ def test_every_snippet_quickstart_prints_runs_right_after_it(tmp_path: Path) -> 
         "error: quickstart.ipynb exists; remove it, or write the notebook elsewhere with "
         "--notebook-to PATH\n"
     )
-    elsewhere = subprocess.run([str(LAB), "quickstart", "--notebook-to", "nb/q.ipynb"],
+    elsewhere = subprocess.run([str(LAB), "quickstart", "--steps", "20", "--notebook-to",
+                                "nb/q.ipynb"],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path,
                                env=env)  # fmt: skip
     assert elsewhere.returncode == 0, elsewhere.stderr
