@@ -39,6 +39,7 @@ from lab.store.migrations import (
     head_revision,
     is_known,
     migrations_dir,
+    revisions,
     upgrade,
 )
 from lab.store.schema import NAMING, TABLES, Base
@@ -92,6 +93,12 @@ def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -
         _assert_matches_models(engine)
     finally:
         engine.dispose()
+
+
+def test_the_revisions_read_without_alembic_are_alembics() -> None:
+    scripts = ScriptDirectory.from_config(alembic_config())
+    assert revisions() == {s.revision: s.down_revision for s in scripts.walk_revisions()}
+    assert head_revision() == scripts.get_current_head()
 
 
 def test_is_known_takes_only_the_full_id_of_one_of_our_revisions() -> None:

@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sqlite3
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 from lab._secrets import logger
 from lab.errors import NotALabStore, SchemaTooNew, StoreError
+
+if TYPE_CHECKING:  # Alembic is imported where a schema changes: reading a store needs none
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 from lab.store.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     connect,
@@ -87,6 +89,8 @@ def migrations_dir() -> Path:
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic config over `lab`'s scripts; with `connection`, migrations run on it."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     if connection is not None:
@@ -98,12 +102,37 @@ def alembic_config(connection: Connection | None = None) -> Config:
 def _scripts() -> ScriptDirectory:
     # Loading the revision files costs milliseconds, and every `Store()` asks for the head:
     # they don't change while a process runs, so load them once.
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
+
+
+_REVISION = re.compile(r'^revision: str = "([^"]+)"$', re.M)
+_DOWN_REVISION = re.compile(r'^down_revision: str \| None = (?:"([^"]+)"|None)$', re.M)
+
+
+@functools.cache
+def revisions() -> dict[str, str | None]:
+    """Each of this `lab`'s revisions and the one it revises, read from the scripts' own
+    headers without importing Alembic (about 70 ms that `lab ls` would otherwise pay).
+    tests/test_migrations.py holds it equal to Alembic's view of the same scripts."""
+    found: dict[str, str | None] = {}
+    for script in sorted((migrations_dir() / "versions").glob("*.py")):
+        text = script.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(text), _DOWN_REVISION.search(text)
+        if revision is None or down is None:
+            raise StoreError(f"{script} has no revision header; lab's migrations are damaged")
+        found[revision.group(1)] = down.group(1)
+    return found
 
 
 def head_revision() -> str:
     """The newest revision this `lab` knows."""
-    return _scripts().get_current_head()
+    chain = revisions()
+    heads = set(chain) - set(chain.values())
+    if len(heads) != 1:
+        raise StoreError(f"lab's migrations have {len(heads)} heads; reinstall lab")
+    return heads.pop()
 
 
 def is_known(revision: str) -> bool:
@@ -112,19 +141,28 @@ def is_known(revision: str) -> bool:
     Alembic's lookup also takes symbols ("head") and unique prefixes; a database's revision
     is a full id, so only a full id counts here.
     """
-    if not revision:
-        return False
-    try:
-        script = _scripts().get_revision(revision)
-    except CommandError:  # Alembic's resolution errors for an id it doesn't have
-        return False
-    return script is not None and script.revision == revision
+    return bool(revision) and revision in revisions()
+
+
+def _revision_of(conn: Connection) -> str | None:
+    """The revision recorded in the database (None: never migrated), as Alembic reads it:
+    the one row of ``alembic_version``."""
+    if not sa.inspect(conn).has_table("alembic_version"):
+        return None
+    rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) > 1:
+        url = conn.engine.url.render_as_string(hide_password=True)
+        raise NotALabStore(
+            f"{url} records {len(rows)} schema revisions ({', '.join(sorted(rows))}); lab's "
+            "schema has one line of revisions, so this is not a lab store"
+        )
+    return rows[0] if rows else None
 
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, or None when it has never been migrated."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        return _revision_of(conn)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
@@ -144,8 +182,10 @@ def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
         backup = None
         if _moves_up(before, target):
             backup = _backup_sqlite(conn, before, target)
+            from alembic import command
+
             command.upgrade(alembic_config(conn), revision)
-        after = MigrationContext.configure(conn).get_current_revision()
+        after = _revision_of(conn)
     return Upgraded(before, after, backup)
 
 
@@ -163,7 +203,7 @@ def readable_revision(
     """
     url = engine.url.render_as_string(hide_password=True)
     with connect(engine) as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
+        current = _revision_of(conn)
         if current is not None and is_known(current):
             return current
         tables = sorted(
@@ -216,7 +256,7 @@ def ensure_schema(engine: Engine) -> None:
     store never waits for another process's writes.
     """
     with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
+        current = _revision_of(conn)
     if current == head_revision():
         return
     if current is not None and not is_known(current):  # refused at once, without the lock
@@ -228,6 +268,8 @@ def ensure_schema(engine: Engine) -> None:
 
 def _resolve(revision: str) -> str | None:
     """The id `revision` names ("head" -> "0002"), or itself when it is relative ("+1")."""
+    from alembic.util.exc import CommandError
+
     try:
         script = _scripts().get_revision(revision)
     except CommandError:
@@ -242,6 +284,8 @@ def _moves_up(before: str | None, target: str | None) -> bool:
         return False
     if before is None:
         return True
+    from alembic.util.exc import CommandError
+
     try:
         return any(s.revision == before for s in _scripts().iterate_revisions(target, "base"))
     except CommandError:  # a relative target ("+1"): let Alembic work it out
@@ -250,7 +294,7 @@ def _moves_up(before: str | None, target: str | None) -> bool:
 
 def _check(conn: Connection) -> str | None:
     """The current revision, after refusing a newer schema or a database that isn't ours."""
-    current = MigrationContext.configure(conn).get_current_revision()
+    current = _revision_of(conn)
     url = conn.engine.url.render_as_string(hide_password=True)
     if current is None:
         ours = set(TABLES) & set(sa.inspect(conn).get_table_names())
