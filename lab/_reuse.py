@@ -26,7 +26,7 @@ from lab.errors import RunBusy
 if TYPE_CHECKING:
     from lab.store.store import Store
 
-#: Separates a superseded run's key from its generation: ``small-r0~1``. Safe in paths.
+#: Separates a superseded run's key from its number: ``small-r0~1``. Safe in paths.
 SUPERSEDED_KEY = "~"
 #: Suffix of a superseded run's folder: ``small-r0.superseded-1``.
 SUPERSEDED_FOLDER = ".superseded-"
@@ -135,7 +135,7 @@ def superseded_folder(folder: Path, n: int) -> Path:
     return folder.with_name(f"{folder.name}{SUPERSEDED_FOLDER}{n}")
 
 
-def next_generation(run_key: str, taken_keys: Iterable[str], folders: Iterable[Path]) -> int:
+def next_superseded_number(run_key: str, taken_keys: Iterable[str], folders: Iterable[Path]) -> int:
     """The smallest n >= 1 above every superseded key and folder of `run_key` already used."""
     used = [0]
     prefix = run_key + SUPERSEDED_KEY
@@ -183,7 +183,7 @@ def supersede_runs(
         taken = store.run_keys(experiment)
         for row in rows:
             recorded = Path(row["output_dir"]) if row["output_dir"] else None
-            n = next_generation(row["run_key"], taken, [recorded] if recorded else [])
+            n = next_superseded_number(row["run_key"], taken, [recorded] if recorded else [])
             new_key = superseded_key(row["run_key"], n)
             target = None
             if recorded is not None and recorded.exists():
@@ -200,5 +200,5 @@ def supersede_runs(
     for run_key in planned:
         stale = folder / run_key
         if stale.exists():
-            stale.rename(superseded_folder(stale, next_generation(run_key, [], [stale])))
+            stale.rename(superseded_folder(stale, next_superseded_number(run_key, [], [stale])))
     return moved

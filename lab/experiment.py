@@ -32,7 +32,7 @@ from lab._reuse import (
     Fingerprint,
     busy_message,
     differences,
-    next_generation,
+    next_superseded_number,
     refusal,
     supersede_runs,
     superseded_folder,
@@ -1294,7 +1294,7 @@ def _move_orphan(folder: Path) -> None:
     cannot resume from checkpoints of something else."""
     if not folder.exists():
         return
-    target = superseded_folder(folder, next_generation(folder.name, [], [folder]))
+    target = superseded_folder(folder, next_superseded_number(folder.name, [], [folder]))
     folder.rename(target)
     log.warning(
         "run folder %s is not recorded in this store; moved it to %s so the run starts afresh",

@@ -199,7 +199,7 @@ def test_fresh_supersedes_the_old_runs_and_keeps_them(store_url: str, tmp_path: 
         "large-r0", "large-r0.superseded-1", "small-r0", "small-r0.superseded-1",
     ]  # fmt: skip
 
-    # a second fresh start: generation 2, nothing overwritten
+    # a second fresh start: number 2, nothing overwritten
     sweep(store_url, out, repeats=1, fresh=True).run()
     assert [k for k, _s, sup in rows(store_url, RUNS) if sup] == [
         "small-r0~1", "large-r0~1", "small-r0~2", "large-r0~2",
