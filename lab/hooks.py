@@ -12,16 +12,20 @@ The lifecycle, with every hook in the place it fires::
                     [post_checkpoint_loaded(state, path)] # only when resuming a checkpoint
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
+                    [on_epoch_start(state, epoch)]       # when the loop counts epochs
                     each step:
                         pre_step(state, step_idx, batch)
                         forward, backward, optimizer step
                         on_step_end(state, step_idx, batch, metrics)
+                        [on_media(state, step_idx, media)] # histograms, images logged
                         in-loop evals:  on_eval(state, step_idx, eval_name, metrics)
                                         on_benchmark_eval(ctx, eval_result, predictions,
                                                           step=step_idx)
                         each save:      on_checkpoint(state, row)
                                         # (a save due only as an ephemeral one is
                                         # skipped while a callback blocks those)
+                    [on_epoch_end(state, epoch)]         # after the epoch's last step,
+                                                         # its evals and saves
                     on_train_end(state, artifacts)
                 post-training benchmarks:
                     on_benchmark_eval(ctx, eval_result, predictions, step=None)
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.evals import EvalResult
     from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.media import Media
 
 log = logger("lab.hooks")
 
@@ -77,11 +82,14 @@ HOOKS: tuple[str, ...] = (
     "on_run_start",
     "post_checkpoint_loaded",
     "on_train_start",
+    "on_epoch_start",
     "pre_step",
     "on_step_end",
+    "on_media",
     "on_eval",
     "on_benchmark_eval",
     "on_checkpoint",
+    "on_epoch_end",
     "on_train_end",
     "on_error",
     "on_run_end",
@@ -312,6 +320,9 @@ class Callback:
     def on_train_start(self, state: LoopState) -> None:
         """Once, before the first step of a fit."""
 
+    def on_epoch_start(self, state: LoopState, epoch: int) -> None:
+        """Before the first step of epoch `epoch` (0-based), in loops that count epochs."""
+
     def pre_step(self, state: LoopState, step_idx: int, batch: TrainingBatch) -> None:
         """Right before step `step_idx` runs, with its batch already on the device."""
 
@@ -320,6 +331,10 @@ class Callback:
     ) -> None:
         """After every step, once its metric row was handed to the store."""
 
+    def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
+        """When a loop logs non-scalar values at step `step_idx`: histograms and images,
+        by key (a `lab.media.Histogram` or `lab.media.Image`)."""
+
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:
@@ -327,6 +342,9 @@ class Callback:
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
         """After each checkpoint save or removal was recorded in the manifest."""
+
+    def on_epoch_end(self, state: LoopState, epoch: int) -> None:
+        """After epoch `epoch`'s last step, and the evals and saves due at it."""
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         """Once, after the last step and the final checkpoint."""

@@ -283,9 +283,9 @@ def test_the_ending_hooks() -> None:
         "on_train_end", "on_error", "on_run_end", "on_experiment_end", "close",
     ]  # fmt: skip
     assert sorted(RUN_HOOKS, key=order) == [
-        "on_run_start", "post_checkpoint_loaded", "on_train_start", "pre_step", "on_step_end",
-        "on_eval", "on_benchmark_eval", "on_checkpoint", "on_train_end", "on_error",
-        "on_run_end",
+        "on_run_start", "post_checkpoint_loaded", "on_train_start", "on_epoch_start",
+        "pre_step", "on_step_end", "on_media", "on_eval", "on_benchmark_eval", "on_checkpoint",
+        "on_epoch_end", "on_train_end", "on_error", "on_run_end",
     ]  # fmt: skip
 
 

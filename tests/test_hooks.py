@@ -68,6 +68,9 @@ class Recorder(Callback):
     def on_train_start(self, state: lab.LoopState) -> None:
         self.calls.append(("on_train_start", state.ctx.run_key, state.step))
 
+    def on_epoch_start(self, state: lab.LoopState, epoch: int) -> None:
+        self.calls.append(("on_epoch_start", state.ctx.run_key, epoch))
+
     def pre_step(self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch) -> None:
         # before step k runs, k - 1 steps are complete
         assert state.step == step_idx - 1
@@ -78,6 +81,9 @@ class Recorder(Callback):
     ) -> None:
         assert state.step == step_idx
         self.calls.append(("on_step_end", state.ctx.run_key, step_idx))
+
+    def on_media(self, state: lab.LoopState, step_idx: int, media: Any) -> None:
+        self.calls.append(("on_media", state.ctx.run_key, step_idx, sorted(media)))
 
     def on_eval(self, state: lab.LoopState, step_idx: int, eval_name: str, metrics: dict) -> None:
         self.calls.append(("on_eval", state.ctx.run_key, step_idx, eval_name))
@@ -96,6 +102,9 @@ class Recorder(Callback):
 
     def on_checkpoint(self, state: lab.LoopState, row: lab.ManifestRow) -> None:
         self.calls.append(("on_checkpoint", state.ctx.run_key, row.event, row.step))
+
+    def on_epoch_end(self, state: lab.LoopState, epoch: int) -> None:
+        self.calls.append(("on_epoch_end", state.ctx.run_key, epoch))
 
     def on_train_end(self, state: lab.LoopState, artifacts: LoopArtifacts) -> None:
         self.calls.append(("on_train_end", state.ctx.run_key, artifacts.step, artifacts.stopped))
@@ -128,7 +137,7 @@ def test_callback_methods_are_exactly_the_hooks() -> None:
         if not name.startswith("_")
     } - {"state_dict", "load_state_dict"}
     assert methods == set(HOOKS)
-    assert len(HOOKS) == len(set(HOOKS)) == 15
+    assert len(HOOKS) == len(set(HOOKS)) == 18
 
 
 def test_lifecycle_docstring_names_every_hook_in_order() -> None:
@@ -157,6 +166,10 @@ _SEED_SIGNATURES = {
     # seed 000, adapted to take the loop state / context first
     "pre_step": ["state", "step_idx", "batch"],
     "post_checkpoint_loaded": ["state", "path"],
+    # loops that count epochs, and non-scalar logging
+    "on_epoch_start": ["state", "epoch"],
+    "on_epoch_end": ["state", "epoch"],
+    "on_media": ["state", "step_idx", "media"],
     "on_error": ["ctx", "exc"],
     "close": [],
 }
