@@ -36,6 +36,8 @@ _WHERE: dict[str, str] = {
     "Summary": "lab.experiment",
     "TrainingBatch": "lab.loop",
     "TrainingLoop": "lab.loop",
+    "RunHandle": "lab.loop",
+    "start_run": "lab.script",
 }
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "LoopArtifacts",
     "LoopState",
     "ManifestRow",
+    "RunHandle",
     "RunResult",
     "RunSpec",
     "SqlLogger",
@@ -60,6 +63,7 @@ __all__ = [
     "Summary",
     "TrainingBatch",
     "TrainingLoop",
+    "start_run",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
@@ -81,9 +85,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
         Evaluator,
         LoopArtifacts,
         ManifestRow,
+        RunHandle,
         TrainingBatch,
         TrainingLoop,
     )
+    from lab.script import start_run
     from lab.store import Store
 
 

@@ -99,3 +99,8 @@ class Terminated(SystemExit):
 
 class MetricError(LabError, ValueError):
     """A logged metric has a key or value the store cannot hold."""
+
+
+class HookOrderError(LabError, RuntimeError):
+    """A loop drove its run handle out of order: a step that goes backwards, a step logged
+    before the handle started or after the run ended, a step begun twice or never ended."""

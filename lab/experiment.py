@@ -212,6 +212,8 @@ class RunSpec:
     #: The run's own tags and notes, recorded when the run ends (with the tags it had).
     tags: list[str] = field(default_factory=list)
     notes: str | None = None
+    #: What the run's last loop left behind (a `RunHandle` sets it when it finishes).
+    artifacts: LoopArtifacts | None = field(default=None, repr=False)
 
     def tag(self, *tags: str) -> None:
         """Tag this run (W&B style: plain strings, each kept once), e.g. ``run.tag("diverged")``
@@ -621,6 +623,7 @@ class Experiment:
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
         self._sql: SqlLogger | None = None  # the logger that claims each run in the store
+        self._only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -645,6 +648,33 @@ class Experiment:
                 *ranks,
             )
             return ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
+        hooks, ctx, result = self._open()
+        started = time.perf_counter()
+        unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
+        try:
+            hooks.fire("on_experiment_start", ctx)
+            try:
+                if self.executor == "processes":
+                    self._run_processes(hooks, ctx, result, list(hooks.callbacks))
+                else:
+                    self._run_serial(hooks, ctx, result)
+            except CallbackError:
+                raise  # strict mode: a callback bug propagates as it is
+            except BaseException as exc:  # an interrupt: close the record, then propagate
+                result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                _quietly(self._end, hooks, ctx, result, started)
+                raise
+            self._end(hooks, ctx, result, started)
+        except BaseException:
+            _quietly(hooks.fire, "close")  # the error in flight is the one to report
+            raise
+        hooks.fire("close")
+        return result
+
+    def _open(self) -> tuple[Dispatcher, LogContext, ExperimentResult]:
+        """Everything before the first hook: the callbacks, the store opened (runs whose
+        process died marked `crashed`), earlier runs superseded with `fresh`, the reuse
+        check, and the dispatcher, context and result the hooks share."""
         callbacks = self._callbacks()
         if self.executor == "processes":
             self._check_sendable(callbacks)
@@ -670,7 +700,10 @@ class Experiment:
         # What a progress display needs to count runs, including those it never sees end:
         # runs finished by an earlier attempt are skipped without hooks, and under
         # executor="processes" on_run_end fires in the workers.
-        finished = sum(1 for r in self._prior.values() if r["status"] in FINISHED)
+        planned = {key for key, *_ in self._plan()}
+        finished = sum(
+            1 for key, r in self._prior.items() if r["status"] in FINISHED and key in planned
+        )
         ctx.extras.update(
             {
                 RUNS: self.n_runs,
@@ -682,32 +715,11 @@ class Experiment:
         )
         result = ExperimentResult(
             self.name,
-            [ArmResult(a.name, a.overrides, planned=self.repeats * len(a.stages or [None]))
-             for a in self.arms],
+            [ArmResult(a.name, a.overrides, planned=self._planned(a)) for a in self.arms],
             planned=self.n_runs,
-        )  # fmt: skip
+        )
         self.result = result  # the caller can read it even when run() raises (an interrupt)
-        started = time.perf_counter()
-        unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
-        try:
-            hooks.fire("on_experiment_start", ctx)
-            try:
-                if self.executor == "processes":
-                    self._run_processes(hooks, ctx, result, callbacks)
-                else:
-                    self._run_serial(hooks, ctx, result)
-            except CallbackError:
-                raise  # strict mode: a callback bug propagates as it is
-            except BaseException as exc:  # an interrupt: close the record, then propagate
-                result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                _quietly(self._end, hooks, ctx, result, started)
-                raise
-            self._end(hooks, ctx, result, started)
-        except BaseException:
-            _quietly(hooks.fire, "close")  # the error in flight is the one to report
-            raise
-        hooks.fire("close")
-        return result
+        return hooks, ctx, result
 
     def _run_serial(self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult) -> None:
         """Every run in this process, one after another, in the order of the lifecycle."""
@@ -965,9 +977,18 @@ class Experiment:
         return [
             (_run_key(arm, repeat, stage), arm, repeat, stage)
             for arm in self.arms
-            for repeat in range(self.repeats)
+            for repeat in self._repeats()
             for stage in range(len(arm.stages or [None]))
         ]
+
+    def _repeats(self) -> range:
+        """The repeats this experiment runs: all of them, or the one a script's run is."""
+        if self._only_repeat is not None:
+            return range(self._only_repeat, self._only_repeat + 1)
+        return range(self.repeats)
+
+    def _planned(self, arm: Arm) -> int:
+        return len(self._repeats()) * len(arm.stages or [None])
 
     def _fingerprint(self, arm: Arm, repeat: int, stage: int) -> Fingerprint:
         """What the run of (arm, repeat, stage) depends on: a recorded run stands for it only
@@ -1128,58 +1149,100 @@ def _execute_seeded_run(
     arm_result: ArmResult,
     started: Callable[[LogContext], None] | None,
 ) -> tuple[RunResult, BaseException | None]:
-    ctx = job.ctx
-    run_dir = ctx.output_dir / job.run_key
-    run_dir.mkdir(parents=True, exist_ok=True)
-    hooks.run_key = job.run_key
-    seed_everything(job.seed)
-    spec = RunSpec(
-        job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
-        run_dir, ctx, hooks, carry=job.carry,
-    )  # fmt: skip
-
-    t0 = time.perf_counter()
-    status: RunStatus = "completed"
-    metrics: dict[str, float] = {}
-    error = tb = None
-    artifacts = None
-    interrupt: BaseException | None = None
+    scope = RunScope(job, hooks, arm_result)
     try:
         # inside the try: a critical callback that cannot start the run fails it, not the
         # experiment
-        hooks.fire("on_run_start", ctx)
-        if started is not None:
-            started(ctx)
-        if job.parent_run_key is not None:  # inside the try: a missing one fails this stage
-            spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
-        out = job.train(spec)
-        artifacts = out if isinstance(out, LoopArtifacts) else None
-        metrics = _final_metrics(out)
-        if artifacts is not None and artifacts.stopped:
-            status = "stopped"
-        if artifacts is not None:
-            metrics.update(_benchmark(job.benchmarks, hooks, ctx, artifacts))
+        spec = scope.open(started)
+        scope.trained(job.train(spec))
     except CallbackError:
         raise  # strict mode: a callback bug must not look like a training failure
     except BaseException as exc:
-        status, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        scope.failed(exc)
+    return scope.close(), scope.interrupt
+
+
+class RunScope:
+    """One run from `on_run_start` to `on_run_end`, around whatever trains it: `train(run)`
+    under an Experiment, or the body of a ``with lab.start_run(...)`` block.
+
+    `open` fires `on_run_start` and hands back the `RunSpec`; then either `trained` (with
+    what training returned: benchmarks run, the status is `completed` or `stopped`) or
+    `failed` (the error recorded, `on_error` fired); `close` fires `on_run_end` and returns
+    the result, already appended to the arm's.
+    """
+
+    def __init__(self, job: RunJob, hooks: Dispatcher, arm_result: ArmResult) -> None:
+        self.job, self.hooks, self.arm_result = job, hooks, arm_result
+        ctx = job.ctx
+        run_dir = ctx.output_dir / job.run_key
+        run_dir.mkdir(parents=True, exist_ok=True)
+        hooks.run_key = job.run_key
+        seed_everything(job.seed)
+        self.spec = RunSpec(
+            job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
+            run_dir, ctx, hooks, carry=job.carry,
+        )  # fmt: skip
+        self.t0 = time.perf_counter()
+        self.status: RunStatus = "completed"
+        self.metrics: dict[str, float] = {}
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.artifacts: LoopArtifacts | None = None
+        self.interrupt: BaseException | None = None
+
+    def open(self, started: Callable[[LogContext], None] | None = None) -> RunSpec:
+        """Fire `on_run_start` (then `started(ctx)`) and find a chain's parent checkpoint."""
+        job, ctx = self.job, self.job.ctx
+        self.hooks.fire("on_run_start", ctx)
+        if started is not None:
+            started(ctx)
+        if job.parent_run_key is not None:  # a missing one fails this stage
+            self.spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
+        return self.spec
+
+    def trained(self, out: Any) -> None:
+        """Training returned `out` (LoopArtifacts, a dict of final metrics, or None)."""
+        artifacts = out if isinstance(out, LoopArtifacts) else None
+        self.metrics = _final_metrics(out)
+        self.artifacts = artifacts
+        if artifacts is not None and artifacts.stopped:
+            self.status = "stopped"
+        if artifacts is not None:
+            job = self.job
+            self.metrics.update(_benchmark(job.benchmarks, self.hooks, job.ctx, artifacts))
+
+    def failed(self, exc: BaseException) -> None:
+        """The run raised `exc`: record it and fire `on_error`; an interrupt is kept in
+        `interrupt` for the caller to re-raise."""
+        job = self.job
+        self.status = "failed"
+        self.error, self.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         if isinstance(exc, Exception):
             log.error(
-                "run %s of %s failed; the other runs go on:\n%s", job.run_key, job.experiment, tb
+                "run %s of %s failed; the other runs go on:\n%s",
+                job.run_key,
+                job.experiment,
+                self.traceback,
             )
         else:
-            error, interrupt = f"interrupted ({type(exc).__name__})", exc
-        hooks.fire("on_error", ctx, exc)
-    run_result = job.result(
-        hooks, status=status, metrics=metrics, seconds=time.perf_counter() - t0, error=error,
-        traceback=tb, artifacts=artifacts, tags=list(spec.tags), notes=spec.notes,
-    )  # fmt: skip
-    arm_result.runs.append(run_result)
-    _end_run(hooks, ctx, run_result, arm_result)
-    # failures inside on_run_end itself still reach the run's record
-    run_result.callback_errors = _failures(hooks, job.run_key)
-    hooks.run_key = None  # what fails from here on belongs to the experiment
-    return run_result, interrupt
+            self.error, self.interrupt = f"interrupted ({type(exc).__name__})", exc
+        self.hooks.fire("on_error", job.ctx, exc)
+
+    def close(self) -> RunResult:
+        """Fire `on_run_end` and return the run's result."""
+        job, hooks, spec = self.job, self.hooks, self.spec
+        run_result = job.result(
+            hooks, status=self.status, metrics=self.metrics,
+            seconds=time.perf_counter() - self.t0, error=self.error, traceback=self.traceback,
+            artifacts=self.artifacts, tags=list(spec.tags), notes=spec.notes,
+        )  # fmt: skip
+        self.arm_result.runs.append(run_result)
+        _end_run(hooks, job.ctx, run_result, self.arm_result)
+        # failures inside on_run_end itself still reach the run's record
+        run_result.callback_errors = _failures(hooks, job.run_key)
+        hooks.run_key = None  # what fails from here on belongs to the experiment
+        return run_result
 
 
 def _end_run(

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.evals import EvalResult
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.loop.records import LoopArtifacts, TrainingBatch
     from lab.media import Media
 
 log = logger("lab.hooks")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lab import CheckpointConfig, Evaluator, ManifestRow, TrainingLoop
-from lab.errors import CheckpointError, ConfigError, LabError
+from lab.errors import CheckpointError, ConfigError
 from lab.loop.checkpoints import CheckpointManager
 
 # --------------------------------------------------------------------------------------------
@@ -337,21 +337,15 @@ def test_rotation_never_deletes_the_best(tmp_path: Path) -> None:
     )
 
 
-def test_a_missing_metric_fails_before_anything_is_written(tmp_path: Path) -> None:
+def test_a_save_without_the_ranking_metric_is_unranked_and_never_best(tmp_path: Path) -> None:
     m = _manager(tmp_path, keep_top_k=1, metric="val/loss", mode="min")
     _loss(m, 1, 0.3)
-    before = (_names(tmp_path), _manifest_lines(tmp_path), (tmp_path / "latest").read_text())
-    with pytest.raises(CheckpointError) as info:
-        _save(m, 2, loss=1.0, lr=0.1)
-    assert str(info.value) == (
-        "CheckpointConfig(keep_top_k=1) ranks by 'val/loss', but the metrics of the save at "
-        "step 2 have no 'val/loss' (logged: ['loss', 'lr']); log it before the save, e.g. with "
-        "an Evaluator due at the same step, or fix the name"
-    )
-    assert isinstance(info.value, LabError)
-    after = (_names(tmp_path), _manifest_lines(tmp_path), (tmp_path / "latest").read_text())
-    assert after == before
-    assert m.checkpoints() == [1]
+    _save(m, 2, loss=1.0, lr=0.1)  # no val/loss measured at step 2: unranked
+    assert m.checkpoints() == [1, 2]  # 1 is the best, 2 the newest
+    assert m.get_best_checkpoint_path() == tmp_path / "step_000001"
+    _save(m, 3, loss=0.9, lr=0.1)  # 2 is neither best nor newest any more: removed
+    assert m.checkpoints() == [1, 3]
+    assert m.get_best_checkpoint_path() == tmp_path / "step_000001"
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,11 +768,12 @@ def test_the_loop_fails_cleanly_when_the_ranked_metric_is_not_logged(tmp_path: P
         _loop(4, config, [val]).fit(run_dir=tmp_path / "run")
     message = str(info.value)
     assert message.startswith(
-        "CheckpointConfig(keep_top_k=1) ranks by 'val/acc', but the metrics of the save at "
-        "step 2 have no 'val/acc' (logged: ["
+        "CheckpointConfig(metric='val/acc') ranks saves, but nothing logged 'val/acc' before "
+        "the save at step 2 (logged: ["
     )
-    assert "'loss'" in message  # the step's training loss was logged; val/acc never was
+    assert "'loss'" in message and "'val/loss'" in message  # what was logged instead
     assert message.endswith(
-        "]); log it before the save, e.g. with an Evaluator due at the same step, or fix the name"
+        "]); log it before the save (loop.end_step, loop.log_eval, or an Evaluator), or fix "
+        "the name"
     )
     assert _names(tmp_path / "run" / "checkpoints") == []  # nothing written, nothing left over

@@ -305,7 +305,7 @@ def test_data_is_iterated_again_each_epoch() -> None:
 
 
 def test_empty_data_raises_config_error() -> None:
-    with pytest.raises(ConfigError, match="data yielded no batches; give TrainingLoop a non-empty"):
+    with pytest.raises(ConfigError, match="data yielded no batches; give the loop a non-empty"):
         _loop(2, data=[]).fit()
 
 
@@ -685,7 +685,7 @@ def test_checkpoints_are_atomic_recorded_and_retained(tmp_path: Path) -> None:
     state = torch.load(root / "step_000006" / "state.pt", weights_only=False)
     assert set(state) == {
         "model", "optimizer", "scheduler", "scaler", "loop", "metrics", "eval_metrics", "rng",
-        "epoch_rng", "retention", "callbacks",
+        "epoch_rng", "retention", "callbacks", "objects", "user",
     }  # fmt: skip
     assert state["loop"] == {"step": 6, "epoch": 2, "batch_in_epoch": 2}
     assert state["scheduler"] is None

@@ -2,7 +2,9 @@
 
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
-from lab.loop.training import LoopArtifacts, TrainingBatch, TrainingLoop
+from lab.loop.handle import RunHandle
+from lab.loop.records import LoopArtifacts, TrainingBatch
+from lab.loop.training import TrainingLoop
 
 __all__ = [
     "CheckpointConfig",
@@ -11,6 +13,7 @@ __all__ = [
     "Evaluator",
     "LoopArtifacts",
     "ManifestRow",
+    "RunHandle",
     "TrainingBatch",
     "TrainingLoop",
 ]

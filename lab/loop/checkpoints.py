@@ -50,7 +50,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -366,6 +366,48 @@ class _PendingSave:
             self.error = exc
 
 
+def _run_writers(
+    writers: Sequence[Callable[[Path, int], Any]], folder: Path, step: int
+) -> list[Any]:
+    """Call each writer with the folder being saved; returns what they ask to wait for."""
+    waits = []
+    for writer in writers:
+        try:
+            pending = writer(folder, step)
+        except Exception as exc:
+            name = getattr(writer, "__qualname__", type(writer).__name__)
+            raise CheckpointError(
+                f"cannot save step {step}: the checkpoint writer {name} failed: {_one_line(exc)}"
+            ) from exc
+        if pending is not None:
+            waits.append(pending)
+    return waits
+
+
+def wait_for(pending: Any) -> None:
+    """Wait for a writer's asynchronous work: a Future (`result()`), a Thread (`join()`),
+    an Event or process (`wait()`), or a function to call; its failure is a CheckpointError."""
+    try:
+        for method in ("result", "join", "wait"):
+            wait = getattr(pending, method, None)
+            if callable(wait):
+                wait()
+                break
+        else:
+            if not callable(pending):
+                raise TypeError(
+                    f"a checkpoint writer returned {type(pending).__name__}; return a Future, "
+                    "a Thread, or None"
+                )
+            pending()
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(
+            f"a checkpoint writer's background work failed: {_one_line(exc)}"
+        ) from exc
+
+
 def _is_complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() and (path / STATE_FILE).is_file()
 
@@ -622,12 +664,22 @@ class CheckpointManager:
 
     # -- saving --------------------------------------------------------------------------------
     def save(
-        self, step: int, state: dict[str, Any], info: dict[str, Any], *, final: bool = False
+        self,
+        step: int,
+        state: dict[str, Any],
+        info: dict[str, Any],
+        *,
+        final: bool = False,
+        writers: Sequence[Callable[[Path, int], Any]] = (),
+        _waits: Sequence[Any] | None = None,
     ) -> list[ManifestRow]:
         """Write `state` for `step`, commit it, then drop what retention no longer keeps.
 
         `info["metrics"]` is recorded in the save row and ranks the checkpoint for
         `keep_top_k`; `final` marks the last save of a run stopped early (never ephemeral).
+        Each of `writers` is called as ``writer(folder, step)`` with the folder being
+        written, to add the loop's own files (sharded weights, an export); what it returns
+        is waited for (`wait_for`) before the folder commits, so those files commit with it.
         Returns the save row, then one row per removal. A failed save raises CheckpointError
         and leaves the earlier checkpoints, the manifest and `latest` as they were.
         """
@@ -640,9 +692,10 @@ class CheckpointManager:
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
         info["metrics"] = metrics
         try:
-            if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
-                shutil.rmtree(tmp)
-            tmp.mkdir()
+            if _waits is None:  # else save_async made the folder and ran the writers
+                if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
         except OSError as exc:
             full = _disk_full(step, exc, tmp, self.root)
             if full is not None:
@@ -659,6 +712,13 @@ class CheckpointManager:
                 torch.save(state, out)
                 fh.flush()
                 os.fsync(fh.fileno())
+            waits = list(_waits) if _waits is not None else _run_writers(writers, tmp, step)
+            for pending in waits:
+                wait_for(pending)
+            for extra in tmp.rglob("*"):  # the loop's own files are as durable as the state
+                if extra.is_file() and extra.name != STATE_FILE:
+                    with open(extra, "rb") as fh:
+                        os.fsync(fh.fileno())
             writing = tmp / INFO_FILE
             _write_durable(writing, json.dumps(info, sort_keys=True).encode())
             writing = tmp / COMPLETE_MARKER
@@ -676,8 +736,8 @@ class CheckpointManager:
             self._append(row)
         except BaseException as exc:
             shutil.rmtree(final_dir if renamed else tmp, ignore_errors=True)
-            if not isinstance(exc, Exception):
-                raise
+            if not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
+                raise  # an interrupt, or a writer's failure already said in one line
             cause = out.error if out is not None and out.error is not None else exc
             full = _disk_full(step, cause, writing, self.root)
             if full is not None:
@@ -691,7 +751,13 @@ class CheckpointManager:
         return [row, *self._apply_retention()]
 
     def save_async(
-        self, step: int, state: dict[str, Any], info: dict[str, Any], *, final: bool = False
+        self,
+        step: int,
+        state: dict[str, Any],
+        info: dict[str, Any],
+        *,
+        final: bool = False,
+        writers: Sequence[Callable[[Path, int], Any]] = (),
     ) -> list[ManifestRow]:
         """Copy `state` to CPU memory now, then `save` it in a background thread.
 
@@ -708,10 +774,21 @@ class CheckpointManager:
         self._metrics(step, info)  # a bad metric fails here, on the caller's thread
         snapshot = _snapshot_to_cpu(state)
         info = copy.deepcopy(info)
+        waits: list[Any] | None = None
+        if writers:  # the loop's files are written (or started) now, on its own thread
+            tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
+            try:
+                if tmp.is_dir() and not tmp.is_symlink():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+                waits = _run_writers(writers, tmp, step)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         pending = _PendingSave(step)
         pending.thread = threading.Thread(
             target=pending.run,
-            args=(lambda: self.save(step, snapshot, info, final=final),),
+            args=(lambda: self.save(step, snapshot, info, final=final, _waits=waits),),
             name=f"lab-checkpoint-step-{step}",
         )
         self._pending = pending
@@ -751,14 +828,8 @@ class CheckpointManager:
             raise CheckpointError(
                 f"save(step={step}): info['metrics'] must map names to numbers ({_one_line(exc)})"
             ) from exc
-        metric = self.config.metric
-        if self.config.keep_top_k is not None and metric not in metrics:
-            raise CheckpointError(
-                f"CheckpointConfig(keep_top_k={self.config.keep_top_k}) ranks by {metric!r}, "
-                f"but the metrics of the save at step {step} have no {metric!r} (logged: "
-                f"{sorted(metrics)}); log it before the save, e.g. with an Evaluator due at "
-                "the same step, or fix the name"
-            )
+        # A save without a value of the ranking metric measured at its step is unranked:
+        # kept or removed by the other rules, never counted among the best.
         return metrics
 
     # -- retention -----------------------------------------------------------------------------

@@ -1,0 +1,929 @@
+"""The run handle: one run's loop lifecycle, whatever loop drives it.
+
+`RunHandle` is the one object that fires the loop's hooks (`post_checkpoint_loaded`,
+`on_train_start`, `on_epoch_start`, `pre_step`, `on_step_end`, `on_media`, `on_eval`,
+`on_benchmark_eval`, `on_checkpoint`, `on_epoch_end`, `on_train_end`, `on_error`) and owns the
+run's `CheckpointManager`. `TrainingLoop` drives it, and so can a loop a user writes (an RL
+loop, a GAN, a loop from another library)::
+
+    with RunHandle(run, model, optimizer, num_steps=1000,
+                   checkpoint=CheckpointConfig(every=100)) as loop:
+        batches = loop.batches(data)           # resumes at the saved data position
+        for step in loop.steps():              # from the step after the restored one
+            batch = next(batches)
+            loop.pre_step(batch)
+            loss = ...; optimizer.zero_grad(); loss.backward(); optimizer.step()
+            loop.end_step({"loss": loss.item()})   # on_step_end, then due evals and saves
+    return loop.artifacts
+
+Entering the handle restores the newest checkpoint of the run (model, optimizers,
+schedulers, grad scaler, the objects in `stateful`, callbacks, every RNG, the data
+position and `user_state`), so a resumed run continues the trajectory of one that never
+stopped. `loop.resumed_from` says whether that happened.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lab._metrics import as_number
+from lab._secrets import logger
+from lab._seeding import rng_state, set_rng_state
+from lab.errors import CheckpointError, ConfigError, HookOrderError
+from lab.hooks import Callback, Dispatcher, LogContext, LoopState
+from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
+from lab.loop.evals import EvalResult, Evaluator
+from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
+from lab.loop.records import LoopArtifacts, TrainingBatch
+
+if TYPE_CHECKING:
+    from lab.experiment import RunSpec
+
+log = logger("lab.loop")
+
+_END = object()
+
+# Callback states in checkpoints written before they were keyed by class: "{index}:{Class}",
+# the index counting the stateful callbacks in dispatch order. New keys never hold a ":".
+_INDEX_KEY = re.compile(r"(\d+):(\w+)")
+
+#: A function that writes the loop's own files into a checkpoint folder being saved; what
+#: it returns (a Future, a Thread, anything with `result()`, `join()` or `wait()`) is waited
+#: for before the checkpoint commits.
+Writer = Callable[[Path, int], Any]
+
+_NEW, _RUNNING, _ENDED = "new", "running", "ended"
+
+
+def _named(what: str, value: Any) -> dict[str, Any]:
+    """One object, a list, or a name -> object mapping, as a name -> object dict."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        out = dict(value)
+        for name in out:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{what} names must be non-empty strings, got {name!r}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return {str(i): item for i, item in enumerate(value)}
+    return {what: value}
+
+
+class RunHandle:
+    """Drive one run's hooks and checkpoints from any training loop.
+
+    `run` is the `RunSpec` an Experiment hands `train(run)`, or None outside one (then the
+    handle's own `callbacks` are all that fire, checkpoints go under `run_dir`, and `close()`
+    is called at the end: see `lab.start_run` for a recorded run outside an Experiment).
+
+    `optimizer` and `scheduler` take one object, a list, or a dict of named ones (a GAN's
+    generator and discriminator); all are saved in each checkpoint and restored on resume.
+    `stateful` names more objects with `state_dict()`/`load_state_dict()` to keep (a
+    sampler, an EMA model), and `user_state` is a dict of plain values the loop keeps in
+    each checkpoint. `num_steps` is the number of optimizer steps, or None for a loop that
+    decides when to stop (it leaves `steps()` with `state.request_stop`, or by `break`).
+    `metrics` names the keys `end_step` will log, when they are known: then a name that a
+    callback or the checkpoint config needs but nothing logs is an error before the first
+    step (see `lab.loop.metric_names`); `more_metrics=True` says the loop may log others too
+    (they are then looked for at the first step instead).
+
+    Misuse is one `HookOrderError` line: a step that goes backwards, a step logged before
+    the handle started or after it ended, a step begun twice, or a step never ended.
+    """
+
+    def __init__(
+        self,
+        run: RunSpec | None,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        *,
+        num_steps: int | None,
+        scheduler: Any = None,
+        scaler: torch.amp.GradScaler | None = None,
+        checkpoint: CheckpointConfig | None = None,
+        evaluators: Sequence[Evaluator] = (),
+        callbacks: Sequence[Callback] = (),
+        device: str | torch.device | None = None,
+        resume: bool | str | Path | int = True,
+        run_dir: str | Path | None = None,
+        metrics: Sequence[str] | None = None,
+        more_metrics: bool = False,
+        stateful: Mapping[str, Any] | None = None,
+    ) -> None:
+        if num_steps is not None and (
+            isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+        ):
+            raise ConfigError(
+                f"num_steps={num_steps!r}: give the number of steps, an int >= 1 "
+                "(or None when the loop decides when to stop)"
+            )
+        names = [ev.name for ev in evaluators]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"evaluator names must be unique, got {names}")
+        if isinstance(metrics, str):
+            raise ConfigError(f"metrics={metrics!r}: give a list of keys, e.g. ['loss', 'acc']")
+        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+            raise ConfigError(
+                f"checkpoint={checkpoint!r}: pass a CheckpointConfig(...), or None for no saves"
+            )
+        self.run = run
+        self.model = model
+        self.optimizers = _named("optimizer", optimizer)
+        self.schedulers = _named("scheduler", scheduler)
+        for name, opt in self.optimizers.items():
+            if not (hasattr(opt, "param_groups") and callable(getattr(opt, "state_dict", None))):
+                raise ConfigError(
+                    f"optimizer {name!r} is a {type(opt).__name__}; pass a torch optimizer, a "
+                    "list of them, or a dict of named ones"
+                )
+        self.stateful = dict(stateful or {})
+        for name, obj in self.stateful.items():
+            if not (callable(getattr(obj, "state_dict", None)) and hasattr(obj, "load_state_dict")):
+                raise ConfigError(
+                    f"stateful[{name!r}] is a {type(obj).__name__} without state_dict() and "
+                    "load_state_dict(); keep plain values in loop.user_state instead"
+                )
+        self.scaler = scaler
+        self.num_steps = num_steps
+        self.checkpoint = checkpoint
+        self.evaluators = list(evaluators)
+        self.callbacks = list(callbacks)
+        self.device = torch.device(device) if device is not None else None
+        self.resume = resume
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.declared = tuple(metrics) if metrics is not None else None
+        self._open = metrics is None or more_metrics
+        #: Plain values (numbers, strings, lists, dicts, tensors) kept in each checkpoint and
+        #: given back on resume.
+        self.user_state: dict[str, Any] = {}
+        #: Extra payload entries a loop that drives the handle keeps in each checkpoint.
+        self.loop_state: dict[str, Any] = {}
+        self.state: LoopState
+        self.checkpoints: CheckpointManager | None = None
+        self.resumed_from: Path | None = None
+        self.artifacts: LoopArtifacts | None = None
+        self._phase = _NEW
+        self._writers: list[Writer] = []
+        self._batch = TrainingBatch()
+        self._begun = 0  # the step pre_step announced and end_step has not ended yet
+        self._epoch_open = False
+        self._epoch_rng: dict[str, Any] | None = None  # RNG at the current epoch's start
+        self._restored: dict[str, Any] | None = None
+        self._saved: list[ManifestRow] = []
+        self._evals: list[EvalResult] = []
+        self._eval_metrics: dict[str, float] = {}  # the last value of each eval metric
+        self._fresh: dict[str, float] = {}  # eval metrics measured at the current step
+        self._fresh_step = -1
+        self._seen: set[str] = set()  # metric names logged in this fit (for the ranking check)
+        self._last_saved = -1
+        self._watch: MetricWatch | None = None
+        self._watch_step = False
+
+    # ------------------------------------------------------------------------------------
+    # the context: start and end
+    def __enter__(self) -> RunHandle:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.finish()
+        else:
+            self.fail(exc)
+
+    def start(self) -> RunHandle:
+        """Restore the run's checkpoint if there is one, then fire `on_train_start`, the
+        `at_start` evals and a save due at step 0. `with RunHandle(...)` calls it."""
+        if self._phase != _NEW:
+            raise HookOrderError("this RunHandle has already started; make a new one per run")
+        self._phase = _RUNNING
+        try:
+            self._start()
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        return self
+
+    def _start(self) -> None:
+        run = self.run
+        if run is None:
+            folder = self.run_dir
+            self.ctx = LogContext(
+                experiment="",
+                output_dir=folder.parent if folder is not None else Path.cwd(),
+                run_key=folder.name if folder is not None else None,
+            )
+            self.hooks = Dispatcher(self.callbacks)
+            self._own = self.hooks  # a bare handle owns every callback's on_error and close
+        else:
+            self.ctx = run.ctx
+            folder = run.dir
+            self.hooks = run.dispatcher.extended(self.callbacks)
+            self._own = run.dispatcher.sibling(self.callbacks)  # the Experiment owns the rest
+        self._folder = folder
+        hooks = self.hooks
+        self._watch = self._check_metric_names()
+        self._watch_step = self._watch is not None and bool(self._watch.at_step)
+        if self.device is not None:
+            self.model.to(self.device)
+        first = next(iter(self.optimizers.values()), None)
+        self.state = state = LoopState(
+            ctx=self.ctx, model=self.model, optimizer=first, num_steps=self.num_steps or 0
+        )
+        self.checkpoints = self._checkpoint_manager(folder, fresh=self.resume is False)
+        if self.checkpoints is not None:
+            _state_keys(hooks.stateful())  # a clash fails here, before any step is spent
+            self.checkpoints.remove_stale_tmp()
+            path = self._resume_path(self.checkpoints, self.resume)
+            if path is not None:
+                self._restore(self.checkpoints, path)
+                self.resumed_from = path
+                hooks.fire("post_checkpoint_loaded", state, path)
+        elif self.resume not in (True, False):
+            raise ConfigError(
+                f"resume={self.resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
+            )
+        parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
+        if self.resumed_from is None and parent[0] is not None:  # a chain's stage k
+            self._start_from(parent[0], parent[1] == "full")
+            hooks.fire("post_checkpoint_loaded", state, parent[0])
+        self.model.train()
+        hooks.fire("on_train_start", state)
+        if state.step == 0:  # `at_start` evals score the untrained model, at step 0
+            for evaluator in self.evaluators:
+                if evaluator.at_start:
+                    self._run_eval(evaluator, 0)
+            if self.checkpoints is not None and self.checkpoint.due(0, self.num_steps):
+                self._save_now()
+
+    def finish(self) -> LoopArtifacts:
+        """End the run cleanly: a final save if one is due, the wait for a save in flight,
+        then `on_train_end`. Leaving the `with` block calls it."""
+        self._check_running("finish")
+        try:
+            state = self.state
+            if self._epoch_open:
+                self.end_epoch()
+            config = self.checkpoint
+            if (
+                self.checkpoints is not None
+                and config.save_at_end
+                and state.step > 0
+                and self._last_saved != state.step
+            ):
+                self._save_now(final=True)
+            if self.checkpoints is not None and self.checkpoints.in_flight:
+                for row in self.checkpoints.wait():  # the final save is durable first
+                    self._saved.append(row)
+                    self.hooks.fire("on_checkpoint", state, row)
+            self.artifacts = LoopArtifacts(
+                model=self.model,
+                metrics={**state.metrics, **self._eval_metrics},
+                step=state.step,
+                stopped=state.stop_requested,
+                stop_reason=state.stop_reason,
+                checkpoint_dir=self.checkpoints.root if self.checkpoints is not None else None,
+                checkpoints=self._saved,
+                evals=self._evals,
+            )
+            self.hooks.fire("on_train_end", state, self.artifacts)
+            if self.run is not None:
+                self.run.artifacts = self.artifacts
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        self._phase = _ENDED
+        self._own.fire("close")
+        return self.artifacts
+
+    def fail(self, exc: BaseException) -> None:
+        """Record that the loop raised `exc`: wait for a save in flight (never torn, never
+        left running), fire `on_error` and `close`. Leaving the `with` block by an exception
+        calls it; the exception goes on."""
+        if self._phase == _ENDED:
+            return
+        self._phase = _ENDED
+        manager = self.checkpoints
+        if manager is not None and manager.in_flight:
+            try:
+                manager.wait()
+            except CheckpointError as error:
+                log.error("the checkpoint save in flight also failed: %s", error)
+        own = getattr(self, "_own", None)
+        if own is None:  # failed before the callbacks were known
+            return
+        try:
+            own.fire("on_error", self.ctx, exc)
+        finally:
+            own.fire("close")
+
+    # ------------------------------------------------------------------------------------
+    # steps
+    @property
+    def step(self) -> int:
+        """The number of optimizer steps completed (the restored one after a resume)."""
+        return self.state.step
+
+    def steps(self) -> Iterator[int]:
+        """Yield the step numbers still to run: from the one after the restored step to
+        `num_steps`, ending early once a callback asks the loop to stop."""
+        self._check_running("steps")
+        state = self.state
+        while not state.stop_requested and (self.num_steps is None or state.step < self.num_steps):
+            step = state.step + 1
+            yield step
+            if self._phase == _RUNNING and state.step < step:
+                raise HookOrderError(
+                    f"step {step} was never ended: call loop.end_step(metrics) once per step"
+                )
+
+    def batches(self, data: Iterable[Any]) -> Iterator[Any]:
+        """Yield `data`'s batches forever, counting epochs and the position in each.
+
+        The position is saved in each checkpoint; on resume this re-creates the epoch's
+        iterator under the RNG it started with (a shuffled epoch draws its order when its
+        iterator is created), skips the batches already taken, and then restores the
+        checkpoint's RNG, so the batches continue as if the run had never stopped.
+        """
+        self._check_running("batches")
+        state, restored = self.state, self._restored
+        first_pass = True
+        while True:
+            if restored is not None and restored.get("epoch_rng") is None:
+                set_rng_state(restored["rng"])  # saved before the first epoch began
+                restored = None
+            if restored is not None:
+                set_rng_state(restored["epoch_rng"])
+                self._epoch_rng = restored["epoch_rng"]
+                items = iter(data)
+                for taken in range(state.batch_in_epoch):
+                    if next(items, _END) is _END:
+                        raise CheckpointError(
+                            f"the data has {taken} batches in epoch {state.epoch}, but the "
+                            f"checkpoint was taken after {state.batch_in_epoch}; resume with "
+                            "the same data, or start fresh with resume=False"
+                        )
+                set_rng_state(restored["rng"])
+                restored, empty = None, state.batch_in_epoch == 0
+            else:
+                self._epoch_rng = rng_state()
+                items, empty = iter(data), True
+            for item in items:
+                empty = False
+                state.batch_in_epoch += 1
+                yield item
+            if empty and first_pass:
+                raise ConfigError("data yielded no batches; give the loop a non-empty iterable")
+            if empty:
+                raise ConfigError(
+                    "data yielded no batches in its second epoch: it is a one-shot iterator; "
+                    "pass a re-iterable such as a list or a DataLoader"
+                )
+            first_pass = False
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    def pre_step(self, batch: Any = None) -> TrainingBatch:
+        """Announce the next step with its batch (on its device): fires `pre_step`.
+
+        Returns the `TrainingBatch` the hooks saw (one object reused for every step).
+        Optional: a loop with nothing to announce calls only `end_step`.
+        """
+        if self._phase != _RUNNING:
+            self._check_running("pre_step")
+        state = self.state
+        step = state.step + 1
+        if self._begun == step:
+            raise HookOrderError(
+                f"pre_step for step {step} twice: end the step with loop.end_step(metrics) first"
+            )
+        self._begun = step
+        hb = self._wrap(batch)
+        if self.hooks.listens("pre_step"):
+            self.hooks.fire("pre_step", state, step, hb)
+        return hb
+
+    def end_step(
+        self,
+        metrics: Mapping[str, Any],
+        batch: Any = None,
+        *,
+        step: int | None = None,
+    ) -> None:
+        """End an optimizer step with its metrics: fires `on_step_end`, then the evals and
+        the save due after it. `step` defaults to the one after the last ended step; a given
+        one must be larger (steps only go up)."""
+        state = self.state if self._phase == _RUNNING else None
+        if state is None:
+            self._check_running("end_step")
+        done = state.step
+        if step is None:
+            step = done + 1
+        elif isinstance(step, bool) or not isinstance(step, int) or step <= done:
+            raise HookOrderError(
+                f"end_step(step={step!r}) after step {done}: step numbers only go up; "
+                f"end step {done + 1} (or leave step out)"
+            )
+        if self.num_steps is not None and step > self.num_steps:
+            raise HookOrderError(
+                f"end_step(step={step}) past num_steps={self.num_steps}; stop at the last step"
+            )
+        clean = _floats(metrics, step)
+        self._begun = 0
+        state.step, state.metrics = step, clean
+        seen = self._seen
+        if len(seen) < 64:  # names only: a bounded set, for the ranking check at saves
+            seen.update(clean)
+        config, checkpoints = self.checkpoint, self.checkpoints
+        num_steps = self.num_steps
+        # Sinks see that a save follows this step and make what they hold durable before
+        # the checkpoint commits (a kill in between must not lose the step's metrics).
+        # A save due only as an ephemeral one is skipped while a callback blocks those.
+        state.checkpoint_due = (
+            checkpoints is not None
+            and config.due(step, num_steps)
+            and not (state.ephemeral_checkpoints_blocked and config.is_ephemeral(step, num_steps))
+        )
+        hooks = self.hooks
+        if hooks.listens("on_step_end"):
+            hb = self._batch if batch is None else self._wrap(batch)
+            hooks.fire("on_step_end", state, step, hb, clean)
+        if self._watch_step:  # needed names no source declared: looked for once
+            self._watch_step = False
+            self._watch.after_step(step, clean)  # type: ignore[union-attr]
+        if self.evaluators:  # no list is built: a step with nothing due allocates nothing
+            for evaluator in self.evaluators:
+                if evaluator.due(step, num_steps=num_steps or 0):
+                    self._run_eval(evaluator, step)
+        last = step == num_steps or state.stop_requested
+        if checkpoints is not None and (state.checkpoint_due or (last and config.save_at_end)):
+            self._save_now(final=last)
+        if state.stop_requested and last:
+            log.info("stopping after step %d: %s", step, state.stop_reason)
+
+    def _wrap(self, batch: Any) -> TrainingBatch:
+        if isinstance(batch, TrainingBatch):
+            return batch
+        hb = self._batch
+        hb.data = batch
+        hb.epoch, hb.index = self.state.epoch, self.state.batch_in_epoch - 1
+        return hb
+
+    # ------------------------------------------------------------------------------------
+    # epochs
+    def start_epoch(self, epoch: int | None = None) -> None:
+        """Fire `on_epoch_start` for `epoch` (default: the state's current epoch)."""
+        self._check_running("start_epoch")
+        if self._epoch_open:
+            raise HookOrderError(
+                f"start_epoch({epoch}) while epoch {self.state.epoch} is open; "
+                "call loop.end_epoch() first"
+            )
+        if epoch is not None:
+            self.state.epoch = epoch
+        self._epoch_open = True
+        self.hooks.fire("on_epoch_start", self.state, self.state.epoch)
+
+    def end_epoch(self) -> None:
+        """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
+        self._check_running("end_epoch")
+        if not self._epoch_open:
+            raise HookOrderError("end_epoch() with no epoch open; call loop.start_epoch() first")
+        self._epoch_open = False
+        self.hooks.fire("on_epoch_end", self.state, self.state.epoch)
+
+    # ------------------------------------------------------------------------------------
+    # evals and non-scalar values
+    def evaluate(self, evaluator: Evaluator) -> EvalResult:
+        """Run `evaluator` now, at the current step, and fire its hooks."""
+        self._check_running("evaluate")
+        return self._run_eval(evaluator, self.state.step)
+
+    def log_eval(
+        self,
+        name: str,
+        metrics: Mapping[str, Any],
+        *,
+        predictions: Sequence[Mapping[str, Any]] | None = None,
+    ) -> EvalResult:
+        """Record an evaluation the loop ran itself, at the current step: fires `on_eval`,
+        and `on_benchmark_eval` when it has per-example `predictions`."""
+        self._check_running("log_eval")
+        preds = [dict(p) for p in predictions] if predictions is not None else []
+        result = EvalResult(
+            name, {str(k): v for k, v in metrics.items()}, predictions=preds, step=self.step
+        )
+        return self._run_eval(Evaluator(name, lambda _model: result), self.state.step)
+
+    def log_histogram(
+        self, key: str, values: Any, *, bins: int = 64, range: tuple[float, float] | None = None
+    ) -> None:
+        """Log the distribution of `values` (a tensor, array or list) at the current step,
+        as a histogram row: fires `on_media`."""
+        from lab.media import histogram
+
+        self._check_running("log_histogram")
+        record = histogram(values, bins=bins, range=range)
+        self.hooks.fire("on_media", self.state, self.state.step, {key: record})
+
+    def log_image(self, key: str, image: Any) -> None:
+        """Write `image` (a CHW/HWC tensor or array, or a matplotlib Figure) as a PNG in the
+        run's folder and log a row that points to it: fires `on_media`."""
+        from lab.media import write_image
+
+        self._check_running("log_image")
+        record = write_image(self.ctx.folder, key, self.state.step, image)
+        self.hooks.fire("on_media", self.state, self.state.step, {key: record})
+
+    # ------------------------------------------------------------------------------------
+    # checkpoints
+    def on_save(self, writer: Writer) -> None:
+        """Also write the loop's own files into each checkpoint: `writer(folder, step)` is
+        called with the folder being saved, before it commits (two-phase, as in NeMo RL).
+
+        The files commit atomically with the checkpoint: a save that fails or is killed
+        leaves none of them. A writer may start its own asynchronous work and return what
+        to wait for (a Future, a Thread, anything with `result()`, `join()` or `wait()`): the
+        commit waits for it, and its failure fails the save.
+        """
+        if not callable(writer):
+            raise ConfigError(f"on_save({writer!r}): pass a function writer(folder, step)")
+        self._writers.append(writer)
+
+    def save(self, *, final: bool = False) -> list[ManifestRow]:
+        """Save a checkpoint now, at the current step, whatever the schedule says."""
+        self._check_running("save")
+        if self.checkpoints is None:
+            raise ConfigError("save() needs checkpoints: pass checkpoint=CheckpointConfig(...)")
+        return self._save_now(final=final)
+
+    def _save_now(self, *, final: bool = False) -> list[ManifestRow]:
+        rows = self._save(final=final)
+        for row in rows:
+            self._saved.append(row)
+            self.hooks.fire("on_checkpoint", self.state, row)
+        return rows
+
+    def _fresh_metrics(self) -> dict[str, float]:
+        """The values measured at the current step: its step metrics and the evals that ran
+        at it (a save never carries an older eval's value as if it were its own)."""
+        state = self.state
+        fresh = dict(state.metrics) if state.step > 0 else {}
+        if self._fresh_step == state.step:
+            fresh.update(self._fresh)
+        return fresh
+
+    def _check_ranked(self, fresh: dict[str, float]) -> None:
+        """A save without a fresh value of the ranking metric is unranked, which is normal
+        between evals; but a metric that nothing has logged, and nothing that already ran
+        can log, is a misnamed one: fail before anything is written."""
+        metric = self.checkpoint.metric
+        if metric is None or metric in fresh or metric in self._seen:
+            return
+        if metric in self._eval_metrics or self._may_log(metric):
+            return
+        logged = sorted({*fresh, *self._seen})
+        raise CheckpointError(
+            f"CheckpointConfig(metric={metric!r}) ranks saves, but nothing logged {metric!r} "
+            f"before the save at step {self.state.step} (logged: {logged}); log it before "
+            "the save (loop.end_step, loop.log_eval, or an Evaluator), or fix the name"
+        )
+
+    def _may_log(self, metric: str) -> bool:
+        """Whether something may still log `metric`: an evaluator of that name that has not
+        run yet (or declares it), or step metrics nobody declared."""
+        head, _, tail = metric.partition("/")
+        for ev in self.evaluators:
+            if ev.name != head:
+                continue
+            if ev.metrics is not None:
+                return tail in ev.metrics
+            ran = any(r.name == head and r.error is None for r in self._evals)
+            return not ran  # an evaluator that ran and logged no such key never will
+        if self.declared is not None and metric in self.declared:
+            return True
+        return self._open and not self._seen  # undeclared: no step has logged yet
+
+    def _save(self, *, final: bool = False) -> list[ManifestRow]:
+        """Save the training state; returns the manifest rows to fire `on_checkpoint` for.
+
+        Synchronous: this save's rows. With `async_save`: the rows of the previous save,
+        which is waited for first (so the payload's retention bookkeeping includes it); this
+        save's rows come from the next save or from the wait in `finish`, so `on_checkpoint`
+        fires for every row, in save order, on the training thread.
+        """
+        manager, state = self.checkpoints, self.state
+        assert manager is not None
+        fresh = self._fresh_metrics()
+        self._check_ranked(fresh)
+        rows = manager.wait() if manager.in_flight else []
+        payload = {
+            "model": self.model.state_dict(),
+            **_states("optimizer", self.optimizers),
+            **_states("scheduler", self.schedulers),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "loop": state.state_dict(),
+            "metrics": dict(state.metrics),
+            "eval_metrics": dict(self._eval_metrics),
+            "rng": rng_state(),
+            "epoch_rng": self._epoch_rng,
+            "retention": manager.state_dict(),
+            "callbacks": {
+                key: cb.state_dict() for key, cb in _state_keys(self.hooks.stateful()).items()
+            },
+            "objects": {name: obj.state_dict() for name, obj in self.stateful.items()},
+            "user": dict(self.user_state),
+            **self.loop_state,
+        }
+        info = {"metrics": fresh}
+        self._last_saved = state.step
+        writers = tuple(self._writers)
+        if not manager.config.async_save:
+            return manager.save(state.step, payload, info, final=final, writers=writers)
+        return rows + manager.save_async(state.step, payload, info, final=final, writers=writers)
+
+    def _restore(self, manager: CheckpointManager, path: Path) -> None:
+        """Load `path` into the model, optimizers, schedulers, objects, loop state and
+        callbacks; the RNG comes back in `batches` (or here, when the loop never asks)."""
+        payload = manager.load(path)
+        state = self.state
+        self._load_training_state(payload, path)
+        _load_callback_states(payload.get("callbacks") or {}, path, self.hooks)
+        for name, obj in self.stateful.items():
+            saved = (payload.get("objects") or {}).get(name)
+            if saved is None:
+                log.warning("resuming from %s: no saved state for stateful[%r]", path, name)
+            else:
+                obj.load_state_dict(saved)
+        self.user_state.update(payload.get("user") or {})
+        state.load_state_dict(payload["loop"])
+        state.metrics = dict(payload.get("metrics", {}))
+        self._eval_metrics.update(payload.get("eval_metrics", {}))
+        self._last_saved = state.step
+        self._restored = payload
+        set_rng_state(payload["rng"])  # `batches` re-draws an epoch's order first, if used
+
+    def _start_from(self, path: Path, full: bool) -> None:
+        """Start at step 0 from another run's checkpoint: its weights, or its whole state.
+
+        Even with `full` (``carry="full"``) the callbacks' states stay behind: a stage is a
+        new run, and what a callback counted in the run before (EarlyStopping's best value
+        and bad checks, StabilityMonitor's histories) is not this run's, so each starts
+        fresh. Carrying them would let a stage be stopped at its first step for the previous
+        stage's lack of progress. Model, optimizers, schedulers and grad scaler do carry:
+        they are the training state a stage continues from.
+        """
+        payload = CheckpointManager(path.parent).load(path)
+        if full:
+            self._load_training_state(payload, path)
+        else:
+            _load_model(self.model, payload, path)
+
+    def _load_training_state(self, payload: dict[str, Any], path: Path) -> None:
+        """Load the model, optimizers, schedulers and grad scaler; callbacks are the caller's."""
+        _load_model(self.model, payload, path)
+        _load_states("optimizer", self.optimizers, payload, path)
+        _load_states("scheduler", self.schedulers, payload, path)
+        if self.scaler is not None and payload.get("scaler") is not None:
+            self.scaler.load_state_dict(payload["scaler"])
+
+    def _checkpoint_manager(self, folder: Path | None, *, fresh: bool) -> CheckpointManager | None:
+        if self.checkpoint is None:
+            return None
+        if folder is None:
+            raise ConfigError(
+                "checkpoints need a folder: run under an Experiment (or lab.start_run), "
+                "or pass run_dir=..."
+            )
+        root = Path(folder) / "checkpoints"
+        if fresh and root.exists() and any(root.iterdir()):
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+            aside = root.with_name(f"checkpoints.replaced-{stamp}")
+            root.rename(aside)  # a fresh start never deletes what an earlier run saved
+            log.warning("starting fresh: earlier checkpoints moved to %s", aside)
+        return CheckpointManager(root, self.checkpoint, self.ctx.run_key or "")
+
+    @staticmethod
+    def _resume_path(manager: CheckpointManager, resume: bool | str | Path | int) -> Path | None:
+        if resume is False:
+            return None
+        if resume is True:
+            return manager.get_latest_checkpoint_path()
+        return manager.resolve(resume)
+
+    # ------------------------------------------------------------------------------------
+    # evals
+    def _run_eval(self, evaluator: Evaluator, step: int) -> EvalResult:
+        result = self._evaluate(evaluator, step)
+        self._evals.append(result)
+        if result.error is None:
+            if self._watch is not None:
+                self._watch.after_eval(result.name, step, result.metrics, self.state.metrics)
+            named = {f"{result.name}/{k}": v for k, v in result.metrics.items()}
+            self._eval_metrics.update(named)
+            if self._fresh_step != step:
+                self._fresh, self._fresh_step = {}, step
+            self._fresh.update(named)
+            if len(self._seen) < 64:
+                self._seen.update(named)
+        return result
+
+    def _evaluate(self, evaluator: Evaluator, step: int) -> EvalResult:
+        """Run one evaluator and fire its hooks; one that raises becomes a failed eval (its
+        error and how long it ran), reported through `on_benchmark_eval`, and training goes
+        on. While `on_eval` fires, `state.current_eval` is the whole result, so a sink can
+        record its wall time and tags."""
+        state, hooks = self.state, self.hooks
+        started = time.perf_counter()
+        try:
+            result = evaluator.run(state.model, step)
+        except Exception as exc:
+            log.exception("evaluator %r failed at step %d; training goes on", evaluator.name, step)
+            result = EvalResult(
+                evaluator.name,
+                {},
+                step=step,
+                seconds=time.perf_counter() - started,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            hooks.fire("on_benchmark_eval", state.ctx, result, [], step=step)
+            return result
+        state.current_eval = result
+        try:
+            hooks.fire("on_eval", state, step, result.name, result.metrics)
+        finally:
+            state.current_eval = None
+        if result.benchmark:
+            hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step)
+        return result
+
+    def _check_metric_names(self) -> MetricWatch | None:
+        """Look up every metric name the callbacks and the checkpoint config need in what
+        the loop, the evaluators and the callbacks declare."""
+        needed = needed_by(self.hooks.callbacks)
+        if self.checkpoint is not None and self.checkpoint.metric is not None:
+            metric = self.checkpoint.metric
+            needed.setdefault(metric, f"CheckpointConfig(metric={metric!r})")
+        if not needed:
+            return None
+        return check_metric_names(
+            needed,
+            step_metrics=[*(self.declared or ()), *logged_by(self.hooks.callbacks)],
+            step_open=self._open,
+            evals={ev.name: ev.metrics for ev in self.evaluators},
+        )
+
+    def _check_running(self, what: str) -> None:
+        if self._phase == _NEW:
+            raise HookOrderError(
+                f"{what}() before the run handle started: use `with RunHandle(...) as loop:` "
+                "(or call loop.start() first)"
+            )
+        if self._phase == _ENDED:
+            raise HookOrderError(
+                f"{what}() after the run ended (at step {self.state.step}); nothing more can "
+                "be logged to it"
+            )
+
+
+def _floats(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
+    """The step's metrics as floats: a float passes as it is (the common case costs one type
+    test per metric); other numbers and one-element tensors are converted."""
+    out = dict(metrics)
+    for key, value in out.items():
+        if type(value) is not float:
+            out[key] = as_number(str(key), step, value)
+    return out
+
+
+def _states(kind: str, named: dict[str, Any]) -> dict[str, Any]:
+    """The payload entries of the optimizers or schedulers: one under its own key (as
+    checkpoints always had it), several under the plural, by name."""
+    if not named:
+        return {kind: None}
+    if list(named) == [kind]:
+        return {kind: named[kind].state_dict()}
+    return {f"{kind}s": {name: obj.state_dict() for name, obj in named.items()}}
+
+
+def _load_states(kind: str, named: dict[str, Any], payload: dict[str, Any], path: Path) -> None:
+    if not named:
+        return
+    if list(named) == [kind]:
+        saved = payload.get(kind)
+        if saved is None and f"{kind}s" in payload:
+            raise CheckpointError(
+                f"checkpoint {path} holds {len(payload[f'{kind}s'])} {kind}s "
+                f"({', '.join(map(repr, payload[f'{kind}s']))}) and the loop has one; resume "
+                f"with the same {kind}s, or start fresh with resume=False"
+            )
+        if saved is not None:
+            named[kind].load_state_dict(saved)
+        return
+    saved_all = payload.get(f"{kind}s") or {}
+    missing = [name for name in named if name not in saved_all]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} has no state for {kind} {', '.join(map(repr, missing))} "
+            f"(it holds: {', '.join(map(repr, saved_all)) or 'none'}); resume with the same "
+            f"{kind}s, or start fresh with resume=False"
+        )
+    for name, obj in named.items():
+        obj.load_state_dict(saved_all[name])
+
+
+def _state_keys(stateful: Sequence[Callback], *, own: bool = True) -> dict[str, Callback]:
+    """The key each stateful callback's state is saved under in a checkpoint.
+
+    A callback's own `state_key` attribute if it sets one, else its class name, with
+    ``#2``, ``#3``... for the later callbacks of one class (in dispatch order). Why: a key
+    that depends only on the callback (not on its position among all of them, as the old
+    ``"{index}:{Class}"`` keys did) still finds its state when other callbacks are added,
+    removed or reordered for the resume. With `own` False, `state_key` is ignored (checkpoints
+    with the old keys know only classes).
+    """
+    keys: dict[str, Callback] = {}
+    seen: Counter[str] = Counter()
+    for cb in stateful:
+        name = type(cb).__name__
+        key = getattr(cb, "state_key", None) if own else None
+        if key is not None:
+            if not isinstance(key, str) or not key or ":" in key:
+                raise ConfigError(f"{name}.state_key={key!r}: use a non-empty string without ':'")
+        else:
+            seen[name] += 1
+            key = name if seen[name] == 1 else f"{name}#{seen[name]}"
+        if key in keys:
+            raise ConfigError(
+                f"two stateful callbacks save their state under {key!r} "
+                f"({type(keys[key]).__name__} and {name}); give one of them another state_key"
+            )
+        keys[key] = cb
+    return keys
+
+
+def _from_index_keys(saved: dict[str, Any]) -> dict[str, Any] | None:
+    """The states of a checkpoint with the old ``"{index}:{Class}"`` keys, under the keys
+    `_state_keys` gives without `state_key` (the k-th saved state of a class goes to the
+    k-th attached callback of it); None when the checkpoint has the current keys."""
+    indexed: list[tuple[int, str, Any]] = []
+    for key, value in saved.items():
+        match = _INDEX_KEY.fullmatch(key)
+        if match is None:
+            return None
+        indexed.append((int(match.group(1)), match.group(2), value))
+    seen: Counter[str] = Counter()
+    states: dict[str, Any] = {}
+    for _, name, value in sorted(indexed, key=lambda entry: entry[0]):
+        seen[name] += 1
+        states[name if seen[name] == 1 else f"{name}#{seen[name]}"] = value
+    return states if states else None
+
+
+def _load_callback_states(saved: dict[str, Any], path: Path, hooks: Dispatcher) -> None:
+    """Give each stateful callback the state saved under its key, on resume.
+
+    One WARNING names the callbacks that find no saved state (they start fresh, so the
+    resumed run may differ from one that never stopped) and the saved states that no
+    attached callback takes (they are ignored); nothing is said when all match.
+    """
+    by_index = _from_index_keys(saved)
+    if by_index is not None:
+        saved = by_index
+    keys = _state_keys(hooks.stateful(), own=by_index is None)
+    for key, cb in keys.items():
+        if key in saved:
+            cb.load_state_dict(saved[key])
+    fresh = [key for key in keys if key not in saved]
+    unclaimed = [key for key in saved if key not in keys]
+    parts = []
+    if fresh:
+        they = "it starts" if len(fresh) == 1 else "they start"
+        parts.append(f"no saved state for {', '.join(fresh)} ({they} fresh)")
+    if unclaimed:
+        it = "it is" if len(unclaimed) == 1 else "they are"
+        parts.append(
+            f"no attached callback takes the saved state of {', '.join(unclaimed)} ({it} ignored)"
+        )
+    if parts:
+        log.warning("resuming from %s: %s", path, "; ".join(parts))
+
+
+def _load_model(model: torch.nn.Module, payload: dict[str, Any], path: Path) -> None:
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        reason = " ".join(str(exc).split())
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model ({reason[:300]}); load a checkpoint "
+            "of the same model, or start fresh with resume=False"
+        ) from None

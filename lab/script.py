@@ -1,0 +1,141 @@
+"""A recorded run from a plain script, as `wandb.init` or `mlflow.start_run` give one.
+
+``with lab.start_run("mnist", config={"lr": 0.01}) as run:`` creates the experiment, group
+and run rows (through the same callbacks and store an `Experiment` uses), fires the
+experiment-level hooks too, and hands back the `RunSpec` a `train(run)` function would get:
+drive a `RunHandle` (or a `TrainingLoop`) with it. Leaving the block records the run as
+`completed` (or `stopped`, when a callback stopped it); an exception records it as `failed`
+with its traceback, and then goes on, so the script still fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from lab._signals import unwind_on_sigterm
+from lab.errors import CallbackError, ConfigError
+from lab.experiment import (
+    FINISHED,
+    Arm,
+    Experiment,
+    RunResult,
+    RunScope,
+    RunSpec,
+    _quietly,
+)
+from lab.hooks import Callback
+
+
+def script(run: RunSpec) -> None:
+    """The train function a script's run is recorded under (its body is the `with` block)."""
+    raise RuntimeError("a run started with lab.start_run trains in its with-block")
+
+
+def _as_model(config: pydantic.BaseModel | Mapping[str, Any] | None) -> pydantic.BaseModel | None:
+    if config is None or isinstance(config, pydantic.BaseModel):
+        return config
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"config={config!r}: pass a dict of settings or a pydantic model instance"
+        )
+    fields: dict[str, Any] = {}
+    for key, value in config.items():
+        if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
+            raise ConfigError(
+                f"config key {key!r}: use names that are Python identifiers without a leading "
+                "underscore (run.config.<name> reads them)"
+            )
+        fields[key] = (Any, value)
+    model = pydantic.create_model(
+        "RunConfig", __config__=pydantic.ConfigDict(extra="forbid", frozen=True), **fields
+    )
+    return model()
+
+
+@contextlib.contextmanager
+def start_run(
+    experiment: str,
+    *,
+    config: pydantic.BaseModel | Mapping[str, Any] | None = None,
+    arm: str = "main",
+    repeat: int = 0,
+    seed: int = 0,
+    callbacks: Sequence[Callback] = (),
+    store: Any = None,
+    output_dir: str | Path = "runs",
+    tags: Sequence[str] = (),
+    notes: str | None = None,
+    fresh: bool = False,
+    strict: bool | None = None,
+) -> Iterator[RunSpec]:
+    """Record the `with` block as one run of `experiment`: arm `arm`, repeat `repeat`.
+
+    The run is seeded with ``seed + repeat``, its folder is
+    ``<output_dir>/<experiment>/<arm>-r<repeat>``, and `config` (a dict, or a pydantic model)
+    is its config (``run.config.lr``). The store is the argument, else ``LAB_STORE_URL``,
+    else ``sqlite:///lab.db`` (``store=False``: none). Running the script again continues
+    the run when it did not finish (a `RunHandle` with checkpoints resumes it), and refuses
+    one that finished, or whose config changed: pass ``fresh=True`` to train it again (the
+    old run is kept as superseded), or another `repeat` for another seed.
+
+    >>> import lab, torch  # doctest: +SKIP
+    >>> with lab.start_run("sketch", config={"lr": 0.1}) as run:  # doctest: +SKIP
+    ...     model = torch.nn.Linear(2, 1)
+    ...     opt = torch.optim.SGD(model.parameters(), lr=run.config.lr)
+    ...     with lab.RunHandle(run, model, opt, num_steps=3) as loop:
+    ...         for step in loop.steps():
+    ...             loop.end_step({"loss": 1.0 / step})
+    """
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+        raise ConfigError(f"repeat={repeat!r}: use an int >= 0")
+    exp = Experiment(
+        experiment, script, arms=[Arm(arm)], repeats=repeat + 1, base_config=_as_model(config),
+        callbacks=callbacks, store=store, output_dir=output_dir, seed=seed, strict=strict,
+        tags=tags, notes=notes, fresh=fresh,
+    )  # fmt: skip
+    exp._only_repeat = repeat
+    exp.n_runs = 1
+    hooks, ctx, result = exp._open()
+    the_arm, arm_result = exp.arms[0], result.arms[0]
+    prior = exp._prior.get(exp._plan()[0][0])
+    if prior is not None and prior["status"] in FINISHED:
+        hooks.fire("close")
+        raise ConfigError(
+            f"run {exp._plan()[0][0]!r} of experiment {experiment!r} {prior['status']} "
+            "before; pass fresh=True to train it again (the old run is kept, superseded), "
+            f"or repeat={repeat + 1} for another run"
+        )
+    started = time.perf_counter()
+    unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
+    try:
+        hooks.fire("on_experiment_start", ctx)
+        hooks.fire("on_group_start", ctx, exp._group(ctx, the_arm, repeat))
+        job = exp._job(ctx, the_arm, repeat, 0, None)
+        assert not isinstance(job, RunResult)  # a finished run was refused above
+        scope = RunScope(job, hooks, arm_result)
+        error: BaseException | None = None
+        try:
+            yield scope.open()
+            scope.trained(scope.spec.artifacts)
+        except CallbackError:
+            raise
+        except BaseException as exc:
+            error = exc
+            scope.failed(exc)
+        run_result = scope.close()
+        exp._release(job.run_key, run_result.error)
+        if error is not None:
+            result.error = None if isinstance(error, Exception) else run_result.error
+            _quietly(exp._end, hooks, ctx, result, started)
+            raise error
+        exp._end(hooks, ctx, result, started)
+    except BaseException:
+        _quietly(hooks.fire, "close")
+        raise
+    hooks.fire("close")
