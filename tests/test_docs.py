@@ -86,7 +86,15 @@ def _check_provenance_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    assert lines[0] == "completed 12 ['loss', 'val/loss']"
+    assert lines[1] == "['COMPLETE', 'export.pt', 'state.pt', 'training_info.json']"
+    assert lines[2] == "[('main-r0', 'completed', 0)]"
+
+
 PAGES = {
+    "run-handle.md": _check_run_handle_page,
     "provenance.md": _check_provenance_page,
     "store.md": _check_store_page,
     "analysis.md": _check_analysis_page,
