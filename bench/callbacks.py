@@ -68,7 +68,7 @@ import torch
 from _common import StepClock, StepClockEnd, log, machine
 
 from lab import Callback, LogContext, LoopArtifacts, LoopState, TrainingBatch, TrainingLoop
-from lab.hooks import Dispatcher
+from lab.dispatch import Dispatcher
 
 METRICS_PER_STEP = 10
 #: The step metrics the loop hands each on_step_end (4 of its own, 6 from the loss).

@@ -43,6 +43,7 @@ from lab._seeding import caller_rng_kept, seed_everything
 from lab._signals import unwind_on_sigterm
 from lab._stats import Interval, Spread, check_bounds, check_interval, spread
 from lab._table import fmt, plural, render
+from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, CheckpointError, ConfigError, RunBusy
 from lab.executors import Outcome, ProcessPool, WorkerDied
 from lab.hooks import (
@@ -52,7 +53,6 @@ from lab.hooks import (
     RUNS,
     TAGS,
     Callback,
-    Dispatcher,
     LogContext,
 )
 from lab.loggers.sql import SqlLogger

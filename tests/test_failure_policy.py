@@ -20,8 +20,9 @@ import torch
 import lab
 from lab import Arm, Callback, Experiment, LoopArtifacts, SqlLogger, TrainingLoop
 from lab.callbacks.monitors import GarbageCollector
+from lab.dispatch import Dispatcher
 from lab.errors import ConfigError
-from lab.hooks import ENDING_HOOKS, RUN_HOOKS, Dispatcher
+from lab.hooks import ENDING_HOOKS, RUN_HOOKS
 from lab.store import Store
 
 

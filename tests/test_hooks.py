@@ -21,8 +21,9 @@ from lab import (
     LoopArtifacts,
     TrainingLoop,
 )
+from lab.dispatch import CallbackFailure, Dispatcher
 from lab.errors import CallbackError, ConfigError
-from lab.hooks import HOOKS, CallbackFailure, Dispatcher
+from lab.hooks import HOOKS
 
 NUM_STEPS = 4
 

@@ -37,8 +37,9 @@ import torch
 from lab._metrics import as_number
 from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
+from lab.dispatch import Dispatcher
 from lab.errors import CheckpointError, ConfigError, HookOrderError
-from lab.hooks import Callback, Dispatcher, LogContext, LoopState
+from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
