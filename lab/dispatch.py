@@ -18,6 +18,7 @@ dispatch, ``LAB_CALLBACK_MAX_FAILURES`` sets how many failures in a row disable 
 
 from __future__ import annotations
 
+import itertools
 import os
 import traceback
 import weakref
@@ -26,8 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lab._metrics import as_number, check_key
 from lab._secrets import logger
-from lab.errors import CallbackError, ConfigError
+from lab.errors import CallbackError, ConfigError, MetricError, RefusedMetric
 from lab.hooks import ENDING_HOOKS, HOOKS, RUN_HOOKS, Callback
 
 #: The log of dispatching (kept under the name users filter on: the hooks' own).
@@ -180,6 +182,80 @@ class _Tracked:
             self.streaks.pop(self.cb_id, None)
 
 
+def produces_metrics(callback: Callback) -> bool:
+    """Whether `callback` declares the step metrics it adds (`Callback.metrics_logged`): a
+    producer, whose `on_step_end` runs before every consumer's."""
+    return bool(getattr(callback, "metrics_logged", ()))
+
+
+class _StepMetrics:
+    """A callback's `on_step_end`, with the keys it adds to the step's `metrics` checked.
+
+    What it costs a step when nothing is wrong: two `len` calls. Only when the dict grew are
+    the new keys (the last ones: a dict keeps insertion order) looked at; each must be a
+    valid key holding a number. A float passes as it is; an int, a bool, a numpy scalar or a
+    one-element tensor becomes a float in place (as Lightning's ``self.log`` does with a 0-d
+    tensor, so consumers and the store see one type); anything else is taken out of the step's
+    metrics, so no consumer sees it and the store never gets it, and a `RefusedMetric` naming
+    the callback is raised, which the dispatcher records against that callback like any other
+    failure. A value the callback replaced, rather than added, is checked by the store as
+    every value it gets is.
+    """
+
+    __slots__ = ("__self__", "method", "name")
+
+    def __init__(self, method: Callable[..., Any], owner: Callback) -> None:
+        self.method = method
+        self.__self__ = owner
+        self.name = type(owner).__name__
+
+    def __call__(self, state: Any, step_idx: int, batch: Any, metrics: dict[str, Any]) -> None:
+        before = len(metrics)
+        self.method(state, step_idx, batch, metrics)
+        added = len(metrics) - before
+        if added > 0:
+            newest = reversed(metrics)  # the added keys are the last ones
+            for _ in range(added):
+                key = next(newest)
+                if type(metrics[key]) is not float or type(key) is not str:
+                    self._check(metrics, added, step_idx)
+                    return
+
+    def _check(self, metrics: dict[str, Any], added: int, step: int) -> None:
+        """Turn the added values into floats, or refuse them (the slow path: a value that is
+        not a float was added). A float key-checked only by type here: the store checks the
+        key's length and characters, as it does for every key."""
+        refused: list[tuple[Any, Any]] = []
+        for key in list(itertools.islice(reversed(metrics), added)):
+            value = metrics[key]
+            if type(value) is float and type(key) is str:
+                continue
+            try:
+                check_key(key, step)
+                metrics[key] = as_number(key, step, value)
+            except MetricError:
+                refused.append((key, value))
+        if not refused:
+            return
+        for key, _ in refused:
+            del metrics[key]
+        key, value = refused[-1]  # the first of them the callback added
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise RefusedMetric(
+            f"{self.name} put metrics[{key!r}] = {_describe(value)} into the step's scalar "
+            f"metrics at step {step}{more}; log a float (tensor.item()), or a histogram with "
+            "loop.log_histogram"
+        )
+
+
+def _describe(value: Any) -> str:
+    """A short form of a value that is not a metric: a tensor or array by its shape."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, (str, bytes)):
+        return f"{type(value).__name__}(shape={tuple(shape)})"
+    return f"{type(value).__name__} {value!r:.40}"
+
+
 class Dispatcher:
     """The one place a hook is called: priority, error isolation, strict mode and tracing.
 
@@ -187,6 +263,14 @@ class Dispatcher:
     bound methods of the callbacks that listen, so a hook nobody overrides costs one dict
     lookup. Set ``LAB_STRICT=1`` (or pass ``strict=True``) to re-raise callback errors, and
     ``LAB_DEBUG_HOOKS=1`` to log every dispatch.
+
+    In `on_step_end` the callbacks that produce step metrics (`produces_metrics`) run first,
+    then the others, each group in priority order (resolved here, once). What a callback
+    adds to the step's metrics is checked after its call (`_StepMetrics`): a value that is
+    not a number is refused with a `RefusedMetric` (a `MetricError`) that names the
+    callback, the key and the step. It counts as that callback's failure: recorded, counted
+    toward `max_failures`, re-raised as it is in strict mode, and failing the run if the
+    callback is critical.
 
     Otherwise a failure is recorded once per (run, callback, hook): the first with its
     traceback, logged at ERROR; repeats only add to that record's `count` (a one-line
@@ -230,6 +314,9 @@ class Dispatcher:
                 )
         # sorted() is stable, so ties keep their attachment order.
         self.callbacks: list[Callback] = sorted(attached, key=lambda cb: -cb.priority)
+        # on_step_end: the producers of step metrics first, then the consumers (stable, so
+        # priority still orders each group)
+        self._step_end_order = sorted(self.callbacks, key=lambda cb: not produces_metrics(cb))
         self.strict = _is_strict_env() if strict is None else strict
         self.trace = os.environ.get("LAB_DEBUG_HOOKS", "") not in {"", "0"}
         self.failures: list[CallbackFailure] = [] if failures is None else failures
@@ -281,7 +368,7 @@ class Dispatcher:
         self._listeners = {
             hook: tuple(
                 (type(cb).__name__, self._method(cb, hook), cb.critical and hook != "on_error")
-                for cb in self.callbacks
+                for cb in (self._step_end_order if hook == "on_step_end" else self.callbacks)
                 if _overrides(cb, hook) and receives(id(cb), hook)
             )
             for hook in HOOKS
@@ -289,6 +376,8 @@ class Dispatcher:
 
     def _method(self, cb: Callback, hook: str) -> Callable[..., Any]:
         method = getattr(cb, hook)
+        if hook == "on_step_end":
+            method = _StepMetrics(method, cb)
         policy = self._policy
         if id(cb) in policy.tracked and id(cb) not in policy.disabled:
             return _Tracked(method, cb, policy.streaks)
@@ -346,6 +435,8 @@ class Dispatcher:
                     self._finish_after_critical(hook, listeners, method, args, kwargs)
                     raise
                 if self.strict:
+                    if isinstance(exc, RefusedMetric):
+                        raise  # its message names the callback already
                     raise CallbackError(f"{name}.{hook} raised {exc!r}") from exc
                 self._record(name, hook, exc, method)
 

@@ -104,3 +104,7 @@ class MetricError(LabError, ValueError):
 class HookOrderError(LabError, RuntimeError):
     """A loop drove its run handle out of order: a step that goes backwards, a step logged
     before the handle started or after the run ended, a step begun twice or never ended."""
+
+
+class RefusedMetric(MetricError):
+    """A callback put a value that is not a number into a step's scalar metrics."""

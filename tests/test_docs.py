@@ -62,6 +62,8 @@ def _check_callbacks_page(out: str, namespace: dict[str, object]) -> None:
     page = (README.parent / "docs" / "callbacks.md").read_text(encoding="utf-8")
     assert f"\n{lines[1]}\n" in page  # the page shows every registered kind
     assert "['checkpoints', 'config.json', 'hooks.jsonl', 'metrics.json']" in lines
+    refused = lines.index("['loss', 'loss_x2']")  # a producer's key, seen by a consumer
+    assert lines[refused - 1].startswith("RefusedMetric: DoubledLoss put metrics['loss_vec']")
     assert lines[-3:] == ["5 True", "10 True", "10"]  # the replayed LossPrinter
 
 
