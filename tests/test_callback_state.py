@@ -108,7 +108,7 @@ def test_a_resume_with_one_more_stateful_callback_stops_where_a_straight_run_doe
     assert (done.step, done.stopped, done.stop_reason) == (6, True, STOP)
 
     _interrupted_at_5(tmp_path / "resumed", [Score(), EarlyStopping("score", patience=3)])
-    # StabilityMonitor (priority 200) now comes first among the stateful callbacks
+    # StabilityMonitor, attached last, is now among the stateful callbacks
     early = EarlyStopping("score", patience=3)
     monitor = StabilityMonitor(window=4, min_history=2)
     resumed = _loop([Score(), early, monitor]).fit(run_dir=tmp_path / "resumed")

@@ -62,7 +62,7 @@ def _loop(
 
 
 class Recorder(Callback):
-    """Keeps a copy of each step's metrics as the lowest-priority callback sees them."""
+    """Keeps a copy of each step's metrics as a consumer of the lowest priority sees them."""
 
     priority = -1000
 

@@ -3,11 +3,11 @@
 Each is a `Callback` registered under a snake-case kind (``build([{"kind":
 "speed_monitor"}])``), modelled on OLMo-core's callbacks of the same purpose.
 
-Where the figures go: the loop hands one `metrics` dict to every `on_step_end`, and the
-`SqlLogger` (priority 100) stores it when its own `on_step_end` runs. A monitor that adds
-figures to a step therefore runs *before* it, at `MONITOR_PRIORITY` (200), and writes its
-keys into that dict; they are then stored at the step like the loop's own metrics, and every
-lower-priority callback (a console logger, `EarlyStopping`) sees them too.
+Where the figures go: the loop hands one `metrics` dict to every `on_step_end`. A monitor
+that adds figures to a step declares them in `metrics_logged`, which makes it a producer: the
+dispatcher runs its `on_step_end` before every callback that declares none (the `SqlLogger`
+that stores the step, a console logger, `EarlyStopping`), whatever the priority numbers, so
+its keys are stored at the step like the loop's own metrics and every consumer sees them.
 
 Gradients: the loop clears gradients (``zero_grad(set_to_none=True)``) right before each
 backward, not after the optimizer step, so in `on_step_end` every ``param.grad`` still holds
@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 
 log = logger("lab.callbacks.monitors")
 
-#: Above `SqlLogger` (100): a monitor's keys are in the step's metrics before it stores them.
-MONITOR_PRIORITY = 200
-
 
 # ---------------------------------------------------------------------------------------------
 @register("speed_monitor")
@@ -70,7 +67,6 @@ class SpeedMonitor(Callback):
     fraction) when both are given.
     """
 
-    priority = MONITOR_PRIORITY
     metrics_logged = (
         "throughput/steps_per_s",
         "throughput/samples_per_s",
@@ -182,7 +178,6 @@ class GPUMemoryMonitor(Callback):
     nothing, and says so once (per instance) in the log at INFO.
     """
 
-    priority = MONITOR_PRIORITY
     metrics_logged = (
         "gpu_memory/allocated_mb",
         "gpu_memory/reserved_mb",
@@ -432,8 +427,6 @@ class StabilityMonitor(Callback):
     histories (one instance attached to an Experiment serves each run afresh).
     """
 
-    priority = MONITOR_PRIORITY
-
     def __init__(
         self,
         window: Annotated[int, pydantic.Strict(), Ge(2)] = 100,
@@ -561,7 +554,6 @@ class GradientMonitor(Callback):
     computed on the device and copied to the host in one transfer.
     """
 
-    priority = MONITOR_PRIORITY
     metrics_logged = ("grad_norm/*", "param_norm/*")
 
     def __init__(self, every: PositiveInt = 10) -> None:
@@ -628,8 +620,6 @@ class ProfilerCallback(Callback):
     readable by TensorBoard, chrome://tracing and Perfetto. CUDA activity is traced when
     CUDA is available. The profiler stops at `on_train_end`, and on error or close.
     """
-
-    priority = MONITOR_PRIORITY
 
     def __init__(
         self,
@@ -843,7 +833,6 @@ class EarlyStopping(Callback):
 
 
 __all__ = [
-    "MONITOR_PRIORITY",
     "EarlyStopping",
     "GPUMemoryMonitor",
     "GarbageCollector",

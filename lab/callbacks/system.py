@@ -5,8 +5,9 @@ A daemon thread reads them every `every_s` seconds (10 by default) through psuti
 RSS, system memory) and NVML (``nvidia-ml-py``: GPU utilisation, memory, power,
 temperature), and leaves the newest sample in one slot. The training thread's only cost is
 one attribute read per step: at the end of the first step after a sample, the monitor moves
-that sample into the step's `metrics` (it runs at `MONITOR_PRIORITY`, before `SqlLogger`),
-so the store and every other logger record it at that step, like the loop's own figures.
+that sample into the step's `metrics` (it declares ``system/*`` in `metrics_logged`, so it
+runs before `SqlLogger` and every other consumer of the step), so the store and every other
+logger record it at that step, like the loop's own figures.
 
 What it cannot read (psutil or nvidia-ml-py missing, no NVIDIA driver, no GPU) it says once,
 in one log line, and reads the rest.
@@ -21,7 +22,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger
-from lab.callbacks.monitors import MONITOR_PRIORITY
 from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
@@ -48,7 +48,6 @@ class SystemMonitor(Callback):
     ``gpu{i}/temperature_c``. ``gpus=False`` reads no GPU.
     """
 
-    priority = MONITOR_PRIORITY
     metrics_logged = ("system/*",)  # the GPU keys depend on the machine
 
     def __init__(self, every_s: PositiveFloat = 10.0, gpus: bool = True) -> None:

@@ -65,10 +65,12 @@ def group_key(name: str) -> str:
 class SqlLogger(Callback):
     """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
 
-    Pass a `Store`, a URL, or nothing (``LAB_STORE_URL``, else ``sqlite:///lab.db``). It runs
-    first (priority 100), so every other callback's `on_step_end` sees a step whose metric
-    row is already handed to the store. It is critical: a metric the store cannot hold, or a
-    store that stays down longer than its retry window, fails the run with that reason.
+    Pass a `Store`, a URL, or nothing (``LAB_STORE_URL``, else ``sqlite:///lab.db``). In
+    `on_step_end` it runs after the callbacks that produce step metrics (`metrics_logged`),
+    so it stores their keys too, and first among the others (priority 100), so they see a
+    step whose metric row is already handed to the store. It is critical: a metric the store
+    cannot hold, or a store that stays down longer than its retry window, fails the run with
+    that reason.
     """
 
     priority = 100
