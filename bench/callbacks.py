@@ -86,7 +86,7 @@ Factory = Callable[[Path], Callback]
 # -- the callbacks -------------------------------------------------------------------------------
 def factories(folder: Path) -> tuple[dict[str, Factory], dict[str, str]]:
     """name -> a function making a fresh instance (given its run folder); and the skipped."""
-    from lab.callbacks.files import ConfigSaver, JsonlLogger, MetricSaver
+    from lab.callbacks.files import ConfigSaver, MetricSaver
     from lab.callbacks.monitors import (
         EarlyStopping,
         GarbageCollector,
@@ -96,7 +96,7 @@ def factories(folder: Path) -> tuple[dict[str, Factory], dict[str, str]]:
     )
     from lab.callbacks.notify import Notifier
     from lab.callbacks.system import SystemMonitor
-    from lab.loggers import ConsoleLogger, SqlLogger
+    from lab.loggers import ConsoleLogger, JsonlLogger, SqlLogger
 
     devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     made: dict[str, Factory] = {

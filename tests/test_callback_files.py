@@ -17,16 +17,9 @@ import torch
 import lab
 import lab.callbacks
 from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, TrainingLoop
-from lab.callbacks.files import (
-    ConfigSaver,
-    JsonlLogger,
-    MetricSaver,
-    ReplayedError,
-    read_hooks,
-    read_metrics,
-    replay,
-)
+from lab.callbacks.files import ConfigSaver, MetricSaver, read_metrics
 from lab.errors import ConfigError
+from lab.loggers.jsonl import JsonlLogger, ReplayedError, read_hooks, replay
 
 NUM_STEPS = 6
 KEYS = ["a-r0", "a-r1", "b-r0", "b-r1"]

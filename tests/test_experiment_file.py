@@ -18,10 +18,11 @@ import pytest
 import yaml
 
 from lab.callbacks import REGISTRY, build
-from lab.callbacks.files import JsonlLogger, MetricSaver
+from lab.callbacks.files import MetricSaver
 from lab.errors import ConfigError
 from lab.experiment_file import SummaryMetric, load_experiment, plan, read_experiment_file
 from lab.loggers.console import ConsoleLogger
+from lab.loggers.jsonl import JsonlLogger
 
 LAB = Path(sys.executable).parent / "lab"  # the installed console script
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "experiment-files.md"

@@ -231,6 +231,7 @@ _BUILTIN_MODULES = (
     "lab.callbacks.notify",
     "lab.callbacks.system",
     "lab.loggers.console",
+    "lab.loggers.jsonl",
     "lab.loggers.sql",
     "lab.loggers.wandb",
 )
