@@ -233,3 +233,36 @@ def test_under_a_process_pool_the_parent_prints_the_plan_and_counts_runs_as_they
     assert [line.split("  ")[-1] for line in ends] == [f"[{k}/4 runs]" for k in range(1, 5)]
     assert "━" not in "".join(lines)
     assert any(line.startswith("pool: completed in ") for line in lines)
+
+
+class EvalSteps(lab.Callback):
+    """Keeps each in-loop eval's value by the step it ran at."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, float] = {}
+
+    def on_eval(self, state: Any, step_idx: int, eval_name: str, metrics: dict) -> None:
+        self.values[step_idx] = metrics["loss"]
+
+
+def test_a_step_line_shows_an_eval_value_with_the_step_it_was_measured_at() -> None:
+    out = io.StringIO()
+    evals = EvalSteps()
+    logger = ConsoleLogger(every=1, metrics=("loss", "val/loss"), stream=out)
+    Experiment("stale", lambda run: _loop(callbacks=(evals,)).fit(run), callbacks=[logger],
+               store=False, strict=True).run()  # fmt: skip
+    assert sorted(evals.values) == [2, 4]  # every=2, and each eval runs after its step's line
+    shown: dict[int, str | None] = {}
+    for line in out.getvalue().splitlines():
+        step = re.match(r"base-r0  step (\d+)/5  loss=\S+(?:  val/loss=(\S+))?  ", line)
+        if step:
+            shown[int(step[1])] = step[2]
+    assert shown == {
+        1: None,
+        2: None,  # the eval of step 2 has not run yet when step 2's line is printed
+        3: f"{evals.values[2]:.4g}@2",
+        4: f"{evals.values[2]:.4g}@2",  # never step 2's value as if it were step 4's
+        5: f"{evals.values[4]:.4g}@4",
+    }
+    (end,) = [line for line in out.getvalue().splitlines() if "  completed  " in line]
+    assert f"  val/loss={evals.values[4]:.4g}@4  " in end  # the final value, from step 4

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -52,13 +51,22 @@ class _Live:
     # The newest step's metrics dict itself, not a copy: the loop makes a new one per step,
     # so a step costs the logger one assignment; only a printed line reads it.
     step_metrics: Mapping[str, float] = field(default_factory=dict)
-    eval_metrics: dict[str, float] = field(default_factory=dict)  # "<eval>/<key>"
+    # "<eval>/<key>" -> (its newest value, the step that eval ran at)
+    eval_metrics: dict[str, tuple[float, int]] = field(default_factory=dict)
     task: Any = None  # its rich TaskID
 
-    @property
-    def latest(self) -> Mapping[str, float]:
-        """The newest value of every step and eval metric."""
-        return ChainMap(self.step_metrics, self.eval_metrics)  # type: ignore[arg-type]
+    def text(self, chosen: tuple[str, ...]) -> str:
+        """The chosen metrics: a step metric as ``loss=0.31`` (it is this step's), an eval's
+        as ``val/loss=0.29@40`` with the step it was measured at, never as if it were
+        current (a step's line is printed before the evals due at that step run)."""
+        parts = []
+        for key in chosen:
+            if key in self.step_metrics:
+                parts.append(f"{key}={self.step_metrics[key]:.4g}")
+            elif key in self.eval_metrics:
+                value, at = self.eval_metrics[key]
+                parts.append(f"{key}={value:.4g}@{at}")
+        return "  ".join(parts)
 
     def rate(self, now: float) -> float | None:
         done = self.step - self.first_step
@@ -148,7 +156,7 @@ class ConsoleLogger(Callback):
         live = self._live.pop(run_result.run_key, None)
         if self._in_worker:  # the parent prints the line, with the count of runs done
             return
-        line = self.run_line(run_result)
+        line = self.run_line(run_result, live)
         self._done += 1
         self._total = max(self._total, self._done)
         line += f"  [{self._done}/{plural(self._total, 'run')}]"
@@ -215,14 +223,16 @@ class ConsoleLogger(Callback):
     ) -> None:
         live = self._live.get(state.ctx.run_key or "loop")
         if live is not None:
-            live.eval_metrics.update({f"{eval_name}/{k}": v for k, v in metrics.items()})
+            live.eval_metrics.update(
+                {f"{eval_name}/{k}": (v, step_idx) for k, v in metrics.items()}
+            )
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         if not self._in_experiment:  # a bare loop: nothing else closes the display or sums up
             live = self._live.pop(state.ctx.run_key or "loop", None)
             self._stop_bars()
             if live is not None:
-                shown = _metrics_text(artifacts.metrics, self.metrics)
+                shown = _metrics_text(artifacts.metrics, self.metrics, live, artifacts.step)
                 status = "stopped" if artifacts.stopped else "completed"
                 self._print(
                     f"{state.ctx.run_key or 'loop'}  {status}  step {artifacts.step}  {shown}"
@@ -232,7 +242,7 @@ class ConsoleLogger(Callback):
     def step_line(self, key: str, live: _Live, now: float) -> str:
         """One plain progress line: run, step, chosen metrics, rate and ETA."""
         parts = [f"{key}  step {live.step}/{live.num_steps}"]
-        shown = _metrics_text(live.latest, self.metrics)
+        shown = live.text(self.metrics)
         if shown:
             parts.append(shown)
         rate = live.rate(now)
@@ -241,10 +251,13 @@ class ConsoleLogger(Callback):
             parts.append(f"{_rate(rate)}  ETA {_duration(eta)}")
         return "  ".join(parts)
 
-    def run_line(self, run_result: RunResult) -> str:
-        """The line a run ends with: status, chosen final metrics, time, and any error."""
+    def run_line(self, run_result: RunResult, live: _Live | None = None) -> str:
+        """The line a run ends with: status, chosen final metrics, time, and any error. With
+        what this logger saw of the run (`live`), a final eval value from an eval that ran
+        before the run's last step shows that step (``val/loss=0.29@40``)."""
         parts = [run_result.run_key, run_result.status]
-        shown = _metrics_text(run_result.metrics, self.metrics)
+        last = live.step if live is not None else None
+        shown = _metrics_text(run_result.metrics, self.metrics, live, last)
         if shown:
             parts.append(shown)
         parts.append(_duration(run_result.seconds))
@@ -292,8 +305,29 @@ class ConsoleLogger(Callback):
             bars.stop()
 
 
-def _metrics_text(values: Mapping[str, float], chosen: tuple[str, ...]) -> str:
-    return "  ".join(f"{k}={values[k]:.4g}" for k in chosen if k in values)
+def _metrics_text(
+    values: Mapping[str, float],
+    chosen: tuple[str, ...],
+    live: _Live | None = None,
+    last_step: int | None = None,
+) -> str:
+    """The chosen final metrics; one that is the value of an in-loop eval `live` saw run
+    before `last_step` carries that eval's step."""
+    parts = []
+    for key in chosen:
+        if key not in values:
+            continue
+        value = values[key]
+        text = f"{key}={value:.4g}"
+        seen = live.eval_metrics.get(key) if live is not None else None
+        if seen is not None and seen[1] != last_step and _same(seen[0], value):
+            text += f"@{seen[1]}"
+        parts.append(text)
+    return "  ".join(parts)
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN is data: the same NaN eval is the same value
 
 
 def _rate(rate: float) -> str:
@@ -332,4 +366,4 @@ class _MetricsColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         live = task.fields.get("live")
-        return Text(_metrics_text(live.latest, self.chosen) if live is not None else "")
+        return Text(live.text(self.chosen) if live is not None else "")
