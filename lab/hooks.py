@@ -236,16 +236,17 @@ class Callback:
     """Override any hook; the defaults do nothing and cost nothing.
 
     Hooks are positional and typed, one method per moment of the lifecycle (see the module
-    docstring). Callbacks run in `priority` order, higher first; ties keep the order they
-    were attached in. A callback that raises is logged and counted, and the run goes on,
-    unless strict mode is on, or the callback is `critical`: then its exception propagates
-    as it is and fails the run, in `on_run_start` and `on_run_end` as in the loop's hooks,
-    and the experiment's other runs go on (`SqlLogger` is critical: a run it cannot record
-    must not look recorded). It propagates once the callbacks after it have had the same
+    docstring). Callbacks run in `priority` order, higher first; ties keep the order they were
+    attached in; in `on_step_end`, the producers of step metrics (`metrics_logged`) run before
+    all the others (see the module docstring). A callback that raises is logged and counted, and
+    the run goes on, unless strict mode is on, or the callback is `critical`: then its exception
+    propagates as it is and fails the run, in `on_run_start` and `on_run_end` as in the loop's
+    hooks, and the experiment's other runs go on (`SqlLogger` is critical: a run it cannot
+    record must not look recorded). It propagates once the callbacks after it have had the same
     hook, so that a run end one sink could not record still ends the run for the others. A
-    critical callback whose `on_run_start` raised has not started the run: it gets none of
-    that run's other hooks. `on_error` stays isolated even then, so it never hides the error
-    that fired it.
+    critical callback whose `on_run_start` raised has not started the run: it gets none of that
+    run's other hooks. `on_error` stays isolated even then, so it never hides the error that
+    fired it.
 
     A best-effort (not critical) callback that fails `max_failures` times in a row (no
     successful call of any of its hooks in between) is disabled for the rest of the run, so
@@ -274,6 +275,8 @@ class Callback:
     run_end_in_parent: ClassVar[bool] = False
     #: The keys this callback adds to a step's metrics (exact, or glob patterns such as
     #: ``"throughput/*"``), so a name that something needs is known before the first step.
+    #: Declaring any makes the callback a producer: its `on_step_end` runs before that of
+    #: every callback that declares none, so they all see (and the store keeps) its keys.
     metrics_logged: tuple[str, ...] = ()
     #: The metric names this callback reads, as the store names them (``"val/loss"``), each
     #: with who needs it: checked when a fit starts (see `lab.loop.metric_names`).
