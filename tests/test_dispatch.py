@@ -204,3 +204,20 @@ def test_a_critical_callback_fails_the_run_with_the_refusal() -> None:
     critical.critical = True
     with pytest.raises(RefusedMetric, match=r"^GradNorms put metrics"):
         Dispatcher([critical], strict=False).fire("on_step_end", None, 1, None, {})
+
+
+def _lab_imports(module: str) -> set[str]:
+    import ast
+
+    import lab
+
+    path = Path(lab.__file__).parent / f"{module.removeprefix('lab.').replace('.', '/')}.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {name for name in names if name.split(".")[0] == "lab"}
+
+
+def test_the_hook_vocabulary_does_not_import_the_dispatcher() -> None:
+    assert "lab.dispatch" not in _lab_imports("lab.hooks")  # no circle: dispatch builds on hooks
+    assert "lab.hooks" in _lab_imports("lab.dispatch")
