@@ -441,9 +441,6 @@ class RunHandle:
         clean = _floats(metrics, step)
         self._begun = 0
         state.step, state.metrics = step, clean
-        seen = self._seen
-        if len(seen) < 64:  # names only: a bounded set, for the ranking check at saves
-            seen.update(clean)
         config, checkpoints = self.checkpoint, self.checkpoints
         num_steps = self.num_steps
         # Sinks see that a save follows this step and make what they hold durable before
@@ -458,6 +455,9 @@ class RunHandle:
         if hooks.listens("on_step_end"):
             hb = self._batch if batch is None else self._wrap(batch)
             hooks.fire("on_step_end", state, step, hb, clean)
+        seen = self._seen  # names only (producers' keys too): a bounded set, for the
+        if len(seen) < 64:  # ranking check at saves
+            seen.update(clean)
         if self._watch_step:  # needed names no source declared: looked for once
             self._watch_step = False
             self._watch.after_step(step, clean)  # type: ignore[union-attr]
