@@ -24,21 +24,36 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """The state of every generator, to store in a checkpoint."""
+    """The state of every generator, to store in a checkpoint.
+
+    Only plain types and byte tensors, so a checkpoint holding it loads with
+    `torch.load(..., weights_only=True)`: numpy's state is its dict form with the key as a
+    list of ints, not an array (which only a full unpickle rebuilds).
+    """
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if _np is not None:
-        state["numpy"] = _np.random.get_state()
+        numpy = _np.random.get_state(legacy=False)
+        numpy["state"] = {"key": numpy["state"]["key"].tolist(), "pos": numpy["state"]["pos"]}
+        state["numpy"] = numpy
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore every generator from `rng_state()`, so a resumed run draws the same numbers."""
+    """Restore every generator from `rng_state()`, so a resumed run draws the same numbers.
+
+    Also takes the states of older checkpoints (numpy's legacy tuple with an array).
+    """
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if _np is not None and "numpy" in state:
-        _np.random.set_state(state["numpy"])
+        numpy = state["numpy"]
+        if isinstance(numpy, dict):
+            inner = numpy["state"]
+            key = _np.asarray(inner["key"], dtype=_np.uint32)
+            numpy = {**numpy, "state": {"key": key, "pos": int(inner["pos"])}}
+        _np.random.set_state(numpy)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -160,7 +160,7 @@ def test_checkpoints_with_the_old_index_keys_still_resume(tmp_path: Path) -> Non
     # rewrite step 4's states under the keys of the old format, "{index}:{Class}", where the
     # index counted the stateful callbacks in dispatch order
     state_file = folder / "checkpoints" / "step_000004" / "state.pt"
-    payload = torch.load(state_file, weights_only=False)
+    payload = torch.load(state_file, weights_only=True)
     states = payload["callbacks"]
     assert set(states) == {"StabilityMonitor", "EarlyStopping"}
     payload["callbacks"] = {
@@ -179,7 +179,7 @@ def test_checkpoints_with_the_old_index_keys_still_resume(tmp_path: Path) -> Non
 def test_old_index_keys_of_one_class_go_to_its_callbacks_in_order(tmp_path: Path) -> None:
     _loop([Tally(), Tally()], steps=2).fit(run_dir=tmp_path)
     state_file = tmp_path / "checkpoints" / "step_000002" / "state.pt"
-    payload = torch.load(state_file, weights_only=False)
+    payload = torch.load(state_file, weights_only=True)
     payload["callbacks"] = {"1:Tally": {"seen": 20}, "0:Tally": {"seen": 10}}
     torch.save(payload, state_file)
     first, second = Tally("first"), Tally()  # a state_key set since: the class still matches

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lab import CheckpointConfig, Evaluator, ManifestRow, TrainingLoop
 from lab.errors import CheckpointError, ConfigError
@@ -105,9 +107,21 @@ def test_due_combines_every_ephemeral_fixed_start_and_end() -> None:
             "(logged before each save) and mode='min' or mode='max'",
         ),
         (
-            {"metric": "val/loss", "mode": "min"},
-            "CheckpointConfig(metric='val/loss') ranks nothing without keep_top_k: add "
-            "keep_top_k=N to keep the best N, or drop metric",
+            {"every": 10, "ephemeral_every": 20},
+            "CheckpointConfig(every=10, ephemeral_every=20) makes no save ephemeral: each one "
+            "would also be due to every; use ephemeral_every < every (e.g. ephemeral_every=5), "
+            "or drop one",
+        ),
+        (
+            {"every": 10, "ephemeral_every": 10},
+            "CheckpointConfig(every=10, ephemeral_every=10) makes no save ephemeral: each one "
+            "would also be due to every; use ephemeral_every < every (e.g. ephemeral_every=5), "
+            "or drop one",
+        ),
+        (
+            {"every": 1, "ephemeral_every": 1},
+            "CheckpointConfig(every=1, ephemeral_every=1) makes no save ephemeral: each one "
+            "would also be due to every; with every=1 each save is regular: drop ephemeral_every",
         ),
         (
             {"keep_top_k": 1, "metric": "val/loss"},
@@ -116,8 +130,8 @@ def test_due_combines_every_ephemeral_fixed_start_and_end() -> None:
         ),
         (
             {"mode": "max"},
-            "CheckpointConfig(mode='max') ranks nothing without metric and keep_top_k: "
-            "add them, or drop mode",
+            "CheckpointConfig(mode='max') ranks nothing without a metric: add "
+            "metric='val/loss' (a step or eval metric), or drop mode",
         ),
         (
             {"keep_top_k": 1, "metric": "val/loss", "mode": "avg"},
@@ -270,9 +284,10 @@ def test_an_ephemeral_save_among_the_best_is_kept(tmp_path: Path) -> None:
 
 
 def test_fixed_steps_are_never_removed(tmp_path: Path) -> None:
-    cfg = {"every": 1, "ephemeral_every": 1, "fixed_steps": [2], "keep_last": 1}
+    cfg = {"every": 1, "fixed_steps": [2], "keep_last": 1}
     m = _manager(tmp_path, **cfg, keep_top_k=1, metric="val/loss", mode="min")
-    assert m.config.kind(2) == "fixed"  # a fixed step is never ephemeral
+    assert m.config.kind(2) == "fixed"
+    assert CheckpointConfig(every=4, ephemeral_every=1, fixed_steps=[2]).kind(2) == "fixed"
     assert _loss(m, 1, 0.1) == [("save", 1, None)]
     assert _loss(m, 2, 9.0) == [("save", 2, None)]  # worst, and not the last kept later
     assert _loss(m, 3, 0.5) == [("save", 3, None)]
@@ -346,6 +361,42 @@ def test_a_save_without_the_ranking_metric_is_unranked_and_never_best(tmp_path: 
     _save(m, 3, loss=0.9, lr=0.1)  # 2 is neither best nor newest any more: removed
     assert m.checkpoints() == [1, 3]
     assert m.get_best_checkpoint_path() == tmp_path / "step_000001"
+
+
+def test_a_save_without_the_ranking_metric_is_unranked(tmp_path: Path) -> None:
+    m = _manager(tmp_path, keep_top_k=1, metric="val/loss", mode="min")
+    assert _save(m, 1, loss=1.0) == [("save", 1, None)]  # unranked, kept as the newest
+    assert m.get_best_checkpoint_path() is None and m.get_best_checkpoint_paths() == []
+    assert _loss(m, 2, 0.3) == [("save", 2, None), ("remove", 1, TOP1)]
+    # unranked saves never displace the ranked best; the rules that do not rank keep them
+    assert _save(m, 3, loss=0.9) == [("save", 3, None)]
+    assert _save(m, 4, loss=0.8) == [("save", 4, None), ("remove", 3, TOP1)]
+    assert m.checkpoints() == [2, 4]
+    assert m.get_best_checkpoint_path() == tmp_path / "step_000002"
+    assert m.history()[-2].metrics == {"loss": 0.8}  # the row shows it: no val/loss
+    last = _manager(tmp_path / "last", keep_last=2, keep_top_k=1, metric="val/loss", mode="min")
+    _loss(last, 1, 0.1)
+    for step in (2, 3, 4):
+        _save(last, step, loss=1.0)
+    assert last.checkpoints() == [1, 3, 4]  # keep_last keeps unranked ones, top-k the best
+
+
+def test_a_manifest_written_before_unranked_saves_still_loads(tmp_path: Path) -> None:
+    # rows as the earlier code wrote them: every save carried the last eval value
+    for step in (4, 5):
+        folder = tmp_path / f"step_00000{step}"
+        folder.mkdir()
+        torch.save({"w": torch.zeros(1)}, folder / "state.pt")
+        (folder / "COMPLETE").write_text("")
+    (tmp_path / "manifest.jsonl").write_text(
+        '{"event": "save", "kind": "regular", "metrics": {"loss": 0.5, "val/loss": 0.3}, '
+        '"path": "step_000004", "reason": null, "run_key": "r", "step": 4, "time": 1.0}\n'
+        '{"event": "save", "kind": "regular", "metrics": {"loss": 0.4, "val/loss": 0.3}, '
+        '"path": "step_000005", "reason": null, "run_key": "r", "step": 5, "time": 2.0}\n'
+    )
+    m = _manager(tmp_path, every=1, metric="val/loss", mode="min")
+    assert m.checkpoints() == [4, 5]
+    assert m.get_best_checkpoint_paths() == [tmp_path / "step_000005", tmp_path / "step_000004"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,7 +673,7 @@ def test_best_checkpoint_needs_a_metric(tmp_path: Path) -> None:
         m.get_best_checkpoint_path()
     assert str(info.value) == (
         "get_best_checkpoint_path() needs a metric: pass metric= and mode=, or set "
-        "CheckpointConfig(keep_top_k=..., metric=..., mode=...)"
+        "CheckpointConfig(metric=..., mode=...)"
     )
     with pytest.raises(ConfigError, match=r"^get_best_checkpoint_path\(mode=None\): use 'min'"):
         m.get_best_checkpoint_path("acc")
@@ -654,15 +705,17 @@ def test_a_save_that_cannot_create_its_folder_changes_nothing(tmp_path: Path) ->
     assert m.checkpoints() == [1]
 
 
-def test_a_save_failing_mid_write_removes_its_tmp_folder(tmp_path: Path) -> None:
+def test_a_state_a_safe_load_refuses_fails_before_anything_is_written(tmp_path: Path) -> None:
     m = _manager(tmp_path, every=1)
     _save(m, 1)
     before = _snapshot(tmp_path)
     with pytest.raises(CheckpointError) as info:
-        m.save(2, {"fn": lambda: 0}, {"metrics": {}})  # torch.save cannot pickle a lambda
-    message = str(info.value)
-    assert message.startswith(f"cannot save step 2 in {tmp_path / 'tmp_step_000002'}: ")
-    assert "pickle" in message and "\n" not in message
+        m.save(2, {"w": torch.ones(1), "fn": [len]}, {"metrics": {}})
+    assert str(info.value) == (
+        "cannot save step 2: the state holds builtins.builtin_function_or_method at "
+        "state['fn'][0], which a checkpoint cannot load safely (weights_only=True); save plain "
+        "types: tensors, dicts, lists, str, int, float, bool, None"
+    )
     assert _snapshot(tmp_path) == before
     assert m.checkpoints() == [1]
     assert torch.equal(m.load(1)["w"], torch.full((2,), 1.0))
@@ -777,3 +830,202 @@ def test_the_loop_fails_cleanly_when_the_ranked_metric_is_not_logged(tmp_path: P
         "the name"
     )
     assert _names(tmp_path / "run" / "checkpoints") == []  # nothing written, nothing left over
+
+
+def test_the_loop_warns_once_at_the_end_when_no_save_was_ranked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    val = Evaluator("val", lambda m: {"acc": 1.0}, every=3)  # evals at 3, saves at 2 and 4
+    config = CheckpointConfig(every=2, keep_top_k=1, metric="val/acc", mode="max")
+    with caplog.at_level(logging.WARNING, logger="lab"):
+        artifacts = _loop(4, config, [val]).fit(run_dir=tmp_path / "run")
+    assert [(r.event, r.step) for r in artifacts.checkpoints] == [
+        ("save", 2),
+        ("save", 4),
+        ("remove", 2),
+    ]
+    warned = [r.getMessage() for r in caplog.records if "ranked no checkpoint" in r.getMessage()]
+    assert warned == [
+        "CheckpointConfig(metric='val/acc') ranked no checkpoint up to step 4: no save had a "
+        "value measured at its own step; run the evaluator at the save steps (e.g. the same "
+        "every=), or fix the name"
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# a save records only values measured at its own step
+
+
+def _val(values: list[float], every: int, at_start: bool = False) -> Evaluator:
+    """An eval that gives these val/loss values, one per run, in order."""
+    given = iter(values)
+    return Evaluator("val", lambda m: {"loss": next(given)}, every=every, at_start=at_start)
+
+
+def _saves(artifacts: Any) -> list[tuple[str, int, bool]]:
+    """(event, step, whether the row has a val/loss) for each manifest row of a fit."""
+    return [(r.event, r.step, "val/loss" in r.metrics) for r in artifacts.checkpoints]
+
+
+def test_a_save_between_evals_never_outranks_the_evaluated_one(tmp_path: Path) -> None:
+    val = _val([0.9, 0.5, 0.3, 0.4], every=2, at_start=True)  # steps 0, 2, 4, 6
+    config = CheckpointConfig(every=1, keep_top_k=1, metric="val/loss", mode="min")
+    artifacts = _loop(6, config, [val]).fit(run_dir=tmp_path / "run")
+    root = tmp_path / "run" / "checkpoints"
+    m = CheckpointManager(root, config, "run")
+    assert m.checkpoints() == [4, 6]
+    assert m.get_best_checkpoint_path() == root / "step_000004"
+    assert m.get_best_checkpoint_paths() == [root / "step_000004", root / "step_000006"]
+    assert m.load_training_info(4)["metrics"]["val/loss"] == 0.3
+    assert m.load_training_info(6)["metrics"]["val/loss"] == 0.4
+    five = next(r for r in artifacts.checkpoints if r.step == 5)
+    assert sorted(five.metrics) == ["grad_norm", "loss", "lr", "step_time"]  # unranked
+    assert artifacts.metrics["val/loss"] == 0.4  # the loop's own last values are unchanged
+
+
+@pytest.mark.parametrize("at_start", [True, False])
+def test_ephemeral_saves_between_evals_are_unranked(tmp_path: Path, at_start: bool) -> None:
+    values = [1.0, 0.2, 0.5] if at_start else [0.2, 0.5]
+    config = CheckpointConfig(
+        every=20, ephemeral_every=5, keep_top_k=1, metric="val/loss", mode="min"
+    )
+    artifacts = _loop(40, config, [_val(values, every=20, at_start=at_start)]).fit(
+        run_dir=tmp_path / "run"
+    )
+    root = tmp_path / "run" / "checkpoints"
+    m = CheckpointManager(root, config, "run")
+    assert m.checkpoints() == [20, 40]
+    assert m.get_best_checkpoint_path() == root / "step_000020"
+    ranked = {step for event, step, has in _saves(artifacts) if event == "save" and has}
+    assert ranked == {20, 40}
+    removed = [step for event, step, _ in _saves(artifacts) if event == "remove"]
+    assert removed == [5, 10, 15, 25, 30, 35]
+
+
+# --------------------------------------------------------------------------------------------
+# ranking without pruning, the K best, "no checkpoint yet", and JSON-native info
+
+
+def test_a_metric_without_keep_top_k_ranks_without_pruning(tmp_path: Path) -> None:
+    m = _manager(tmp_path, every=1, metric="val/loss", mode="min")
+    for step, value in [(1, 0.5), (2, 0.2), (3, math.nan), (4, 0.2), (5, 0.9)]:
+        _loss(m, step, value)
+    _save(m, 6, loss=0.1)  # unranked
+    assert m.checkpoints() == [1, 2, 3, 4, 5, 6]  # nothing removed
+    best = [p.name for p in m.get_best_checkpoint_paths()]
+    assert best == ["step_000004", "step_000002", "step_000001", "step_000005"]
+    assert [p.name for p in m.get_best_checkpoint_paths(2)] == ["step_000004", "step_000002"]
+    assert m.get_best_checkpoint_path() == tmp_path / "step_000004"
+    assert [p.name for p in m.get_best_checkpoint_paths(1, "val/loss", "max")] == ["step_000005"]
+    with pytest.raises(ConfigError) as info:
+        m.get_best_checkpoint_paths(0)
+    assert str(info.value) == (
+        "get_best_checkpoint_paths(k=0): use an int >= 1, or None for every ranked one"
+    )
+
+
+def test_none_means_no_checkpoint_yet(tmp_path: Path) -> None:
+    m = _manager(tmp_path, every=1)
+    assert m.load_training_info(m.get_latest_checkpoint_path()) is None
+    assert m.resolve(None) is None
+    with pytest.raises(CheckpointError) as info:
+        m.load(None)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "load(None): there is no checkpoint to load (get_latest_checkpoint_path() is None "
+        "before the first save); check for None first"
+    )
+    _save(m, 1)
+    assert m.load_training_info(m.get_latest_checkpoint_path())["step"] == 1
+
+
+def test_info_values_are_made_json_native(tmp_path: Path) -> None:
+    import numpy as np
+
+    m = _manager(tmp_path, every=1)
+    info = {
+        "metrics": {"loss": np.float32(0.5)},
+        "count": np.int64(3),
+        "lr": torch.tensor(0.25),
+        "flags": [np.bool_(True), {"k": torch.tensor(2)}],
+        "nan": math.nan,
+    }
+    m.save(1, {"w": torch.zeros(1)}, info)
+    saved = m.load_training_info(1)
+    assert {k: saved[k] for k in ("count", "lr", "flags", "metrics")} == {
+        "count": 3,
+        "lr": 0.25,
+        "flags": [True, {"k": 2}],
+        "metrics": {"loss": 0.5},
+    }
+    assert math.isnan(saved["nan"])
+    assert type(saved["count"]) is int and type(saved["flags"][0]) is bool
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            torch.zeros(2),
+            "save(step=2): info['extra']['w'] is a Tensor of shape (2,); training_info.json "
+            "holds JSON values: convert it with .tolist()",
+        ),
+        (
+            "numpy",
+            "save(step=2): info['extra']['w'] is a ndarray of shape (2, 1); training_info.json "
+            "holds JSON values: convert it with .tolist()",
+        ),
+        (
+            object(),
+            "save(step=2): info['extra']['w'] is a builtins.object, which training_info.json "
+            "cannot hold; give str, int, float, bool, None, or lists and dicts of them",
+        ),
+    ],
+)
+def test_info_values_json_cannot_hold_fail_before_anything_is_written(
+    tmp_path: Path, value: Any, message: str
+) -> None:
+    import numpy as np
+
+    if isinstance(value, str):
+        value = np.zeros((2, 1))
+    m = _manager(tmp_path, every=1)
+    _save(m, 1)
+    before = _snapshot(tmp_path)
+    for save in (m.save, m.save_async):
+        with pytest.raises(CheckpointError) as info:
+            save(2, {"w": torch.zeros(1)}, {"metrics": {}, "extra": {"w": value}})
+        assert str(info.value) == message
+    assert _snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------------
+# a property: unranked saves never displace ranked ones
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=st.lists(st.one_of(st.none(), st.sampled_from([0.1, 0.2, 0.3, math.nan])), max_size=8),
+    top_k=st.integers(1, 3),
+    keep_last=st.one_of(st.none(), st.integers(1, 2)),
+)
+def test_retention_keeps_the_best_ranked_and_the_rules_keep_the_rest(
+    tmp_path_factory: pytest.TempPathFactory,
+    values: list[float | None],
+    top_k: int,
+    keep_last: int | None,
+) -> None:
+    root = tmp_path_factory.mktemp("prop")
+    m = _manager(root, keep_top_k=top_k, keep_last=keep_last, metric="val/loss", mode="min")
+    for step, value in enumerate(values, start=1):
+        _save(m, step, loss=1.0, **({} if value is None else {"val/loss": value}))
+    ranked = [(v, -s) for s, v in enumerate(values, start=1) if v is not None and v == v]
+    best = [-s for _, s in sorted(ranked)[:top_k]]
+    newest = [len(values)] if values else []
+    last = list(range(1, len(values) + 1))[-keep_last:] if keep_last else []
+    kept = sorted(set(best) | set(newest) | set(last))
+    assert m.checkpoints() == kept
+    by_rank = [-s for _, s in sorted(ranked) if -s in kept]  # unranked and NaN left out
+    assert [int(p.name[5:]) for p in m.get_best_checkpoint_paths()] == by_rank
+    assert by_rank[:top_k] == best

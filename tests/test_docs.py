@@ -88,6 +88,13 @@ def _check_provenance_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_checkpoints_page(out: str, namespace: dict[str, object]) -> None:
+    lines = ["None", "[1, 2, 3, 4]", "['step_000003', 'step_000001']", "step_000003"]
+    assert out.splitlines() == lines
+    page = (README.parent / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    assert "\n".join(["```", *lines, "```"]) in page  # the page shows what its example prints
+
+
 def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
     lines = out.splitlines()
     assert lines[0] == "completed 12 ['loss', 'val/loss']"
@@ -97,6 +104,7 @@ def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
 
 PAGES = {
     "run-handle.md": _check_run_handle_page,
+    "checkpoints.md": _check_checkpoints_page,
     "provenance.md": _check_provenance_page,
     "store.md": _check_store_page,
     "analysis.md": _check_analysis_page,

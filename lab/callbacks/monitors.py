@@ -364,15 +364,17 @@ class _Series:
         return [self.flags[(self.steps - held + j) % size] for j in range(held)]
 
     def state_dict(self) -> dict[str, Any]:
+        """Plain floats and ints (a value a callback logged as a numpy scalar included), so
+        the checkpoint loads with weights_only=True."""
         return {
-            "values": self.history(),
-            "shift": self.shift,
-            "mean": self.mean,
-            "m2": self.m2,
-            "since_refresh": self.since_refresh,
-            "flags": self.recent_flags(),
-            "spikes": self.spikes,
-            "steps": self.steps,
+            "values": [float(v) for v in self.history()],
+            "shift": float(self.shift),
+            "mean": float(self.mean),
+            "m2": float(self.m2),
+            "since_refresh": int(self.since_refresh),
+            "flags": [int(f) for f in self.recent_flags()],
+            "spikes": int(self.spikes),
+            "steps": int(self.steps),
         }
 
     def load_state_dict(self, saved: dict[str, Any], exact: bool) -> None:
@@ -821,8 +823,15 @@ class EarlyStopping(Callback):
         return value > self.best + self.min_delta
 
     def state_dict(self) -> dict[str, Any]:
-        """The best value, where it was, and the checks since: all a resume needs."""
-        return {"best": self.best, "best_step": self.best_step, "bad_checks": self.bad_checks}
+        """The best value, where it was, and the checks since: all a resume needs, as plain
+        numbers (a metric a callback logged as a numpy scalar or a tensor included), so the
+        checkpoint loads with weights_only=True."""
+        best, step = self.best, self.best_step
+        return {
+            "best": float(best) if best is not None else None,
+            "best_step": int(step) if step is not None else None,
+            "bad_checks": int(self.bad_checks),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved."""

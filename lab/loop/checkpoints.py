@@ -19,6 +19,10 @@ Retention, applied after each save commits, keeps the union of what each rule ke
 - `keep_last=N` keeps the N newest non-ephemeral checkpoints (fixed ones count among them);
 - `keep_top_k=K` keeps the K best by `metric` (`mode` "min" or "max"); ties go to the newer;
   a checkpoint whose value is NaN or missing is never among the best;
+- a save carries only values measured at its own step (the loop's step metrics, and an eval's
+  only when that eval ran at that step); a save without a value for `metric` is *unranked*:
+  `keep_top_k` never keeps it, so it is kept or removed by the other rules, and it never
+  displaces a ranked checkpoint nor counts as the best;
 - fixed steps (`fixed_steps`) are kept forever;
 - with neither `keep_last` nor `keep_top_k`, every non-ephemeral checkpoint is kept;
 - an ephemeral checkpoint is kept by no rule above but `keep_top_k`: it goes when the next
@@ -34,8 +38,15 @@ disk, and `remove_stale_tmp()` deletes it later.
 Nothing outside the root is ever read or deleted on the manager's own account: a manifest row,
 a `latest` file or a restored bookkeeping that names anything but a plain folder name (an
 absolute path, "..", a link that leads out) is a `CheckpointError`, and `resolve` refuses a
-path outside the root. Checkpoints are pickles (`weights_only=False`), so this also keeps a
-hand-edited file from loading one planted elsewhere.
+path outside the root.
+
+Every `state.pt` holds only what `torch.load(..., weights_only=True)` accepts (tensors, dicts,
+lists, tuples, str, numbers, bools, None): a state holding anything else is refused at save
+time, and a load never unpickles an arbitrary object. A file that a safe load refuses (a
+checkpoint written by an older `lab`, whose numpy RNG state was an array, or one planted by
+someone) is a `CheckpointError` unless it is trusted knowingly: `load(path, trusted=True)`, or
+the environment variable `LAB_TRUST_CHECKPOINTS=1` for a resume; a trusted load logs one
+WARNING.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ import errno
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import threading
@@ -53,12 +65,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 
 from lab._secrets import logger
 from lab.errors import CheckpointError, ConfigError
+from lab.loop.payload import check_safe, json_info
 
 log = logger(__name__)
 
@@ -68,6 +81,7 @@ COMPLETE_MARKER = "COMPLETE"
 MANIFEST_FILE = "manifest.jsonl"
 LATEST_FILE = "latest"
 TMP_PREFIX = "tmp_"
+TRUST_ENV = "LAB_TRUST_CHECKPOINTS"
 
 Kind = Literal["regular", "ephemeral", "fixed"]
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -80,6 +94,12 @@ def step_dirname(step: int) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _smaller(every: int) -> str:
+    if every == 1:
+        return "with every=1 each save is regular: drop ephemeral_every"
+    return f"use ephemeral_every < every (e.g. ephemeral_every={every // 2}), or drop one"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,10 +118,13 @@ class CheckpointConfig:
 
     Keeping (the union; the newest checkpoint is always kept): `keep_last` keeps the newest N
     non-ephemeral checkpoints (None: no limit), `keep_top_k` keeps the best K by `metric`,
-    which must be in the metrics passed to each save, lower better for `mode="min"`, higher
-    for `mode="max"`. `async_save=True` makes the loop's saves asynchronous: the training
-    thread waits only while the state is copied to CPU memory, and one background thread
-    writes and commits it (see `CheckpointManager.save_async`).
+    lower better for `mode="min"`, higher for `mode="max"`. A save whose metrics have no
+    value for `metric` (no eval ran at its step) is unranked: kept or removed by the other
+    rules only. `metric` and `mode` without `keep_top_k` rank without pruning, for
+    `CheckpointManager.get_best_checkpoint_path(s)`. `ephemeral_every` must be smaller than
+    `every` (else no save would be ephemeral). `async_save=True` makes the loop's saves
+    asynchronous: the training thread waits only while the state is copied to CPU memory,
+    and one background thread writes and commits it (see `CheckpointManager.save_async`).
     """
 
     every: int | None = None
@@ -148,6 +171,12 @@ class CheckpointConfig:
             )
         object.__setattr__(self, "fixed_steps", tuple(sorted(set(steps))))
         self._check_ranking()
+        every, ephemeral = self.every, self.ephemeral_every
+        if every is not None and ephemeral is not None and ephemeral >= every:
+            raise ConfigError(
+                f"CheckpointConfig(every={every}, ephemeral_every={ephemeral}) makes no save "
+                f"ephemeral: each one would also be due to every; {_smaller(every)}"
+            )
         if not (self.every or self.ephemeral_every or self.fixed_steps) and not (
             self.save_at_end or self.save_at_start
         ):
@@ -173,11 +202,6 @@ class CheckpointConfig:
                 f"CheckpointConfig(keep_top_k={top_k}) needs a metric to rank by: add "
                 "metric='val/loss' (logged before each save) and mode='min' or mode='max'"
             )
-        if metric is not None and top_k is None:
-            raise ConfigError(
-                f"CheckpointConfig(metric={metric!r}) ranks nothing without keep_top_k: "
-                "add keep_top_k=N to keep the best N, or drop metric"
-            )
         if metric is not None and mode is None:
             raise ConfigError(
                 f"CheckpointConfig(metric={metric!r}) needs a direction: add mode='min' "
@@ -185,8 +209,8 @@ class CheckpointConfig:
             )
         if mode is not None and metric is None:
             raise ConfigError(
-                f"CheckpointConfig(mode={mode!r}) ranks nothing without metric and keep_top_k: "
-                "add them, or drop mode"
+                f"CheckpointConfig(mode={mode!r}) ranks nothing without a metric: add "
+                "metric='val/loss' (a step or eval metric), or drop mode"
             )
 
     def due(self, step: int, num_steps: int) -> bool:
@@ -426,6 +450,58 @@ def _plain_name(name: Any) -> bool:
     )
 
 
+_REFUSED = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def _trusted(trusted: bool | None) -> bool:
+    if trusted is not None:
+        return trusted
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def load_state(file: Path, *, trusted: bool | None = None) -> dict[str, Any]:
+    """Load a checkpoint's `state.pt` on the CPU with `weights_only=True`.
+
+    Why: a checkpoint folder can come from anyone, and a plain unpickle runs whatever code the
+    file names. A file a safe load refuses is one CheckpointError line naming what it holds
+    and how to load it knowingly (`trusted=True`, default from LAB_TRUST_CHECKPOINTS), which
+    then loads it with `weights_only=False` after one WARNING.
+    """
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _REFUSED.search(str(exc))
+        if refused is None:
+            raise _damaged(file, exc) from exc
+        what = refused.group(1)
+    except Exception as exc:
+        raise _damaged(file, exc) from exc
+    if not _trusted(trusted):
+        raise CheckpointError(
+            f"{file} refers to {what}, which a safe load (weights_only=True) refuses, since "
+            "unpickling it could run code; if you made this checkpoint (an older lab saved "
+            "numpy RNG states so), load it knowingly with CheckpointManager.load(path, "
+            f"trusted=True) or set {TRUST_ENV}=1 to resume from it; else start fresh"
+        ) from None
+    log.warning(
+        "loading %s with weights_only=False (it refers to %s, which a safe load refuses): "
+        "trusted because %s; a checkpoint saved by this version loads safely",
+        file,
+        what,
+        "trusted=True was passed" if trusted else f"{TRUST_ENV} is set",
+    )
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise _damaged(file, exc) from exc
+
+
+def _damaged(file: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"cannot load {file}: {_one_line(exc)[:300]}; the file is damaged, pick another checkpoint"
+    )
+
+
 class CheckpointManager:
     """Saves checkpoints atomically into one run's folder, applies retention, answers queries.
 
@@ -485,26 +561,58 @@ class CheckpointManager:
     ) -> Path | None:
         """The checkpoint with the best `metric` (ties: the newer), or None if none has one.
 
-        The metric and mode default to the config's `keep_top_k` ranking; the value is the
-        one passed to that checkpoint's save. NaN never ranks as best.
+        The metric and mode default to the config's ranking (`metric` and `mode`, with or
+        without `keep_top_k`); the value is the one passed to that checkpoint's save, so an
+        unranked checkpoint (no value measured at its step) and NaN never rank as best.
         """
+        ranked = self._best(1, metric, mode, "get_best_checkpoint_path")
+        return ranked[0] if ranked else None
+
+    def get_best_checkpoint_paths(
+        self,
+        k: int | None = None,
+        metric: str | None = None,
+        mode: Literal["min", "max"] | None = None,
+    ) -> list[Path]:
+        """The K best checkpoints that exist now, best first (ties: the newer first).
+
+        Why: to evaluate, export or average the best few without re-ranking by hand. `k=None`
+        lists every ranked checkpoint; unranked ones (no value for the metric, or NaN) are
+        left out. Metric and mode default to the config's, as in `get_best_checkpoint_path`.
+        """
+        return self._best(k, metric, mode, "get_best_checkpoint_paths")
+
+    def _best(self, k: int | None, metric: str | None, mode: str | None, _name: str) -> list[Path]:
+        if k is not None and (not _is_int(k) or k < 1):
+            raise ConfigError(f"{_name}(k={k!r}): use an int >= 1, or None for every ranked one")
         metric = metric if metric is not None else self.config.metric
         mode = mode if mode is not None else self.config.mode
         if metric is None:
             raise ConfigError(
-                "get_best_checkpoint_path() needs a metric: pass metric= and mode=, or set "
-                "CheckpointConfig(keep_top_k=..., metric=..., mode=...)"
+                f"{_name}() needs a metric: pass metric= and mode=, or set "
+                "CheckpointConfig(metric=..., mode=...)"
             )
         if mode not in ("min", "max"):
             raise ConfigError(
-                f"get_best_checkpoint_path(mode={mode!r}): use 'min' (lower is better) "
-                "or 'max' (higher is better)"
+                f"{_name}(mode={mode!r}): use 'min' (lower is better) or 'max' (higher is better)"
             )
         ranked = self._ranked(self._committed(), metric, mode)
-        return self.root / ranked[0].save.path if ranked else None
+        return [self.root / e.save.path for e in ranked[:k]]
 
-    def load_training_info(self, target: str | Path | int) -> dict[str, Any]:
-        """The `training_info.json` of a checkpoint (a folder or a step): step, time, metrics."""
+    @overload
+    def load_training_info(self, target: None) -> None: ...
+
+    @overload
+    def load_training_info(self, target: str | Path | int) -> dict[str, Any]: ...
+
+    def load_training_info(self, target: str | Path | int | None) -> dict[str, Any] | None:
+        """The `training_info.json` of a checkpoint (a folder or a step): step, time, metrics.
+
+        None gives None, so `load_training_info(get_latest_checkpoint_path())` reads "no
+        checkpoint yet" on a fresh run instead of failing.
+        """
+        if target is None:
+            return None
         path = self.resolve(target)
         try:
             return json.loads((path / INFO_FILE).read_text(encoding="utf-8"))
@@ -515,13 +623,22 @@ class CheckpointManager:
             ) from exc
 
     # -- loading and resuming -----------------------------------------------------------------
-    def resolve(self, target: str | Path | int) -> Path:
+    @overload
+    def resolve(self, target: None) -> None: ...
+
+    @overload
+    def resolve(self, target: str | Path | int) -> Path: ...
+
+    def resolve(self, target: str | Path | int | None) -> Path | None:
         """The folder of a checkpoint named by a step, a path, or "latest"; or why there is none.
 
         A relative path that does not exist is also looked up under the checkpoint root, so
         `resolve("step_000100")` works; a path outside the root (a link that leads out
-        included) is refused. The error says what to pass instead.
+        included) is refused. The error says what to pass instead. None (what
+        `get_latest_checkpoint_path()` gives before the first save) resolves to None.
         """
+        if target is None:
+            return None
         if isinstance(target, bool):
             raise CheckpointError(f"resolve({target!r}): pass a step number or a checkpoint path")
         if _is_int(target):
@@ -581,20 +698,20 @@ class CheckpointManager:
             raise CheckpointError(f"cannot read {path}: {_one_line(exc)}") from exc
         return self.resolve(self._inside(name, source=LATEST_FILE))
 
-    def load(self, target: str | Path | int) -> dict[str, Any]:
+    def load(self, target: str | Path | int, *, trusted: bool | None = None) -> dict[str, Any]:
         """The saved state of a checkpoint (a folder, a step, or "latest"), on the CPU.
 
-        `weights_only=False` because the state holds RNG states and callback state: load only
-        checkpoints you trust.
+        Loaded with `weights_only=True`, so a checkpoint never runs code it holds. A file a
+        safe load refuses (written by an older `lab`, or planted) is a CheckpointError, unless
+        `trusted=True` (default: the environment variable LAB_TRUST_CHECKPOINTS=1) loads it
+        with `weights_only=False` after one WARNING: do that only for files you made.
         """
-        path = self.resolve(target)
-        try:
-            return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-        except Exception as exc:
+        if target is None:
             raise CheckpointError(
-                f"cannot load {path / STATE_FILE}: {_one_line(exc)}; the file is damaged, "
-                "pick another checkpoint"
-            ) from exc
+                "load(None): there is no checkpoint to load (get_latest_checkpoint_path() is "
+                "None before the first save); check for None first"
+            )
+        return load_state(self.resolve(target) / STATE_FILE, trusted=trusted)
 
     def remove_stale_tmp(self) -> list[Path]:
         """Delete the debris of interrupted saves and removals; return what was deleted.
@@ -675,17 +792,23 @@ class CheckpointManager:
     ) -> list[ManifestRow]:
         """Write `state` for `step`, commit it, then drop what retention no longer keeps.
 
-        `info["metrics"]` is recorded in the save row and ranks the checkpoint for
-        `keep_top_k`; `final` marks the last save of a run stopped early (never ephemeral).
-        Each of `writers` is called as ``writer(folder, step)`` with the folder being
-        written, to add the loop's own files (sharded weights, an export); what it returns
-        is waited for (`wait_for`) before the folder commits, so those files commit with it.
-        Returns the save row, then one row per removal. A failed save raises CheckpointError
-        and leaves the earlier checkpoints, the manifest and `latest` as they were.
+        `info["metrics"]` is recorded in the save row and ranks the checkpoint (give only
+        values measured at `step`: a save without the ranking metric is unranked); the other
+        values of `info` go to `training_info.json` and must be JSON-native (numpy scalars and
+        0-d tensors are converted). `state` must hold only what a safe load accepts
+        (tensors, dicts, lists, tuples, str, numbers, bools, None). `final` marks the last
+        save of a run stopped early (never ephemeral). Each of `writers` is called as
+        ``writer(folder, step)`` with the folder being written, to add the loop's own files
+        (sharded weights, an export); what it returns is waited for (`wait_for`) before the
+        folder commits, so those files commit with it. Returns the save row, then one row per
+        removal. A failed save raises CheckpointError and leaves the earlier checkpoints, the
+        manifest and `latest` as they were.
         """
         if not _is_int(step) or step < 0:
             raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
         metrics = self._metrics(step, info)
+        info = json_info(step, info)
+        check_safe(step, state)
         kind = self.config.kind(step, final=final)
         final_dir = self._inside(step_dirname(step))  # a link that leads out is refused
         tmp = self.root / f"{TMP_PREFIX}{final_dir.name}"
@@ -748,7 +871,22 @@ class CheckpointManager:
         self._rows.append(row)
         self._entries[step] = _Entry(row, len(self._rows) - 1)
         self._point_latest(final_dir.name)
+        if final:
+            self._warn_if_never_ranked(step)
         return [row, *self._apply_retention()]
+
+    def _warn_if_never_ranked(self, step: int) -> None:
+        """At a run's last save, say so when no save had a value for the ranking metric."""
+        metric = self.config.metric
+        if metric is None or any(metric in r.metrics for r in self._rows if r.event == "save"):
+            return
+        log.warning(
+            "CheckpointConfig(metric=%r) ranked no checkpoint up to step %d: no save had a "
+            "value measured at its own step; run the evaluator at the save steps (e.g. the same "
+            "every=), or fix the name",
+            metric,
+            step,
+        )
 
     def save_async(
         self,
@@ -771,9 +909,11 @@ class CheckpointManager:
         rows = self.wait()
         if not _is_int(step) or step < 0:
             raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
-        self._metrics(step, info)  # a bad metric fails here, on the caller's thread
+        # a bad metric, info value or state fails here, on the caller's thread; the copies
+        # made here are what the background thread writes
+        info = {**json_info(step, info), "metrics": self._metrics(step, info)}
+        check_safe(step, state)
         snapshot = _snapshot_to_cpu(state)
-        info = copy.deepcopy(info)
         waits: list[Any] | None = None
         if writers:  # the loop's files are written (or started) now, on its own thread
             tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
