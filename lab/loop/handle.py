@@ -43,6 +43,7 @@ from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
+from lab.loop.payload import callback_states
 from lab.loop.records import LoopArtifacts, TrainingBatch
 
 if TYPE_CHECKING:
@@ -638,9 +639,7 @@ class RunHandle:
             "rng": rng_state(),
             "epoch_rng": self._epoch_rng,
             "retention": manager.state_dict(),
-            "callbacks": {
-                key: cb.state_dict() for key, cb in _state_keys(self.hooks.stateful()).items()
-            },
+            "callbacks": callback_states(_state_keys(self.hooks.stateful())),
             "objects": {name: obj.state_dict() for name, obj in self.stateful.items()},
             "user": dict(self.user_state),
             **self.loop_state,
