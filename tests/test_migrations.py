@@ -212,6 +212,8 @@ EXPECTED_CONSTRAINTS = {
         "fk": {"fk_checkpoints_run_id_runs"},
         "ck": {"ck_checkpoints_event"},
     },
+    "histograms": {"uq": set(), "fk": {"fk_histograms_run_id_runs"}, "ck": set()},
+    "images": {"uq": set(), "fk": {"fk_images_run_id_runs"}, "ck": set()},
 }
 EXPECTED_INDEXES = {
     "runs": {"ix_runs_experiment_id_status", "ix_runs_group_id"},

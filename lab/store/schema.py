@@ -238,6 +238,44 @@ class SqlCheckpoint(Base):
     )
 
 
+class SqlHistogram(Base):
+    """A histogram logged at a step (`lab.media.Histogram`): keyed as a metric is, so
+    logging the same (run, key, step) again replaces it. `edges` and `counts` are JSON
+    lists of finite numbers; NaN and ±inf are counted apart."""
+
+    __tablename__ = "histograms"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    edges: Mapped[list[Any]]
+    counts: Mapped[list[Any]]
+    nan: Mapped[int] = mapped_column(sa.BigInteger)
+    posinf: Mapped[int] = mapped_column(sa.BigInteger)
+    neginf: Mapped[int] = mapped_column(sa.BigInteger)
+    wall_time: Mapped[float] = mapped_column(sa.Double)
+
+
+class SqlImage(Base):
+    """An image logged at a step (`lab.media.Image`): a PNG file, `path` relative to the
+    run's `output_dir` (absolute when the run has none); the same (run, key, step) again
+    replaces it."""
+
+    __tablename__ = "images"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    path: Mapped[str] = mapped_column(sa.Text)
+    width: Mapped[int]
+    height: Mapped[int]
+    wall_time: Mapped[float] = mapped_column(sa.Double)
+
+
 TABLES = (
     "experiments",
     "arms",
@@ -248,4 +286,6 @@ TABLES = (
     "evals",
     "predictions",
     "checkpoints",
+    "histograms",
+    "images",
 )
