@@ -38,6 +38,8 @@ _ROWS = {
     "evals": _RUNS,
     "predictions": f"eval_id IN (SELECT eval_id FROM evals WHERE {_RUNS})",
     "checkpoints": _RUNS,
+    "histograms": _RUNS,
+    "images": _RUNS,
 }
 
 

@@ -1,12 +1,15 @@
 """Reading a store back with DuckDB, for notebooks and the command line.
 
 `connect()` returns a DuckDB connection whose views are the store's tables (experiments,
-arms, groups, runs, metrics, summaries, evals, predictions, checkpoints), plus
+arms, groups, runs, metrics, summaries, evals, predictions, checkpoints, histograms,
+images), plus
 `final_metrics`: the last value (and min, max and count) of every metric of every run, with
 its experiment, arm and repeat; `provenance`: each run's git commit, dirty flag, versions,
 host, command and packages as columns; `run_tags` and `experiment_tags`: one row per tag.
 `final_metrics` reads `summaries`, which every flush keeps up to date, so it costs one row
-per run and key however many points the runs hold.
+per run and key however many points the runs hold. `histograms` and `images` carry each
+row's experiment, arm, repeat and run key, and an image's `path` is absolute (the store
+keeps it relative to the run folder); `histograms()` and `images()` read one run's.
 
 The `runs` view leaves out superseded runs (those an ``Experiment(..., fresh=True)``
 replaced), and so does everything that joins it (`final_metrics`, the analysis functions);
@@ -129,7 +132,7 @@ def _missing_columns(store: Store) -> dict[str, set[str]]:
     found = sa.inspect(store.engine)
     tables = set(found.get_table_names())
     url = store.engine.url.render_as_string(hide_password=True)
-    lacking = [name for name in TABLES if name not in tables]
+    lacking = [name for name in TABLES if name not in tables and name not in _ADDED_LATER]
     if lacking:
         raise SchemaTooOld(
             f"{url} is at schema revision {store.revision}, older than this lab's "
@@ -137,8 +140,8 @@ def _missing_columns(store: Store) -> dict[str, set[str]]:
             f"made first): lab db upgrade --store {url}"
         )
     missing = {}
-    for name in TABLES:
-        present = {c["name"] for c in found.get_columns(name)}
+    for name in TABLES:  # a table added later and absent: every column is missing
+        present = {c["name"] for c in found.get_columns(name)} if name in tables else set()
         missing[name] = {c.name for c in Base.metadata.tables[name].columns} - present
     return missing
 
@@ -156,7 +159,8 @@ def _connect_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
     are built over the files as over a PostgreSQL store: with nothing to map back.
     """
     folder = folder.expanduser().resolve()
-    missing = [name for name in TABLES if not (folder / f"{name}.parquet").is_file()]
+    files = {name: folder / f"{name}.parquet" for name in TABLES}
+    missing = [n for n in TABLES if not files[n].is_file() and n not in _ADDED_LATER]
     if missing:
         files = ", ".join(f"{name}.parquet" for name in missing)
         raise StoreError(
@@ -165,10 +169,14 @@ def _connect_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
         )
     con = duckdb.connect()
     con.execute("CREATE SCHEMA store")
+    absent: dict[str, set[str]] = {}  # an export from before a table was added
     for name in TABLES:
-        path = _quote(str(folder / f"{name}.parquet"))
+        if not files[name].is_file():
+            absent[name] = {c.name for c in Base.metadata.tables[name].columns}
+            continue
+        path = _quote(str(files[name]))
         con.execute(f"CREATE VIEW store.\"{name}\" AS SELECT * FROM read_parquet('{path}')")
-    _create_views(con, nan_is_null=False)
+    _create_views(con, nan_is_null=False, missing=absent)
     con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", [str(folder), "parquet"])
     return con
 
@@ -249,7 +257,7 @@ def _copy_through_arrow(
                 else c
                 for c in table.columns
             ]
-            rows = conn.execute(sa.select(*columns)).all()
+            rows = [] if _absent(name, missing) else conn.execute(sa.select(*columns)).all()
             schema = pa.schema([(c.name, _arrow_type(c)) for c in table.columns])
             data = pa.Table.from_pylist([dict(r._mapping) for r in rows], schema=schema)
             con.register("_lab_arrow", data)
@@ -258,6 +266,44 @@ def _copy_through_arrow(
 
 
 _NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
+
+#: Tables a later revision added: a store from before reads them as empty views.
+_ADDED_LATER = {"histograms", "images"}
+
+
+def _absent(name: str, missing: dict[str, set[str]]) -> bool:
+    """Whether table `name` is absent from the store (an older revision lacks it)."""
+    return name in _ADDED_LATER and missing.get(name) == {
+        c.name for c in Base.metadata.tables[name].columns
+    }
+
+
+_RUN_COLUMNS = """e.name AS experiment, a.name AS arm, r.repeat, r.run_key"""
+_RUN_JOINS = """JOIN runs r USING (run_id)
+JOIN experiments e USING (experiment_id)
+LEFT JOIN arms a ON a.arm_id = r.arm_id"""
+# The media views, over the store's rows (`{select}`): each row with its run's experiment,
+# arm, repeat and key; an image's path made absolute from the run's folder.
+_JOINED = {
+    "histograms": f"""
+        CREATE VIEW histograms AS
+        SELECT {_RUN_COLUMNS}, h.run_id, h.key, h.step,
+               from_json(h.edges, '["DOUBLE"]') AS edges,
+               from_json(h.counts, '["BIGINT"]') AS counts,
+               h.nan, h.posinf, h.neginf, h.wall_time
+        FROM ({{select}}) h
+        {_RUN_JOINS}
+        """,
+    "images": f"""
+        CREATE VIEW images AS
+        SELECT {_RUN_COLUMNS}, i.run_id, i.key, i.step,
+               CASE WHEN r.output_dir IS NULL OR regexp_matches(i.path, '^([A-Za-z]:)?[/\\\\]')
+                    THEN i.path ELSE r.output_dir || '/' || i.path END AS path,
+               i.width, i.height, i.wall_time
+        FROM ({{select}}) i
+        {_RUN_JOINS}
+        """,
+}
 
 
 _DUCK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "timestamp[us]": "TIMESTAMP"}
@@ -285,6 +331,11 @@ def _create_views(
             else:
                 columns.append(quoted)
         select = f'SELECT {", ".join(columns)} FROM store."{name}"'
+        if _absent(name, missing or {}):  # an older store without this table: no rows
+            select = f"SELECT {', '.join(columns)} WHERE false"
+        if name in _JOINED:  # with the run's experiment, arm, repeat and key
+            con.execute(_JOINED[name].format(select=select))
+            continue
         if name == "runs":  # superseded runs (fresh=True) are kept, in all_runs only
             con.execute(f"CREATE VIEW all_runs AS {select}")
             select += " WHERE superseded_at IS NULL"
@@ -405,6 +456,60 @@ def history(
         }
     )
     return con.from_arrow(table)
+
+
+def histograms(
+    con: duckdb.DuckDBPyConnection, run_key: str, key: str, *, experiment: str | None = None
+) -> duckdb.DuckDBPyRelation:
+    """One run's histograms of one key, in step order: (step, edges, counts, nan, posinf,
+    neginf), edges and counts as lists. Why: a weight distribution over training is read
+    as one series, like `history` reads a metric; an unknown key names the run's keys.
+
+    >>> h = lab.inspect.histograms(con, "sgd-lr0.1-r0", "weights").fetchall()  # doctest: +SKIP
+    >>> step, edges, counts, nan, posinf, neginf = h[-1]                       # doctest: +SKIP
+    """
+    run_id = _run_id(con, run_key, experiment)
+    _check_media_key(con, "histograms", run_key, run_id, key)
+    return con.sql(
+        "SELECT step, edges, counts, nan, posinf, neginf FROM histograms "
+        f"WHERE run_id = {int(run_id)} AND key = $key ORDER BY step",
+        params={"key": key},
+    )
+
+
+def images(
+    con: duckdb.DuckDBPyConnection,
+    run_key: str,
+    key: str | None = None,
+    *,
+    experiment: str | None = None,
+) -> duckdb.DuckDBPyRelation:
+    """One run's images (of one key, or all), in (key, step) order: (key, step, path,
+    width, height), `path` absolute. Why: a notebook opens the files, a query picks them.
+
+    >>> for key, step, path, w, h in lab.inspect.images(con, "gan-r0").fetchall():  # doctest: +SKIP
+    ...     print(step, path)
+    """
+    run_id = _run_id(con, run_key, experiment)
+    if key is not None:
+        _check_media_key(con, "images", run_key, run_id, key)
+    return con.sql(
+        "SELECT key, step, path, width, height FROM images "
+        f"WHERE run_id = {int(run_id)} AND ($key IS NULL OR key = $key) ORDER BY key, step",
+        params={"key": key},
+    )
+
+
+def _check_media_key(
+    con: duckdb.DuckDBPyConnection, view: str, run_key: str, run_id: int, key: str
+) -> None:
+    sql = f"SELECT DISTINCT key FROM {view} WHERE run_id = ? ORDER BY key"
+    known = [k for (k,) in con.execute(sql, [run_id]).fetchall()]
+    if key not in known:
+        what = view[:-1]
+        raise ConfigError(
+            f"run {run_key!r} has no {what} {key!r}; it has: {', '.join(known) or 'none'}"
+        )
 
 
 def _run_id(con: duckdb.DuckDBPyConnection, run_key: str, experiment: str | None) -> int:

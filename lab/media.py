@@ -141,6 +141,31 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def as_json(record: Media, folder: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A record as plain JSON, for logs that write lines: ``{"type": "histogram", "edges",
+    "counts", "nan", "posinf", "neginf"}`` or ``{"type": "image", "path", "width",
+    "height"}``, an image's path relative to `folder` (the run folder) when it lies inside."""
+    if isinstance(record, Histogram):
+        return {"type": "histogram", "edges": list(record.edges), "counts": list(record.counts),
+                "nan": record.nan, "posinf": record.posinf, "neginf": record.neginf}  # fmt: skip
+    return {
+        "type": "image",
+        "path": stored_path(record.path, folder),
+        "width": record.width,
+        "height": record.height,
+    }
+
+
+def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None) -> str:
+    """An image's path as records keep it: relative to the run folder `folder` (POSIX
+    separators) when it lies inside, else absolute, so the record holds wherever the run
+    folder is read from."""
+    resolved = Path(path).resolve()
+    if folder is not None and resolved.is_relative_to(root := Path(folder).resolve()):
+        return resolved.relative_to(root).as_posix()
+    return str(resolved)
+
+
 # -- images --------------------------------------------------------------------------------
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -8,6 +8,8 @@
 | on_run_start        | the run: config, seed, arm, repeat, status `running`,   |
 |                     | provenance (read once per experiment; `git.diff` file)  |
 | on_step_end         | metrics, through the buffered writer                    |
+| on_media            | histogram and image rows, through a writer of their own |
+|                     | (an image's path relative to the run folder)            |
 | on_eval             | its metrics as `<eval>/<key>` metrics, and an eval row  |
 |                     | (with its wall time) unless on_benchmark_eval follows   |
 | on_benchmark_eval   | an eval row and its predictions (an eval re-run at the  |
@@ -25,6 +27,7 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.media import Media
 
 log = logger("lab.loggers.sql")
 
@@ -276,6 +280,12 @@ class SqlLogger(Callback):
         self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]
         if state.checkpoint_due:  # durable before the checkpoint commits
             self._store.flush()  # type: ignore[union-attr]
+
+    def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
+        store = self.open()
+        store.media.put(self._require_run(state.ctx), step_idx, media, state.ctx.run_dir)
+        if state.checkpoint_due:  # durable before the checkpoint commits, as metrics are
+            store.media.flush()
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]

@@ -35,6 +35,7 @@ from lab.store.engine import (
     transaction,
 )
 from lab.store.liveness import START_TOLERANCE_S, boot_id, owner_gone, process_start
+from lab.store.media import MediaRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.schema import (
     SqlArm,
@@ -42,6 +43,8 @@ from lab.store.schema import (
     SqlEval,
     SqlExperiment,
     SqlGroup,
+    SqlHistogram,
+    SqlImage,
     SqlMetric,
     SqlRun,
     SqlSummary,
@@ -134,6 +137,8 @@ class Store:
         self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
+        self.media = MediaRows(self.engine, give_up_s=give_up_s)
         self._active: set[int] = set()  # runs started here and not finished: heartbeats
         self._good_keys: set[str] = set()  # metric keys checked already
         mark = "%s" if self.dialect == "postgresql" else "?"
@@ -185,6 +190,7 @@ class Store:
         be written yet (they are kept, and retried in the background)."""
         if self._writer is not None:
             self._writer.flush()
+        self.media.flush()
 
     def close(self) -> None:
         """Flush and stop the writer, and release the connections."""
@@ -192,6 +198,7 @@ class Store:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            self.media.close()
         finally:
             self.engine.dispose()
 
@@ -620,7 +627,8 @@ class Store:
             ).scalar_one()
 
     def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
-        """Drop a run's metrics, evals (with predictions) and checkpoint rows after a step.
+        """Drop a run's metrics, evals (with predictions), checkpoint, histogram and image
+        rows after a step (image files stay: a step trained again writes its file anew).
 
         ``after_step=None`` drops all of them: a run that starts again from nothing replaces
         its earlier record. A run resumed from the checkpoint at step N keeps what it logged
@@ -645,7 +653,8 @@ class Store:
                             SqlMetric.step >= after_step,
                         )
                     )
-            for model in (SqlMetric, SqlEval, SqlCheckpoint):  # predictions: ON DELETE CASCADE
+            # predictions: ON DELETE CASCADE
+            for model in (SqlMetric, SqlEval, SqlCheckpoint, SqlHistogram, SqlImage):
                 where = model.run_id == run_id
                 if after_step is not None:
                     later = model.step > after_step
@@ -931,8 +940,8 @@ class Store:
 
     def delete_experiment(self, name: str) -> dict[str, Any]:
         """Delete an experiment and, by cascade, its arms, groups, runs (superseded ones
-        too), metrics, summaries, evals, predictions and checkpoint rows, in one
-        transaction. Run folders are files, not rows: they stay, and are returned
+        too), metrics, summaries, evals, predictions, checkpoint, histogram and image rows,
+        in one transaction. Run folders are files, not rows: they stay, and are returned
         (``folders``, sorted) with the number of runs deleted (``runs``). Refused with
         `RunBusy` while a live process trains one of its runs."""
         with transaction(self.engine) as conn:

@@ -84,7 +84,8 @@ class MetricWriter:
     """Buffers metric items and writes them in batches from a background thread.
 
     `idle_s`: when nothing was written for that long, `write([])` is called anyway, so the
-    store can refresh the heartbeats of its running runs.
+    store can refresh the heartbeats of its running runs. `what` names the rows in messages
+    and in the thread's name ("metric", "media").
     """
 
     def __init__(
@@ -98,8 +99,10 @@ class MetricWriter:
         max_backoff_s: float = 2.0,
         give_up_s: float | None = None,
         idle_s: float | None = None,
+        what: str = "metric",
     ) -> None:
         self._write = write
+        self._what = what
         self._interval_s = interval_s
         self._buffer: deque[Any] = deque()
         self._max_pending = max_pending
@@ -116,7 +119,7 @@ class MetricWriter:
         self._last_write = time.monotonic()
         self._wake = threading.Event()
         self._asked: deque[None] = deque()  # one entry per flush or stop not yet taken
-        self._thread = threading.Thread(target=self._drain, name="lab-metric-writer", daemon=True)
+        self._thread = threading.Thread(target=self._drain, name=f"lab-{what}-writer", daemon=True)
         self._thread.start()
         _live.add(self)
         _install_exit_handlers()
@@ -187,11 +190,12 @@ class MetricWriter:
         else:
             why = f"the store has failed for {seconds:.1f}s ({_reason(error)})"
         if stopping:
-            tail = f"the writer stopped with {n} metric rows unwritten"
-            return _chained(StoreError(f"metrics could not be written: {why}; {tail}"), error)
+            tail = f"the writer stopped with {n} {self._what} rows unwritten"
+            rows = "metrics" if self._what == "metric" else f"{self._what} rows"
+            return _chained(StoreError(f"{rows} could not be written: {why}; {tail}"), error)
         return _chained(
             StoreError(
-                f"{n} metric rows are not written: {why}; they are kept and retried "
+                f"{n} {self._what} rows are not written: {why}; they are kept and retried "
                 f"(LAB_STORE_RETRY_S sets how long to wait, now {self._give_up_s:g}s)"
             ),
             error,
@@ -280,7 +284,7 @@ class MetricWriter:
         except Exception as exc:
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
-                log.warning("metric write failed (%s); retrying with backoff", exc)
+                log.warning("%s write failed (%s); retrying with backoff", self._what, exc)
             self._last_error = exc
             return exc if items else None  # a failed heartbeat alone is not an error
         self._failing_since = None
