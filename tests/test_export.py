@@ -19,6 +19,7 @@ import torch
 import lab.inspect
 from lab import (
     Arm,
+    Callback,
     CheckpointConfig,
     EvalResult,
     Evaluator,
@@ -29,6 +30,7 @@ from lab import (
 )
 from lab.errors import ConfigError, NoExperiment, StoreError
 from lab.export import export
+from lab.media import histogram, write_image
 from lab.store.schema import TABLES, Base
 
 
@@ -58,6 +60,19 @@ def _bench(model: torch.nn.Module) -> EvalResult:
     )  # fmt: skip
 
 
+class _Media(Callback):
+    """A histogram (NaN and inf counted apart) and an image at step 2, through `on_media`."""
+
+    def __init__(self, run: RunSpec) -> None:
+        self.run = run
+
+    def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: Any) -> None:
+        if step_idx == 2:
+            image = write_image(state.ctx.folder, "img", 2, torch.ones(3, 2, 2))
+            media = {"w": histogram([0.5, math.nan, math.inf], bins=2), "img": image}
+            self.run.dispatcher.fire("on_media", state, step_idx, media)
+
+
 def _train(run: RunSpec) -> LoopArtifacts:
     if run.config.fail:
         raise RuntimeError("this arm fails")
@@ -75,6 +90,7 @@ def _train(run: RunSpec) -> LoopArtifacts:
             Evaluator("bench", _bench, at_end=True),
         ],
         checkpoint=CheckpointConfig(every=2, keep_last=1),
+        callbacks=[_Media(run)],
     ).fit(run)
 
 
