@@ -22,6 +22,7 @@ from lab.callbacks import build
 from lab.errors import ConfigError
 from lab.loggers.wandb import ID_FILE, WandbLogger, run_id_for
 from lab.loop.evals import EvalResult
+from lab.media import histogram, write_image
 
 pytest.importorskip("wandb")
 
@@ -363,3 +364,49 @@ def test_the_experiments_tags_and_notes_go_to_each_wandb_run(offline: Path) -> N
     ).run()  # fmt: skip
     runs = _offline_runs(offline)
     assert [(list(r.run.tags), r.run.notes) for r in runs] == [(["baseline", "v1"], "why")] * 2
+
+
+class _LogMedia(lab.Callback):
+    """At step 2: a histogram with NaN and inf in it and an image, through `on_media`."""
+
+    def __init__(self, run: lab.RunSpec) -> None:
+        self.run = run
+
+    def on_step_end(self, state: lab.LoopState, step_idx: int, batch: Any, m: Any) -> None:
+        if step_idx != 2:
+            return
+        values = [0.0, 0.25, 1.0, math.nan, math.inf, -math.inf, -math.inf]
+        pixels = torch.zeros(3, 4, 5)
+        media = {
+            "weights": histogram(values, bins=2),
+            "samples": write_image(state.ctx.folder, "samples", step_idx, pixels),
+        }
+        self.run.dispatcher.fire("on_media", state, step_idx, media)
+
+
+def _train_with_media(run: lab.RunSpec) -> lab.LoopArtifacts:
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    callbacks = [_LogMedia(run)]
+    return TrainingLoop(model, optimizer, data, _mse, 3, callbacks=callbacks).fit(run)
+
+
+@pytest.mark.slow
+def test_histograms_and_images_go_to_wandb_as_its_own_types(offline: Path) -> None:
+    Experiment(
+        "wb-media",
+        _train_with_media,
+        base_config=Config(),
+        callbacks=[WandbLogger("lab-test", log_every=1, checkpoints=None)],
+        store="sqlite:///lab.db",
+        strict=True,
+    ).run()
+    (run,) = _offline_runs(offline)
+    (row,) = [r for r in run.history if "weights" in r]
+    assert row["trainer/step"] == 2
+    assert row["weights"] == {"_type": "histogram", "values": [2, 1], "bins": [0.0, 0.5, 1.0]}
+    assert (row["weights/nan"], row["weights/posinf"], row["weights/neginf"]) == (1, 1, 2)
+    image = row["samples"]
+    assert (image["_type"], image["width"], image["height"]) == ("image-file", 5, 4)
+    assert (run.folder / "files" / image["path"]).is_file()  # wandb's own copy of the PNG

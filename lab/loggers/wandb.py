@@ -6,6 +6,8 @@
 |                   | name = its run key, config = its config, a stable id         |
 | on_step_end       | the step's metrics, every `log_every` steps                  |
 | on_eval           | the eval's metrics as ``<eval>/<key>``                       |
+| on_media          | ``wandb.Histogram`` / ``wandb.Image`` per key, at the step;  |
+|                   | a histogram's NaN/inf counts as ``<key>/nan`` etc. if any    |
 | on_benchmark_eval | its metrics and breakdowns, and its predictions as a Table   |
 | on_checkpoint     | the manifest row as a summary entry, or an artifact ref      |
 | on_run_end        | final metrics and status into the summary; ``finish``       |
@@ -26,6 +28,7 @@ import functools
 import json
 import math
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -37,12 +40,14 @@ from lab._imports import require
 from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import register
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
+from lab.media import Histogram
 
 if TYPE_CHECKING:
     from lab.experiment import ArmResult, ExperimentResult, RunResult
     from lab.loop.checkpoints import ManifestRow
     from lab.loop.evals import EvalResult
     from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.media import Media
 
 RUN_ID = "wandb:run_id"
 URL = "wandb:url"
@@ -217,6 +222,11 @@ class WandbLogger(Callback):
             row = {f"{eval_name}/{k}": v for k, v in metrics.items()}
             self._send(self._run.log, {**row, STEP: step_idx})
 
+    def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
+        if self._run is not None:  # wandb's objects are built on the sender thread: an
+            # Image reads its file, which the training thread must not wait for
+            self._send(_log_media, self._run, dict(media), step_idx)
+
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
         run = self._run
         if run is None or self.checkpoints is None:
@@ -314,6 +324,25 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     there becomes null). History rows keep NaN and inf: they are data, and wandb charts
     them as such."""
     return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+
+
+def _log_media(run: Any, media: dict[str, Media], step: int) -> None:
+    """Log one step's media as one wandb row: a `Histogram` as ``wandb.Histogram`` (its
+    bins and counts as they are; NaN, +inf and -inf counts, which wandb's histogram has no
+    place for, as ``<key>/nan``, ``<key>/posinf``, ``<key>/neginf`` when not 0), an `Image`
+    as ``wandb.Image`` of its file. Runs on the sender thread."""
+    import wandb
+
+    row: dict[str, Any] = {}
+    for key, record in media.items():
+        if isinstance(record, Histogram):
+            row[key] = wandb.Histogram(np_histogram=(list(record.counts), list(record.edges)))
+            for name in ("nan", "posinf", "neginf"):
+                if getattr(record, name):
+                    row[f"{key}/{name}"] = getattr(record, name)
+        else:
+            row[key] = wandb.Image(str(Path(record.path).resolve()))
+    run.log({**row, STEP: step})
 
 
 def _table(predictions: list[dict[str, Any]]) -> Any:
