@@ -102,6 +102,16 @@ def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
     assert lines[2] == "[('main-r0', 'completed', 0)]"
 
 
+def _check_media_page(out: str, namespace: dict[str, object]) -> None:
+    edges = "[-1.0, -0.5, 0.0, 0.5, 1.0]"
+    assert out.splitlines()[-4:] == [
+        f"2 {edges} 8 0",  # the 8 weights of a Linear(4, 2), all in range
+        f"4 {edges} 8 0",
+        "[('base-r0', 'weights/image', 2, 4, 2), ('base-r0', 'weights/image', 4, 4, 2)]",
+        "True",
+    ]
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -110,6 +120,7 @@ PAGES = {
     "analysis.md": _check_analysis_page,
     "callbacks.md": _check_callbacks_page,
     "loggers.md": _check_loggers_page,
+    "media.md": _check_media_page,
 }
 
 
