@@ -76,8 +76,11 @@ def histogram(values: Any, bins: int = 64, range: tuple[float, float] | None = N
     equal bins over `range` (default: the smallest to the largest finite value).
 
     Why a record and not a tensor: the store, wandb and a JSONL log all keep bins and counts,
-    and a histogram of a million weights is 64 numbers. A tensor is copied to the CPU once
-    (one device sync): log histograms every N steps, not every step.
+    and a histogram of a million weights is 64 numbers. A tensor is counted where it lies
+    (on its GPU too): only the counts and a few numbers cross to the CPU; still,
+    log histograms every N steps, not every step.
+    The counts are exactly `numpy.histogram`'s, on every device: the edges are numpy's, and
+    a value ``x`` is in bin ``i`` when ``edges[i] <= x < edges[i + 1]`` (the last bin closed).
     NaN and ±inf are counted apart (`Histogram.nan`, `posinf`, `neginf`). With no finite
     value and no `range`, the edges span [0, 1] and every count is 0; when every finite
     value is the same number v, they span [v - 0.5, v + 0.5], both as `numpy.histogram` does.
@@ -87,13 +90,15 @@ def histogram(values: Any, bins: int = 64, range: tuple[float, float] | None = N
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ConfigError(f"histogram bins={bins!r}: give a whole number of bins, 1 or more")
+    if range is not None:
+        range = _check_range(range)
+    if hasattr(values, "detach") and hasattr(values, "is_complex"):  # a torch tensor
+        return _tensor_histogram(values, bins, range)
     flat = _as_float64(values)
     nan = np.isnan(flat)
     posinf = np.isposinf(flat)
     neginf = np.isneginf(flat)
     finite = flat[~(nan | posinf | neginf)]
-    if range is not None:
-        range = _check_range(range)
     counts, edges = np.histogram(finite, bins=bins, range=range)
     return Histogram(
         edges=tuple(float(e) for e in edges),
@@ -104,14 +109,39 @@ def histogram(values: Any, bins: int = 64, range: tuple[float, float] | None = N
     )
 
 
+def _tensor_histogram(values: Any, bins: int, range: tuple[float, float] | None) -> Histogram:
+    """`histogram` of a tensor, counted on its own device in float64."""
+    import torch
+
+    if values.is_complex():
+        raise MetricError("histogram values are complex numbers; log .real, .imag or .abs()")
+    x = values.detach().reshape(-1).to(torch.float64)
+    finite_mask = torch.isfinite(x)
+    finite = x[finite_mask]
+    odd = torch.stack([torch.isnan(x).sum(), torch.isposinf(x).sum(), torch.isneginf(x).sum()])
+    if range is None:
+        lo, hi = torch.stack(torch.aminmax(finite)).tolist() if finite.numel() else (0.0, 1.0)
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+    else:
+        lo, hi = range
+    edges = np.linspace(lo, hi, bins + 1, endpoint=True, dtype=np.float64)  # numpy's edges
+    inside = finite[(finite >= lo) & (finite <= hi)]
+    index = torch.bucketize(inside, torch.as_tensor(edges, device=x.device), right=True) - 1
+    counts = torch.bincount(index.clamp_(max=bins - 1), minlength=bins)  # hi: the last bin
+    *counted, nan, posinf, neginf = torch.cat([counts, odd]).tolist()  # one copy, one sync
+    return Histogram(
+        edges=tuple(float(e) for e in edges),
+        counts=tuple(counted),
+        nan=nan,
+        posinf=posinf,
+        neginf=neginf,
+    )
+
+
 def _as_float64(values: Any) -> np.ndarray:
-    """`values` as a flat float64 array on the CPU; one `MetricError` line for what is not
-    numbers (complex numbers included: they have no order to bin by)."""
-    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch tensor
-        tensor = values.detach()
-        if tensor.is_complex():
-            raise MetricError("histogram values are complex numbers; log .real, .imag or .abs()")
-        return tensor.cpu().double().numpy().ravel()
+    """`values` as a flat float64 array; one `MetricError` line for what is not numbers
+    (complex numbers included: they have no order to bin by)."""
     try:
         array = np.asarray(values)
     except (TypeError, ValueError) as exc:

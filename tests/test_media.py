@@ -18,6 +18,8 @@ import pytest
 import sqlalchemy as sa
 import torch
 from alembic import command
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matplotlib.figure import Figure
 from PIL import Image as PILImage
 
@@ -61,6 +63,41 @@ def test_histogram_range_ints_empty_and_constant_values() -> None:
     assert histogram(torch.full((3,), 5.0), bins=2) == Histogram((4.5, 5.0, 5.5), (0, 3))
     assert histogram(torch.tensor([1, 2], dtype=torch.bfloat16), bins=1).counts == (2,)
     assert histogram(np.array([True, False, True]), bins=2).counts == (1, 2)
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(finite, st.sampled_from([NAN, INF, -INF, 0.0, 1.0, 0.1, 0.3, -0.7])),
+        max_size=40,
+    ),
+    bins=st.integers(1, 12),
+    ranged=st.booleans(),
+)
+def test_a_tensor_is_counted_exactly_as_numpy_counts_it(
+    values: list[float], bins: int, ranged: bool
+) -> None:
+    """The tensor path counts on the tensor's device; it must give numpy's counts, values
+    on the edges included, and the same NaN and inf counts."""
+    range_ = (-0.7, 0.3) if ranged else None
+    from_numpy = histogram(np.array(values, dtype=np.float32), bins=bins, range=range_)
+    assert histogram(torch.tensor(values, dtype=torch.float32), bins, range_) == from_numpy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_is_counted_on_its_device_as_numpy_counts_it() -> None:
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(1_000_003, generator=gen)
+    values[::1000] = torch.tensor([NAN, INF, -INF, 0.5]).repeat(251)[: values[::1000].numel()]
+    for bins, range_ in ((64, None), (7, (-1.0, 0.5)), (1, None)):
+        on_gpu = histogram(values.cuda(), bins=bins, range=range_)
+        assert on_gpu == histogram(values.numpy(), bins=bins, range=range_)
+    assert (on_gpu.nan, on_gpu.posinf, on_gpu.neginf) == (251, 250, 250)
+    assert sum(on_gpu.counts) == 1_000_003 - 751
 
 
 @pytest.mark.parametrize(
