@@ -93,13 +93,22 @@ def histogram(values: Any, bins: int = 64, range: tuple[float, float] | None = N
     if range is not None:
         range = _check_range(range)
     if hasattr(values, "detach") and hasattr(values, "is_complex"):  # a torch tensor
-        return _tensor_histogram(values, bins, range)
+        if values.device.type != "cpu":  # counted where it lies: only counts cross over
+            return _tensor_histogram(values, bins, range)
+        if values.is_complex():
+            raise MetricError("histogram values are complex numbers; log .real, .imag or .abs()")
+        import torch
+
+        values = values.detach().to(torch.float64).numpy()  # one copy (none if float64)
     flat = _as_float64(values)
     nan = np.isnan(flat)
     posinf = np.isposinf(flat)
     neginf = np.isneginf(flat)
     finite = flat[~(nan | posinf | neginf)]
-    counts, edges = np.histogram(finite, bins=bins, range=range)
+    if range is None:
+        range = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    edges = _edges(*range, bins)
+    counts, _ = np.histogram(finite, bins=bins, range=(float(edges[0]), float(edges[-1])))
     return Histogram(
         edges=tuple(float(e) for e in edges),
         counts=tuple(int(c) for c in counts),
@@ -121,11 +130,10 @@ def _tensor_histogram(values: Any, bins: int, range: tuple[float, float] | None)
     odd = torch.stack([torch.isnan(x).sum(), torch.isposinf(x).sum(), torch.isneginf(x).sum()])
     if range is None:
         lo, hi = torch.stack(torch.aminmax(finite)).tolist() if finite.numel() else (0.0, 1.0)
-        if lo == hi:
-            lo, hi = lo - 0.5, hi + 0.5
     else:
         lo, hi = range
-    edges = np.linspace(lo, hi, bins + 1, endpoint=True, dtype=np.float64)  # numpy's edges
+    edges = _edges(lo, hi, bins)
+    lo, hi = float(edges[0]), float(edges[-1])
     inside = finite[(finite >= lo) & (finite <= hi)]
     index = torch.bucketize(inside, torch.as_tensor(edges, device=x.device), right=True) - 1
     counts = torch.bincount(index.clamp_(max=bins - 1), minlength=bins)  # hi: the last bin
@@ -137,6 +145,21 @@ def _tensor_histogram(values: Any, bins: int, range: tuple[float, float] | None)
         posinf=posinf,
         neginf=neginf,
     )
+
+
+def _edges(lo: float, hi: float, bins: int) -> np.ndarray:
+    """The edges `numpy.histogram` uses for `bins` equal bins over [lo, hi] (one value:
+    [v - 0.5, v + 0.5]); a `MetricError` line when float64 cannot make them distinct."""
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    with np.errstate(over="ignore", invalid="ignore"):
+        edges = np.linspace(lo, hi, bins + 1, endpoint=True, dtype=np.float64)
+    if not (np.isfinite(edges).all() and (np.diff(edges) > 0).all()):
+        raise MetricError(
+            f"histogram: {bins} equal bins from {lo!r} to {hi!r} cannot be told apart in "
+            "float64; give fewer bins or a narrower range=(low, high)"
+        )
+    return edges
 
 
 def _as_float64(values: Any) -> np.ndarray:
@@ -153,7 +176,7 @@ def _as_float64(values: Any) -> np.ndarray:
             f"histogram values must be numbers; got an array of {array.dtype} "
             f"({_shown(values)}): log a tensor, an array or a list of numbers"
         )
-    return array.astype(np.float64).ravel()
+    return array.astype(np.float64, copy=False).ravel()
 
 
 def _check_range(range: Any) -> tuple[float, float]:

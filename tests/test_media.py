@@ -28,7 +28,15 @@ import lab.inspect
 from lab import Arm, Callback, CheckpointConfig, Experiment, LoopState, RunSpec, TrainingLoop
 from lab.callbacks.files import JsonlLogger, read_hooks
 from lab.errors import ConfigError, MetricError
-from lab.media import Histogram, Image, histogram, image_path, key_folder, write_image
+from lab.media import (
+    Histogram,
+    Image,
+    _tensor_histogram,
+    histogram,
+    image_path,
+    key_folder,
+    write_image,
+)
 from lab.store import Store
 from lab.store.engine import make_engine, resolve_url, transaction
 from lab.store.media import MediaRows
@@ -80,11 +88,26 @@ finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
 def test_a_tensor_is_counted_exactly_as_numpy_counts_it(
     values: list[float], bins: int, ranged: bool
 ) -> None:
-    """The tensor path counts on the tensor's device; it must give numpy's counts, values
-    on the edges included, and the same NaN and inf counts."""
+    """A tensor off the CPU is counted on its device (here the same code runs on the CPU);
+    it must give numpy's counts, values on the edges included, the same NaN and inf counts,
+    and the same error where float64 cannot make the bins."""
     range_ = (-0.7, 0.3) if ranged else None
-    from_numpy = histogram(np.array(values, dtype=np.float32), bins=bins, range=range_)
-    assert histogram(torch.tensor(values, dtype=torch.float32), bins, range_) == from_numpy
+
+    def outcome(values: Any, count: Any = histogram) -> Histogram | str:
+        try:
+            return count(values, bins, range_)
+        except MetricError as exc:
+            return str(exc)
+
+    from_numpy = outcome(np.array(values, dtype=np.float32))
+    assert outcome(torch.tensor(values, dtype=torch.float32), _tensor_histogram) == from_numpy
+    assert outcome(torch.tensor(values, dtype=torch.float32)) == from_numpy
+    if isinstance(from_numpy, Histogram):
+        assert (from_numpy.nan, from_numpy.posinf, from_numpy.neginf) == (
+            sum(math.isnan(v) for v in values), values.count(INF), values.count(-INF)
+        )  # fmt: skip
+    else:
+        assert from_numpy.startswith(f"histogram: {bins} equal bins from ")
 
 
 @pytest.mark.gpu
@@ -114,6 +137,12 @@ def test_a_cuda_tensor_is_counted_on_its_device_as_numpy_counts_it() -> None:
          "an array or a list of numbers"),
         (lambda: histogram(torch.tensor([1j])), MetricError,
          "histogram values are complex numbers; log .real, .imag or .abs()"),
+        (lambda: histogram([2.0**50], bins=6), MetricError,
+         "histogram: 6 equal bins from 1125899906842623.5 to 1125899906842624.5 cannot be "
+         "told apart in float64; give fewer bins or a narrower range=(low, high)"),
+        (lambda: histogram(torch.tensor([-1.7e308, 1.7e308], dtype=torch.float64)), MetricError,
+         "histogram: 64 equal bins from -1.7e+308 to 1.7e+308 cannot be told apart in float64; "
+         "give fewer bins or a narrower range=(low, high)"),
         (lambda: Histogram((0.0, 1.0), (1, 2)), ConfigError,
          "a histogram needs one more edge than counts; got 2 edges and 2 counts"),
     ],

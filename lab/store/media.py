@@ -42,6 +42,7 @@ class MediaRows:
         self.engine = engine
         self._give_up_s = give_up_s
         self._writer: MetricWriter | None = None
+        self._good_keys: set[str] = set()  # keys checked already
         module = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._upserts = {}
         for table in (_HISTOGRAMS, _IMAGES):
@@ -62,17 +63,20 @@ class MediaRows:
     ) -> None:
         """Queue one step's histograms and images; waits only while the queue is full.
 
-        `folder` is the run folder: an image's path is stored relative to it. A key the
-        store cannot hold, or a value that is not a `Histogram` or an `Image`, is one
-        `MetricError` line naming the key and the step, and nothing of that step is queued.
+        `folder` is the run folder: an image's path is stored relative to it (worked out on
+        the writer thread, as the rows are). A key the store cannot hold, or a value that is
+        not a `Histogram` or an `Image`, is one `MetricError` line naming the key and the
+        step, and nothing of that step is queued. The records are frozen: they are queued as
+        they are, not copied.
         """
-        rows: dict[str, tuple[str, dict[str, Any]]] = {}
+        rows: dict[str, tuple[Histogram | Image, Path | None]] = {}
+        good = self._good_keys
         for key, record in media.items():
-            check_key(key, step)
-            if isinstance(record, Histogram):
-                rows[key] = ("histograms", _histogram_row(record))
-            elif isinstance(record, Image):
-                rows[key] = ("images", _image_row(record, folder))
+            if key not in good:
+                check_key(key, step)
+                good.add(key)
+            if isinstance(record, Histogram | Image):
+                rows[key] = (record, folder)
             else:
                 raise MetricError(
                     f"media {key!r} at step {step} is a {type(record).__name__}; log a "
@@ -107,7 +111,11 @@ class MediaRows:
             "images": {},
         }
         for run_id, step, rows, wall_time in items:
-            for key, (table, values) in rows.items():  # type: ignore[misc]
+            for key, (record, folder) in rows.items():  # type: ignore[misc]
+                if isinstance(record, Histogram):
+                    table, values = "histograms", _histogram_row(record)
+                else:
+                    table, values = "images", _image_row(record, folder)
                 ids = {"run_id": run_id, "key": key, "step": step}
                 latest[table][(run_id, key, step)] = {**ids, **values, "wall_time": wall_time}
         if not any(latest.values()):
