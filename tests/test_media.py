@@ -302,6 +302,14 @@ def test_rows_round_trip_and_logging_a_step_again_replaces_it(
             ("x/y", "media/x-y-748fdbd6/step_000001.png")
         ]
 
+        # the view: a path inside the run folder made absolute, one outside kept as it is
+        con = lab.inspect.connect(store_url)
+        assert con.sql("select key, path from images order by key").fetchall() == [
+            ("x/y", str(img.path)),
+            ("z", str(outside.path.resolve())),
+        ]
+        con.close()
+
         # NaN and inf survive as counts
         store.media.put(run_id, 3, {"w": h1}, folder)
         assert store.media.histograms(run_id, "w")[-1]["nan"] == 1
