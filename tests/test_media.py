@@ -487,10 +487,34 @@ def _train(run: RunSpec) -> lab.LoopArtifacts:
     ).fit(run)
 
 
-def _experiment(url: str, tmp_path: Path, **kw: Any) -> lab.ExperimentResult:
+def _train_by_hand(run: RunSpec) -> lab.LoopArtifacts:
+    """The same run as `_train`, in a loop of the user's own: the run handle logs the media."""
+    torch.manual_seed(run.seed)
+    model = torch.nn.Linear(3, 1)
+    x = torch.randn(8, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=run.config.lr)
+    crashing = run.run_key in CRASH
+    every_2 = CheckpointConfig(every=2)
+    with lab.RunHandle(run, model, opt, num_steps=STEPS, checkpoint=every_2) as loop:
+        for step in loop.steps():
+            if crashing and step == 4:
+                raise RuntimeError("node lost")
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loop.end_step({"loss": loss.item()})
+            if step % 2 == 0 or (crashing and step == 3):
+                loop.log_histogram("weights", model.weight.abs(), bins=2, range=(-10, 10))
+                loop.log_image("samples/img", torch.full((3, 2, 2), step / 10))
+    assert loop.artifacts is not None
+    return loop.artifacts
+
+
+def _experiment(url: str, tmp_path: Path, train: Any = _train, **kw: Any) -> lab.ExperimentResult:
     return Experiment(
         "media",
-        _train,
+        train,
         base_config=Cfg(),
         arms=[Arm("a", lr=0.1), Arm("b", lr=0.01)],
         repeats=1,
@@ -500,12 +524,13 @@ def _experiment(url: str, tmp_path: Path, **kw: Any) -> lab.ExperimentResult:
     ).run()
 
 
+@pytest.mark.parametrize("train", [_train, _train_by_hand], ids=["TrainingLoop", "RunHandle"])
 def test_a_loop_records_media_and_a_resumed_run_replaces_what_it_trains_again(
-    store_url: str, tmp_path: Path
+    store_url: str, tmp_path: Path, train: Any
 ) -> None:
     CRASH.add("b-r0")
     try:
-        first = _experiment(store_url, tmp_path, callbacks=[JsonlLogger()])
+        first = _experiment(store_url, tmp_path, train, callbacks=[JsonlLogger()])
     finally:
         CRASH.clear()
     assert [r.status for r in first.runs] == ["completed", "failed"]
@@ -534,20 +559,24 @@ def test_a_loop_records_media_and_a_resumed_run_replaces_what_it_trains_again(
     assert _png(Path(path))[1][0, 0].tolist() == [102, 102, 102]  # 0.4 * 255, rounded
     con.close()
 
-    # JsonlLogger: one line per on_media, the records as plain JSON
-    lines = [r for r in read_hooks(a_r0 / "hooks.jsonl") if r["hook"] == "on_media"]
-    assert [line["step_idx"] for line in lines] == [2, 4]
-    assert lines[0]["media"]["weights"] == {
+    # JsonlLogger: one line per on_media (the handle fires one per log_* call), the records
+    # as plain JSON
+    logged: dict[int, dict[str, Any]] = {}
+    for line in read_hooks(a_r0 / "hooks.jsonl"):
+        if line["hook"] == "on_media":
+            logged.setdefault(line["step_idx"], {}).update(line["media"])
+    assert sorted(logged) == [2, 4]
+    assert logged[2]["weights"] == {
         "type": "histogram", "edges": [-10.0, 0.0, 10.0], "counts": [0, 3], "nan": 0,
         "posinf": 0, "neginf": 0,
     }  # fmt: skip
-    assert lines[0]["media"]["samples/img"] == {
+    assert logged[2]["samples/img"] == {
         "type": "image", "path": f"media/{folder}/step_000002.png", "width": 2, "height": 2,
     }  # fmt: skip
 
     # the failed run resumes from its checkpoint at step 2: the rows after it are gone (step
     # 3, which this attempt does not log), and step 4 is logged once
-    again = _experiment(store_url, tmp_path)
+    again = _experiment(store_url, tmp_path, train)
     assert [r.status for r in again.runs] == ["completed", "completed"]
     con = lab.inspect.connect(store_url)
     assert con.sql(
