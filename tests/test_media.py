@@ -26,7 +26,7 @@ from PIL import Image as PILImage
 import lab
 import lab.inspect
 from lab import Arm, Callback, CheckpointConfig, Experiment, LoopState, RunSpec, TrainingLoop
-from lab.callbacks.files import JsonlLogger, read_hooks
+from lab.callbacks.files import JsonlLogger, read_hooks, replay
 from lab.errors import ConfigError, MetricError
 from lab.media import (
     Histogram,
@@ -573,6 +573,18 @@ def test_a_loop_records_media_and_a_resumed_run_replaces_what_it_trains_again(
     assert logged[2]["samples/img"] == {
         "type": "image", "path": f"media/{folder}/step_000002.png", "width": 2, "height": 2,
     }  # fmt: skip
+    # replayed into a callback: the records as they were logged
+    replayed: dict[int, dict[str, Any]] = {}
+
+    class Keep(Callback):
+        def on_media(self, state: LoopState, step_idx: int, media: Any) -> None:
+            replayed.setdefault(step_idx, {}).update(media)
+
+    assert "on_media" in replay(a_r0 / "hooks.jsonl", Keep(), hooks=["on_media"])
+    assert replayed[4] == {
+        "weights": Histogram((-10.0, 0.0, 10.0), (0, 3)),
+        "samples/img": Image(a_r0 / "media" / folder / "step_000004.png", 2, 2),
+    }
 
     # the failed run resumes from its checkpoint at step 2: the rows after it are gone (step
     # 3, which this attempt does not log), and step 4 is logged once
