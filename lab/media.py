@@ -194,39 +194,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def as_json(record: Media, folder: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """A record as plain JSON, for logs that write lines: ``{"type": "histogram", "edges",
-    "counts", "nan", "posinf", "neginf"}`` or ``{"type": "image", "path", "width",
-    "height"}``, an image's path relative to `folder` (the run folder) when it lies inside."""
-    if isinstance(record, Histogram):
-        return {"type": "histogram", "edges": list(record.edges), "counts": list(record.counts),
-                "nan": record.nan, "posinf": record.posinf, "neginf": record.neginf}  # fmt: skip
-    return {
-        "type": "image",
-        "path": stored_path(record.path, folder),
-        "width": record.width,
-        "height": record.height,
-    }
-
-
-def from_json(record: dict[str, Any], folder: str | os.PathLike[str] | None = None) -> Media:
-    """The record `as_json` wrote, back; a relative image path is taken inside `folder`."""
-    if record.get("type") == "histogram":
-        return Histogram(
-            edges=tuple(float(e) for e in record["edges"]),
-            counts=tuple(int(c) for c in record["counts"]),
-            nan=int(record.get("nan", 0)),
-            posinf=int(record.get("posinf", 0)),
-            neginf=int(record.get("neginf", 0)),
-        )
-    if record.get("type") == "image":
-        path = Path(record["path"])
-        if not path.is_absolute() and folder is not None:
-            path = Path(folder) / path
-        return Image(path=path, width=int(record["width"]), height=int(record["height"]))
-    raise ConfigError(f"{record!r:.80} is not a histogram or an image record of lab.media")
-
-
 def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None) -> str:
     """An image's path as records keep it: relative to the run folder `folder` (POSIX
     separators) when it lies inside, else absolute, so the record holds wherever the run

@@ -26,8 +26,8 @@ from PIL import Image as PILImage
 import lab
 import lab.inspect
 from lab import Arm, Callback, CheckpointConfig, Experiment, LoopState, RunSpec, TrainingLoop
-from lab.callbacks.files import JsonlLogger, read_hooks, replay
 from lab.errors import ConfigError, MetricError
+from lab.loggers.jsonl import JsonlLogger, read_hooks, replay
 from lab.media import (
     Histogram,
     Image,
@@ -567,11 +567,12 @@ def test_a_loop_records_media_and_a_resumed_run_replaces_what_it_trains_again(
             logged.setdefault(line["step_idx"], {}).update(line["media"])
     assert sorted(logged) == [2, 4]
     assert logged[2]["weights"] == {
-        "type": "histogram", "edges": [-10.0, 0.0, 10.0], "counts": [0, 3], "nan": 0,
-        "posinf": 0, "neginf": 0,
+        "type": "Histogram", "total": 3, "edges": [-10.0, 0.0, 10.0], "counts": [0, 3],
+        "nan": 0, "posinf": 0, "neginf": 0,
     }  # fmt: skip
     assert logged[2]["samples/img"] == {
-        "type": "image", "path": f"media/{folder}/step_000002.png", "width": 2, "height": 2,
+        "type": "Image", "path": str(a_r0 / "media" / folder / "step_000002.png"), "width": 2,
+        "height": 2,
     }  # fmt: skip
     # replayed into a callback: the records as they were logged
     replayed: dict[int, dict[str, Any]] = {}
