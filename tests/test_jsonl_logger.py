@@ -68,7 +68,15 @@ def test_epoch_and_media_lines_are_strict_json_with_their_payload(tmp_path: Path
         "hook": "on_media",
         "step_idx": 1,
         "media": {
-            "w": {"type": "Histogram", "total": 7, "edges": [0.0, 0.5, 1.0], "counts": [3, 4]},
+            "w": {
+                "type": "Histogram",
+                "total": 7,
+                "edges": [0.0, 0.5, 1.0],
+                "counts": [3, 4],
+                "nan": 0,
+                "posinf": 0,
+                "neginf": 0,
+            },
             "x": {"type": "Image", "path": "media/x/step_000001.png", "width": 8, "height": 6},
         },
     }
