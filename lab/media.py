@@ -194,16 +194,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None) -> str:
-    """An image's path as records keep it: relative to the run folder `folder` (POSIX
-    separators) when it lies inside, else absolute, so the record holds wherever the run
-    folder is read from."""
-    resolved = Path(path).resolve()
-    if folder is not None and resolved.is_relative_to(root := Path(folder).resolve()):
-        return resolved.relative_to(root).as_posix()
-    return str(resolved)
-
-
 # -- images --------------------------------------------------------------------------------
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -225,6 +215,16 @@ def key_folder(key: str, *, limit: int = 64) -> str:
     if slug == key:
         return slug
     return f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None) -> str:
+    """An image's path as records keep it: relative to the run folder `folder` (POSIX
+    separators) when it lies inside, else absolute, so the record holds wherever the run
+    folder is read from."""
+    resolved = Path(path).resolve()
+    if folder is not None and resolved.is_relative_to(root := Path(folder).resolve()):
+        return resolved.relative_to(root).as_posix()
+    return str(resolved)
 
 
 def image_path(folder: str | os.PathLike[str], key: str, step: int) -> Path:
