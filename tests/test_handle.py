@@ -486,3 +486,15 @@ def test_start_run_refuses_a_finished_run_and_fresh_trains_it_again(tmp_path: Pa
         ("main-r0", "completed"), ("main-r0~1", "completed"), ("main-r1", "completed"),
     ]  # fmt: skip
     json.dumps(con.sql("select count(*) from runs").fetchone())
+
+
+def test_media_logged_inside_a_step_belong_to_that_step(tmp_path: Path) -> None:
+    tracer = Tracer()
+    with _handle(tmp_path, callbacks=[tracer]) as loop:
+        loop.end_step({"loss": 1.0})
+        loop.log_histogram("after", [1.0, 2.0])  # what step 1 left: step 1
+        loop.pre_step()
+        loop.log_histogram("during", [1.0, 2.0])  # step 2 is in progress: step 2
+        loop.end_step({"loss": 0.5})
+    media = [(c[1]) for c in tracer.calls if c[0] == "on_media"]
+    assert media == [1, 2]

@@ -529,22 +529,31 @@ class RunHandle:
     def log_histogram(
         self, key: str, values: Any, *, bins: int = 64, range: tuple[float, float] | None = None
     ) -> None:
-        """Log the distribution of `values` (a tensor, array or list) at the current step,
-        as a histogram row: fires `on_media`."""
+        """Log the distribution of `values` (a tensor, array or list) as a histogram row at
+        the step in progress (announced by `pre_step`), else at the last ended step: fires
+        `on_media`."""
         from lab.media import histogram
 
         self._check_running("log_histogram")
         record = histogram(values, bins=bins, range=range)
-        self.hooks.fire("on_media", self.state, self.state.step, {key: record})
+        step = self._media_step()
+        self.hooks.fire("on_media", self.state, step, {key: record})
 
     def log_image(self, key: str, image: Any) -> None:
         """Write `image` (a CHW/HWC tensor or array, or a matplotlib Figure) as a PNG in the
-        run's folder and log a row that points to it: fires `on_media`."""
+        run's folder and log a row that points to it, at the same step `log_histogram`
+        would: fires `on_media`."""
         from lab.media import write_image
 
         self._check_running("log_image")
-        record = write_image(self.ctx.folder, key, self.state.step, image)
-        self.hooks.fire("on_media", self.state, self.state.step, {key: record})
+        step = self._media_step()
+        record = write_image(self.ctx.folder, key, step, image)
+        self.hooks.fire("on_media", self.state, step, {key: record})
+
+    def _media_step(self) -> int:
+        """The step in progress when `pre_step` announced one, else the last ended step (a
+        histogram of what a step left, logged after `end_step`)."""
+        return self._begun or self.state.step
 
     # ------------------------------------------------------------------------------------
     # checkpoints
