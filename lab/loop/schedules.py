@@ -1,0 +1,194 @@
+"""Learning-rate schedulers in the loop: when each one steps, and with which metric.
+
+``TrainingLoop(scheduler=...)`` takes one scheduler, a list of them, or `Schedule` wrappers
+that say when each steps:
+
+- a plain scheduler (``StepLR``, ``OneCycleLR``, ``LambdaLR``...) steps after each optimizer
+  step, as ``Schedule(sched, every="step")``; ``Schedule(sched, every="epoch")`` steps it
+  after each epoch's last step instead (its evals and saves come after);
+- a scheduler whose ``step`` needs a value (``ReduceLROnPlateau``) names the metric that
+  drives it: ``Schedule(sched, metric="val/loss")``. An eval's metric (``<eval>/<key>``)
+  steps it right after each eval that measured it, so it never sees a stale value; a step
+  metric (``loss``, a key the loss function returns) steps it after each step, or with
+  ``every="epoch"`` with the value of the epoch's last step.
+
+A scheduler steps after the optimizer step it follows, before ``on_step_end``, so ``lr`` in
+a step's metrics is the rate that step used. Every scheduler's state is saved in each
+checkpoint and restored on resume, in the order given.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from lab._secrets import logger
+from lab.errors import CheckpointError, ConfigError
+
+log = logger("lab.loop")
+
+__all__ = ["Schedule", "Schedules"]
+
+_EVERY = ("step", "epoch")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One scheduler and when it steps: `every` ``"step"`` or ``"epoch"``, and `metric`, the
+    name of the metric whose value it steps with (``ReduceLROnPlateau`` needs one).
+
+    >>> import torch
+    >>> opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    >>> sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    >>> Schedule(sched, metric="val/loss").metric
+    'val/loss'
+    """
+
+    scheduler: Any
+    every: Literal["step", "epoch"] = "step"
+    metric: str | None = None
+
+    def __post_init__(self) -> None:
+        name = type(self.scheduler).__name__
+        for method in ("step", "state_dict", "load_state_dict"):
+            if not callable(getattr(self.scheduler, method, None)):
+                raise ConfigError(
+                    f"scheduler {name} has no {method}(): give a torch.optim.lr_scheduler "
+                    "scheduler, or an object with step(), state_dict() and load_state_dict()"
+                )
+        if self.every not in _EVERY:
+            raise ConfigError(
+                f"Schedule({name}, every={self.every!r}): use every='step' or every='epoch'"
+            )
+        if self.metric is not None and (not isinstance(self.metric, str) or not self.metric):
+            raise ConfigError(
+                f"Schedule({name}, metric={self.metric!r}): name a logged metric, e.g. 'val/loss'"
+            )
+        needs = _steps_on_a_metric(self.scheduler)
+        if needs and self.metric is None:
+            raise ConfigError(
+                f"{name} steps on a metric: pass Schedule(sched, metric='val/loss') "
+                "(an eval's or a step's metric name) instead of the bare scheduler"
+            )
+        if not needs and self.metric is not None:
+            raise ConfigError(
+                f"Schedule({name}, metric={self.metric!r}): {name}.step() takes no metric; "
+                "drop metric=, or use a scheduler that steps on one (ReduceLROnPlateau)"
+            )
+
+    @property
+    def label(self) -> str:
+        """How errors and the needed-names check name this schedule."""
+        name = type(self.scheduler).__name__
+        return f"Schedule({name}, metric={self.metric!r})" if self.metric else name
+
+
+def _steps_on_a_metric(scheduler: Any) -> bool:
+    """Whether `scheduler.step` needs a value: ``ReduceLROnPlateau``, or a ``step`` whose
+    first parameter has no default."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return True
+    try:
+        params = list(inspect.signature(scheduler.step).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(params) and params[0].kind in positional and params[0].default is params[0].empty
+
+
+def as_schedules(given: Any) -> list[Schedule]:
+    """The loop's `scheduler` argument as a list of `Schedule`: None, one scheduler or
+    `Schedule`, or a list or tuple of them."""
+    if given is None:
+        return []
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    return [item if isinstance(item, Schedule) else Schedule(item) for item in items]
+
+
+class Schedules:
+    """The loop's schedulers, sorted once by when they step, so a step pays one short loop.
+
+    `eval_names` are the loop's evaluators: a metric ``<eval>/<key>`` of one of them is an
+    eval metric (stepped after that eval); any other name is a step metric.
+    """
+
+    def __init__(self, items: Iterable[Schedule], eval_names: Iterable[str] = ()) -> None:
+        self.items = list(items)
+        evals = set(eval_names)
+        self._per_step: list[Any] = []  # plain, every step
+        self._per_epoch: list[Any] = []  # plain, every epoch
+        self._step_metric: list[tuple[Any, str]] = []  # (scheduler, metric), every step
+        self._epoch_metric: list[tuple[Any, str]] = []  # (scheduler, metric), every epoch
+        self._eval_metric: dict[str, list[tuple[Any, str]]] = {}  # eval -> (scheduler, key)
+        for item in self.items:
+            sched, metric = item.scheduler, item.metric
+            if metric is None:
+                (self._per_step if item.every == "step" else self._per_epoch).append(sched)
+                continue
+            prefix, _, key = metric.partition("/")
+            if key and prefix in evals:
+                self._eval_metric.setdefault(prefix, []).append((sched, key))
+            elif item.every == "step":
+                self._step_metric.append((sched, metric))
+            else:
+                self._epoch_metric.append((sched, metric))
+        self._warned: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def needed(self) -> dict[str, str]:
+        """{metric name: who needs it}, for the needed-names check before the first step."""
+        return {item.metric: item.label for item in self.items if item.metric is not None}
+
+    def after_step(self, metrics: Mapping[str, float]) -> None:
+        """Step the per-step schedulers, after the optimizer step."""
+        for sched in self._per_step:
+            sched.step()
+        for sched, metric in self._step_metric:
+            self._step_with(sched, metric, metrics)
+
+    def after_eval(self, eval_name: str, metrics: Mapping[str, float]) -> None:
+        """Step the schedulers driven by a metric of eval `eval_name`, just measured."""
+        for sched, key in self._eval_metric.get(eval_name, ()):
+            self._step_with(sched, f"{eval_name}/{key}", metrics, key)
+
+    def after_epoch(self, metrics: Mapping[str, float]) -> None:
+        """Step the per-epoch schedulers; `metrics` are the epoch's last step's."""
+        for sched in self._per_epoch:
+            sched.step()
+        for sched, metric in self._epoch_metric:
+            self._step_with(sched, metric, metrics)
+
+    def _step_with(
+        self, sched: Any, metric: str, metrics: Mapping[str, float], key: str | None = None
+    ) -> None:
+        value = metrics.get(metric if key is None else key)
+        if value is None:  # not logged this time: the scheduler waits for a fresh value
+            if metric not in self._warned:
+                self._warned.add(metric)
+                log.warning(
+                    "%s was not stepped: no %r was logged (logged: %s)",
+                    type(sched).__name__, metric, ", ".join(sorted(metrics)) or "nothing",
+                )  # fmt: skip
+            return
+        sched.step(value)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Every scheduler's state, in the order given."""
+        return [item.scheduler.state_dict() for item in self.items]
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        """Restore the states saved by `state_dict`; the number must match."""
+        if len(states) != len(self.items):
+            raise CheckpointError(
+                f"the checkpoint holds {len(states)} scheduler states but the loop has "
+                f"{len(self.items)} schedulers; resume with the same schedulers, or start "
+                "fresh with resume=False"
+            )
+        for item, state in zip(self.items, states, strict=True):
+            item.scheduler.load_state_dict(state)
