@@ -8,13 +8,17 @@ folder, and resumes compared bit for bit with runs that never stopped.
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from lab import Callback, CheckpointConfig, TrainingLoop
 from lab.errors import CheckpointError, ConfigError
 from lab.hooks import LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
@@ -206,3 +210,510 @@ def test_lbfgs_needs_a_closure_and_sgd_does_not() -> None:
     assert needs_closure(torch.optim.LBFGS(params))
     assert not needs_closure(torch.optim.SGD(params, lr=0.1))
     assert not needs_closure(torch.optim.Adam(params))
+
+
+# --------------------------------------------------------------------------------------------
+# the loop: helpers
+
+
+def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _tensors(n: int = 24, dim: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    return x, x.sum(1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g)
+
+
+def _batches(n: int = 4, size: int = 4, dim: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    x, y = _tensors(n * size, dim)
+    return [(x[i * size : (i + 1) * size], y[i * size : (i + 1) * size]) for i in range(n)]
+
+
+def _shuffled(n: int = 24, batch_size: int = 4) -> DataLoader:
+    """A shuffled loader: its order is drawn from the global RNG at each epoch's start."""
+    return DataLoader(TensorDataset(*_tensors(n)), batch_size=batch_size, shuffle=True)
+
+
+def _net() -> torch.nn.Module:
+    """A model with dropout, so a resume must restore the RNG to land on the same weights."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(8, 1)
+    )
+
+
+def _flat(*models: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()]).clone()
+
+
+class Trace(Callback):
+    """Every loop hook, in order, with its step or epoch, and each step's metrics."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.rows: list[dict[str, float]] = []
+        self.positions: list[tuple[int, int, int]] = []
+
+    def on_train_start(self, state: LoopState) -> None:
+        self.calls.append(("on_train_start", state.step))
+
+    def on_epoch_start(self, state: LoopState, epoch: int) -> None:
+        self.calls.append(("on_epoch_start", epoch))
+
+    def pre_step(self, state: LoopState, step_idx: int, batch: Any) -> None:
+        self.calls.append(("pre_step", step_idx))
+
+    def on_step_end(self, state: LoopState, step_idx: int, batch: Any, metrics: dict) -> None:
+        self.calls.append(("on_step_end", step_idx))
+        self.rows.append(dict(metrics))
+        self.positions.append((step_idx, state.epoch, state.batch_in_epoch))
+
+    def on_eval(self, state: LoopState, step_idx: int, name: str, metrics: dict) -> None:
+        self.calls.append(("on_eval", step_idx))
+
+    def on_checkpoint(self, state: LoopState, row: Any) -> None:
+        self.calls.append(("on_checkpoint", row.step))
+
+    def on_epoch_end(self, state: LoopState, epoch: int) -> None:
+        self.calls.append(("on_epoch_end", epoch))
+
+    def on_train_end(self, state: LoopState, artifacts: Any) -> None:
+        self.calls.append(("on_train_end", state.step))
+
+
+class Crash(Callback):
+    """Fails the fit at the end of step `at`, before that step's save: a resume starts from
+    the save before."""
+
+    priority = -100
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, state: LoopState, step_idx: int, batch: Any, metrics: dict) -> None:
+        if step_idx == self.at:
+            raise RuntimeError(f"crash at step {step_idx}")
+
+
+def _interrupted_then_resumed(make: Any, folder: Path, crash_at: int) -> Any:
+    """Fit `make()` until it crashes at `crash_at`, then fit a fresh `make()` to the end."""
+    with pytest.raises(Exception, match=f"crash at step {crash_at}"):
+        make([Crash(crash_at)]).fit(run_dir=folder)
+    return make([])
+
+
+# --------------------------------------------------------------------------------------------
+# schedulers in the loop
+
+
+def test_reduce_lr_on_plateau_steps_with_the_fresh_eval_value() -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    trace = Trace()
+    TrainingLoop(
+        model, opt, _batches(), _mse, 6,
+        scheduler=Schedule(plateau, metric="val/loss"),
+        evaluators=[Evaluator("val", lambda m: {"loss": 1.0}, every=2)],  # never improves
+        callbacks=[trace],
+    ).fit()  # fmt: skip
+    # evals at 2, 4, 6: the first sets the best, each later one halves the rate
+    assert [r["lr"] for r in trace.rows] == [0.1, 0.1, 0.1, 0.1, 0.05, 0.05]
+    assert opt.param_groups[0]["lr"] == 0.025
+
+
+def test_a_bare_reduce_lr_on_plateau_is_refused_when_the_loop_is_built() -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=r"^ReduceLROnPlateau steps on a metric: pass Schedule"):
+        TrainingLoop(model, opt, _batches(), _mse, 2,
+                     scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt))  # fmt: skip
+
+
+def test_a_schedule_metric_that_nothing_logs_fails_before_the_first_step() -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    trace = Trace()
+    loop = TrainingLoop(
+        model, opt, _batches(), _mse, 2,
+        scheduler=Schedule(plateau, metric="val/los"),
+        evaluators=[Evaluator("val", lambda m: {"loss": 1.0}, every=1, metrics=["loss"])],
+        callbacks=[trace],
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        loop.fit()
+    assert str(err.value).startswith(
+        "Schedule(ReduceLROnPlateau, metric='val/los'): no evaluator, loss function or callback "
+        "logs metric 'val/los'; did you mean 'val/loss'?"
+    )
+    assert trace.calls == []
+
+
+def test_a_per_epoch_scheduler_steps_after_each_epoch() -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step_lr = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    trace = Trace()
+    TrainingLoop(model, opt, _batches(2), _mse, num_epochs=3,
+                 scheduler=Schedule(step_lr, every="epoch"), callbacks=[trace]).fit()  # fmt: skip
+    assert [r["lr"] for r in trace.rows] == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+
+
+def test_a_per_epoch_scheduler_without_epochs_is_refused() -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step_lr = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(model, opt, _batches(2), _mse, 4, scheduler=Schedule(step_lr, every="epoch"))
+    assert str(err.value) == (
+        "Schedule(StepLR, every='epoch') needs the loop to count epochs: pass num_epochs=N "
+        "or steps_per_epoch=N"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# several optimizers, a custom train step
+
+
+def test_a_list_of_optimizers_without_a_train_step_is_one_line() -> None:
+    g, d = torch.nn.Linear(3, 1), torch.nn.Linear(1, 1)
+    opts = [torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)]
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(g, opts, _batches(), _mse, 2)
+    assert str(err.value) == (
+        "2 optimizers (0, 1): the default step cannot know which loss steps which; pass "
+        "train_step=fn, where fn(loop, batch) does its own backward and optimizer steps"
+    )
+
+
+class Gan(torch.nn.Module):
+    """A generator and a discriminator in one module, so the loop saves both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.g = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        self.d = torch.nn.Sequential(
+            torch.nn.Linear(3, 8), torch.nn.LeakyReLU(0.2), torch.nn.Dropout(0.2),
+            torch.nn.Linear(8, 1),
+        )  # fmt: skip
+
+
+def gan_step(loop: TrainingLoop, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """One DCGAN-style step: the discriminator on real and fake, then the generator."""
+    real, _ = batch
+    model, opt_g, opt_d = loop.model, loop.optimizers["G"], loop.optimizers["D"]
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    noise = torch.randn(real.shape[0], 2)
+    fake = model.g(noise)
+    opt_d.zero_grad()
+    ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+    loss_d = bce(model.d(real), ones) + bce(model.d(fake.detach()), zeros)
+    loss_d.backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    loss_g = bce(model.d(fake), ones)
+    loss_g.backward()
+    opt_g.step()
+    return loss_g, {"loss_d": loss_d.item()}
+
+
+def _gan_loop(callbacks: list[Callback], folder: Path | None = None) -> TrainingLoop:
+    model = Gan()
+    opt_g = torch.optim.Adam(model.g.parameters(), lr=0.01)
+    opt_d = torch.optim.Adam(model.d.parameters(), lr=0.02)
+    scheds = [
+        torch.optim.lr_scheduler.StepLR(opt_g, step_size=3, gamma=0.5),
+        torch.optim.lr_scheduler.StepLR(opt_d, step_size=4, gamma=0.5),
+    ]
+    return TrainingLoop(
+        model, {"G": opt_g, "D": opt_d}, _shuffled(), None, 10,
+        train_step=gan_step, scheduler=scheds, loss_metrics=["loss_d"],
+        checkpoint=CheckpointConfig(every=2), callbacks=callbacks,
+    )  # fmt: skip
+
+
+def test_a_gan_with_two_optimizers_trains_and_logs_both_losses(tmp_path: Path) -> None:
+    trace = Trace()
+    loop = _gan_loop([trace])
+    artifacts = loop.fit(run_dir=tmp_path)
+    assert artifacts.step == 10
+    assert [sorted(r) for r in trace.rows[:1]] == [
+        ["grad_norm", "loss", "loss_d", "lr", "step_time"]
+    ]
+    assert all(math.isnan(r["grad_norm"]) for r in trace.rows)  # the step is the user's: unmeasured
+    assert [r["lr"] for r in trace.rows] == [0.01] * 3 + [0.005] * 3 + [0.0025] * 3 + [0.00125]
+    assert loop.optimizers["D"].param_groups[0]["lr"] == 0.02 / 4  # stepped 10 times, size 4
+
+
+def test_a_gan_resumed_after_a_crash_lands_on_the_same_weights(tmp_path: Path) -> None:
+    straight = _gan_loop([])
+    straight.fit(run_dir=tmp_path / "straight")
+    resumed = _interrupted_then_resumed(
+        lambda cbs: _gan_loop(cbs), tmp_path / "resumed", crash_at=7
+    )
+    trace = Trace()
+    resumed.callbacks.append(trace)
+    resumed.fit(run_dir=tmp_path / "resumed")
+    assert trace.calls[0] == ("on_train_start", 6)  # from the save at step 6
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
+    for name in ("G", "D"):
+        a, b = resumed.optimizers[name].state_dict(), straight.optimizers[name].state_dict()
+        assert a["param_groups"] == b["param_groups"]
+        for key in a["state"]:
+            assert torch.equal(a["state"][key]["exp_avg"], b["state"][key]["exp_avg"])
+
+
+def test_a_subclass_overrides_train_step() -> None:
+    class Halved(TrainingLoop):
+        def train_step(self, batch: Any) -> float:
+            self.optimizer.zero_grad()
+            loss = _mse(self.model, batch) / 2
+            loss.backward()
+            self.optimizer.step()
+            return loss.item()  # a float is a loss too
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    ref = copy.deepcopy(model)
+    trace = Trace()
+    data = _batches()
+    Halved(model, torch.optim.SGD(model.parameters(), lr=0.1), data, None, 3,
+           callbacks=[trace]).fit()  # fmt: skip
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    expected = []
+    for step in range(3):
+        ref_opt.zero_grad()
+        loss = _mse(ref, data[step]) / 2
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.item())
+    assert [r["loss"] for r in trace.rows] == expected
+    assert torch.equal(_flat(model), _flat(ref))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"grad_clip": 1.0}, "grad_clip=1.0 with a custom train_step: clip inside your step"),
+        ({"accumulate": 2}, "accumulate=2 with a custom train_step: accumulate inside your step"),
+    ],
+)
+def test_what_a_custom_step_does_itself_is_refused(kw: dict[str, Any], message: str) -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(model, opt, _batches(), None, 2, train_step=lambda loop, b: 0.0, **kw)
+    assert str(err.value).startswith(message)
+
+
+def test_no_loss_fn_and_no_train_step_is_one_line() -> None:
+    model = _net()
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(), None, 2)
+    assert str(err.value) == (
+        "no loss_fn: pass loss_fn(model, batch) -> loss, or train_step=fn for a step of your own"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# LBFGS: a closure optimizer with the default step
+
+
+def _lbfgs_loop(callbacks: list[Callback]) -> TrainingLoop:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=5)
+    return TrainingLoop(model, opt, _shuffled(), _mse, 8,
+                        checkpoint=CheckpointConfig(every=2), callbacks=callbacks)  # fmt: skip
+
+
+def test_lbfgs_trains_with_the_default_step(tmp_path: Path) -> None:
+    trace = Trace()
+    _lbfgs_loop([trace]).fit(run_dir=tmp_path)
+    losses = [r["loss"] for r in trace.rows]
+    assert len(losses) == 8 and losses[-1] < losses[0] / 10
+    assert all(r["grad_norm"] > 0 for r in trace.rows)
+
+
+def test_lbfgs_resumes_on_the_same_weights(tmp_path: Path) -> None:
+    straight = _lbfgs_loop([])
+    straight.fit(run_dir=tmp_path / "straight")
+    resumed = _interrupted_then_resumed(_lbfgs_loop, tmp_path / "resumed", crash_at=5)
+    resumed.fit(run_dir=tmp_path / "resumed")
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
+
+
+# --------------------------------------------------------------------------------------------
+# gradient accumulation
+
+
+def test_accumulation_steps_once_per_k_micro_batches_with_averaged_metrics() -> None:
+    data = _batches(4)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)  # no dropout: the hand-made steps below match bit for bit
+    ref = copy.deepcopy(model)
+    trace = Trace()
+
+    losses: list[torch.Tensor] = []
+
+    def loss_fn(m: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = _mse(m, batch)
+        losses.append(loss.detach().clone())
+        return loss, {"n": float(batch[0].shape[0] * len(losses))}
+
+    loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, loss_fn, 2,
+                        accumulate=2, callbacks=[trace])  # fmt: skip
+    loop.fit()
+    assert [c for c in trace.calls if c[0] in ("pre_step", "on_step_end")] == [
+        ("pre_step", 1), ("on_step_end", 1), ("pre_step", 2), ("on_step_end", 2)
+    ]  # fmt: skip
+    # the mean of the micro-batches' losses, taken on the device (one .item() per step)
+    assert [r["loss"] for r in trace.rows] == [
+        ((losses[0] + losses[1]) / 2).item(), ((losses[2] + losses[3]) / 2).item()
+    ]  # fmt: skip
+    assert [r["n"] for r in trace.rows] == [(4 + 8) / 2, (12 + 16) / 2]
+    assert trace.positions == [(1, 0, 2), (2, 0, 4)]  # the data position counts micro-batches
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        ref_opt.zero_grad()
+        for micro in range(2):
+            (_mse(ref, data[2 * step + micro]) / 2).backward()
+        ref_opt.step()
+    assert torch.equal(_flat(model), _flat(ref))
+
+
+def _accumulating(callbacks: list[Callback]) -> TrainingLoop:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    # 6 batches a pass, 4 per step: each epoch is 1 step and leaves 2 batches unused
+    return TrainingLoop(model, opt, _shuffled(24, 4), _mse, 5, accumulate=4, scheduler=sched,
+                        checkpoint=CheckpointConfig(every=2), callbacks=callbacks)  # fmt: skip
+
+
+def test_accumulation_leaves_a_pass_s_incomplete_group_unused() -> None:
+    trace = Trace()
+    loop = _accumulating([trace])
+    loop.checkpoint = None
+    loop.fit()
+    assert trace.positions == [(s, s - 1, 4) for s in range(1, 6)]
+
+
+def test_accumulation_resumes_on_the_same_weights(tmp_path: Path) -> None:
+    straight = _accumulating([])
+    straight.fit(run_dir=tmp_path / "straight")
+    resumed = _interrupted_then_resumed(_accumulating, tmp_path / "resumed", crash_at=3)
+    resumed.fit(run_dir=tmp_path / "resumed")
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True])
+def test_accumulate_must_be_a_positive_int(bad: Any) -> None:
+    model = _net()
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(), _mse, 2,
+                     accumulate=bad)  # fmt: skip
+    assert str(err.value) == f"accumulate={bad!r}: give the micro-batches per step, an int >= 1"
+
+
+# --------------------------------------------------------------------------------------------
+# epochs
+
+
+def test_epochs_fire_their_hooks_around_their_steps_evals_and_saves(tmp_path: Path) -> None:
+    trace = Trace()
+    model = _net()
+    TrainingLoop(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(2), _mse,
+        num_epochs=2,
+        evaluators=[Evaluator("val", lambda m: {"loss": 1.0}, every_epochs=1)],
+        checkpoint=CheckpointConfig(every=2, save_at_end=False),
+        callbacks=[trace],
+    ).fit(run_dir=tmp_path)  # fmt: skip
+    assert trace.calls == [
+        ("on_train_start", 0),
+        ("on_epoch_start", 0),
+        ("pre_step", 1), ("on_step_end", 1),
+        ("pre_step", 2), ("on_step_end", 2), ("on_eval", 2), ("on_checkpoint", 2),
+        ("on_epoch_end", 0),
+        ("on_epoch_start", 1),
+        ("pre_step", 3), ("on_step_end", 3),
+        ("pre_step", 4), ("on_step_end", 4), ("on_eval", 4), ("on_checkpoint", 4),
+        ("on_epoch_end", 1),
+        ("on_train_end", 4),
+    ]  # fmt: skip
+
+
+def test_an_epoch_with_accumulation_is_len_data_floor_k_steps() -> None:
+    trace = Trace()
+    model = _net()
+    loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(5), _mse,
+                        num_epochs=2, accumulate=2, callbacks=[trace])  # fmt: skip
+    assert loop.num_steps == 4 and loop.steps_per_epoch == 2
+    loop.fit()
+    assert [c for c in trace.calls if "epoch" in c[0]] == [
+        ("on_epoch_start", 0), ("on_epoch_end", 0), ("on_epoch_start", 1), ("on_epoch_end", 1)
+    ]  # fmt: skip
+    assert trace.positions == [(1, 0, 2), (2, 0, 4), (3, 1, 2), (4, 1, 4)]
+
+
+def test_steps_per_epoch_gives_epochs_to_data_without_a_length() -> None:
+    def stream() -> Any:
+        yield from _batches(4)
+
+    class Restartable:
+        def __iter__(self) -> Any:
+            return stream()
+
+    trace = Trace()
+    model = _net()
+    loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), Restartable(), _mse,
+                        num_epochs=3, steps_per_epoch=2, callbacks=[trace])  # fmt: skip
+    loop.fit()
+    assert trace.positions == [(1, 0, 1), (2, 0, 2), (3, 1, 1), (4, 1, 2), (5, 2, 1), (6, 2, 2)]
+
+
+def _epochs(callbacks: list[Callback]) -> TrainingLoop:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    return TrainingLoop(model, opt, _shuffled(20, 4), _mse, num_epochs=3,
+                        scheduler=Schedule(sched, every="epoch"),
+                        checkpoint=CheckpointConfig(every=3), callbacks=callbacks)  # fmt: skip
+
+
+def test_epochs_resume_mid_epoch_on_the_same_weights(tmp_path: Path) -> None:
+    straight = _epochs([])
+    straight.fit(run_dir=tmp_path / "straight")
+    resumed = _interrupted_then_resumed(_epochs, tmp_path / "resumed", crash_at=8)
+    trace = Trace()
+    resumed.callbacks.append(trace)
+    resumed.fit(run_dir=tmp_path / "resumed")
+    assert trace.calls[:3] == [("on_train_start", 6), ("pre_step", 7), ("on_step_end", 7)]
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"num_steps": 4, "num_epochs": 2},
+            "num_steps=4, num_epochs=2: give num_steps=N or num_epochs=N, not both",
+        ),
+        ({}, "give num_steps=N or num_epochs=N"),
+        ({"num_epochs": 0}, "num_epochs=0: give the number of epochs, an int >= 1"),
+        ({"num_epochs": 1, "data": iter(())}, "num_epochs needs the epoch's length: data has no"),
+        ({"num_epochs": 1, "accumulate": 5}, "an epoch of 4 batches holds no step of 5"),
+    ],
+)
+def test_epoch_settings_are_checked(kw: dict[str, Any], message: str) -> None:
+    model = _net()
+    data = kw.pop("data", _batches(4))
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, _mse, **kw)
+    assert str(err.value).startswith(message)

@@ -1,0 +1,138 @@
+"""Where the loop's batches come from: passes over `data`, `accumulate` micro-batches a step.
+
+`LoopState.epoch` counts the passes over `data` and `LoopState.batch_in_epoch` the
+micro-batches taken from the current pass: the data position a checkpoint keeps. A step takes
+`accumulate` consecutive micro-batches of one pass, never two: the ``len(data) % accumulate``
+batches left at a pass's end are not used (as ``DataLoader(drop_last=True)`` does with
+samples), so every pass gives the same number of steps.
+
+A loop that counts epochs (``num_epochs`` or ``steps_per_epoch``) makes each epoch exactly
+``steps_per_epoch`` steps: a fresh pass over `data` starts at each epoch, and what that pass
+has beyond the epoch is not used; data that runs out sooner is an error. A loop that does not
+count epochs starts the next pass whenever one runs out.
+
+Exact resume: the order of a shuffled pass is drawn from the global RNG when its iterator is
+created, so the RNG state at the start of each pass is kept (`epoch_rng`, saved in each
+checkpoint); a resume re-creates the pass from it, skips the batches already taken, and only
+then restores the checkpoint's RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from lab._seeding import rng_state, set_rng_state
+from lab.errors import CheckpointError, ConfigError
+from lab.hooks import LoopState
+
+__all__ = ["Feed"]
+
+_END = object()
+
+
+class Feed:
+    """The micro-batches of each step, and the data position they advance.
+
+    `restored` is the payload of the checkpoint being resumed (its ``rng`` and
+    ``epoch_rng``), or None. The pass is opened at the first `take`, so nothing the loop
+    does before its first step (hooks, evals at start) sees the restored RNG too early.
+    """
+
+    def __init__(
+        self,
+        data: Iterable[Any],
+        accumulate: int,
+        steps_per_epoch: int | None,
+        state: LoopState,
+        restored: dict[str, Any] | None = None,
+    ) -> None:
+        self.data = data
+        self.accumulate = accumulate
+        self.steps_per_epoch = steps_per_epoch
+        self.per_pass = steps_per_epoch * accumulate if steps_per_epoch is not None else None
+        self.state = state
+        self.restored = restored
+        self.epoch_rng: dict[str, Any] | None = None  # the RNG when the current pass began
+        self._items: Iterator[Any] | None = None
+        self._group: list[Any] = [None] * accumulate  # reused: a step allocates no list
+        self._first_pass = True
+
+    def take(self) -> list[Any]:
+        """The next step's micro-batches (one list, reused: copy what you keep)."""
+        group, k = self._group, self.accumulate
+        i = 0
+        while i < k:
+            if self._items is None:
+                self._open()
+            item = next(self._items, _END)  # type: ignore[arg-type]
+            if item is _END:
+                self._pass_ended(i)  # the partial group is dropped; a new pass follows
+                i = 0
+                continue
+            group[i] = item
+            i += 1
+        self.state.batch_in_epoch += k
+        return group
+
+    def next_epoch(self) -> None:
+        """Begin the next epoch (a loop that counts epochs calls it before each epoch's first
+        step and its `on_epoch_start`); a no-op at a pass's start."""
+        state = self.state
+        if state.batch_in_epoch == 0:
+            return
+        if self.restored is not None:  # resumed at an epoch's end: nothing left to replay
+            set_rng_state(self.restored["rng"])
+            self.restored = None
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        self._items = None
+
+    def _open(self) -> None:
+        restored, self.restored = self.restored, None
+        if restored is not None and restored.get("epoch_rng") is None:
+            set_rng_state(restored["rng"])  # saved before the first pass began
+            restored = None
+        if restored is None:
+            self.epoch_rng = rng_state()
+            self._items = iter(self.data)
+            return
+        set_rng_state(restored["epoch_rng"])
+        self.epoch_rng = restored["epoch_rng"]
+        items = iter(self.data)
+        state = self.state
+        for taken in range(state.batch_in_epoch):
+            if next(items, _END) is _END:
+                raise CheckpointError(
+                    f"the data has {taken} batches in epoch {state.epoch}, but the "
+                    f"checkpoint was taken after {state.batch_in_epoch}; resume with "
+                    "the same data, or start fresh with resume=False"
+                )
+        set_rng_state(restored["rng"])
+        self._items = items
+
+    def _pass_ended(self, partial: int) -> None:
+        state, k = self.state, self.accumulate
+        drawn = state.batch_in_epoch + partial
+        if drawn == 0 and self._first_pass:
+            raise ConfigError("data yielded no batches; give TrainingLoop a non-empty iterable")
+        if drawn == 0:
+            raise ConfigError(
+                "data yielded no batches in its second epoch: it is a one-shot iterator; "
+                "pass a re-iterable such as a list or a DataLoader"
+            )
+        if self.per_pass is not None:
+            raise ConfigError(
+                f"data ran out after {drawn} batches in epoch {state.epoch}, but an epoch is "
+                f"steps_per_epoch={self.steps_per_epoch} steps of {k} batches; lower "
+                "steps_per_epoch, or give more data"
+            )
+        if state.batch_in_epoch == 0:
+            raise ConfigError(
+                f"a pass over data gave {partial} batches, fewer than accumulate={k}: lower "
+                "accumulate, or give more data"
+            )
+        self._first_pass = False
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        self._items = None
