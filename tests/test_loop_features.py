@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -717,3 +718,27 @@ def test_epoch_settings_are_checked(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, _mse, **kw)
     assert str(err.value).startswith(message)
+
+
+# --------------------------------------------------------------------------------------------
+# the page
+
+
+def test_the_loop_page_examples_run_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    page = Path(__file__).resolve().parent.parent / "docs" / "loop.md"
+    namespace: dict[str, object] = {"__name__": "docs"}
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+        exec(compile(block, str(page), "exec"), namespace)
+    assert capsys.readouterr().out.splitlines() == [
+        "['grad_norm', 'loss', 'lr', 'step_time', 'val/epoch', 'val/loss']",
+        "36 2.0 0.00625",
+        "[12, 24, 36]",
+        "0.0125",
+        "ReduceLROnPlateau steps on a metric: pass Schedule(sched, metric='val/loss') (an eval's "
+        "or a step's metric name) instead of the bare scheduler",
+        "['grad_norm', 'loss', 'loss_d', 'lr', 'step_time']",
+        "2 optimizers (0, 1): the default step cannot know which loss steps which; pass "
+        "train_step=fn, where fn(loop, batch) does its own backward and optimizer steps",
+        "True",
+        "2 4",
+    ]
