@@ -5,7 +5,9 @@ that say when each steps:
 
 - a plain scheduler (``StepLR``, ``OneCycleLR``, ``LambdaLR``...) steps after each optimizer
   step, as ``Schedule(sched, every="step")``; ``Schedule(sched, every="epoch")`` steps it
-  after each epoch's last step instead (its evals and saves come after);
+  after each epoch's last optimizer step instead, where a script's ``scheduler.step()`` at
+  the end of its epoch loop would (the evals and the save due at that step come after, so a
+  checkpoint holds the stepped scheduler);
 - a scheduler whose ``step`` needs a value (``ReduceLROnPlateau``) names the metric that
   drives it: ``Schedule(sched, metric="val/loss")``. An eval's metric (``<eval>/<key>``)
   steps it right after each eval that measured it, so it never sees a stale value; a step
@@ -13,8 +15,9 @@ that say when each steps:
   ``every="epoch"`` with the value of the epoch's last step.
 
 A scheduler steps after the optimizer step it follows, before ``on_step_end``, so ``lr`` in
-a step's metrics is the rate that step used. Every scheduler's state is saved in each
-checkpoint and restored on resume, in the order given.
+a step's metrics is the rate that step used; one driven by an eval's metric steps in
+``on_eval``, before the save due at that step. Every scheduler's state is saved in each
+checkpoint and restored on resume (by the run handle, with the optimizers').
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any, Literal
 import torch
 
 from lab._secrets import logger
-from lab.errors import CheckpointError, ConfigError
+from lab.errors import ConfigError
+from lab.hooks import Callback, LoopState
 
 log = logger("lab.loop")
 
@@ -109,12 +113,17 @@ def as_schedules(given: Any) -> list[Schedule]:
     return [item if isinstance(item, Schedule) else Schedule(item) for item in items]
 
 
-class Schedules:
+class Schedules(Callback):
     """The loop's schedulers, sorted once by when they step, so a step pays one short loop.
 
     `eval_names` are the loop's evaluators: a metric ``<eval>/<key>`` of one of them is an
-    eval metric (stepped after that eval); any other name is a step metric.
+    eval metric, stepped in `on_eval` right after that eval measured it (the loop attaches
+    this object as a callback for that); any other name is a step metric. The metric names
+    are declared in `metrics_needed`, so a typo fails before the first step. It is
+    `critical`: a scheduler that raises fails the run, as it would in a script.
     """
+
+    critical = True
 
     def __init__(self, items: Iterable[Schedule], eval_names: Iterable[str] = ()) -> None:
         self.items = list(items)
@@ -141,9 +150,15 @@ class Schedules:
     def __bool__(self) -> bool:
         return bool(self.items)
 
-    def needed(self) -> dict[str, str]:
+    @property
+    def metrics_needed(self) -> dict[str, str]:  # type: ignore[override]
         """{metric name: who needs it}, for the needed-names check before the first step."""
         return {item.metric: item.label for item in self.items if item.metric is not None}
+
+    @property
+    def steps_on_evals(self) -> bool:
+        """Whether some scheduler steps on an eval's metric (then attach this as a callback)."""
+        return bool(self._eval_metric)
 
     def after_step(self, metrics: Mapping[str, float]) -> None:
         """Step the per-step schedulers, after the optimizer step."""
@@ -152,13 +167,16 @@ class Schedules:
         for sched, metric in self._step_metric:
             self._step_with(sched, metric, metrics)
 
-    def after_eval(self, eval_name: str, metrics: Mapping[str, float]) -> None:
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: Mapping[str, float]
+    ) -> None:
         """Step the schedulers driven by a metric of eval `eval_name`, just measured."""
         for sched, key in self._eval_metric.get(eval_name, ()):
             self._step_with(sched, f"{eval_name}/{key}", metrics, key)
 
     def after_epoch(self, metrics: Mapping[str, float]) -> None:
-        """Step the per-epoch schedulers; `metrics` are the epoch's last step's."""
+        """Step the per-epoch schedulers after an epoch's last optimizer step; `metrics` are
+        that step's."""
         for sched in self._per_epoch:
             sched.step()
         for sched, metric in self._epoch_metric:
@@ -177,18 +195,3 @@ class Schedules:
                 )  # fmt: skip
             return
         sched.step(value)
-
-    def state_dict(self) -> list[dict[str, Any]]:
-        """Every scheduler's state, in the order given."""
-        return [item.scheduler.state_dict() for item in self.items]
-
-    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
-        """Restore the states saved by `state_dict`; the number must match."""
-        if len(states) != len(self.items):
-            raise CheckpointError(
-                f"the checkpoint holds {len(states)} scheduler states but the loop has "
-                f"{len(self.items)} schedulers; resume with the same schedulers, or start "
-                "fresh with resume=False"
-            )
-        for item, state in zip(self.items, states, strict=True):
-            item.scheduler.load_state_dict(state)
