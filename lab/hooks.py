@@ -15,9 +15,13 @@ The lifecycle, with every hook in the place it fires::
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
                     [on_epoch_start(state, epoch)]       # when the loop counts epochs
+                                                         # (again for an epoch resumed
+                                                         # mid-way)
                     each step:
-                        pre_step(state, step_idx, batch)
-                        forward, backward, optimizer step
+                        pre_step(state, step_idx, batch) # once per optimizer step, before
+                                                         # its first micro-batch
+                        forward, backward, optimizer step # (accumulate=k: k forwards and
+                                                          # backwards, then one step)
                         on_step_end(state, step_idx, batch, metrics)
                         [on_media(state, step_idx, media)] # histograms, images logged
                         in-loop evals:  on_eval(state, step_idx, eval_name, metrics)

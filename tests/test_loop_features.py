@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab import Callback, CheckpointConfig, TrainingLoop
+from lab import Callback, CheckpointConfig, RunHandle, TrainingLoop
 from lab.errors import ConfigError
 from lab.hooks import LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
@@ -730,3 +730,33 @@ def test_the_loop_page_examples_run_in_order(capsys: pytest.CaptureFixture[str])
         "True",
         "2 4",
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# a loop of one's own: the run handle's epochs
+
+
+def test_a_handle_with_steps_per_epoch_runs_every_epochs_evaluators() -> None:
+    model = torch.nn.Linear(1, 1)
+    seen: list[tuple[int | None, int]] = []
+
+    def val(m: torch.nn.Module, ctx: EvalContext) -> dict[str, float]:
+        seen.append((ctx.step, ctx.state.epoch))  # type: ignore[union-attr]
+        return {"loss": 0.0}
+
+    ev = Evaluator("val", val, every_epochs=1)
+    with RunHandle(None, model, _opt(), num_steps=6, evaluators=[ev], steps_per_epoch=3) as loop:
+        for step in loop.steps():
+            loop.state.epoch = (step - 1) // 3
+            loop.end_step({"loss": 1.0})
+    assert seen == [(3, 0), (6, 1)]
+
+
+def test_a_handle_without_steps_per_epoch_refuses_every_epochs_evaluators() -> None:
+    ev = Evaluator("val", lambda m: {}, every_epochs=1)
+    with pytest.raises(ConfigError) as err:
+        RunHandle(None, torch.nn.Linear(1, 1), _opt(), num_steps=2, evaluators=[ev])
+    assert str(err.value) == (
+        "Evaluator 'val' (every_epochs=1) needs the loop to count epochs: pass num_epochs=N "
+        "or steps_per_epoch=N"
+    )

@@ -20,11 +20,13 @@ then restores the checkpoint's RNG.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab._seeding import rng_state, set_rng_state
 from lab.errors import CheckpointError, ConfigError
-from lab.hooks import LoopState
+
+if TYPE_CHECKING:
+    from lab.loop.handle import RunHandle
 
 __all__ = ["Feed"]
 
@@ -32,11 +34,14 @@ _END = object()
 
 
 class Feed:
-    """The micro-batches of each step, and the data position they advance.
+    """The micro-batches of each step for the run `handle` drives, and the data position.
 
-    `restored` is the payload of the checkpoint being resumed (its ``rng`` and
-    ``epoch_rng``), or None. The pass is opened at the first `take`, so nothing the loop
-    does before its first step (hooks, evals at start) sees the restored RNG too early.
+    The position lives in ``handle.state``; the RNG state at the current pass's start goes
+    where the handle saves it with each checkpoint, and a resumed handle's checkpoint is
+    read back here (its ``rng`` and ``epoch_rng``). The pass is opened at the first `take`,
+    so nothing the loop does before its first step (hooks, evals at start) can shift it.
+    This is `RunHandle.batches` for a loop that takes several micro-batches a step or has
+    epochs of a fixed length.
     """
 
     def __init__(
@@ -44,16 +49,14 @@ class Feed:
         data: Iterable[Any],
         accumulate: int,
         steps_per_epoch: int | None,
-        state: LoopState,
-        restored: dict[str, Any] | None = None,
+        handle: RunHandle,
     ) -> None:
         self.data = data
         self.accumulate = accumulate
         self.steps_per_epoch = steps_per_epoch
         self.per_pass = steps_per_epoch * accumulate if steps_per_epoch is not None else None
-        self.state = state
-        self.restored = restored
-        self.epoch_rng: dict[str, Any] | None = None  # the RNG when the current pass began
+        self.handle = handle
+        self.state = handle.state
         self._items: Iterator[Any] | None = None
         self._group: list[Any] = [None] * accumulate  # reused: a step allocates no list
         self._first_pass = True
@@ -81,24 +84,25 @@ class Feed:
         state = self.state
         if state.batch_in_epoch == 0:
             return
-        if self.restored is not None:  # resumed at an epoch's end: nothing left to replay
-            set_rng_state(self.restored["rng"])
-            self.restored = None
+        restored, self.handle._restored = self.handle._restored, None
+        if restored is not None:  # resumed at an epoch's end: nothing left to replay
+            set_rng_state(restored["rng"])
         state.epoch += 1
         state.batch_in_epoch = 0
         self._items = None
 
     def _open(self) -> None:
-        restored, self.restored = self.restored, None
+        handle = self.handle
+        restored, handle._restored = handle._restored, None
         if restored is not None and restored.get("epoch_rng") is None:
             set_rng_state(restored["rng"])  # saved before the first pass began
             restored = None
         if restored is None:
-            self.epoch_rng = rng_state()
+            handle._epoch_rng = rng_state()  # saved with each checkpoint of this pass
             self._items = iter(self.data)
             return
         set_rng_state(restored["epoch_rng"])
-        self.epoch_rng = restored["epoch_rng"]
+        handle._epoch_rng = restored["epoch_rng"]
         items = iter(self.data)
         state = self.state
         for taken in range(state.batch_in_epoch):
@@ -115,7 +119,7 @@ class Feed:
         state, k = self.state, self.accumulate
         drawn = state.batch_in_epoch + partial
         if drawn == 0 and self._first_pass:
-            raise ConfigError("data yielded no batches; give TrainingLoop a non-empty iterable")
+            raise ConfigError("data yielded no batches; give the loop a non-empty iterable")
         if drawn == 0:
             raise ConfigError(
                 "data yielded no batches in its second epoch: it is a one-shot iterator; "

@@ -45,6 +45,7 @@ from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
 from lab.loop.payload import callback_states
 from lab.loop.records import LoopArtifacts, TrainingBatch
+from lab.loop.steps import check_no_epoch_settings, positive_int
 
 if TYPE_CHECKING:
     from lab.experiment import RunSpec
@@ -120,6 +121,7 @@ class RunHandle:
         metrics: Sequence[str] | None = None,
         more_metrics: bool = False,
         stateful: Mapping[str, Any] | None = None,
+        steps_per_epoch: int | None = None,
     ) -> None:
         if num_steps is not None and (
             isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
@@ -156,6 +158,15 @@ class RunHandle:
                 )
         self.scaler = scaler
         self.num_steps = num_steps
+        #: Steps per epoch, when every epoch has as many: `Evaluator(every_epochs=N)` then
+        #: runs at the end of every N-th epoch (each step that is a multiple of it).
+        if steps_per_epoch is not None and not positive_int(steps_per_epoch):
+            raise ConfigError(
+                f"steps_per_epoch={steps_per_epoch!r}: give the steps per epoch, an int >= 1"
+            )
+        if steps_per_epoch is None:  # an every_epochs evaluator would never run
+            check_no_epoch_settings((), evaluators)
+        self.steps_per_epoch = steps_per_epoch
         self.checkpoint = checkpoint
         self.evaluators = list(evaluators)
         self.callbacks = list(callbacks)
@@ -463,8 +474,10 @@ class RunHandle:
             self._watch_step = False
             self._watch.after_step(step, clean)  # type: ignore[union-attr]
         if self.evaluators:  # no list is built: a step with nothing due allocates nothing
+            spe = self.steps_per_epoch
+            epoch_end = step // spe if spe is not None and step % spe == 0 else None
             for evaluator in self.evaluators:
-                if evaluator.due(step, num_steps=num_steps or 0):
+                if evaluator.due(step, num_steps=num_steps or 0, epoch_end=epoch_end):
                     self._run_eval(evaluator, step)
         last = step == num_steps or state.stop_requested
         if checkpoints is not None and (state.checkpoint_due or (last and config.save_at_end)):
@@ -754,7 +767,7 @@ class RunHandle:
         state, hooks = self.state, self.hooks
         started = time.perf_counter()
         try:
-            result = evaluator.run(state.model, step)
+            result = evaluator.run(state.model, step, state=state, device=self.device)
         except Exception as exc:
             log.exception("evaluator %r failed at step %d; training goes on", evaluator.name, step)
             result = EvalResult(

@@ -16,12 +16,22 @@ import torch
 
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
-from lab.hooks import Callback
+from lab.hooks import Callback, LoopState
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
+from lab.loop.feed import Feed
 from lab.loop.handle import RunHandle
 from lab.loop.metric_names import LOOP_METRICS
+from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.records import LoopArtifacts, TrainingBatch
+from lab.loop.schedules import Schedules, as_schedules
+from lab.loop.steps import (
+    check_custom_step,
+    check_no_epoch_settings,
+    epoch_length,
+    positive_int,
+    unpack_step,
+)
 
 if TYPE_CHECKING:
     from lab.experiment import RunSpec
@@ -29,16 +39,26 @@ if TYPE_CHECKING:
 __all__ = ["LoopArtifacts", "TrainingBatch", "TrainingLoop"]
 
 LossFn = Callable[[torch.nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, Any]]"]
+StepFn = Callable[["TrainingLoop", Any], Any]
 
 
 class TrainingLoop:
-    """Trains `model` for `num_steps` optimizer steps and fires every loop hook in place.
+    """Trains `model` for `num_steps` optimizer steps (or `num_epochs` passes over `data`)
+    and fires every loop hook in place.
 
     `loss_fn(model, batch)` returns a scalar loss tensor, or `(loss, metrics)` to log more;
     `loss_metrics` names the keys of those metrics, when they are known. With them, and
     `Evaluator(metrics=...)`, a metric name that a callback or the checkpoint config needs
     but nothing logs is an error before the first step (see `lab.loop.metric_names`).
     `data` is any iterable of batches and is iterated again at each epoch's end.
+
+    What real scripts need beside (docs/loop.md has an example of each): `optimizer` is one
+    optimizer, a list, or a dict of named ones; with more than one, `train_step=fn`
+    (``fn(loop, batch)``, or a subclass that overrides `train_step`) does the step itself.
+    A closure optimizer (LBFGS) works with the default step. `accumulate=k` takes k
+    micro-batches per optimizer step (`lab.loop.feed` says which batches an epoch uses).
+    `scheduler` is one scheduler, a list, or `Schedule` wrappers (per step, per epoch, or
+    driven by a metric: `lab.loop.schedules`).
 
     >>> import torch
     >>> model = torch.nn.Linear(2, 1)
@@ -52,11 +72,15 @@ class TrainingLoop:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Any,
         data: Iterable[Any],
-        loss_fn: LossFn,
-        num_steps: int,
+        loss_fn: LossFn | None = None,
+        num_steps: int | None = None,
         *,
+        num_epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        accumulate: int = 1,
+        train_step: StepFn | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         grad_clip: float | None = None,
@@ -66,19 +90,69 @@ class TrainingLoop:
         callbacks: Sequence[Callback] = (),
         loss_metrics: Sequence[str] | None = None,
     ) -> None:
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        if num_steps is not None and num_epochs is not None:
+            raise ConfigError(
+                f"num_steps={num_steps!r}, num_epochs={num_epochs!r}: give num_steps=N or "
+                "num_epochs=N, not both"
+            )
+        if num_steps is None and num_epochs is None:
+            raise ConfigError(
+                "give num_steps=N or num_epochs=N (optimizer steps, or passes over data)"
+            )
+        if num_steps is not None and not positive_int(num_steps):
             raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
+        if num_epochs is not None and not positive_int(num_epochs):
+            raise ConfigError(f"num_epochs={num_epochs!r}: give the number of epochs, an int >= 1")
+        if not positive_int(accumulate):
+            raise ConfigError(
+                f"accumulate={accumulate!r}: give the micro-batches per step, an int >= 1"
+            )
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip={grad_clip!r}: use a positive max norm, or None")
         names = [ev.name for ev in evaluators]
         if len(set(names)) != len(names):
             raise ConfigError(f"evaluator names must be unique, got {names}")
+        self.optimizers = as_optimizers(optimizer)
+        custom = train_step is not None or type(self).train_step is not TrainingLoop.train_step
+        if train_step is not None and not callable(train_step):
+            raise ConfigError(f"train_step={train_step!r}: give a function fn(loop, batch)")
+        if custom:
+            check_custom_step(grad_clip, accumulate)
+        elif loss_fn is None:
+            raise ConfigError(
+                "no loss_fn: pass loss_fn(model, batch) -> loss, or train_step=fn for a step "
+                "of your own"
+            )
+        elif len(self.optimizers) > 1:
+            raise ConfigError(
+                f"{len(self.optimizers)} optimizers ({', '.join(self.optimizers)}): the default "
+                "step cannot know which loss steps which; pass train_step=fn, where "
+                "fn(loop, batch) does its own backward and optimizer steps"
+            )
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer: torch.optim.Optimizer = next(iter(self.optimizers.values()))
+        self.closure = not custom and needs_closure(self.optimizer)
+        if self.closure and (scaler is not None or accumulate > 1):
+            what = "scaler" if scaler is not None else f"accumulate={accumulate}"
+            raise ConfigError(
+                f"{type(self.optimizer).__name__} steps with a closure, which takes no {what}: "
+                "drop it, or use an optimizer that steps without one"
+            )
         self.data = data
         self.loss_fn = loss_fn
-        self.num_steps = num_steps
+        self.accumulate = accumulate
+        self._custom = custom
+        self._train_step = train_step
+        self._optimizer_arg = optimizer  # as given: the handle names them the same way
+        self.steps_per_epoch = epoch_length(data, steps_per_epoch, num_epochs, accumulate)
+        self.num_epochs = num_epochs
+        self.num_steps: int = (
+            num_steps if num_steps is not None else num_epochs * self.steps_per_epoch  # type: ignore[operator]
+        )
+        self.schedules = as_schedules(scheduler)
         self.scheduler = scheduler
+        if self.steps_per_epoch is None:
+            check_no_epoch_settings(self.schedules, evaluators)
         self.scaler = scaler
         self.grad_clip = grad_clip
         self.device = torch.device(device) if device is not None else None
@@ -88,6 +162,23 @@ class TrainingLoop:
         if isinstance(loss_metrics, str):
             raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
         self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
+        self.handle: RunHandle | None = None  # the run handle of the fit under way
+        self.state: LoopState | None = None  # its state, for a custom train_step
+
+    def train_step(self, batch: Any) -> Any:
+        """One optimizer step of your own: forward, backward and the optimizer steps.
+
+        Override it in a subclass, or pass ``TrainingLoop(train_step=fn)`` with
+        ``fn(loop, batch)``; either way it returns the loss (a tensor or a float) or
+        ``(loss, {metric: value})``. The loop then neither zeroes, clips nor steps anything
+        (``grad_norm`` is NaN; ``lr`` is the first optimizer's): `self.optimizers` (by
+        name), `self.model`, `self.scaler`, `self.device`, `self.state` and `self.handle`
+        (to log histograms or images) are there for the step to use. Schedulers still step
+        after it, and every optimizer is saved in checkpoints as with the default step.
+        """
+        if self._train_step is None:
+            raise NotImplementedError("TrainingLoop.train_step runs only when overridden")
+        return self._train_step(self, batch)
 
     # ------------------------------------------------------------------------------------
     def fit(
@@ -111,74 +202,156 @@ class TrainingLoop:
         Without a run (a bare loop) the loop's own callbacks are dispatched, `close()` is
         called at the end, and checkpoints go under `run_dir`.
         """
+        scheduled = Schedules(self.schedules, (ev.name for ev in self.evaluators))
+        schedulers = [item.scheduler for item in self.schedules]
         handle = RunHandle(
             run,
             self.model,
-            self.optimizer,
+            self._optimizer_arg,
             num_steps=self.num_steps,
-            scheduler=self.scheduler,
+            scheduler=schedulers[0] if len(schedulers) == 1 else schedulers or None,
             scaler=self.scaler,
             checkpoint=self.checkpoint,
             evaluators=self.evaluators,
-            callbacks=self.callbacks,
+            # the schedules step on eval metrics in on_eval and declare the names they need
+            callbacks=[*self.callbacks, scheduled] if scheduled else self.callbacks,
             device=self.device,
+            steps_per_epoch=self.steps_per_epoch,
             resume=resume,
             run_dir=run_dir,
             metrics=[*LOOP_METRICS, *(self.loss_metrics or ())],
             more_metrics=self.loss_metrics is None,
         )
-        with handle:
-            self._train(handle)
+        self.handle = handle
+        try:
+            with handle:
+                self.state = handle.state
+                self._train(handle, scheduled)
+        finally:
+            self.handle = self.state = None
         assert handle.artifacts is not None
         return handle.artifacts
 
-    def _train(self, loop: RunHandle) -> None:
+    def _train(self, loop: RunHandle, scheduled: Schedules) -> None:
         # -- set up ------------------------------------------------------------------------
-        model, optimizer, scheduler, scaler = (
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.scaler,
-        )
+        model, scaler, device = self.model, self.scaler, self.device
         params = [p for p in model.parameters() if p.requires_grad]
-        grad_clip, device = self.grad_clip, self.device
-        batches = loop.batches(self.data)
+        grad_clip, accumulate, custom = self.grad_clip, self.accumulate, self._custom
+        spe = self.steps_per_epoch  # None: the loop does not count epochs
+        stepped = bool(scheduled)
+        feed = Feed(self.data, accumulate, spe, loop)
         batch = TrainingBatch()
         state = loop.state
+        # Resumed in the middle of an epoch: on_epoch_start fires for it again in this
+        # process, so each on_epoch_end has its start where it fires.
+        reopen = spe is not None and state.step % spe != 0
         for step_idx in loop.steps():
             # -- one step ----------------------------------------------------------------
-            batch.data = next(batches)
-            batch.epoch, batch.index = state.epoch, state.batch_in_epoch - 1
+            if spe is not None:
+                if (step_idx - 1) % spe == 0:
+                    feed.next_epoch()  # a fresh pass (a no-op at the very start)
+                    loop.start_epoch()
+                elif reopen:
+                    loop.start_epoch()
+                reopen = False
+            group = feed.take()  # `accumulate` micro-batches; the position counts each
+            batch.data = group[0]
+            batch.epoch, batch.index = state.epoch, state.batch_in_epoch - accumulate
             if device is not None:
                 batch.data = _to_device(batch.data, device)
-            loop.pre_step(batch)
+            loop.pre_step(batch)  # once per optimizer step, before its first micro-batch
             started = time.perf_counter()
-            loss, extra = _unpack_loss(self.loss_fn(model, batch.data))
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is None:
-                loss.backward()
-                grad_norm = _grad_norm(params, grad_clip) if params else None
-                lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
-                optimizer.step()
-            else:  # AMP: the norm and the clipping see the unscaled gradients
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                grad_norm = _grad_norm(params, grad_clip) if params else None
-                lr = float(optimizer.param_groups[0]["lr"])
-                scaler.step(optimizer)  # skipped when the gradients overflowed
-                scaler.update()
-            if scheduler is not None:
-                scheduler.step()
+            if custom:
+                lr = float(self.optimizer.param_groups[0]["lr"])
+                loss, extra = unpack_step(self.train_step(batch.data))
+                grad_norm = None
+            elif self.closure:
+                loss, extra, grad_norm, lr = self._closure_step(batch.data, params)
+            else:
+                optimizer = self.optimizer
+                if accumulate == 1:
+                    loss, extra = _unpack_loss(self.loss_fn(model, batch.data))  # type: ignore[misc]
+                    optimizer.zero_grad(set_to_none=True)
+                    if scaler is None:
+                        loss.backward()
+                    else:
+                        scaler.scale(loss).backward()
+                else:
+                    loss, extra = self._accumulate(group, batch.data)
+                if scaler is None:
+                    grad_norm = _grad_norm(params, grad_clip) if params else None
+                    lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
+                    optimizer.step()
+                else:  # AMP: the norm and the clipping see the unscaled gradients
+                    scaler.unscale_(optimizer)
+                    grad_norm = _grad_norm(params, grad_clip) if params else None
+                    lr = float(optimizer.param_groups[0]["lr"])
+                    scaler.step(optimizer)  # skipped when the gradients overflowed
+                    scaler.update()
             metrics = {
-                "loss": loss.item(),
+                "loss": loss.item() if isinstance(loss, torch.Tensor) else loss,
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                 "step_time": time.perf_counter() - started,
             }
             if extra:
                 metrics.update(_metric_floats(extra, step_idx))
+            epoch_end = spe is not None and step_idx % spe == 0
+            if stepped:
+                scheduled.after_step(metrics)
+                if epoch_end:  # where a script steps its per-epoch schedulers
+                    scheduled.after_epoch(metrics)
             # -- on_step_end, the evals and the save due after it ------------------------
             loop.end_step(metrics, batch)
+            if epoch_end:
+                loop.end_epoch()
+
+    def _accumulate(self, group: list[Any], first: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Forward and backward each micro-batch with its loss scaled by 1/k, so the summed
+        gradients are those of the mean loss; returns the mean loss and mean metrics (the
+        loss is averaged on its device: one ``.item()`` per step, not per micro-batch)."""
+        k, model, scaler, device = self.accumulate, self.model, self.scaler, self.device
+        self.optimizer.zero_grad(set_to_none=True)
+        total: torch.Tensor | None = None
+        sums: dict[str, float] = {}
+        for i, micro in enumerate(group):
+            if i > 0 and device is not None:
+                micro = _to_device(micro, device)
+            out = self.loss_fn(model, first if i == 0 else micro)  # type: ignore[misc]
+            loss, extra = _unpack_loss(out)
+            scaled = loss / k
+            if scaler is None:
+                scaled.backward()
+            else:
+                scaler.scale(scaled).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+            for key, value in (extra or {}).items():
+                sums[str(key)] = sums.get(str(key), 0.0) + as_number(str(key), 0, value)
+        return total / k, {key: value / k for key, value in sums.items()}  # type: ignore[operator]
+
+    def _closure_step(
+        self, data: Any, params: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, Any] | None, torch.Tensor | None, float]:
+        """Step an optimizer that re-evaluates the loss (LBFGS): the loss function runs in
+        the closure; the metrics and the gradient norm are those of its first evaluation."""
+        model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
+        grad_clip = self.grad_clip
+        first: list[Any] = []
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            loss, extra = _unpack_loss(loss_fn(model, data))  # type: ignore[misc]
+            loss.backward()
+            if not first:
+                first.append((loss, extra, _grad_norm(params, grad_clip) if params else None))
+            elif grad_clip is not None:
+                _grad_norm(params, grad_clip)
+            return loss
+
+        lr = float(optimizer.param_groups[0]["lr"])
+        optimizer.step(closure)
+        loss, extra, grad_norm = first[0]
+        return loss, extra, grad_norm, lr
 
 
 def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:
