@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab import Callback, CheckpointConfig, RunHandle, TrainingLoop
+from lab import Callback, CheckpointConfig, Experiment, RunHandle, TrainingLoop
 from lab.errors import ConfigError
-from lab.hooks import LogContext, LoopState
+from lab.hooks import HOOKS, LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
 from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.schedules import Schedule, Schedules, as_schedules
@@ -760,3 +760,85 @@ def test_a_handle_without_steps_per_epoch_refuses_every_epochs_evaluators() -> N
         "Evaluator 'val' (every_epochs=1) needs the loop to count epochs: pass num_epochs=N "
         "or steps_per_epoch=N"
     )
+
+
+class Tracer(Callback):
+    """Every hook as (hook, step or epoch, the payload's types), whatever fired it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in HOOKS:
+            calls = object.__getattribute__(self, "calls")
+
+            def record(*args: Any, **kwargs: Any) -> None:
+                where = getattr(args[0], "step", None) if args else None
+                if name in ("pre_step", "on_step_end", "on_eval", "on_epoch_start", "on_epoch_end"):
+                    where = args[1]
+                elif name == "on_checkpoint":
+                    where = args[1].step
+                calls.append((name, where, tuple(type(a).__name__ for a in args)))
+
+            return record
+        return object.__getattribute__(self, name)
+
+
+for _hook in HOOKS:  # every hook counts as overridden: the tracer listens to all of them
+    setattr(Tracer, _hook, lambda self, *a, **k: None)
+
+
+def _epoch_setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, list[Any], dict[str, Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    kw = {
+        "evaluators": [Evaluator("val", lambda m: {"loss": 1.0}, every_epochs=1)],
+        "checkpoint": CheckpointConfig(every=3),
+    }
+    return model, opt, _batches(3), kw
+
+
+def _epochs_by_training_loop(run: Any) -> Any:
+    model, opt, data, kw = _epoch_setup()
+    return TrainingLoop(model, opt, data, _mse, num_epochs=2, **kw).fit(run)
+
+
+def _epochs_by_hand(run: Any) -> Any:
+    model, opt, data, kw = _epoch_setup()
+    with RunHandle(run, model, opt, num_steps=6, steps_per_epoch=3, **kw) as loop:
+        for epoch in range(2):
+            loop.start_epoch(epoch)
+            for batch in data:
+                hb = loop.pre_step(batch)
+                loss = _mse(model, batch)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loop.end_step({"loss": loss.item()}, hb)
+            loop.end_epoch()
+    return loop.artifacts
+
+
+def test_epochs_fire_the_same_hooks_from_a_hand_written_loop_and_training_loop(
+    tmp_path: Path,
+) -> None:
+    traces = []
+    for name, train in (("ours", _epochs_by_training_loop), ("theirs", _epochs_by_hand)):
+        tracer = Tracer()
+        result = Experiment(name, train, callbacks=[tracer], output_dir=tmp_path / name,
+                            store=f"sqlite:///{tmp_path / 'lab.db'}").run()  # fmt: skip
+        assert result.status == "completed", result.runs[0].error
+        traces.append([c for c in tracer.calls if c[0] not in ("on_run_end", "on_experiment_end")])
+    assert traces[0] == traces[1]
+    epochs = [(c[0], c[1]) for c in traces[0] if c[0] not in ("pre_step",)]
+    assert epochs[3:] == [
+        ("on_train_start", 0),
+        ("on_epoch_start", 0), ("on_step_end", 1), ("on_step_end", 2), ("on_step_end", 3),
+        ("on_eval", 3), ("on_checkpoint", 3), ("on_epoch_end", 0),
+        ("on_epoch_start", 1), ("on_step_end", 4), ("on_step_end", 5), ("on_step_end", 6),
+        ("on_eval", 6), ("on_checkpoint", 6), ("on_epoch_end", 1),
+        ("on_train_end", 6), ("close", None),
+    ]  # fmt: skip
+    by_name = {c[0]: c[2] for c in traces[0]}
+    assert by_name["on_epoch_start"] == by_name["on_epoch_end"] == ("LoopState", "int")
