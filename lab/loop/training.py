@@ -213,8 +213,9 @@ class TrainingLoop:
             scaler=self.scaler,
             checkpoint=self.checkpoint,
             evaluators=self.evaluators,
-            # the schedules step on eval metrics in on_eval and declare the names they need
-            callbacks=[*self.callbacks, scheduled] if scheduled else self.callbacks,
+            # schedulers driven by a metric step on eval metrics in on_eval, and declare the
+            # names they need; plain ones step in _train alone
+            callbacks=[*self.callbacks, scheduled] if scheduled.metrics_needed else self.callbacks,
             device=self.device,
             steps_per_epoch=self.steps_per_epoch,
             resume=resume,
