@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Callback, CheckpointConfig, Experiment, RunHandle, TrainingLoop
-from lab.errors import ConfigError
+from lab.errors import ConfigError, LossError
 from lab.hooks import HOOKS, LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
 from lab.loop.optimizers import as_optimizers, needs_closure
@@ -842,3 +842,58 @@ def test_epochs_fire_the_same_hooks_from_a_hand_written_loop_and_training_loop(
     ]  # fmt: skip
     by_name = {c[0]: c[2] for c in traces[0]}
     assert by_name["on_epoch_start"] == by_name["on_epoch_end"] == ("LoopState", "int")
+
+
+# --------------------------------------------------------------------------------------------
+# more of what a step and an eval get
+
+
+def test_an_evaluator_in_the_loop_gets_the_loop_device_and_state() -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    def val(model: torch.nn.Module, ctx: EvalContext) -> dict[str, float]:
+        state = ctx.state
+        assert state is not None
+        seen.append((ctx.device, ctx.step, state.step, state.metrics.get("loss") is not None))
+        return {"loss": 0.5}
+
+    model = _net()
+    ev = Evaluator("val", val, every=2, at_start=True)
+    TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(), _mse, 4,
+                 device="cpu", evaluators=[ev]).fit()  # fmt: skip
+    cpu = torch.device("cpu")
+    assert seen == [(cpu, 0, 0, False), (cpu, 2, 2, True), (cpu, 4, 4, True)]
+
+
+def test_accumulated_metrics_average_over_the_micro_batches_that_logged_them() -> None:
+    calls: list[int] = []
+
+    def loss_fn(m: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        calls.append(1)
+        extra = {"every": 2.0}
+        if len(calls) % 2:  # the first micro-batch of each step alone logs "odd"
+            extra["odd"] = float(len(calls))
+        return _mse(m, batch), extra
+
+    model = _net()
+    trace = Trace()
+    TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(4), loss_fn, 2,
+                 accumulate=2, callbacks=[trace]).fit()  # fmt: skip
+    assert [(r["every"], r["odd"]) for r in trace.rows] == [(2.0, 1.0), (2.0, 3.0)]
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ((1.0, 2.0), "train_step returned a tuple; return the loss or (loss, dict_of_metrics)"),
+        (torch.ones(2), "train_step returned a tensor of shape (2,); return a scalar loss"),
+        ("low", "train_step returned str; return the loss (a tensor or a float) or (loss, "),
+    ],
+)
+def test_a_custom_step_that_returns_no_loss_is_one_line(returned: Any, message: str) -> None:
+    model = _net()
+    loop = TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(), None, 2,
+                        train_step=lambda loop, batch: returned)  # fmt: skip
+    with pytest.raises(LossError) as err:
+        loop.fit()
+    assert str(err.value).startswith(message)

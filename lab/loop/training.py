@@ -278,7 +278,7 @@ class TrainingLoop:
                     else:
                         scaler.scale(loss).backward()
                 else:
-                    loss, extra = self._accumulate(group, batch.data)
+                    loss, extra = self._accumulate(group, batch.data, step_idx)
                 if scaler is None:
                     grad_norm = _grad_norm(params, grad_clip) if params else None
                     lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
@@ -307,14 +307,18 @@ class TrainingLoop:
             if epoch_end:
                 loop.end_epoch()
 
-    def _accumulate(self, group: list[Any], first: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _accumulate(
+        self, group: list[Any], first: Any, step_idx: int
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Forward and backward each micro-batch with its loss scaled by 1/k, so the summed
-        gradients are those of the mean loss; returns the mean loss and mean metrics (the
-        loss is averaged on its device: one ``.item()`` per step, not per micro-batch)."""
+        gradients are those of the mean loss; returns the mean loss and the mean of each
+        metric over the micro-batches that logged it (the loss is averaged on its device:
+        one ``.item()`` per step, not per micro-batch)."""
         k, model, scaler, device = self.accumulate, self.model, self.scaler, self.device
         self.optimizer.zero_grad(set_to_none=True)
         total: torch.Tensor | None = None
         sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
         for i, micro in enumerate(group):
             if i > 0 and device is not None:
                 micro = _to_device(micro, device)
@@ -327,8 +331,11 @@ class TrainingLoop:
                 scaler.scale(scaled).backward()
             total = loss.detach() if total is None else total + loss.detach()
             for key, value in (extra or {}).items():
-                sums[str(key)] = sums.get(str(key), 0.0) + as_number(str(key), 0, value)
-        return total / k, {key: value / k for key, value in sums.items()}  # type: ignore[operator]
+                name = str(key)
+                sums[name] = sums.get(name, 0.0) + as_number(name, step_idx, value)
+                counts[name] = counts.get(name, 0) + 1
+        means = {name: value / counts[name] for name, value in sums.items()}
+        return total / k, means  # type: ignore[operator]
 
     def _closure_step(
         self, data: Any, params: list[torch.Tensor]
