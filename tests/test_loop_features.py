@@ -144,6 +144,8 @@ def test_schedules_step_per_step_per_epoch_and_after_the_eval_that_measures_them
         "val/loss": "Schedule(ReduceLROnPlateau, metric='val/loss')",
         "loss": "Schedule(ReduceLROnPlateau, metric='loss')",
     }
+    for opt in (per_step, per_epoch, on_eval, on_loss):
+        opt.step()  # as in the loop: the optimizer steps first (no gradients: a no-op)
     for _ in range(3):
         schedules.after_step({"loss": 1.0})  # the same loss: no improvement after the first
     schedules.after_epoch({"loss": 1.0})
