@@ -899,3 +899,16 @@ def test_a_custom_step_that_returns_no_loss_is_one_line(returned: Any, message: 
     with pytest.raises(LossError) as err:
         loop.fit()
     assert str(err.value).startswith(message)
+
+
+def test_accumulation_with_a_grad_scaler_unscales_once_per_step() -> None:
+    """Scaling by a power of two and unscaling is exact in float32: with a scaler, the
+    accumulated steps land on the weights of the same steps without one."""
+    weights = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**10)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        TrainingLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(4), _mse, 4,
+                     accumulate=2, scaler=scaler).fit()  # fmt: skip
+        weights.append(_flat(model))
+    assert torch.equal(weights[0], weights[1])
