@@ -411,14 +411,13 @@ def gan_step(loop: TrainingLoop, batch: Any) -> tuple[torch.Tensor, dict[str, fl
     return loss_g, {"loss_d": loss_d.item()}
 
 
-def _gan_loop(callbacks: list[Callback], folder: Path | None = None) -> TrainingLoop:
+def _gan_loop(callbacks: list[Callback], named: bool = False) -> TrainingLoop:
     model = Gan()
     opt_g = torch.optim.Adam(model.g.parameters(), lr=0.01)
     opt_d = torch.optim.Adam(model.d.parameters(), lr=0.02)
-    scheds = [
-        torch.optim.lr_scheduler.StepLR(opt_g, step_size=3, gamma=0.5),
-        torch.optim.lr_scheduler.StepLR(opt_d, step_size=4, gamma=0.5),
-    ]
+    g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=3, gamma=0.5)
+    d = Schedule(torch.optim.lr_scheduler.StepLR(opt_d, step_size=4, gamma=0.5))
+    scheds: Any = {"G": g, "D": d} if named else [g, d]
     return TrainingLoop(
         model, {"G": opt_g, "D": opt_d}, _shuffled(), None, 10,
         train_step=gan_step, scheduler=scheds, loss_metrics=["loss_d"],
@@ -440,16 +439,17 @@ def test_a_gan_with_two_optimizers_trains_and_logs_both_losses(tmp_path: Path) -
 
 
 def test_a_gan_resumed_after_a_crash_lands_on_the_same_weights(tmp_path: Path) -> None:
-    straight = _gan_loop([])
+    straight = _gan_loop([], named=True)
     straight.fit(run_dir=tmp_path / "straight")
     resumed = _interrupted_then_resumed(
-        lambda cbs: _gan_loop(cbs), tmp_path / "resumed", crash_at=7
+        lambda cbs: _gan_loop(cbs, named=True), tmp_path / "resumed", crash_at=7
     )
     trace = Trace()
     resumed.callbacks.append(trace)
     resumed.fit(run_dir=tmp_path / "resumed")
     assert trace.calls[0] == ("on_train_start", 6)  # from the save at step 6
     assert torch.equal(_flat(resumed.model), _flat(straight.model))
+    assert [o.param_groups[0]["lr"] for o in resumed.optimizers.values()] == [0.00125, 0.005]
     for name in ("G", "D"):
         a, b = resumed.optimizers[name].state_dict(), straight.optimizers[name].state_dict()
         assert a["param_groups"] == b["param_groups"]

@@ -35,7 +35,7 @@ from lab.hooks import Callback, LoopState
 
 log = logger("lab.loop")
 
-__all__ = ["Schedule", "Schedules"]
+__all__ = ["Schedule", "Schedules", "as_named", "as_schedules"]
 
 _EVERY = ("step", "epoch")
 
@@ -106,11 +106,29 @@ def _steps_on_a_metric(scheduler: Any) -> bool:
 
 def as_schedules(given: Any) -> list[Schedule]:
     """The loop's `scheduler` argument as a list of `Schedule`: None, one scheduler or
-    `Schedule`, or a list or tuple of them."""
+    `Schedule`, a list or tuple of them, or a dict of named ones (in its order)."""
     if given is None:
         return []
-    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    if isinstance(given, Mapping):
+        items = list(given.values())
+    else:
+        items = list(given) if isinstance(given, (list, tuple)) else [given]
     return [item if isinstance(item, Schedule) else Schedule(item) for item in items]
+
+
+def as_named(given: Any) -> Any:
+    """The schedulers to save in checkpoints, in the form the loop was given (one, a list,
+    or a dict of named ones), without their `Schedule` wrappers: the run handle names and
+    saves them as it names optimizers."""
+
+    def bare(item: Any) -> Any:
+        return item.scheduler if isinstance(item, Schedule) else item
+
+    if isinstance(given, Mapping):
+        return {name: bare(item) for name, item in given.items()}
+    if isinstance(given, (list, tuple)):
+        return [bare(item) for item in given]
+    return None if given is None else bare(given)
 
 
 class Schedules(Callback):

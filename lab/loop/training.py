@@ -24,7 +24,7 @@ from lab.loop.handle import RunHandle
 from lab.loop.metric_names import LOOP_METRICS
 from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.records import LoopArtifacts, TrainingBatch
-from lab.loop.schedules import Schedules, as_schedules
+from lab.loop.schedules import Schedules, as_named, as_schedules
 from lab.loop.steps import (
     check_custom_step,
     check_no_epoch_settings,
@@ -203,13 +203,12 @@ class TrainingLoop:
         called at the end, and checkpoints go under `run_dir`.
         """
         scheduled = Schedules(self.schedules, (ev.name for ev in self.evaluators))
-        schedulers = [item.scheduler for item in self.schedules]
         handle = RunHandle(
             run,
             self.model,
             self._optimizer_arg,
             num_steps=self.num_steps,
-            scheduler=schedulers[0] if len(schedulers) == 1 else schedulers or None,
+            scheduler=as_named(self.scheduler),
             scaler=self.scaler,
             checkpoint=self.checkpoint,
             evaluators=self.evaluators,
