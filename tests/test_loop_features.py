@@ -912,3 +912,28 @@ def test_accumulation_with_a_grad_scaler_unscales_once_per_step() -> None:
                      accumulate=2, scaler=scaler).fit()  # fmt: skip
         weights.append(_flat(model))
     assert torch.equal(weights[0], weights[1])
+
+
+def _plateau_loop(callbacks: list[Callback]) -> TrainingLoop:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+    losses = [1.0, 0.9, 0.95, 0.97, 0.99, 0.5, 0.6, 0.7]  # by step: 2 bad, 2 bad, 1 good...
+    return TrainingLoop(
+        model, opt, _shuffled(), _mse, 8,
+        scheduler=Schedule(plateau, metric="val/loss"),
+        evaluators=[Evaluator("val", lambda m, ctx: {"loss": losses[ctx.step - 1]}, every=1)],
+        checkpoint=CheckpointConfig(every=2), callbacks=callbacks,
+    )  # fmt: skip
+
+
+def test_a_plateau_scheduler_resumes_with_its_best_value_and_patience(tmp_path: Path) -> None:
+    straight = _plateau_loop([])
+    straight.fit(run_dir=tmp_path / "straight")
+    resumed = _interrupted_then_resumed(_plateau_loop, tmp_path / "resumed", crash_at=5)
+    resumed.schedules[0].scheduler.step(0.0)  # a fresh loop's own values, overwritten on resume
+    resumed.fit(run_dir=tmp_path / "resumed")
+    want = straight.schedules[0].scheduler.state_dict()
+    assert resumed.schedules[0].scheduler.state_dict() == want
+    assert resumed.optimizer.param_groups[0]["lr"] == straight.optimizer.param_groups[0]["lr"]
+    assert torch.equal(_flat(resumed.model), _flat(straight.model))
