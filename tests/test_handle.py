@@ -66,6 +66,8 @@ class Tracer(Callback):
                     step = args[1].step
                 elif name in ("pre_step", "on_step_end", "on_eval", "on_media"):
                     step = args[1]
+                elif name in ("on_epoch_start", "on_epoch_end"):
+                    step = args[1]  # the epoch
                 elif name == "on_benchmark_eval":
                     step = kwargs.get("step")
                 types = tuple(type(a).__name__ for a in args)
@@ -498,3 +500,43 @@ def test_media_logged_inside_a_step_belong_to_that_step(tmp_path: Path) -> None:
         loop.end_step({"loss": 0.5})
     media = [(c[1]) for c in tracer.calls if c[0] == "on_media"]
     assert media == [1, 2]
+
+
+def _epochs(folder: Path, stop_at: int | None = None) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """A hand-written epoch loop over two batches a pass, four steps, a save every step."""
+    tracer = Tracer()
+    taken: list[Any] = []
+    with RunHandle(
+        None, torch.nn.Linear(1, 1), None, num_steps=4, checkpoint=CheckpointConfig(every=1),
+        run_dir=folder, callbacks=[tracer],
+    ) as loop:  # fmt: skip
+        batches = loop.batches([1, 2])
+        for step in loop.steps():
+            if (step - 1) % 2 == 0:
+                loop.start_epoch()
+            taken.append((loop.state.epoch, next(batches)))
+            loop.end_step({"loss": 1.0})
+            if step % 2 == 0:
+                loop.end_epoch()
+            if step == stop_at:
+                break
+    return [(c[0], c[1]) for c in tracer.calls if "epoch" in c[0]], taken
+
+
+def test_a_hand_written_loop_counts_epochs_with_batches_across_a_resume(tmp_path: Path) -> None:
+    epochs, taken = _epochs(tmp_path / "straight")
+    assert taken == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert epochs == [
+        ("on_epoch_start", 0), ("on_epoch_end", 0), ("on_epoch_start", 1), ("on_epoch_end", 1),
+    ]  # fmt: skip
+    # stopped after step 2 (its save is inside epoch 0, before end_epoch): the resumed run
+    # starts epoch 1 with a fresh pass
+    _epochs(tmp_path / "cut", stop_at=2)
+    epochs, resumed = _epochs(tmp_path / "cut")
+    assert resumed == [(1, 1), (1, 2)]
+    assert epochs == [("on_epoch_start", 1), ("on_epoch_end", 1)]
+    # stopped after step 3 (inside epoch 1): the resumed run ends epoch 1 where it was
+    _epochs(tmp_path / "mid", stop_at=3)
+    epochs, resumed = _epochs(tmp_path / "mid")
+    assert resumed == [(1, 2)]
+    assert epochs == [("on_epoch_end", 1)]

@@ -42,6 +42,7 @@ from lab.errors import CheckpointError, ConfigError, HookOrderError
 from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
 from lab.loop.evals import EvalResult, Evaluator
+from lab.loop.feed import Feed
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
 from lab.loop.payload import callback_states
 from lab.loop.records import LoopArtifacts, TrainingBatch
@@ -64,6 +65,7 @@ _INDEX_KEY = re.compile(r"(\d+):(\w+)")
 Writer = Callable[[Path, int], Any]
 
 _NEW, _RUNNING, _ENDED = "new", "running", "ended"
+_RESTORED = "restored"
 
 
 def _named(what: str, value: Any) -> dict[str, Any]:
@@ -188,7 +190,11 @@ class RunHandle:
         self._writers: list[Writer] = []
         self._batch = TrainingBatch()
         self._begun = 0  # the step pre_step announced and end_step has not ended yet
-        self._epoch_open = False
+        # True: an epoch is open; _RESTORED: the save resumed from was made inside one
+        # (it may be ended, or the next one started); False: none.
+        self._epoch_open: bool | str = False
+        self._epochs_started = 0  # start_epoch calls in this run, across resumes
+        self._feed: Feed | None = None  # the passes `batches` draws from
         self._epoch_rng: dict[str, Any] | None = None  # RNG at the current epoch's start
         self._restored: dict[str, Any] | None = None
         self._saved: list[ManifestRow] = []
@@ -284,7 +290,7 @@ class RunHandle:
         self._check_running("finish")
         try:
             state = self.state
-            if self._epoch_open:
+            if self._epoch_open is True:
                 self.end_epoch()
             config = self.checkpoint
             if (
@@ -360,50 +366,18 @@ class RunHandle:
                 )
 
     def batches(self, data: Iterable[Any]) -> Iterator[Any]:
-        """Yield `data`'s batches forever, counting epochs and the position in each.
+        """Yield `data`'s batches forever, counting passes over it and the position in each.
 
-        The position is saved in each checkpoint; on resume this re-creates the epoch's
-        iterator under the RNG it started with (a shuffled epoch draws its order when its
-        iterator is created), skips the batches already taken, and then restores the
-        checkpoint's RNG, so the batches continue as if the run had never stopped.
+        The position is saved in each checkpoint; on resume this re-creates the pass under
+        the RNG it started with (a shuffled pass draws its order when its iterator is
+        created), skips the batches already taken, and then restores the checkpoint's RNG, so
+        the batches continue as if the run had never stopped. A pass that runs out starts
+        the next one; `start_epoch()` starts a fresh pass for each epoch after the first.
         """
         self._check_running("batches")
-        state, restored = self.state, self._restored
-        first_pass = True
+        feed = self._feed = Feed(data, 1, None, self)
         while True:
-            if restored is not None and restored.get("epoch_rng") is None:
-                set_rng_state(restored["rng"])  # saved before the first epoch began
-                restored = None
-            if restored is not None:
-                set_rng_state(restored["epoch_rng"])
-                self._epoch_rng = restored["epoch_rng"]
-                items = iter(data)
-                for taken in range(state.batch_in_epoch):
-                    if next(items, _END) is _END:
-                        raise CheckpointError(
-                            f"the data has {taken} batches in epoch {state.epoch}, but the "
-                            f"checkpoint was taken after {state.batch_in_epoch}; resume with "
-                            "the same data, or start fresh with resume=False"
-                        )
-                set_rng_state(restored["rng"])
-                restored, empty = None, state.batch_in_epoch == 0
-            else:
-                self._epoch_rng = rng_state()
-                items, empty = iter(data), True
-            for item in items:
-                empty = False
-                state.batch_in_epoch += 1
-                yield item
-            if empty and first_pass:
-                raise ConfigError("data yielded no batches; give the loop a non-empty iterable")
-            if empty:
-                raise ConfigError(
-                    "data yielded no batches in its second epoch: it is a one-shot iterator; "
-                    "pass a re-iterable such as a list or a DataLoader"
-                )
-            first_pass = False
-            state.epoch += 1
-            state.batch_in_epoch = 0
+            yield feed.take()[0]
 
     def pre_step(self, batch: Any = None) -> TrainingBatch:
         """Announce the next step with its batch (on its device): fires `pre_step`.
@@ -496,17 +470,33 @@ class RunHandle:
     # ------------------------------------------------------------------------------------
     # epochs
     def start_epoch(self, epoch: int | None = None) -> None:
-        """Fire `on_epoch_start` for `epoch` (default: the state's current epoch)."""
+        """Fire `on_epoch_start` for the next epoch, or for `epoch` when given.
+
+        Epochs count from 0; each call after the first starts the next one, and with
+        `batches` a fresh pass over the data. A run resumed from a save made inside an
+        epoch may end that epoch (`end_epoch`) or start the next one.
+        """
         self._check_running("start_epoch")
-        if self._epoch_open:
+        if self._epoch_open is True:
             raise HookOrderError(
-                f"start_epoch({epoch}) while epoch {self.state.epoch} is open; "
-                "call loop.end_epoch() first"
+                f"start_epoch({'' if epoch is None else epoch}) while epoch "
+                f"{self.state.epoch} is open; call loop.end_epoch() first"
             )
+        state = self.state
         if epoch is not None:
-            self.state.epoch = epoch
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise ConfigError(f"start_epoch({epoch!r}): give the epoch as an int >= 0")
+            state.epoch = epoch
+        elif self._epochs_started:  # the next epoch: with `batches`, a fresh pass
+            before = state.epoch
+            if self._feed is not None:
+                self._feed.next_epoch()  # a no-op when the pass has not begun
+            if state.epoch == before:
+                state.epoch += 1
+                state.batch_in_epoch = 0
+        self._epochs_started += 1
         self._epoch_open = True
-        self.hooks.fire("on_epoch_start", self.state, self.state.epoch)
+        self.hooks.fire("on_epoch_start", state, state.epoch)
 
     def end_epoch(self) -> None:
         """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
@@ -655,7 +645,11 @@ class RunHandle:
             **_states("optimizer", self.optimizers),
             **_states("scheduler", self.schedulers),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "loop": state.state_dict(),
+            "loop": {
+                **state.state_dict(),
+                "epoch_open": bool(self._epoch_open),
+                "epochs_started": self._epochs_started,
+            },
             "metrics": dict(state.metrics),
             "eval_metrics": dict(self._eval_metrics),
             "rng": rng_state(),
@@ -688,6 +682,9 @@ class RunHandle:
                 obj.load_state_dict(saved)
         self.user_state.update(payload.get("user") or {})
         state.load_state_dict(payload["loop"])
+        saved_loop = payload["loop"]
+        self._epochs_started = int(saved_loop.get("epochs_started", 0))
+        self._epoch_open = _RESTORED if saved_loop.get("epoch_open") else False
         state.metrics = dict(payload.get("metrics", {}))
         self._eval_metrics.update(payload.get("eval_metrics", {}))
         self._last_saved = state.step

@@ -250,9 +250,9 @@ class TrainingLoop:
             if spe is not None:
                 if (step_idx - 1) % spe == 0:
                     feed.next_epoch()  # a fresh pass (a no-op at the very start)
-                    loop.start_epoch()
+                    loop.start_epoch(state.epoch)
                 elif reopen:
-                    loop.start_epoch()
+                    loop.start_epoch(state.epoch)
                 reopen = False
             group = feed.take()  # `accumulate` micro-batches; the position counts each
             batch.data = group[0]
