@@ -23,8 +23,8 @@ How a step is timed: the data is a list wrapped so that each batch drawn stamps
 next, so it spans everything the loop does per step (lab's generator, `pre_step`, the step,
 `end_step` and every hook), and no arm carries a measuring callback. The first 10% of each
 fit's steps are dropped (warm-up). "Added" is an arm's median step less `bare@k`'s (same k)
-in the same round, and the median of that over the rounds; the rounds rotate the arms'
-order so drift hits all alike.
+in the same round, and the median of that over the rounds. Each round starts at another arm
+(spread over the rounds) and every other round runs backwards, so drift hits all alike.
 
 The whole fit until durable: wall time from before the handle (or `TrainingLoop`) is built
 to after `store.flush()` returned once the loop ended, so every metric row is committed
@@ -327,7 +327,13 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-bench-overhead-") as tmp:
         for i in range(args.rounds):
-            order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
+            # each round starts at another arm, spread over the rounds, and every other round
+            # runs backwards: no arm always runs early or late in a round (drift within a
+            # round would otherwise favour the arms that run next to their baseline)
+            shift = i * len(ARMS) // args.rounds
+            order = ARMS[shift:] + ARMS[:shift]
+            if i % 2:
+                order = order[::-1]
             for arm, k in order:
                 results[name(arm, k)].append(run_arm(arm, k, args.steps, Path(tmp), i))
             for arm, k in SECTIONS:
