@@ -75,7 +75,7 @@ ARMS = (
 )
 LOOP_KEYS = ("loss", "lr", "grad_norm", "step_time")  # what TrainingLoop logs itself
 #: The handle's calls timed one by one inside the real loop (`handle_sections`).
-SECTIONS = tuple((arm, k) for arm in ("handle", "handle_sql") for k in (1, 8, 32))
+SECTIONS = tuple((arm, k) for arm in ("bare", "handle", "handle_sql") for k in (1, 8, 32))
 MAIN_K = 8  # the k of the headline comparison (TrainingLoop: its 4 plus 4 extras)
 
 
@@ -213,43 +213,61 @@ def one_fit(arm: str, k: int, steps: int, store: Store | None) -> dict[str, Any]
 def handle_sections(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, float]:
     """The handle's own calls inside the real loop, each timed by `perf_counter()` around
     it: `next()` on `loop.steps()`, `next()` on `loop.batches(data)`, `loop.pre_step` and
-    `loop.end_step` (with `SqlLogger`'s hook in it for `handle_sql`). Median µs per call."""
+    `loop.end_step` (with `SqlLogger`'s hook in it for `handle_sql`), and the torch step
+    between them. For `bare` the same loop without a handle (a plain generator of batches),
+    so that the torch step can be compared: what lab's calls cost it indirectly (caches,
+    the writer thread). Median µs per call."""
     model, optimizer, data = setup()
     params = [p for p in model.parameters() if p.requires_grad]
     loss_fn = make_loss_fn(max(0, k - len(LOOP_KEYS)))
     clock = time.perf_counter
-    times: dict[str, list[float]] = {"steps": [], "batches": [], "pre_step": [], "end_step": []}
-    steps_t, batches_t, pre_t, end_t = times.values()
+    times: dict[str, list[float]] = {
+        "steps": [], "batches": [], "pre_step": [], "torch_step": [], "end_step": []
+    }  # fmt: skip
+    steps_t, batches_t, pre_t, torch_t, end_t = times.values()
     store = None
     if arm.endswith("_sql"):
         store = Store(f"sqlite:///{folder / f'sections-{arm}{k}-{i}.db'}")
     try:
-        callbacks = [SqlLogger(store)] if store is not None else []
-        with RunHandle(None, model, optimizer, num_steps=steps, callbacks=callbacks) as loop:
-            batches, numbers = loop.batches(data), loop.steps()
-            while True:
-                t0 = clock()
-                if next(numbers, None) is None:
-                    break
+        if arm == "bare":
+            batches = forever(data)
+            for _ in range(steps):
                 t1 = clock()
                 batch = next(batches)
                 t2 = clock()
-                loop.pre_step(batch)
-                t3 = clock()
-                metrics = hand_step(model, optimizer, params, loss_fn, batch, k)
+                hand_step(model, optimizer, params, loss_fn, batch, k)
                 t4 = clock()
-                loop.end_step(metrics)
-                t5 = clock()
-                steps_t.append(t1 - t0)
                 batches_t.append(t2 - t1)
-                pre_t.append(t3 - t2)
-                end_t.append(t5 - t4)
+                torch_t.append(t4 - t2)
+        else:
+            callbacks = [SqlLogger(store)] if store is not None else []
+            with RunHandle(None, model, optimizer, num_steps=steps, callbacks=callbacks) as loop:
+                batches, numbers = loop.batches(data), loop.steps()
+                while True:
+                    t0 = clock()
+                    if next(numbers, None) is None:
+                        break
+                    t1 = clock()
+                    batch = next(batches)
+                    t2 = clock()
+                    loop.pre_step(batch)
+                    t3 = clock()
+                    metrics = hand_step(model, optimizer, params, loss_fn, batch, k)
+                    t4 = clock()
+                    loop.end_step(metrics)
+                    t5 = clock()
+                    steps_t.append(t1 - t0)
+                    batches_t.append(t2 - t1)
+                    pre_t.append(t3 - t2)
+                    torch_t.append(t4 - t3)
+                    end_t.append(t5 - t4)
     finally:
         if store is not None:
             store.close()
     skip = steps // 10
-    out = {key: statistics.median(values[skip:]) * 1e6 for key, values in times.items()}
-    out["handle"] = out["steps"] + out["pre_step"] + out["end_step"]
+    out = {key: statistics.median(values[skip:]) * 1e6 for key, values in times.items() if values}
+    if arm != "bare":
+        out["handle"] = out["steps"] + out["pre_step"] + out["end_step"]
     return out
 
 
@@ -311,6 +329,15 @@ def run_arm(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, Any
     return result
 
 
+def spread(arms: tuple[tuple[str, int], ...], i: int, rounds: int) -> list[tuple[str, int]]:
+    """Round i's order: it starts at another arm each round, spread over the rounds, and
+    every other round runs backwards, so no arm always runs early or late in a round (drift
+    within a round would otherwise favour the arms that run next to their baseline)."""
+    shift = i * len(arms) // rounds
+    order = [*arms[shift:], *arms[:shift]]
+    return order[::-1] if i % 2 else order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -327,16 +354,9 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-bench-overhead-") as tmp:
         for i in range(args.rounds):
-            # each round starts at another arm, spread over the rounds, and every other round
-            # runs backwards: no arm always runs early or late in a round (drift within a
-            # round would otherwise favour the arms that run next to their baseline)
-            shift = i * len(ARMS) // args.rounds
-            order = ARMS[shift:] + ARMS[:shift]
-            if i % 2:
-                order = order[::-1]
-            for arm, k in order:
+            for arm, k in spread(ARMS, i, args.rounds):
                 results[name(arm, k)].append(run_arm(arm, k, args.steps, Path(tmp), i))
-            for arm, k in SECTIONS:
+            for arm, k in spread(SECTIONS, i, args.rounds):
                 sections[name(arm, k)].append(handle_sections(arm, k, args.steps, Path(tmp), i))
             medians = {a: statistics.median(r[-1]["step_s"]) * 1e6 for a, r in results.items()}
             print(
@@ -445,8 +465,20 @@ def main() -> None:
     # is steps() + pre_step + end_step, and per_metric divides it by k
     handle_calls = {}
     for key, rs in sections.items():
+        arm, k = key.split("@")
+        if arm == "bare":
+            continue
         calls = {f: round(statistics.median(r[f] for r in rs), 2) for f in rs[0]}
-        calls["per_metric"] = round(calls["handle"] / int(key.split("@")[1]), 3)
+        calls["per_metric"] = round(calls["handle"] / int(k), 3)
+        # the torch step in this loop less in the bare one (same round, same k): what lab
+        # costs the step indirectly
+        calls["torch_step_added"] = round(
+            statistics.median(
+                r["torch_step"] - b["torch_step"]
+                for r, b in zip(rs, sections[name("bare", int(k))], strict=True)
+            ),
+            2,
+        )
         handle_calls[key] = calls
     h, lp = arms[name("handle_sql", MAIN_K)], arms[name("loop_sql", MAIN_K)]
     out = {
