@@ -206,7 +206,8 @@ def _packages() -> dict[str, str]:
     """Installed distributions, name -> version, sorted by name (as ``pip freeze``)."""
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        meta = dist.metadata  # parsed once: `dist.version` would parse it again
+        name = meta["Name"]
         if name and name not in found:
-            found[name] = dist.version
+            found[name] = meta["Version"]
     return dict(sorted(found.items(), key=lambda item: item[0].lower()))
