@@ -1,0 +1,117 @@
+"""The scripts in examples/ run, and each one SIGKILLed mid-run and run again ends as if it had
+never stopped: the same metrics at every step of every run, read back with lab.inspect."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lab.inspect
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# Each example at tiny sizes: its flags, the step of its last run to SIGKILL it at (between
+# two checkpoints), that run's key, and the checkpoint its resume starts from.
+CASES = {
+    "mnist.py": (
+        ["--epochs", "2", "--n-train", "256", "--n-test", "64", "--batch-size", "32"],
+        12,  # 8 steps an epoch: in the second epoch
+        "no-dropout-r1",
+        "step_000008",
+    ),
+    "dcgan.py": (
+        ["--niter", "2", "--n-images", "128", "--batchSize", "16", "--save-every", "5"],
+        12,  # 8 steps an epoch, saved every 5: resumed mid-epoch, at its data position
+        "beta1-0.9-r1",
+        "step_000010",
+    ),
+}
+
+
+def _start(script: str, folder: Path, *flags: str) -> subprocess.Popen[str]:
+    """Start an example as a user would, in `folder` (its store and runs go there)."""
+    folder.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",  # small convolutions: more threads only contend
+    }
+    env.pop("LAB_STORE_URL", None)
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script), *flags],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _run(script: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    proc = _start(script, folder, *flags)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _history(folder: Path) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """Every run's status, every metric at every step, and every run's final metrics."""
+    con = lab.inspect.connect(f"sqlite:///{folder / 'lab.db'}")
+    try:
+        runs = con.sql("SELECT run_key, status FROM runs ORDER BY run_key").fetchall()
+        metrics = con.sql(
+            "SELECT r.run_key, m.step, m.key, m.value FROM metrics m JOIN runs r USING (run_id) "
+            "ORDER BY ALL"
+        ).fetchall()
+        final = con.sql(
+            "SELECT run_key, key, step, value FROM final_metrics ORDER BY ALL"
+        ).fetchall()
+    finally:
+        con.close()
+    return runs, metrics, final
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_example_resumed_after_sigkill_ends_as_if_never_stopped(
+    script: str, tmp_path: Path
+) -> None:
+    flags, stop_at, killed_run, checkpoint = CASES[script]
+    straight = _start(script, tmp_path / "straight", *flags)  # both at once: half the wait
+    killed = _start(script, tmp_path / "killed", *flags, "--stop-at", str(stop_at))
+    out, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err[-3000:]
+    assert "4 runs (4 completed)" in out  # the experiment summary, at the end
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    folder = tmp_path / "killed" / "runs" / Path(script).stem / killed_run / "checkpoints"
+    assert (folder / "latest").read_text() == checkpoint
+
+    resumed = _run(script, tmp_path / "killed", *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{killed_run}: resumed from {checkpoint}" in resumed.stdout
+    assert "4 runs (4 completed)" in resumed.stdout
+
+    runs, metrics, final = _history(tmp_path / "straight")
+    assert [status for _, status in runs] == ["completed"] * 4
+    assert _history(tmp_path / "killed") == (runs, metrics, final)
+    steps = {(key, step) for key, step, _, _ in metrics if key == killed_run}
+    assert len(steps) > stop_at  # every step of the killed run is recorded, once
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_example_help_names_its_flags(
+    script: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--store", "--stop-at", "--repeats", "--output-dir", *CASES[script][0][::2]):
+        assert flag in out
