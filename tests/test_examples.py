@@ -32,6 +32,12 @@ CASES = {
         "beta1-0.9-r1",
         "step_000010",
     ),
+    "accumulate.py": (
+        ["--num_epochs", "2", "--n-train", "256", "--save-every", "3"],
+        6,  # 4 steps of 4 micro-batches an epoch: resumed from step 3, 12 micro-batches in
+        "accumulate-r1",
+        "step_000003",
+    ),
 }
 
 
