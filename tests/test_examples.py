@@ -121,3 +121,11 @@ def test_example_help_names_its_flags(
     out = capsys.readouterr().out
     for flag in ("--store", "--stop-at", "--repeats", "--output-dir", *CASES[script][0][::2]):
         assert flag in out
+
+
+def test_every_example_is_in_the_readme_with_its_command() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
+    assert scripts == sorted(CASES)  # each example is run by the tests above
+    missing = [name for name in scripts if f"python examples/{name}" not in readme]
+    assert not missing, f"give each example its command in README.md's Examples: {missing}"
