@@ -83,6 +83,7 @@ def _history(folder: Path) -> tuple[list[tuple], list[tuple], list[tuple]]:
     return runs, metrics, final
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_example_resumed_after_sigkill_ends_as_if_never_stopped(
     script: str, tmp_path: Path
