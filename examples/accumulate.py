@@ -29,6 +29,7 @@ import argparse
 import math
 import os
 import signal
+import sys
 
 import pydantic
 import torch
@@ -38,6 +39,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, RunHandle
+from lab.errors import LabError
 
 EVAL_BATCH_SIZE = 32
 
@@ -229,6 +231,11 @@ def main():
         help="where run folders and checkpoints go (default: runs)",
     )
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="train every run again (the recorded runs are kept, superseded)",
+    )
+    parser.add_argument(
         "--stop-at",
         type=int,
         default=None,
@@ -265,8 +272,12 @@ def main():
         callbacks=callbacks,
         store=args.store,
         output_dir=args.output_dir,
+        fresh=args.fresh,
     )
-    result = experiment.run()
+    try:
+        result = experiment.run()
+    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
+        sys.exit(f"error: {exc}")
     bounds = {"eval/accuracy": (0, 1), "eval/f1": (0, 1)}
     print(result.summary("eval/f1", mode="max", bounds=bounds))
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 import pydantic
 import torch
@@ -37,6 +38,7 @@ import torch.optim as optim
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, Callback, CheckpointConfig, Experiment, RunHandle
+from lab.errors import LabError
 
 
 class Config(pydantic.BaseModel):
@@ -309,6 +311,11 @@ def main():
         help="where run folders and checkpoints go (default: %(default)s)",
     )
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="train every run again (the recorded runs are kept, superseded)",
+    )
+    parser.add_argument(
         "--stop-at",
         type=int,
         default=None,
@@ -344,8 +351,12 @@ def main():
         callbacks=callbacks,
         store=args.store,
         output_dir=args.output_dir,
+        fresh=args.fresh,
     )
-    result = experiment.run()
+    try:
+        result = experiment.run()
+    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
+        sys.exit(f"error: {exc}")
     print(result.summary("loss_G", mode="min"))
 
 

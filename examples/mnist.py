@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 import pydantic
 import torch
@@ -34,6 +35,7 @@ from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, Callback, CheckpointConfig, Experiment, RunHandle
+from lab.errors import LabError
 
 
 class Config(pydantic.BaseModel):
@@ -272,6 +274,11 @@ def main():
         help="where run folders and checkpoints go (default: %(default)s)",
     )
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="train every run again (the recorded runs are kept, superseded)",
+    )
+    parser.add_argument(
         "--stop-at",
         type=int,
         default=None,
@@ -306,8 +313,12 @@ def main():
         callbacks=callbacks,
         store=args.store,
         output_dir=args.output_dir,
+        fresh=args.fresh,
     )
-    result = experiment.run()
+    try:
+        result = experiment.run()
+    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
+        sys.exit(f"error: {exc}")
     print(result.summary("test/acc", mode="max", bounds={"test/acc": (0, 1)}))
 
 
