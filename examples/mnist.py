@@ -287,6 +287,8 @@ def main():
         "the resume: run the same command again without it",
     )
     args = parser.parse_args()
+    if "OMP_NUM_THREADS" not in os.environ:  # models this small run fastest on one thread
+        torch.set_num_threads(1)
 
     config = Config(
         batch_size=args.batch_size,

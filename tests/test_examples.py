@@ -47,9 +47,9 @@ def _start(script: str, folder: Path, *flags: str) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",  # small convolutions: more threads only contend
     }
-    env.pop("LAB_STORE_URL", None)
+    for name in ("LAB_STORE_URL", "OMP_NUM_THREADS"):  # the defaults a user gets
+        env.pop(name, None)
     return subprocess.Popen(
         [sys.executable, str(EXAMPLES / script), *flags],
         cwd=folder,
