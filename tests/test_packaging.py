@@ -71,3 +71,4 @@ def test_the_sdist_holds_the_notebook(tmp_path: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     assert "notebooks/quickstart.ipynb" in names
+    assert "examples/mnist.py" in names  # tests/test_examples.py runs them
