@@ -162,19 +162,20 @@ def training_function(run):
         batches = loop.batches(train_dataloader)  # micro-batches; the position is saved
         for _ in loop.steps():
             model.train()
-            loss_sum = 0.0
+            losses = []  # each micro-batch's loss: the step logs their mean
             for _micro in range(gradient_accumulation_steps):
                 a, b, labels = (t.to(device) for t in next(batches))
                 output = model(a, b)
-                loss = criterion(output, labels) / gradient_accumulation_steps
-                loss.backward()
-                loss_sum += loss.item()
+                loss = criterion(output, labels)
+                (loss / gradient_accumulation_steps).backward()
+                losses.append(loss.item())
                 if loop.state.batch_in_epoch == len(train_dataloader):
                     break  # the end of the dataloader ends the step, as accelerate does
             optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad()
-            loop.end_step({"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]})
+            loss = sum(losses) / len(losses)
+            loop.end_step({"loss": loss, "lr": lr_scheduler.get_last_lr()[0]})
     return loop.artifacts
 
 
