@@ -3,6 +3,7 @@ never stopped: the same metrics at every step of every run, read back with lab.i
 
 from __future__ import annotations
 
+import math
 import os
 import runpy
 import signal
@@ -67,17 +68,26 @@ def _run(script: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[
 
 
 def _history(folder: Path) -> tuple[list[tuple], list[tuple], list[tuple]]:
-    """Every run's status, every metric at every step, and every run's final metrics."""
+    """Every run's status, every metric at every step, and every run's final metrics; all but
+    `step_time` (a wall time), with NaN as "nan" (a NaN equals no other)."""
     con = lab.inspect.connect(f"sqlite:///{folder / 'lab.db'}")
+
+    def rows(sql: str) -> list[tuple]:
+        return [
+            tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in row)
+            for row in con.sql(sql).fetchall()
+        ]
+
     try:
-        runs = con.sql("SELECT run_key, status FROM runs ORDER BY run_key").fetchall()
-        metrics = con.sql(
+        runs = rows("SELECT run_key, status FROM runs ORDER BY run_key")
+        metrics = rows(
             "SELECT r.run_key, m.step, m.key, m.value FROM metrics m JOIN runs r USING (run_id) "
+            "WHERE m.key <> 'step_time' ORDER BY ALL"
+        )
+        final = rows(
+            "SELECT run_key, key, step, value FROM final_metrics WHERE key <> 'step_time' "
             "ORDER BY ALL"
-        ).fetchall()
-        final = con.sql(
-            "SELECT run_key, key, step, value FROM final_metrics ORDER BY ALL"
-        ).fetchall()
+        )
     finally:
         con.close()
     return runs, metrics, final
