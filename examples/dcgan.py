@@ -15,8 +15,8 @@ Adam optimizer, and per batch first the D step (real, then fake), then the G ste
 - checkpoints hold both networks, both optimizers, every RNG and the data position, every
   `--save-every` steps; the original's `netG_epoch_N.pth`/`netD_epoch_N.pth` files are
   written into each checkpoint by `loop.on_save` (they commit with it, or not at all), and
-  the samples from the fixed noise are saved as tensors in the run's folder (the original
-  writes PNGs with torchvision);
+  the original's `real_samples.png`/`fake_samples_epoch_N.png` (torchvision) are logged with
+  `loop.log_image`: PNGs in the run's folder, with rows in the store's `images` table;
 - arms: Adam's `beta1` as in the DCGAN paper (0.5) and Adam's default (0.9), 2 repeats each.
 
     python examples/dcgan.py                      # into ./lab.db and ./runs
@@ -125,6 +125,18 @@ def blobs(n: int, size: int, *, seed: int) -> TensorDataset:
     return TensorDataset(image.unsqueeze(1) * 2 - 1)
 
 
+def grid(images, nrow=8):
+    """torchvision's `make_grid(normalize=True)` in miniature: N images of CxHxW in
+    [-1, 1] side by side, `nrow` a row, as one CxH'xW' image in [0, 1]."""
+    n, c, h, w = images.shape
+    rows = -(-n // nrow)
+    out = torch.zeros(c, rows * h, nrow * w)
+    for k, image in enumerate(images.cpu()):
+        r, col = divmod(k, nrow)
+        out[:, r * h : (r + 1) * h, col * w : (col + 1) * w] = image
+    return (out + 1) / 2
+
+
 def train_run(run):
     """One arm x repeat: the original script's body, with its loop on a RunHandle."""
     opt = run.config
@@ -208,9 +220,9 @@ def train_run(run):
             D_G_z2 = output.mean().item()
             optimizerG.step()
 
-            if i % 100 == 0:  # the original saves PNGs with torchvision; here, the tensors
-                fake = netG(fixed_noise)
-                torch.save(fake.detach().cpu(), run.dir / f"fake_samples_epoch_{epoch:03d}.pt")
+            fake = None
+            if i % 100 == 0:  # sampled before the step ends, so a save at it includes this
+                fake = netG(fixed_noise).detach()
             loop.end_step(
                 {
                     "loss_D": errD.item(),
@@ -220,6 +232,9 @@ def train_run(run):
                     "D_G_z2": D_G_z2,
                 }
             )
+            if fake is not None:  # the original's PNGs, as images of the ended step
+                loop.log_image("real_samples", grid(real_cpu))
+                loop.log_image("fake_samples", grid(fake))
             if i % opt.log_interval == 0:
                 print(
                     f"[{epoch}/{opt.niter}][{i}/{len(dataloader)}] Loss_D: {errD.item():.4f} "

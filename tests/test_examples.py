@@ -67,9 +67,9 @@ def _run(script: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _history(folder: Path) -> tuple[list[tuple], list[tuple], list[tuple]]:
-    """Every run's status, every metric at every step, and every run's final metrics; all but
-    `step_time` (a wall time), with NaN as "nan" (a NaN equals no other)."""
+def _history(folder: Path) -> tuple[list[tuple], ...]:
+    """Every run's status, every metric at every step, every run's final metrics, and every
+    image; leaving out `step_time` (a wall time), with NaN as "nan" (a NaN equals no other)."""
     con = lab.inspect.connect(f"sqlite:///{folder / 'lab.db'}")
 
     def rows(sql: str) -> list[tuple]:
@@ -88,9 +88,20 @@ def _history(folder: Path) -> tuple[list[tuple], list[tuple], list[tuple]]:
             "SELECT run_key, key, step, value FROM final_metrics WHERE key <> 'step_time' "
             "ORDER BY ALL"
         )
+        images = rows(
+            "SELECT r.run_key, i.key, i.step, i.path, i.width, i.height FROM images i "
+            "JOIN runs r USING (run_id) ORDER BY ALL"
+        )
     finally:
         con.close()
-    return runs, metrics, final
+    images = [(*row[:3], _inside(folder, row[3]), *row[4:]) for row in images]
+    return runs, metrics, final, images
+
+
+def _inside(folder: Path, path: str) -> str:
+    """An image's path as the store has it, relative to `folder` (the store's folder)."""
+    shown = Path(path)
+    return str(shown.relative_to(folder) if shown.is_absolute() else Path("runs") / shown)
 
 
 @pytest.mark.slow
@@ -114,9 +125,13 @@ def test_example_resumed_after_sigkill_ends_as_if_never_stopped(
     assert f"{killed_run}: resumed from {checkpoint}" in resumed.stdout
     assert "4 runs (4 completed)" in resumed.stdout
 
-    runs, metrics, final = _history(tmp_path / "straight")
+    runs, metrics, final, images = _history(tmp_path / "straight")
     assert [status for _, status in runs] == ["completed"] * 4
-    assert _history(tmp_path / "killed") == (runs, metrics, final)
+    assert _history(tmp_path / "killed") == (runs, metrics, final, images)
+    assert bool(images) == (script == "dcgan.py")  # its samples, as PNGs in the run folder
+    for _, _, _, path, _, _ in images:
+        want = (tmp_path / "straight" / path).read_bytes()
+        assert (tmp_path / "killed" / path).read_bytes() == want
     steps = {(key, step) for key, step, _, _ in metrics if key == killed_run}
     assert len(steps) > stop_at  # every step of the killed run is recorded, once
 
