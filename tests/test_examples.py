@@ -99,9 +99,8 @@ def _history(folder: Path) -> tuple[list[tuple], ...]:
 
 
 def _inside(folder: Path, path: str) -> str:
-    """An image's path as the store has it, relative to `folder` (the store's folder)."""
-    shown = Path(path)
-    return str(shown.relative_to(folder) if shown.is_absolute() else Path("runs") / shown)
+    """An image's path as lab.inspect gives it (absolute), relative to the store's folder."""
+    return str(Path(path).relative_to(folder))
 
 
 @pytest.mark.slow
