@@ -60,9 +60,9 @@ INTERRUPTED = 130
 
 def _shown(url: str) -> str:
     """A store URL as it may be printed: its password hidden."""
-    from sqlalchemy.engine import make_url
+    from lab.store.engine import shown
 
-    return make_url(url).render_as_string(hide_password=True)
+    return shown(url)
 
 
 def _clean_errors(fn: F) -> F:

@@ -55,10 +55,11 @@ from lab.hooks import (
     Callback,
     LogContext,
 )
-from lab.loggers.sql import SqlLogger
+from lab.loggers import store_sink
 from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
 from lab.loop.evals import EvalResult, Evaluator
 from lab.loop.training import LoopArtifacts
+from lab.sinks import StoreSink
 from lab.store.engine import resolve_url
 from lab.store.store import check_tags
 
@@ -521,8 +522,9 @@ class Experiment:
     before it starts, so two processes running the same experiment never train one run:
     the second raises `RunBusy` on a run the first is training.
 
-    The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
-    `SqlLogger` unless one is attached already; ``store=False`` records nothing.
+    The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets its
+    logger (`lab.loggers.store_sink`: a `SqlLogger`) unless a callback that records into a
+    store (a `lab.sinks.StoreSink`) is attached already; ``store=False`` records nothing.
     Each repeat ``i`` is seeded with ``seed + i``.
 
     ``executor="serial"`` (the default) runs one run after another in this process;
@@ -622,7 +624,7 @@ class Experiment:
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
-        self._sql: SqlLogger | None = None  # the logger that claims each run in the store
+        self._sink: StoreSink | None = None  # the callback that claims each run in the store
         self._only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
 
     # ------------------------------------------------------------------------------------
@@ -678,17 +680,18 @@ class Experiment:
         callbacks = self._callbacks()
         if self.executor == "processes":
             self._check_sendable(callbacks)
-        self._prior, self._sql = {}, None
+        self._prior, self._sink = {}, None
         folder = self.output_dir / safe_name(self.name)
         for cb in callbacks:
-            if isinstance(cb, SqlLogger):  # opening marks runs whose process died `crashed`
-                self._sql = cb
+            if isinstance(cb, StoreSink):  # opening marks runs whose process died `crashed`
+                self._sink = cb
                 store = cb.open()
                 store.mark_crashed()  # the store may have been open a while
                 if self.fresh:
                     supersede_runs(store, self.name, folder, [key for key, *_ in self._plan()])
                 self._prior = store.previous_runs(self.name)
-        if self._sql is None and self.fresh:  # no store: only the folders move aside
+                break
+        if self._sink is None and self.fresh:  # no store: only the folders move aside
             supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
         self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
@@ -954,8 +957,8 @@ class Experiment:
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
-        if self.store is not False and not any(isinstance(cb, SqlLogger) for cb in callbacks):
-            callbacks.append(SqlLogger(self.store))
+        if self.store is not False and not any(isinstance(cb, StoreSink) for cb in callbacks):
+            callbacks.append(store_sink(self.store))  # type: ignore[arg-type]
         return callbacks
 
     def _experiment_config(self) -> dict[str, Any]:
@@ -1051,8 +1054,8 @@ class Experiment:
         """Close the claim on a run whose record never started (the store failed in
         `on_run_start`, or the run never reached a worker): its row is `failed` with `error`,
         not left `running`. A run that a worker took over, or that ended, is not touched."""
-        if self._sql is not None:
-            self._sql.release(run_key, error or "the run never started")
+        if self._sink is not None:
+            self._sink.release(run_key, error or "the run never started")
 
     def _job(
         self, ctx: LogContext, arm: Arm, repeat: int, stage: int, parent: RunResult | None
@@ -1069,11 +1072,11 @@ class Experiment:
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
         ctx.config_hash = self._fingerprint(arm, repeat, stage).digest()
         prior = self._prior.get(run_key)
-        if self._sql is not None and (prior is None or prior["status"] not in FINISHED):
+        if self._sink is not None and (prior is None or prior["status"] not in FINISHED):
             # Claimed in the store before any run hook: of two processes that start the same
             # run, one trains it; the other finds it finished (and reuses it) or busy (raises).
             unknown = prior is None
-            prior = self._sql.claim(ctx)
+            prior = self._sink.claim(ctx)
             if prior is None and unknown:
                 _move_orphan(ctx.output_dir / run_key)
         if prior is not None and prior["status"] in FINISHED:
