@@ -66,6 +66,7 @@ from lab.records import (
     is_routine,
 )
 from lab.runs import (
+    CallbackFactory,
     RunJob,
     RunScope,
     _clear_run,
@@ -87,6 +88,7 @@ __all__ = [  # the results are defined in lab.records, runs execute in lab.runs
     "ROUTINE_PREFIXES",
     "Arm",
     "ArmResult",
+    "CallbackFactory",
     "Executor",
     "Experiment",
     "ExperimentResult",
@@ -261,6 +263,12 @@ class Experiment:
     must be importable (defined at module top level). See `lab.executors` for what fires
     where; a run's `RunResult.artifacts` is None there.
 
+    `callbacks` holds callbacks that every run shares (they get every hook), and factories:
+    callables that receive a run's `RunSpec` and return a callback or a list of them, built
+    for that run alone and given its run hooks only (``on_run_start`` to ``on_run_end``,
+    then ``close``), e.g. ``lambda run: ConsoleLogger(every=run.config.log_every)``; under
+    ``executor="processes"`` a factory is called in the worker.
+
     `tags` (plain strings, W&B style) and `notes` describe the experiment in the store: the
     tags join those it has (``lab tag`` adds more), the notes replace its notes. A run tags
     itself from `train` with ``run.tag(...)`` and ``run.notes = ...``. Every run records its
@@ -276,7 +284,7 @@ class Experiment:
         arms: Sequence[Arm] | None = None,
         repeats: int = 1,
         base_config: pydantic.BaseModel | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence[Callback | CallbackFactory] = (),
         store: Any = None,
         output_dir: str | Path = "runs",
         seed: int = 0,
@@ -332,7 +340,9 @@ class Experiment:
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
-        self.callbacks = list(callbacks)
+        #: Callbacks shared by every run (and the experiment's own hooks), and factories
+        #: that build callbacks for each run from its `RunSpec`.
+        self.callbacks, self.run_callbacks = _split_callbacks(callbacks)
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
         self.output_dir = Path(output_dir)
@@ -651,6 +661,11 @@ class Experiment:
                 for cb in callbacks
             ],
             *[
+                (f"callback factory {getattr(f, '__qualname__', f)!r}", f,
+                 f"define the factory at module top level {lambdas}")
+                for f in self.run_callbacks
+            ],
+            *[
                 (f"benchmark {b.name!r}", b, f"give it a function defined at module top level "
                  f"{lambdas}")
                 for b in self.benchmarks
@@ -815,7 +830,28 @@ class Experiment:
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
             seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,
             parent_run_key=parent_key, benchmarks=self.benchmarks,
+            run_callbacks=self.run_callbacks,
         )  # fmt: skip
+
+
+def _split_callbacks(
+    given: Sequence[Callback | CallbackFactory],
+) -> tuple[list[Callback], list[CallbackFactory]]:
+    """`Experiment(callbacks=...)`: the callbacks every run shares, and the factories that
+    build a run's own. A class is refused: it is callable, but meant as an instance."""
+    shared: list[Callback] = []
+    factories: list[CallbackFactory] = []
+    for item in given:
+        if isinstance(item, type):
+            raise ConfigError(
+                f"callbacks: {item.__name__} is a class; pass an instance, {item.__name__}(), "
+                f"or a factory that builds one per run, lambda run: {item.__name__}(...)"
+            )
+        if callable(item) and not isinstance(item, Callback):
+            factories.append(item)
+        else:
+            shared.append(item)  # type: ignore[arg-type]  # (not a Callback: Dispatcher says so)
+    return shared, factories
 
 
 def _run_key(arm: Arm, repeat: int, stage: int) -> str:

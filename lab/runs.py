@@ -22,7 +22,7 @@ from lab._reuse import (
 from lab._secrets import logger
 from lab._seeding import caller_rng_kept, seed_everything
 from lab.dispatch import Dispatcher
-from lab.errors import CallbackError, CheckpointError
+from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.hooks import (
     Callback,
     LogContext,
@@ -33,6 +33,11 @@ from lab.loop.training import LoopArtifacts
 from lab.records import ArmResult, RunResult, RunSpec, RunStatus, TrainFn
 
 log = logger("lab.experiment")  # a run's messages are its experiment's
+
+
+#: A callable that builds callbacks for one run from its `RunSpec` (its config, arm, seed):
+#: ``lambda run: ConsoleLogger(every=run.config.log_every)``.
+CallbackFactory = Callable[[RunSpec], "Callback | Sequence[Callback]"]
 
 
 @dataclass
@@ -55,6 +60,8 @@ class RunJob:
     carry: Literal["weights", "full"] = "weights"
     parent_run_key: str | None = None
     benchmarks: list[Evaluator] = field(default_factory=list)
+    #: Factories of callbacks built for this run alone (see `run_callbacks`).
+    run_callbacks: list[CallbackFactory] = field(default_factory=list)
 
     def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
         """This run's result, with its identity and the callback failures recorded so far."""
@@ -137,10 +144,15 @@ class RunScope:
         self.traceback: str | None = None
         self.artifacts: LoopArtifacts | None = None
         self.interrupt: BaseException | None = None
+        self.own: list[Callback] = []  # the callbacks built for this run alone
 
     def open(self, started: Callable[[LogContext], None] | None = None) -> RunSpec:
-        """Fire `on_run_start` (then `started(ctx)`) and find a chain's parent checkpoint."""
+        """Build the run's own callbacks (`run_callbacks`), fire `on_run_start` (then
+        `started(ctx)`) and find a chain's parent checkpoint."""
         job, ctx = self.job, self.job.ctx
+        if job.run_callbacks:  # a factory that raises fails this run, not the experiment
+            self.own = run_callbacks(job.run_callbacks, self.spec)
+            self.hooks = self.spec.dispatcher = self.hooks.extended(self.own)
         self.hooks.fire("on_run_start", ctx)
         if started is not None:
             started(ctx)
@@ -188,6 +200,8 @@ class RunScope:
         _end_run(hooks, job.ctx, run_result, self.arm_result)
         # failures inside on_run_end itself still reach the run's record
         run_result.callback_errors = _failures(hooks, job.run_key)
+        if self.own:  # the run's own callbacks end with it
+            hooks.sibling(self.own).fire("close")
         hooks.run_key = None  # what fails from here on belongs to the experiment
         return run_result
 
@@ -331,3 +345,21 @@ def _final_metrics(out: Any) -> dict[str, float]:
         f"train returned {type(out).__name__}; return loop.fit(run), a dict of final metrics, "
         "or None"
     )
+
+
+def run_callbacks(factories: Sequence[CallbackFactory], run: RunSpec) -> list[Callback]:
+    """The callbacks `factories` build for `run`, in order: each factory returns one
+    `Callback` or a list of them. Anything else is a `ConfigError` that names the factory."""
+    built: list[Callback] = []
+    for factory in factories:
+        out = factory(run)
+        items = list(out) if isinstance(out, (list, tuple)) else [out]
+        for cb in items:
+            if not isinstance(cb, Callback):
+                name = getattr(factory, "__qualname__", None) or repr(factory)
+                raise ConfigError(
+                    f"callback factory {name} returned {cb!r} for run {run.run_key}; a factory "
+                    "returns a lab.Callback or a list of them"
+                )
+        built += items
+    return built
