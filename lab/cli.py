@@ -17,7 +17,8 @@ from lab._table import plural, render
 from lab.errors import ConfigError, LabError, Terminated
 
 if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` never load torch
-    from lab.experiment import Experiment, ExperimentResult, Summary
+    from lab.experiment import Experiment
+    from lab.records import ExperimentResult, Summary
 
 # Plain help text: Rich markup would swallow "[default: ...]" and give flags a "<bool>".
 app = typer.Typer(

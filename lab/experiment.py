@@ -26,7 +26,7 @@ from typing import Any, Literal
 import pydantic
 
 from lab._distributed import launcher_rank
-from lab._names import MAX_NAME, check_name
+from lab._names import MAX_NAME, check_name, check_tags
 from lab._reuse import (
     Fingerprint,
     busy_message,
@@ -79,7 +79,6 @@ from lab.runs import (
 )
 from lab.sinks import StoreSink
 from lab.store.engine import resolve_url
-from lab.store.store import check_tags
 
 __all__ = [  # the results are defined in lab.records, runs execute in lab.runs
     "EXECUTORS",

@@ -50,11 +50,12 @@ from lab._table import plural, render
 from lab._validation import describe, unknown_field
 from lab.callbacks.registry import build
 from lab.errors import ConfigError, StoreError
-from lab.experiment import Arm, Experiment, ExperimentResult, Summary, safe_name
+from lab.experiment import Arm, Experiment, safe_name
 from lab.hooks import Callback
 from lab.loggers import store_sink
 from lab.loop.evals import Evaluator
 from lab.loop.metric_names import LOOP_METRICS, close_matches, logged_by, needed_by
+from lab.records import ExperimentResult, Summary
 from lab.sinks import StoreSink
 from lab.store.engine import resolve_url
 

@@ -1,26 +1,54 @@
 """The records that hooks carry: plain dataclasses on the ground floor of `lab`.
 
 `lab.hooks` imports its payload types from here alone, and every module that fires or
-receives a hook builds on them; nothing here imports upward (only errors and leaf helpers).
+receives a hook builds on them; nothing here imports upward (only errors, leaf helpers and
+`lab.media`; torch and the hook types only for annotations). The experiment's records come
+first (a run's spec and results, an experiment's result and its summary), then the loop's
+(an eval's result, a checkpoint's manifest row, a step's batch, what a fit leaves behind).
+The modules that make them re-export them: `lab.experiment`, `lab.loop.evals`,
+`lab.loop.checkpoints`, `lab.loop.records`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from lab._names import check_tags
 from lab._stats import Interval, Spread, check_bounds, check_interval, spread
 from lab._table import fmt, plural, render
 from lab.errors import ConfigError
-from lab.store._values import check_tags
+from lab.media import Histogram, Image, Media
 
 if TYPE_CHECKING:
+    import torch
+
     from lab.dispatch import Dispatcher
     from lab.hooks import LogContext
-    from lab.loop.records import LoopArtifacts
+
+__all__ = [
+    "FINISHED",
+    "ArmResult",
+    "EvalResult",
+    "ExperimentResult",
+    "Histogram",
+    "Image",
+    "Kind",
+    "LoopArtifacts",
+    "ManifestRow",
+    "Media",
+    "RunResult",
+    "RunSpec",
+    "RunStatus",
+    "Summary",
+    "SummaryRow",
+    "TrainFn",
+    "TrainingBatch",
+]
 
 RunStatus = Literal["completed", "failed", "stopped"]
 
@@ -340,3 +368,113 @@ class ExperimentResult:
 
 
 TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
+
+
+# -- the loop's records --------------------------------------------------------------------
+
+
+@dataclass
+class EvalResult:
+    """One scored evaluation: metrics, per-slice breakdowns, tags, and its predictions.
+
+    `breakdowns` holds metrics per slice of the data (``{"large": {"acc": 0.5}}``), so a
+    reader sees where a model fails, not only how often. `predictions` holds one dict per
+    example (keys ``example_id``, ``input``, ``output``, ``target``, ``score``; any other
+    key goes to the row's extras). `step` is the optimizer step it scored (None: after
+    training), `seconds` its wall time, and `error` the reason it failed, if it did.
+    """
+
+    name: str
+    metrics: dict[str, float]
+    breakdowns: dict[str, dict[str, float]] = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    seconds: float = 0.0
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def benchmark(self) -> bool:
+        """Whether it carries more than metrics (breakdowns, tags or predictions): the loop
+        then fires `on_benchmark_eval` with it, after `on_eval`, so sinks get the payload."""
+        return bool(self.predictions or self.breakdowns or self.tags)
+
+
+Kind = Literal["regular", "ephemeral", "fixed"]
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One line of `manifest.jsonl`: a save or a removal of one checkpoint.
+
+    `kind` is how the checkpoint is kept ("regular", "ephemeral" or "fixed"); a removal row
+    repeats the kind of the checkpoint it removed and names in `reason` the rules that no
+    longer keep it.
+    """
+
+    run_key: str
+    step: int
+    path: str
+    event: Literal["save", "remove"]
+    time: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    kind: Kind = "regular"
+
+    def to_json(self) -> str:
+        """The manifest line (NaN and inf written as JSON's NaN/Infinity)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> ManifestRow:
+        """Parse one manifest line."""
+        return cls(**json.loads(line))
+
+
+class TrainingBatch:
+    """The batch of the current step, as hooks see it: the data and where it came from.
+
+    The loop reuses one instance for every step, so a hook that wants to keep a batch
+    must copy `data`.
+    """
+
+    __slots__ = ("data", "epoch", "index")
+
+    def __init__(self) -> None:
+        self.data: Any = None
+        self.epoch = 0
+        self.index = 0
+
+    @property
+    def size(self) -> int | None:
+        """Samples in the batch: the first dimension of its first tensor that has one (a
+        0-dim ``num_tokens`` tensor beside the inputs is not a batch), else None."""
+        tensor = _first_tensor(self.data)
+        return None if tensor is None else int(tensor.shape[0])
+
+
+@dataclass
+class LoopArtifacts:
+    """What a fit leaves behind: the model, its final metrics and where it stopped."""
+
+    model: torch.nn.Module
+    metrics: dict[str, float]
+    step: int
+    stopped: bool = False
+    stop_reason: str | None = None
+    checkpoint_dir: Path | None = None
+    checkpoints: list[ManifestRow] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor in `data` (nested dicts, lists, tuples) that has a dimension."""
+    if hasattr(data, "dim") and hasattr(data, "shape"):
+        return data if data.dim() > 0 else None
+    values = data.values() if isinstance(data, dict) else data
+    if isinstance(values, (list, tuple)) or isinstance(data, dict):
+        for v in values:
+            found = _first_tensor(v)
+            if found is not None:
+                return found
+    return None

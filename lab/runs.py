@@ -28,9 +28,8 @@ from lab.hooks import (
     LogContext,
 )
 from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
-from lab.loop.evals import EvalResult, Evaluator
-from lab.loop.training import LoopArtifacts
-from lab.records import ArmResult, RunResult, RunSpec, RunStatus, TrainFn
+from lab.loop.evals import Evaluator
+from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
 
 log = logger("lab.experiment")  # a run's messages are its experiment's
 

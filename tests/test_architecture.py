@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +131,204 @@ def test_store_sink_maps_every_store_url_to_its_logger(tmp_path: Path) -> None:
         assert store_sink(store).store is store
     finally:
         store.close()
+
+
+# -- the import graph ---------------------------------------------------------------------
+
+ROOT = Path(lab.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of `lab`, by its dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, *, type_checking: bool = False) -> set[str]:
+    """The `lab` modules that `name` imports at module level (what runs when it is
+    imported): function bodies are not walked, and ``if TYPE_CHECKING:`` blocks only with
+    `type_checking`."""
+    known = _modules()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+
+    def target(dotted: str) -> None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        if dotted and dotted != name:
+            out.add(dotted)
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if _is_type_checking(node.test) and not type_checking:
+                    walk(node.orelse)
+                    continue
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for handler in node.handlers:
+                    walk(handler.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    target(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                target(module)
+                for alias in node.names:  # `from lab.loop import training`: a module
+                    if f"{module}.{alias.name}" in known:
+                        target(f"{module}.{alias.name}")
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return out
+
+
+def _floor(module: str) -> str:
+    """The part of `lab` a module belongs to: its subpackage (``lab.store``), or itself for
+    a module at the top (``lab.hooks``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (its nodes in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_dependency_graph_has_no_cycle() -> None:
+    """`lab` reads top to bottom: no import goes back up, between modules or between the
+    parts of the package (``lab.store``, ``lab.loop``, ``lab.callbacks``, ``lab.loggers`` and
+    each top-level module).
+
+    Counted: what runs when a module is imported. Left out: imports under
+    ``if TYPE_CHECKING:`` (annotations only; `lab.records` names `LogContext` and
+    `Dispatcher` that way) and imports inside functions (made when called: the CLI's lazy
+    imports, `lab.__init__`'s lazy names). A package's ``__init__`` counts as a module of
+    its part, so ``lab.store`` importing its own submodules is not a cycle.
+    """
+    modules = _modules()
+    graph = {name: _imports(name, path) for name, path in modules.items()}
+    assert _cycle(graph) is None
+    parts: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        floor = _floor(name)
+        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
+    assert _cycle(parts) is None
+
+
+def test_annotations_go_back_up_only_where_a_run_names_its_hooks() -> None:
+    """Counting the imports under TYPE_CHECKING too, one edge goes back up: `lab.records`
+    names `LogContext` and `Dispatcher` (a `RunSpec` holds both) for its annotations."""
+    modules = _modules()
+    graph = {name: _imports(name, path, type_checking=True) for name, path in modules.items()}
+    assert _cycle(graph) == ["lab.hooks", "lab.records", "lab.hooks"]
+    graph["lab.records"].discard("lab.hooks")
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_hooks_import_only_the_records_they_carry() -> None:
+    """`lab.hooks` depends on the records alone (and on errors and the logger), at runtime
+    and under TYPE_CHECKING alike."""
+    path = _modules()["lab.hooks"]
+    assert _imports("lab.hooks", path, type_checking=True) == {
+        "lab.records",
+        "lab.errors",
+        "lab._secrets",
+    }
+
+
+def test_the_records_stand_on_the_ground_floor() -> None:
+    """All that `lab.records` reaches at runtime, step after step, is the ground floor:
+    errors, `lab.media` and the leaf helpers (``lab._*``)."""
+    modules = _modules()
+    reached: set[str] = set()
+    todo = ["lab.records"]
+    while todo:
+        name = todo.pop()
+        for dep in _imports(name, modules[name]):
+            if dep not in reached:
+                reached.add(dep)
+                todo.append(dep)
+    ground = ("lab.errors", "lab.media")
+    above = sorted(m for m in reached if m not in ground and not m.split(".")[-1].startswith("_"))
+    assert above == []
+    assert {"lab.errors", "lab.media"} <= reached
+
+
+_EACH_MODULE = """
+import importlib, os, sys
+import pydantic, sqlalchemy, torch  # third-party imports are shared; lab's are not
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        failed.append(name)
+print("failed:", failed)
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """Each module imported before any other `lab` module (in a fresh child process each):
+    an import cycle that only bites in one order fails here."""
+    names = sorted(_modules())
+    out = subprocess.run(
+        [sys.executable, "-c", _EACH_MODULE, *names],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    assert out.splitlines()[-1] == "failed: []", out

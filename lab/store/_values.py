@@ -3,13 +3,11 @@ and tags made storable."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from lab._names import storable_text
 from lab._secrets import mask
-from lab.errors import ConfigError
 from lab.store.engine import dumps_json
 
 
@@ -42,29 +40,3 @@ def _failures(failures: list[dict[str, Any]] | None) -> list[dict[str, Any]] | N
          for k, v in f.items()}
         for f in failures
     ]  # fmt: skip
-
-
-TAG_LIMIT = 64  # characters in one tag, as W&B
-
-
-def check_tags(tags: Sequence[str] | str) -> list[str]:
-    """Tags as a list, each checked: a non-empty string of at most `TAG_LIMIT` characters,
-    with no whitespace, and not starting with ``+`` or ``-`` (``lab tag`` reads those as
-    add and remove). A `ConfigError` names the bad one."""
-    if isinstance(tags, str):
-        raise ConfigError(f"tags={tags!r}: give a list of tags, e.g. [{tags!r}]")
-    out = []
-    for tag in tags:
-        if (
-            not isinstance(tag, str)
-            or not tag
-            or len(tag) > TAG_LIMIT
-            or tag[0] in "+-"
-            or any(c.isspace() or not c.isprintable() for c in tag)
-        ):
-            raise ConfigError(
-                f"tag {tag!r}: use 1 to {TAG_LIMIT} printable characters, no spaces, not "
-                "starting with + or -"
-            )
-        out.append(tag)
-    return out

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from lab.store._values import TAG_LIMIT, check_tags
+from lab._names import TAG_LIMIT, check_tags
 from lab.store.crashes import HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
     check_reachable,

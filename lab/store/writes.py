@@ -19,10 +19,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from lab._json import floats_back
 from lab._metrics import as_number, check_key
-from lab._names import MAX_KEY, MAX_NAME, check_name, storable_text
+from lab._names import MAX_KEY, MAX_NAME, check_name, check_tags, storable_text
 from lab._reuse import busy_message
 from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
-from lab.store._values import _failures, _free_text, _now, _text, check_tags
+from lab.store._values import _failures, _free_text, _now, _text
 from lab.store.crashes import _HELD
 from lab.store.engine import dumps_json, transaction
 from lab.store.liveness import boot_id, process_start
@@ -39,8 +39,7 @@ from lab.store.schema import (
 )
 
 if TYPE_CHECKING:
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.evals import EvalResult
+    from lab.records import EvalResult, ManifestRow
     from lab.store.writer import MetricItem
 
 _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
