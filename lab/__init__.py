@@ -68,15 +68,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from lab.errors import LabError
-    from lab.experiment import (
-        Arm,
-        ArmResult,
-        Experiment,
-        ExperimentResult,
-        RunResult,
-        RunSpec,
-        Summary,
-    )
+    from lab.experiment import Arm, Experiment
     from lab.hooks import Callback, LogContext, LoopState
     from lab.loggers import ConsoleLogger, SqlLogger
     from lab.loop import (
@@ -89,6 +81,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
         TrainingBatch,
         TrainingLoop,
     )
+    from lab.records import ArmResult, ExperimentResult, RunResult, RunSpec, Summary
     from lab.script import start_run
     from lab.store import Store
 

@@ -14,6 +14,7 @@ fields) with NUL replaced by U+FFFD (`storable_text`), on both backends alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lab.errors import ConfigError
@@ -63,3 +64,29 @@ def storable_text(text: str | None) -> str | None:
     except UnicodeEncodeError:
         text = "".join(NUL_REPLACEMENT if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
     return text
+
+
+TAG_LIMIT = 64  # characters in one tag, as W&B
+
+
+def check_tags(tags: Sequence[str] | str) -> list[str]:
+    """Tags as a list, each checked: a non-empty string of at most `TAG_LIMIT` characters,
+    with no whitespace, and not starting with ``+`` or ``-`` (``lab tag`` reads those as
+    add and remove). A `ConfigError` names the bad one."""
+    if isinstance(tags, str):
+        raise ConfigError(f"tags={tags!r}: give a list of tags, e.g. [{tags!r}]")
+    out = []
+    for tag in tags:
+        if (
+            not isinstance(tag, str)
+            or not tag
+            or len(tag) > TAG_LIMIT
+            or tag[0] in "+-"
+            or any(c.isspace() or not c.isprintable() for c in tag)
+        ):
+            raise ConfigError(
+                f"tag {tag!r}: use 1 to {TAG_LIMIT} printable characters, no spaces, not "
+                "starting with + or -"
+            )
+        out.append(tag)
+    return out

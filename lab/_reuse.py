@@ -24,7 +24,7 @@ from lab._json import finite_json
 from lab.errors import RunBusy
 
 if TYPE_CHECKING:
-    from lab.store.store import Store
+    from lab.sinks import RunRecords
 
 #: Separates a superseded run's key from its number: ``small-r0~1``. Safe in paths.
 SUPERSEDED_KEY = "~"
@@ -162,7 +162,7 @@ def busy_message(experiment: str, run_key: str, row: dict[str, Any]) -> str:
 
 
 def supersede_runs(
-    store: Store | None, experiment: str, folder: Path, planned: Iterable[str]
+    store: RunRecords | None, experiment: str, folder: Path, planned: Iterable[str]
 ) -> list[str]:
     """Start an experiment afresh, losing nothing: supersede its current runs.
 
@@ -170,7 +170,7 @@ def supersede_runs(
     ``<run_key>~<n>`` and its folder moved to ``<folder>.superseded-<n>`` (its
     `output_dir` follows; a folder that is gone already keeps its recorded path). A planned
     run's folder under `folder` that no row records (a run without a store) moves aside
-    too, so no fresh run resumes from old checkpoints. Call it after `Store.mark_crashed`:
+    too, so no fresh run resumes from old checkpoints. Call it after `mark_crashed`:
     it refuses, before changing anything, while a run is `running`. Returns the new keys of
     the superseded rows.
     """

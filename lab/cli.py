@@ -17,7 +17,8 @@ from lab._table import plural, render
 from lab.errors import ConfigError, LabError, Terminated
 
 if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` never load torch
-    from lab.experiment import Experiment, ExperimentResult, Summary
+    from lab.experiment import Experiment
+    from lab.records import ExperimentResult, Summary
 
 # Plain help text: Rich markup would swallow "[default: ...]" and give flags a "<bool>".
 app = typer.Typer(
@@ -60,9 +61,9 @@ INTERRUPTED = 130
 
 def _shown(url: str) -> str:
     """A store URL as it may be printed: its password hidden."""
-    from sqlalchemy.engine import make_url
+    from lab.store.engine import shown
 
-    return make_url(url).render_as_string(hide_password=True)
+    return shown(url)
 
 
 def _clean_errors(fn: F) -> F:

@@ -20,9 +20,10 @@ import pydantic
 import torch
 
 from lab.errors import ConfigError, NoStore, NotALabStore
-from lab.experiment import Arm, Experiment, ExperimentResult, RunSpec
+from lab.experiment import Arm, Experiment
 from lab.hooks import Callback
 from lab.loop import EvalResult, Evaluator, LoopArtifacts, TrainingLoop
+from lab.records import ExperimentResult, RunSpec
 
 if TYPE_CHECKING:
     import duckdb

@@ -1,8 +1,10 @@
-"""Experiments: arms x repeats of one `train(run)` function, and what they return.
+"""Experiments: what a user declares (`Experiment`, `Arm`) and how its runs are planned.
 
 `Experiment.run()` walks the lifecycle written out in `lab.hooks`: one group per arm (its
 repeats), one run per repeat, every hook through one `Dispatcher`. Every run, in this process
-or in a worker (``executor="processes"``, see `lab.executors`), goes through `execute_run`.
+or in a worker (``executor="processes"``, see `lab.executors`), goes through
+`lab.runs.execute_run`; what runs return (`RunResult`, `ArmResult`, `ExperimentResult` and
+its `Summary`) are records of `lab.records`, importable from here too.
 """
 
 from __future__ import annotations
@@ -12,39 +14,31 @@ import dataclasses
 import hashlib
 import heapq
 import json
-import math
 import os
 import pickle
 import re
 import sys
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 
 from lab._distributed import launcher_rank
-from lab._names import MAX_NAME, check_name
+from lab._names import MAX_NAME, check_name, check_tags
 from lab._reuse import (
     Fingerprint,
     busy_message,
     differences,
-    next_superseded_number,
     refusal,
     supersede_runs,
-    superseded_folder,
     train_name,
 )
 from lab._secrets import logger
-from lab._seeding import caller_rng_kept, seed_everything
 from lab._signals import unwind_on_sigterm
-from lab._stats import Interval, Spread, check_bounds, check_interval, spread
-from lab._table import fmt, plural, render
 from lab.dispatch import Dispatcher
-from lab.errors import CallbackError, CheckpointError, ConfigError, RunBusy
+from lab.errors import CallbackError, ConfigError, RunBusy
 from lab.executors import Outcome, ProcessPool, WorkerDied
 from lab.hooks import (
     EXECUTOR,
@@ -55,18 +49,64 @@ from lab.hooks import (
     Callback,
     LogContext,
 )
-from lab.loggers.sql import SqlLogger
-from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
-from lab.loop.evals import EvalResult, Evaluator
-from lab.loop.training import LoopArtifacts
+from lab.loggers import store_sink
+from lab.loop.evals import Evaluator
+from lab.records import (
+    FINISHED,
+    ROUTINE_METRICS,
+    ROUTINE_PREFIXES,
+    ArmResult,
+    ExperimentResult,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    Summary,
+    SummaryRow,
+    TrainFn,
+    is_routine,
+)
+from lab.runs import (
+    CallbackFactory,
+    RunJob,
+    RunScope,
+    _clear_run,
+    _end_run,
+    _failures,
+    _move_orphan,
+    _quietly,
+    execute_run,
+    run_in_worker,
+)
+from lab.sinks import StoreSink
 from lab.store.engine import resolve_url
-from lab.store.store import check_tags
+
+__all__ = [  # the results are defined in lab.records, runs execute in lab.runs
+    "EXECUTORS",
+    "FINISHED",
+    "ROUTINE_METRICS",
+    "ROUTINE_PREFIXES",
+    "Arm",
+    "ArmResult",
+    "CallbackFactory",
+    "Executor",
+    "Experiment",
+    "ExperimentResult",
+    "RunJob",
+    "RunResult",
+    "RunScope",
+    "RunSpec",
+    "RunStatus",
+    "Summary",
+    "SummaryRow",
+    "TrainFn",
+    "execute_run",
+    "is_routine",
+    "run_in_worker",
+    "safe_name",
+]
 
 log = logger("lab.experiment")
 
-RunStatus = Literal["completed", "failed", "stopped"]
-#: The statuses of a run that ended on its own terms: running the experiment again skips it.
-FINISHED: tuple[RunStatus, ...] = ("completed", "stopped")
 
 Executor = Literal["serial", "processes"]
 EXECUTORS: tuple[str, ...] = ("serial", "processes")
@@ -193,317 +233,6 @@ def _set_path(
         data, model = data[part], sub
 
 
-@dataclass
-class RunSpec:
-    """What the Experiment hands `train(run)`: the run's config, seed, folder and hooks."""
-
-    experiment: str
-    arm: str
-    repeat: int
-    stage: int
-    seed: int
-    run_key: str
-    config: Any
-    dir: Path
-    ctx: LogContext
-    dispatcher: Dispatcher = field(repr=False)
-    parent_checkpoint: Path | None = None  # stage k-1's final checkpoint, in a chain
-    carry: Literal["weights", "full"] = "weights"
-    #: The run's own tags and notes, recorded when the run ends (with the tags it had).
-    tags: list[str] = field(default_factory=list)
-    notes: str | None = None
-    #: What the run's last loop left behind (a `RunHandle` sets it when it finishes).
-    artifacts: LoopArtifacts | None = field(default=None, repr=False)
-
-    def tag(self, *tags: str) -> None:
-        """Tag this run (W&B style: plain strings, each kept once), e.g. ``run.tag("diverged")``
-        from `train(run)`; the store records them when the run ends, beside those added with
-        ``lab tag``. Set ``run.notes = "..."`` the same way."""
-        for tag in check_tags(list(tags)):
-            if tag not in self.tags:
-                self.tags.append(tag)
-
-
-@dataclass
-class RunResult:
-    """How one run ended: its status, final metrics, and any error.
-
-    `artifacts` (the trained model, the loop's outputs) is None for a run that executed in a
-    worker process (``executor="processes"``): the model stays in the worker, so a run that
-    needs its model later saves it in its run folder (or a checkpoint) from `train`.
-    """
-
-    run_key: str
-    arm: str
-    repeat: int
-    stage: int
-    seed: int
-    status: RunStatus
-    metrics: dict[str, float]
-    seconds: float
-    error: str | None = None
-    traceback: str | None = None
-    callback_errors: list[dict[str, Any]] = field(default_factory=list)
-    artifacts: LoopArtifacts | None = field(default=None, repr=False)
-    parent_run_key: str | None = None
-    tags: list[str] = field(default_factory=list)  # what train(run) tagged it with
-    notes: str | None = None
-
-
-@dataclass
-class ArmResult:
-    """An arm's runs so far."""
-
-    name: str
-    overrides: dict[str, Any]
-    runs: list[RunResult] = field(default_factory=list)
-    planned: int | None = None  # the runs the arm holds (repeats x stages)
-
-    @property
-    def finished(self) -> bool:
-        """Whether every planned run of the arm finished (completed or stopped)."""
-        done = sum(1 for r in self.runs if r.status in FINISHED)
-        return done >= (self.planned if self.planned is not None else len(self.runs))
-
-    def values(self, metric: str) -> list[float]:
-        """The final `metric` of every run that finished (completed or stopped)."""
-        return [
-            r.metrics[metric] for r in self.runs if r.status != "failed" and metric in r.metrics
-        ]
-
-
-@dataclass(frozen=True)
-class SummaryRow:
-    """One arm's spread of one final metric across its repeats."""
-
-    arm: str
-    metric: str
-    n: int
-    mean: float
-    std: float
-    ci_low: float
-    ci_high: float
-
-
-#: Final metrics a printed summary leaves out unless asked for all of them: the loop's
-#: bookkeeping and the monitors' internals say how a run went, not which arm wins.
-ROUTINE_METRICS: tuple[str, ...] = ("lr", "step_time")
-ROUTINE_PREFIXES: tuple[str, ...] = (
-    "throughput/",
-    "gpu_memory/",
-    "stability/",
-    "grad_norm/",
-    "param_norm/",
-)
-
-
-def is_routine(metric: str) -> bool:
-    """Whether a printed summary hides `metric` by default (see `ROUTINE_METRICS`)."""
-    return metric in ROUTINE_METRICS or metric.startswith(ROUTINE_PREFIXES)
-
-
-@dataclass
-class Summary:
-    """Per arm and final metric: n, mean, std and 95% CI across repeats, and the best arm.
-
-    `rows` holds every metric; the text (``str(summary)``) leaves out the routine ones
-    (``lr``, ``step_time``, the monitors' ``throughput/``, ``stability/``, ... keys) unless
-    `all_metrics` is set, and says which it left out. After an interrupt (`interrupted`) the
-    text counts the runs that finished out of those `planned`, and ranks only the arms whose
-    runs all finished (`unfinished_arms` are named, never ranked).
-    """
-
-    experiment: str
-    rows: list[SummaryRow]
-    metric: str | None
-    mode: Literal["min", "max"]
-    best_arm: str | None
-    runner_up: str | None
-    margin: float | None
-    runs: int
-    runs_by_status: dict[str, int]
-    planned: int | None = None
-    interrupted: bool = False
-    unfinished_arms: list[str] = field(default_factory=list)
-    all_metrics: bool = False
-    shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
-    interval: Interval = "t"
-
-    def row(self, arm: str, metric: str) -> SummaryRow:
-        """The row of `arm` and `metric`."""
-        for r in self.rows:
-            if r.arm == arm and r.metric == metric:
-                return r
-        raise KeyError(f"no summary row for arm {arm!r}, metric {metric!r}")
-
-    def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts (e.g. for `pandas.DataFrame`)."""
-        return [r.__dict__.copy() for r in self.rows]
-
-    def __str__(self) -> str:
-        return self.format()
-
-    def format(self, all_metrics: bool | None = None) -> str:
-        """The summary as text; `all_metrics` (default: the summary's own) shows every
-        metric, the routine ones included."""
-        show_all = self.all_metrics if all_metrics is None else all_metrics
-        named = {self.metric, *(self.shown_metrics or [])}
-        hidden = (
-            []
-            if show_all
-            else sorted(
-                {r.metric for r in self.rows if r.metric not in named and is_routine(r.metric)}
-            )
-        )
-        statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.runs_by_status.items()))
-        if self.interrupted:
-            finished = sum(n for s, n in self.runs_by_status.items() if s in FINISHED)
-            planned = self.planned if self.planned is not None else self.runs
-            head = (f"{self.experiment}: interrupted; {finished} of {plural(planned, 'run')} "
-                    f"finished ({statuses or 'none started'})")  # fmt: skip
-        else:
-            head = f"{self.experiment}: {plural(self.runs, 'run')} ({statuses})"
-        lines = [head]
-        ci = "95% CI" if self.interval == "t" else f"95% CI ({self.interval})"
-        lines.append(
-            render(
-                ("arm", "metric", "n", "mean", "std", ci),
-                [  # with one repeat there is no spread: std and CI show as "-"
-                    (
-                        r.arm,
-                        r.metric,
-                        r.n,
-                        r.mean if r.n > 0 else None,  # nothing finished: no value, not NaN
-                        r.std if r.n > 1 else None,
-                        f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.n > 1 else "-",
-                    )
-                    for r in self.rows
-                    if r.metric not in hidden
-                ],
-            )
-        )
-        if hidden:
-            lines.append(
-                f"not shown: {', '.join(hidden)} (all_metrics=True, or --all-metrics, shows them)"
-            )
-        lines += self._verdict()
-        return "\n".join(lines)
-
-    def _verdict(self) -> list[str]:
-        """The best-arm line: none for arms whose runs did not all finish."""
-        unfinished = ", ".join(self.unfinished_arms)
-        if self.best_arm is None or self.metric is None:
-            if self.unfinished_arms and self.metric is not None:
-                return [f"no best arm: not every arm finished its runs (unfinished: {unfinished})"]
-            return []
-        best = self.row(self.best_arm, self.metric)
-        which = "best of the finished arms" if self.unfinished_arms else "best arm"
-        line = f"{which} by {self.metric} ({self.mode}): {self.best_arm} ({fmt(best.mean)})"
-        if self.runner_up is not None:
-            line += f", ahead of {self.runner_up} by {fmt(self.margin)}"
-        if self.unfinished_arms:
-            line += f"; not ranked, unfinished: {unfinished}"
-        return [line]
-
-
-@dataclass
-class ExperimentResult:
-    """Every run of an experiment, grouped by arm."""
-
-    name: str
-    arms: list[ArmResult]
-    seconds: float = 0.0
-    error: str | None = None
-    callback_errors: list[dict[str, Any]] = field(default_factory=list)
-    planned: int | None = None  # the runs the experiment holds; more than `runs` if interrupted
-
-    @property
-    def runs(self) -> list[RunResult]:
-        """All runs, in the order they ran."""
-        return [r for arm in self.arms for r in arm.runs]
-
-    @property
-    def status(self) -> Literal["completed", "failed"]:
-        """`failed` if it was interrupted or any run failed, else `completed`."""
-        if self.error is not None or any(r.status == "failed" for r in self.runs):
-            return "failed"
-        return "completed"
-
-    def summary(
-        self,
-        metric: str | None = None,
-        mode: Literal["min", "max"] = "min",
-        *,
-        keys: Sequence[str] | None = None,
-        all_metrics: bool = False,
-        interval: Interval = "t",
-        bounds: Mapping[str, tuple[float, float]] | None = None,
-    ) -> Summary:
-        """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
-
-        `metric` defaults to ``loss``; `keys` limits the rows to some metrics. Failed runs
-        are left out of the statistics. The text leaves out routine metrics (``lr``,
-        ``step_time``, monitors' internals) unless `all_metrics`; `rows` holds them all.
-        After an interrupt (`error` set), only the arms whose runs all finished are ranked.
-        `interval` is ``"t"`` (Student's t) or ``"bootstrap"`` (percentile bootstrap over
-        repeats: it stays inside the values' range). `bounds` declares metrics' known
-        ranges, e.g. ``{"holdout/acc": (0, 1)}``: their intervals are clipped to them. The
-        same numbers as `lab.inspect.summary`.
-        """
-        if mode not in ("min", "max"):
-            raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
-        check_interval(interval)
-        if bounds is not None and not isinstance(bounds, Mapping):
-            raise ConfigError(
-                f"bounds={bounds!r}: give a dict of metric ranges, e.g. "
-                "bounds={'holdout/acc': (0, 1)}"
-            )
-        ranges = {k: check_bounds(v, k) for k, v in (bounds or {}).items()}
-        known = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
-        named = ([metric] if metric is not None else []) + list(keys or []) + list(ranges)
-        for name in named:
-            if name not in known:
-                raise ConfigError(
-                    f"no run has a final metric {name!r}; known: {', '.join(known) or 'none'}"
-                )
-        chosen = metric or ("loss" if "loss" in known else None)
-        shown = list(keys) if keys is not None else known
-        interrupted = self.error is not None
-        unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
-        rows = []
-        spreads: dict[str, Spread] = {}
-        for arm in self.arms:
-            for key in shown:
-                s = spread(arm.values(key), interval=interval, bounds=ranges.get(key), metric=key)
-                rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-            if chosen is not None and arm.name not in unfinished:
-                spreads[arm.name] = spread(arm.values(chosen))  # the mean ranks the arms
-        ranked = sorted(
-            (name for name, s in spreads.items() if not math.isnan(s.mean)),
-            key=lambda name: spreads[name].mean,
-            reverse=mode == "max",
-        )
-        if unfinished and len(ranked) < 2:
-            ranked = []  # one finished arm is no winner: there was nothing to beat
-        best = ranked[0] if ranked else None
-        runner_up = ranked[1] if len(ranked) > 1 else None
-        margin = (
-            abs(spreads[best].mean - spreads[runner_up].mean) if runner_up is not None else None
-        )
-        by_status: dict[str, int] = {}
-        for r in self.runs:
-            by_status[r.status] = by_status.get(r.status, 0) + 1
-        return Summary(
-            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status,
-            planned=self.planned, interrupted=interrupted, unfinished_arms=unfinished,
-            all_metrics=all_metrics, shown_metrics=list(keys) if keys is not None else None,
-            interval=interval,
-        )  # fmt: skip
-
-
-TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
-
-
 class Experiment:
     """A named study: `train(run)` for every arm x repeat, recorded by the attached callbacks.
 
@@ -521,8 +250,9 @@ class Experiment:
     before it starts, so two processes running the same experiment never train one run:
     the second raises `RunBusy` on a run the first is training.
 
-    The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets a
-    `SqlLogger` unless one is attached already; ``store=False`` records nothing.
+    The store (argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``) gets its
+    logger (`lab.loggers.store_sink`: a `SqlLogger`) unless a callback that records into a
+    store (a `lab.sinks.StoreSink`) is attached already; ``store=False`` records nothing.
     Each repeat ``i`` is seeded with ``seed + i``.
 
     ``executor="serial"`` (the default) runs one run after another in this process;
@@ -531,6 +261,12 @@ class Experiment:
     of the callbacks and the context, so `train`, the callbacks and the configs' classes
     must be importable (defined at module top level). See `lab.executors` for what fires
     where; a run's `RunResult.artifacts` is None there.
+
+    `callbacks` holds callbacks that every run shares (they get every hook), and factories:
+    callables that receive a run's `RunSpec` and return a callback or a list of them, built
+    for that run alone and given its run hooks only (``on_run_start`` to ``on_run_end``,
+    then ``close``), e.g. ``lambda run: ConsoleLogger(every=run.config.log_every)``; under
+    ``executor="processes"`` a factory is called in the worker.
 
     `tags` (plain strings, W&B style) and `notes` describe the experiment in the store: the
     tags join those it has (``lab tag`` adds more), the notes replace its notes. A run tags
@@ -547,7 +283,7 @@ class Experiment:
         arms: Sequence[Arm] | None = None,
         repeats: int = 1,
         base_config: pydantic.BaseModel | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence[Callback | CallbackFactory] = (),
         store: Any = None,
         output_dir: str | Path = "runs",
         seed: int = 0,
@@ -603,7 +339,9 @@ class Experiment:
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
-        self.callbacks = list(callbacks)
+        #: Callbacks shared by every run (and the experiment's own hooks), and factories
+        #: that build callbacks for each run from its `RunSpec`.
+        self.callbacks, self.run_callbacks = _split_callbacks(callbacks)
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
         self.output_dir = Path(output_dir)
@@ -622,7 +360,7 @@ class Experiment:
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
-        self._sql: SqlLogger | None = None  # the logger that claims each run in the store
+        self._sink: StoreSink | None = None  # the callback that claims each run in the store
         self._only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
 
     # ------------------------------------------------------------------------------------
@@ -678,17 +416,18 @@ class Experiment:
         callbacks = self._callbacks()
         if self.executor == "processes":
             self._check_sendable(callbacks)
-        self._prior, self._sql = {}, None
+        self._prior, self._sink = {}, None
         folder = self.output_dir / safe_name(self.name)
         for cb in callbacks:
-            if isinstance(cb, SqlLogger):  # opening marks runs whose process died `crashed`
-                self._sql = cb
+            if isinstance(cb, StoreSink):  # opening marks runs whose process died `crashed`
+                self._sink = cb
                 store = cb.open()
                 store.mark_crashed()  # the store may have been open a while
                 if self.fresh:
                     supersede_runs(store, self.name, folder, [key for key, *_ in self._plan()])
                 self._prior = store.previous_runs(self.name)
-        if self._sql is None and self.fresh:  # no store: only the folders move aside
+                break
+        if self._sink is None and self.fresh:  # no store: only the folders move aside
             supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
         self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
@@ -921,6 +660,11 @@ class Experiment:
                 for cb in callbacks
             ],
             *[
+                (f"callback factory {getattr(f, '__qualname__', f)!r}", f,
+                 f"define the factory at module top level {lambdas}")
+                for f in self.run_callbacks
+            ],
+            *[
                 (f"benchmark {b.name!r}", b, f"give it a function defined at module top level "
                  f"{lambdas}")
                 for b in self.benchmarks
@@ -954,8 +698,8 @@ class Experiment:
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
-        if self.store is not False and not any(isinstance(cb, SqlLogger) for cb in callbacks):
-            callbacks.append(SqlLogger(self.store))
+        if self.store is not False and not any(isinstance(cb, StoreSink) for cb in callbacks):
+            callbacks.append(store_sink(self.store))  # type: ignore[arg-type]
         return callbacks
 
     def _experiment_config(self) -> dict[str, Any]:
@@ -1051,8 +795,8 @@ class Experiment:
         """Close the claim on a run whose record never started (the store failed in
         `on_run_start`, or the run never reached a worker): its row is `failed` with `error`,
         not left `running`. A run that a worker took over, or that ended, is not touched."""
-        if self._sql is not None:
-            self._sql.release(run_key, error or "the run never started")
+        if self._sink is not None:
+            self._sink.release(run_key, error or "the run never started")
 
     def _job(
         self, ctx: LogContext, arm: Arm, repeat: int, stage: int, parent: RunResult | None
@@ -1069,11 +813,11 @@ class Experiment:
         ctx.run_config = config.model_dump(mode="json") if config is not None else {}
         ctx.config_hash = self._fingerprint(arm, repeat, stage).digest()
         prior = self._prior.get(run_key)
-        if self._sql is not None and (prior is None or prior["status"] not in FINISHED):
+        if self._sink is not None and (prior is None or prior["status"] not in FINISHED):
             # Claimed in the store before any run hook: of two processes that start the same
             # run, one trains it; the other finds it finished (and reuses it) or busy (raises).
             unknown = prior is None
-            prior = self._sql.claim(ctx)
+            prior = self._sink.claim(ctx)
             if prior is None and unknown:
                 _move_orphan(ctx.output_dir / run_key)
         if prior is not None and prior["status"] in FINISHED:
@@ -1085,311 +829,34 @@ class Experiment:
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
             seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,
             parent_run_key=parent_key, benchmarks=self.benchmarks,
+            run_callbacks=self.run_callbacks,
         )  # fmt: skip
 
 
-@dataclass
-class RunJob:
-    """One run, ready to execute: everything `execute_run` needs, all of it picklable.
-
-    `ctx` already points at the run (run key, arm, repeat, stage, seed, run config) and holds
-    the ids the experiment-level hooks created.
-    """
-
-    train: TrainFn
-    experiment: str
-    arm: str
-    repeat: int
-    stage: int
-    seed: int
-    run_key: str
-    config: Any
-    ctx: LogContext
-    carry: Literal["weights", "full"] = "weights"
-    parent_run_key: str | None = None
-    benchmarks: list[Evaluator] = field(default_factory=list)
-
-    def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
-        """This run's result, with its identity and the callback failures recorded so far."""
-        return RunResult(
-            run_key=self.run_key, arm=self.arm, repeat=self.repeat, stage=self.stage,
-            seed=self.seed, parent_run_key=self.parent_run_key,
-            callback_errors=_failures(hooks, self.run_key), **fields,
-        )  # fmt: skip
-
-
-def execute_run(
-    job: RunJob,
-    hooks: Dispatcher,
-    arm_result: ArmResult,
-    *,
-    started: Callable[[LogContext], None] | None = None,
-) -> tuple[RunResult, BaseException | None]:
-    """Execute one run, from `on_run_start` to `on_run_end`: the one code path of every run,
-    in the experiment's process and in a worker process alike.
-
-    Seeds every generator with the run's seed and puts the caller's generator states back when
-    the run ends (a random search that draws between runs gets fresh draws), calls `train`, runs
-    the post-training benchmarks, and records the outcome: a run that raises is `failed` (its
-    error and traceback kept) and the others go on. So is a run whose critical callback raised
-    in `on_run_start` (the run does not train; `on_error` and `on_run_end` still fire for the
-    other callbacks) or in `on_run_end` (see `_end_run`). The result is appended to `arm_result`
-    before `on_run_end` sees it. `started(ctx)` is called once `on_run_start` has fired (a
-    worker reports the run's ids with it). Returns the result and, when the run was interrupted
-    (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
-    `CallbackError` propagates at once.
-    """
-    with caller_rng_kept():
-        return _execute_seeded_run(job, hooks, arm_result, started)
-
-
-def _execute_seeded_run(
-    job: RunJob,
-    hooks: Dispatcher,
-    arm_result: ArmResult,
-    started: Callable[[LogContext], None] | None,
-) -> tuple[RunResult, BaseException | None]:
-    scope = RunScope(job, hooks, arm_result)
-    try:
-        # inside the try: a critical callback that cannot start the run fails it, not the
-        # experiment
-        spec = scope.open(started)
-        scope.trained(job.train(spec))
-    except CallbackError:
-        raise  # strict mode: a callback bug must not look like a training failure
-    except BaseException as exc:
-        scope.failed(exc)
-    return scope.close(), scope.interrupt
-
-
-class RunScope:
-    """One run from `on_run_start` to `on_run_end`, around whatever trains it: `train(run)`
-    under an Experiment, or the body of a ``with lab.start_run(...)`` block.
-
-    `open` fires `on_run_start` and hands back the `RunSpec`; then either `trained` (with
-    what training returned: benchmarks run, the status is `completed` or `stopped`) or
-    `failed` (the error recorded, `on_error` fired); `close` fires `on_run_end` and returns
-    the result, already appended to the arm's.
-    """
-
-    def __init__(self, job: RunJob, hooks: Dispatcher, arm_result: ArmResult) -> None:
-        self.job, self.hooks, self.arm_result = job, hooks, arm_result
-        ctx = job.ctx
-        run_dir = ctx.output_dir / job.run_key
-        run_dir.mkdir(parents=True, exist_ok=True)
-        hooks.run_key = job.run_key
-        seed_everything(job.seed)
-        self.spec = RunSpec(
-            job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
-            run_dir, ctx, hooks, carry=job.carry,
-        )  # fmt: skip
-        self.t0 = time.perf_counter()
-        self.status: RunStatus = "completed"
-        self.metrics: dict[str, float] = {}
-        self.error: str | None = None
-        self.traceback: str | None = None
-        self.artifacts: LoopArtifacts | None = None
-        self.interrupt: BaseException | None = None
-
-    def open(self, started: Callable[[LogContext], None] | None = None) -> RunSpec:
-        """Fire `on_run_start` (then `started(ctx)`) and find a chain's parent checkpoint."""
-        job, ctx = self.job, self.job.ctx
-        self.hooks.fire("on_run_start", ctx)
-        if started is not None:
-            started(ctx)
-        if job.parent_run_key is not None:  # a missing one fails this stage
-            self.spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
-        return self.spec
-
-    def trained(self, out: Any) -> None:
-        """Training returned `out` (LoopArtifacts, a dict of final metrics, or None)."""
-        artifacts = out if isinstance(out, LoopArtifacts) else None
-        self.metrics = _final_metrics(out)
-        self.artifacts = artifacts
-        if artifacts is not None and artifacts.stopped:
-            self.status = "stopped"
-        if artifacts is not None:
-            job = self.job
-            self.metrics.update(_benchmark(job.benchmarks, self.hooks, job.ctx, artifacts))
-
-    def failed(self, exc: BaseException) -> None:
-        """The run raised `exc`: record it and fire `on_error`; an interrupt is kept in
-        `interrupt` for the caller to re-raise."""
-        job = self.job
-        self.status = "failed"
-        self.error, self.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc()
-        if isinstance(exc, Exception):
-            log.error(
-                "run %s of %s failed; the other runs go on:\n%s",
-                job.run_key,
-                job.experiment,
-                self.traceback,
+def _split_callbacks(
+    given: Sequence[Callback | CallbackFactory],
+) -> tuple[list[Callback], list[CallbackFactory]]:
+    """`Experiment(callbacks=...)`: the callbacks every run shares, and the factories that
+    build a run's own. A class is refused: it is callable, but meant as an instance."""
+    shared: list[Callback] = []
+    factories: list[CallbackFactory] = []
+    for item in given:
+        if isinstance(item, type):
+            raise ConfigError(
+                f"callbacks: {item.__name__} is a class; pass an instance, {item.__name__}(), "
+                f"or a factory that builds one per run, lambda run: {item.__name__}(...)"
             )
+        if callable(item) and not isinstance(item, Callback):
+            factories.append(item)
         else:
-            self.error, self.interrupt = f"interrupted ({type(exc).__name__})", exc
-        self.hooks.fire("on_error", job.ctx, exc)
-
-    def close(self) -> RunResult:
-        """Fire `on_run_end` and return the run's result."""
-        job, hooks, spec = self.job, self.hooks, self.spec
-        run_result = job.result(
-            hooks, status=self.status, metrics=self.metrics,
-            seconds=time.perf_counter() - self.t0, error=self.error, traceback=self.traceback,
-            artifacts=self.artifacts, tags=list(spec.tags), notes=spec.notes,
-        )  # fmt: skip
-        self.arm_result.runs.append(run_result)
-        _end_run(hooks, job.ctx, run_result, self.arm_result)
-        # failures inside on_run_end itself still reach the run's record
-        run_result.callback_errors = _failures(hooks, job.run_key)
-        hooks.run_key = None  # what fails from here on belongs to the experiment
-        return run_result
-
-
-def _end_run(
-    hooks: Dispatcher, ctx: LogContext, run_result: RunResult, arm_result: ArmResult
-) -> None:
-    """Fire `on_run_end`. A critical callback that raises there (a store that cannot record
-    the run's end) fails the run, as it would have during training, and not the experiment:
-    the result says `failed` with that error (a run that had failed keeps its own error) and
-    the other runs go on. The callbacks after it got `on_run_end` with the run as it ended
-    training. Strict mode's `CallbackError` propagates."""
-    try:
-        hooks.fire("on_run_end", ctx, run_result, arm_result)
-    except CallbackError:
-        raise
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        log.error(
-            "run %s: a critical callback raised in on_run_end (%s); the run is failed and the "
-            "other runs go on",
-            run_result.run_key,
-            error,
-        )
-        if run_result.status != "failed":
-            run_result.status, run_result.error = "failed", error
-            run_result.traceback = traceback.format_exc()
-
-
-def run_in_worker(
-    job: RunJob,
-    callbacks: list[Callback],
-    strict: bool | None,
-    arm_result: ArmResult,
-    *,
-    progress: Callable[[Any], None],
-) -> RunResult:
-    """A run inside a worker process, on the worker's own copies of the callbacks.
-
-    The run-level hooks fire here, then `close`, so every store the copies opened is flushed
-    before the result goes back. `progress` sends `ctx.ids` to the parent once the run has
-    started, so the parent can still record the run if this process dies. The model stays
-    here: the result's `artifacts` is None. An interrupt is recorded in the result (the
-    parent, which decides whether the experiment goes on, gets it as a failed run).
-    """
-
-    def started(ctx: LogContext) -> None:
-        try:
-            progress(dict(ctx.ids))
-        except Exception:  # an id that won't pickle: send the plain ones
-            plain = (str, int, float, bool, type(None))
-            progress({k: v for k, v in ctx.ids.items() if isinstance(v, plain)})
-
-    hooks = Dispatcher(callbacks, strict=strict)
-    try:
-        run_result, _interrupt = execute_run(job, hooks, arm_result, started=started)
-    finally:
-        hooks.run_key = None
-        hooks.fire("close")
-    run_result.artifacts = None
-    return run_result
-
-
-def _benchmark(
-    benchmarks: Sequence[Evaluator], hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
-) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    for bench in benchmarks:
-        started = time.perf_counter()
-        try:
-            res = bench.run(artifacts.model, None)
-        except Exception as exc:
-            log.exception("benchmark %r failed; the run goes on", bench.name)
-            res = EvalResult(
-                bench.name,
-                {},
-                error=f"{type(exc).__name__}: {exc}",
-                seconds=time.perf_counter() - started,
-            )  # how long until it raised
-        hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
-        metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
-    return metrics
-
-
-def _final_checkpoint(run_dir: Path) -> Path:
-    """The checkpoint a chain's next stage starts from: the parent run's newest one."""
-    root = run_dir / "checkpoints"
-    latest = CheckpointManager(root).read_latest() if (root / LATEST_FILE).exists() else None
-    if latest is None:
-        raise CheckpointError(
-            f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "
-            "give its TrainingLoop checkpoint=CheckpointConfig(save_at_end=True)"
-        )
-    return latest
-
-
-def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
-    """The callback failures of one run (or, with None, of the experiment outside runs)."""
-    return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
-
-
-def _quietly(fn: Callable[..., Any], *args: Any) -> None:
-    """Call `fn` while another error propagates: a critical callback that fails here (a
-    store that is down, say) is logged, and must not replace the error that got us here."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("while recording the end of an interrupted experiment")
-
-
-def _move_orphan(folder: Path) -> None:
-    """Move aside the folder of a run the store does not know (deleted with ``lab rm``,
-    renamed away with ``lab mv``, or recorded in another store), so the run now claimed
-    cannot resume from checkpoints of something else."""
-    if not folder.exists():
-        return
-    target = superseded_folder(folder, next_superseded_number(folder.name, [], [folder]))
-    folder.rename(target)
-    log.warning(
-        "run folder %s is not recorded in this store; moved it to %s so the run starts afresh",
-        folder,
-        target.name,
-    )
+            shared.append(item)  # type: ignore[arg-type]  # (not a Callback: Dispatcher says so)
+    return shared, factories
 
 
 def _run_key(arm: Arm, repeat: int, stage: int) -> str:
     """A run's key, which is also its folder's name: ``small-r0``, ``chain-r0-s1``."""
     key = f"{safe_name(arm.name)}-r{repeat}"
     return key + f"-s{stage}" if arm.stages is not None else key
-
-
-def _clear_run(ctx: LogContext) -> None:
-    ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = ctx.parent_run_key = None
-    ctx.config_hash = None
-    ctx.group_name = ctx.arm = None
-    ctx.stage = 0
-
-
-def _final_metrics(out: Any) -> dict[str, float]:
-    if out is None:
-        return {}
-    if isinstance(out, LoopArtifacts):
-        return dict(out.metrics)
-    if isinstance(out, dict):
-        return {str(k): float(v) for k, v in out.items()}
-    raise TypeError(
-        f"train returned {type(out).__name__}; return loop.fit(run), a dict of final metrics, "
-        "or None"
-    )
 
 
 def _jsonable(value: Any) -> Any:

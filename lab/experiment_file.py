@@ -43,7 +43,6 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
-from sqlalchemy.engine import make_url
 
 from lab._arm_grid import expand_arms
 from lab._overrides import apply_overrides
@@ -51,11 +50,14 @@ from lab._table import plural, render
 from lab._validation import describe, unknown_field
 from lab.callbacks.registry import build
 from lab.errors import ConfigError, StoreError
-from lab.experiment import Arm, Experiment, ExperimentResult, Summary, safe_name
+from lab.experiment import Arm, Experiment, safe_name
 from lab.hooks import Callback
-from lab.loggers.sql import SqlLogger
+from lab.loggers import store_sink
 from lab.loop.evals import Evaluator
 from lab.loop.metric_names import LOOP_METRICS, close_matches, logged_by, needed_by
+from lab.records import ExperimentResult, Summary
+from lab.sinks import StoreSink
+from lab.store.engine import resolve_url
 
 __all__ = ["ArmEntry", "ExperimentFile", "SummaryEntry", "load_experiment", "plan",
            "read_experiment_file"]  # fmt: skip
@@ -348,10 +350,10 @@ def plan(exp: Experiment) -> str:
     if exp.store is False:
         lines.append("store: none (store: false)")
     else:
-        if not any(isinstance(cb, SqlLogger) for cb in exp.callbacks):
-            sinks.append("SqlLogger")
+        if not any(isinstance(cb, StoreSink) for cb in exp.callbacks):
+            sinks.append(type(store_sink(exp.store)).__name__)
         url = exp.store if isinstance(exp.store, str) else getattr(exp.store, "url", exp.store)
-        shown = make_url(url).render_as_string(hide_password=True) if isinstance(url, str) else url
+        shown = resolve_url(url).shown if isinstance(url, str) else url
         lines.append(f"store: {shown}")
     lines.append(f"run folders: {exp.output_dir / safe_name(exp.name)}/<run>")
     lines.append(f"callbacks: {', '.join(sinks) or 'none'}")

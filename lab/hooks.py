@@ -74,11 +74,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.evals import EvalResult
-    from lab.loop.records import LoopArtifacts, TrainingBatch
-    from lab.media import Media
+    from lab.records import (
+        ArmResult,
+        EvalResult,
+        ExperimentResult,
+        LoopArtifacts,
+        ManifestRow,
+        Media,
+        RunResult,
+        TrainingBatch,
+    )
 
 #: Every hook, in the order of the lifecycle above.
 HOOKS: tuple[str, ...] = (

@@ -40,7 +40,6 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 from lab._secrets import logger, mask
 from lab.errors import ConfigError, SchemaTooOld, StoreError
@@ -195,7 +194,7 @@ def _load_scanner(con: duckdb.DuckDBPyConnection, backend: str) -> None:
 def _attach(con: duckdb.DuckDBPyConnection, store: Store) -> None:
     backend = store.dialect
     _load_scanner(con, backend)
-    url = make_url(store.url)
+    url = store.url.parsed
     if backend == "sqlite":
         database = url.database
         if not database or database == ":memory:":

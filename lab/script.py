@@ -20,16 +20,9 @@ import pydantic
 
 from lab._signals import unwind_on_sigterm
 from lab.errors import CallbackError, ConfigError
-from lab.experiment import (
-    FINISHED,
-    Arm,
-    Experiment,
-    RunResult,
-    RunScope,
-    RunSpec,
-    _quietly,
-)
+from lab.experiment import Arm, Experiment, RunScope, _quietly
 from lab.hooks import Callback
+from lab.records import FINISHED, RunResult, RunSpec
 
 
 def script(run: RunSpec) -> None:

@@ -27,7 +27,7 @@ from test_store import WAIT_S, _new_run, _rows, _scalar
 from lab import Callback, Evaluator, Experiment, LoopArtifacts, RunSpec, TrainingLoop
 from lab.errors import MetricError, StoreError, StoreUnreachable
 from lab.store import Store
-from lab.store.store import _now
+from lab.store._values import _now
 
 
 # -- heartbeats and crashed runs ----------------------------------------------------------------

@@ -20,8 +20,8 @@ import pytest
 from test_store import WAIT_S, _new_run, _rows, _scalar
 
 from lab.store import Store
+from lab.store._values import _now
 from lab.store.liveness import boot_id, owner_alive, owner_gone, process_start
-from lab.store.store import _now
 
 HOST = socket.gethostname()
 

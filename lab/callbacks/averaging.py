@@ -39,7 +39,7 @@ from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, step_dirname
 
 if TYPE_CHECKING:
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import LoopArtifacts, TrainingBatch
 
 log = logger("lab.callbacks.averaging")
 

@@ -27,9 +27,7 @@ from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.experiment import ArmResult, RunResult
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import ArmResult, LoopArtifacts, ManifestRow, RunResult, TrainingBatch
 
 log = logger("lab.callbacks.files")
 

@@ -42,7 +42,7 @@ from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import LoopArtifacts, TrainingBatch
 
 log = logger("lab.callbacks.monitors")
 

@@ -22,8 +22,7 @@ from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.training import LoopArtifacts
+    from lab.records import ArmResult, ExperimentResult, LoopArtifacts, RunResult
 
 log = logger("lab.notify")
 

@@ -129,7 +129,9 @@ def _checked_init(cls: type, model: type[pydantic.BaseModel]) -> Callable[..., N
         except pydantic.ValidationError as exc:
             raise ConfigError(param_error(cls.__name__, model, exc, given)) from None
         for key in given:
-            bound.arguments[key] = getattr(checked, key)
+            value = getattr(checked, key)
+            if not (isinstance(given[key], str) and given[key] == value):  # a str subclass
+                bound.arguments[key] = value  # (such as a resolved StoreURL) stays itself
         init(*bound.args, **bound.kwargs)
 
     setattr(__init__, _CHECKED, True)

@@ -27,7 +27,7 @@ from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import LoopArtifacts, TrainingBatch
 
 log = logger("lab.callbacks.system")
 

@@ -1,9 +1,26 @@
 """Logger callbacks: each records the lifecycle somewhere (the store, the console, wandb, a
 hook log file)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from lab.loggers.console import ConsoleLogger
 from lab.loggers.jsonl import JsonlLogger
 from lab.loggers.sql import SqlLogger
 from lab.loggers.wandb import WandbLogger  # wandb itself is imported only when a run starts
+from lab.store.engine import resolve_url
+from lab.store.store import Store
 
-__all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger"]
+if TYPE_CHECKING:
+    from lab.sinks import StoreSink
+
+__all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger", "store_sink"]
+
+
+def store_sink(store: Store | str | None = None) -> StoreSink:
+    """The callback that records into `store` (a `Store`, a URL, or None for
+    ``LAB_STORE_URL``, else ``sqlite:///lab.db``): the one place that maps a store to the
+    logger that writes it, so `Experiment` never names a backend. Every URL `resolve_url`
+    accepts today is a SQL store."""
+    return SqlLogger(store if isinstance(store, Store) else resolve_url(store))

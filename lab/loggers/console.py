@@ -35,8 +35,7 @@ from lab.errors import ConfigError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import ArmResult, ExperimentResult, LoopArtifacts, RunResult, TrainingBatch
 
 
 @dataclass

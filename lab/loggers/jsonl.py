@@ -25,11 +25,16 @@ from lab.errors import ConfigError
 from lab.hooks import Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.evals import EvalResult
-    from lab.loop.training import LoopArtifacts, TrainingBatch
     from lab.media import Media
+    from lab.records import (
+        ArmResult,
+        EvalResult,
+        ExperimentResult,
+        LoopArtifacts,
+        ManifestRow,
+        RunResult,
+        TrainingBatch,
+    )
 
 log = logger("lab.loggers.jsonl")
 
@@ -350,8 +355,7 @@ def replay(
     and `close`. `hooks` picks a subset of `REPLAYED`. Returns the hooks fired, in order; an
     exception of the callback propagates (a replay is for debugging it).
     """
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.training import LoopArtifacts, TrainingBatch
+    from lab.records import LoopArtifacts, ManifestRow, TrainingBatch
 
     wanted = set(REPLAYED if hooks is None else hooks)
     unknown = sorted(wanted - set(REPLAYED))

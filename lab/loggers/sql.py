@@ -35,17 +35,22 @@ from typing import TYPE_CHECKING, Any
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
-from lab.loop.evals import EvalResult
 from lab.provenance import Provenance, collect
+from lab.records import EvalResult
 from lab.store.store import Store
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.training import LoopArtifacts, TrainingBatch
     from lab.media import Media
+    from lab.records import (
+        ArmResult,
+        ExperimentResult,
+        LoopArtifacts,
+        ManifestRow,
+        RunResult,
+        TrainingBatch,
+    )
 
 log = logger("lab.loggers.sql")
 

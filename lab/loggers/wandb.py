@@ -43,11 +43,16 @@ from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.media import Histogram
 
 if TYPE_CHECKING:
-    from lab.experiment import ArmResult, ExperimentResult, RunResult
-    from lab.loop.checkpoints import ManifestRow
-    from lab.loop.evals import EvalResult
-    from lab.loop.training import LoopArtifacts, TrainingBatch
     from lab.media import Media
+    from lab.records import (
+        ArmResult,
+        EvalResult,
+        ExperimentResult,
+        LoopArtifacts,
+        ManifestRow,
+        RunResult,
+        TrainingBatch,
+    )
 
 RUN_ID = "wandb:run_id"
 URL = "wandb:url"

@@ -63,7 +63,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -72,6 +72,7 @@ import torch
 from lab._secrets import logger
 from lab.errors import CheckpointError, ConfigError
 from lab.loop.payload import check_safe, json_info
+from lab.records import Kind, ManifestRow
 
 log = logger(__name__)
 
@@ -83,7 +84,6 @@ LATEST_FILE = "latest"
 TMP_PREFIX = "tmp_"
 TRUST_ENV = "LAB_TRUST_CHECKPOINTS"
 
-Kind = Literal["regular", "ephemeral", "fixed"]
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
@@ -246,34 +246,6 @@ class CheckpointConfig:
         if step in self.fixed_steps:
             return "fixed"
         return "ephemeral" if self.is_ephemeral(step, num_steps, final=final) else "regular"
-
-
-@dataclass(frozen=True)
-class ManifestRow:
-    """One line of `manifest.jsonl`: a save or a removal of one checkpoint.
-
-    `kind` is how the checkpoint is kept ("regular", "ephemeral" or "fixed"); a removal row
-    repeats the kind of the checkpoint it removed and names in `reason` the rules that no
-    longer keep it.
-    """
-
-    run_key: str
-    step: int
-    path: str
-    event: Literal["save", "remove"]
-    time: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    reason: str | None = None
-    kind: Kind = "regular"
-
-    def to_json(self) -> str:
-        """The manifest line (NaN and inf written as JSON's NaN/Infinity)."""
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> ManifestRow:
-        """Parse one manifest line."""
-        return cls(**json.loads(line))
 
 
 def _reason(config: CheckpointConfig, kind: str) -> str:

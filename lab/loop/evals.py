@@ -19,43 +19,17 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError
+from lab.records import EvalResult
 
 if TYPE_CHECKING:
     from lab.hooks import LoopState
-
-
-@dataclass
-class EvalResult:
-    """One scored evaluation: metrics, per-slice breakdowns, tags, and its predictions.
-
-    `breakdowns` holds metrics per slice of the data (``{"large": {"acc": 0.5}}``), so a
-    reader sees where a model fails, not only how often. `predictions` holds one dict per
-    example (keys ``example_id``, ``input``, ``output``, ``target``, ``score``; any other
-    key goes to the row's extras). `step` is the optimizer step it scored (None: after
-    training), `seconds` its wall time, and `error` the reason it failed, if it did.
-    """
-
-    name: str
-    metrics: dict[str, float]
-    breakdowns: dict[str, dict[str, float]] = field(default_factory=dict)
-    tags: dict[str, Any] = field(default_factory=dict)
-    step: int | None = None
-    seconds: float = 0.0
-    predictions: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def benchmark(self) -> bool:
-        """Whether it carries more than metrics (breakdowns, tags or predictions): the loop
-        then fires `on_benchmark_eval` with it, after `on_eval`, so sinks get the payload."""
-        return bool(self.predictions or self.breakdowns or self.tags)
 
 
 @dataclass(frozen=True)

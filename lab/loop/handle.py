@@ -40,16 +40,16 @@ from lab._seeding import rng_state, set_rng_state
 from lab.dispatch import Dispatcher
 from lab.errors import CheckpointError, ConfigError, HookOrderError
 from lab.hooks import Callback, LogContext, LoopState
-from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
-from lab.loop.evals import EvalResult, Evaluator
+from lab.loop.checkpoints import CheckpointConfig, CheckpointManager
+from lab.loop.evals import Evaluator
 from lab.loop.feed import Feed
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
 from lab.loop.payload import callback_states
-from lab.loop.records import LoopArtifacts, TrainingBatch
 from lab.loop.steps import check_no_epoch_settings, positive_int
+from lab.records import EvalResult, LoopArtifacts, ManifestRow, TrainingBatch
 
 if TYPE_CHECKING:
-    from lab.experiment import RunSpec
+    from lab.records import RunSpec
 
 log = logger("lab.loop")
 

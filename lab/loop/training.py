@@ -23,7 +23,6 @@ from lab.loop.feed import Feed
 from lab.loop.handle import RunHandle
 from lab.loop.metric_names import LOOP_METRICS
 from lab.loop.optimizers import as_optimizers, needs_closure
-from lab.loop.records import LoopArtifacts, TrainingBatch
 from lab.loop.schedules import Schedules, as_named, as_schedules
 from lab.loop.steps import (
     check_custom_step,
@@ -32,9 +31,10 @@ from lab.loop.steps import (
     positive_int,
     unpack_step,
 )
+from lab.records import LoopArtifacts, TrainingBatch
 
 if TYPE_CHECKING:
-    from lab.experiment import RunSpec
+    from lab.records import RunSpec
 
 __all__ = ["LoopArtifacts", "TrainingBatch", "TrainingLoop"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from lab._json import finite_json
@@ -36,11 +36,51 @@ SQLITE_BUSY_TIMEOUT_MS = 60_000
 _WRITE = "lab_write"  # execution option: this connection's transactions write
 
 
-def resolve_url(url: str | None = None) -> str:
+class StoreURL(str):
+    """A store URL resolved once: the text (password included) and its parsed form.
+
+    `resolve_url` returns one, and gives one it is handed back as it is, so an
+    `Experiment`, its `SqlLogger`, the `Store` and its engine share one parse of the URL.
+    It pickles as its text, resolved again on arrival (a worker process).
+    """
+
+    parsed: URL
+
+    def __new__(cls, text: str, parsed: URL) -> StoreURL:
+        self = super().__new__(cls, text)
+        self.parsed = parsed
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (resolve_url, (str(self),))
+
+    def __copy__(self) -> StoreURL:
+        return self  # immutable, as a str is
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StoreURL:
+        return self
+
+    @property
+    def shown(self) -> str:
+        """The URL as it may be printed: its password hidden."""
+        return self.parsed.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.parsed.get_backend_name()
+
+
+def resolve_url(url: str | None = None) -> StoreURL:
     """The store URL to use: the argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``.
 
-    ``postgresql://`` is read as psycopg 3, the driver `lab` ships with.
+    The one place a store URL is read: everything that opens a store (`Store`, the CLI,
+    `lab.inspect`, `SqlLogger`, `Experiment`) passes its argument through here, and a
+    `StoreURL` passes through unchanged. ``postgresql://`` is read as psycopg 3, the driver
+    `lab` ships with.
     """
+    if isinstance(url, StoreURL):
+        return url
     chosen = url or os.environ.get("LAB_STORE_URL") or DEFAULT_URL
     try:
         parsed = make_url(chosen)
@@ -64,7 +104,12 @@ def resolve_url(url: str | None = None) -> str:
             f"store URL scheme {parsed.drivername!r} is not supported; "
             "use sqlite:///path/to/lab.db or postgresql://user:password@host/dbname"
         )
-    return parsed.render_as_string(hide_password=False)
+    return StoreURL(parsed.render_as_string(hide_password=False), parsed)
+
+
+def shown(url: str) -> str:
+    """A store URL as it may be printed: its password hidden."""
+    return resolve_url(url).shown
 
 
 def dumps_json(value: Any) -> str:
@@ -83,7 +128,8 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
     the file and its folder exactly as they were. `create=False` refuses a SQLite file that
     does not exist (`NoStore`) instead of creating it and its folder.
     """
-    parsed = make_url(url)
+    url = resolve_url(url)
+    parsed = url.parsed
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly, create=create)
@@ -92,7 +138,7 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
             if readonly:
                 connect_args["options"] = "-c default_transaction_read_only=on"
             engine = sa.create_engine(
-                url, json_serializer=dumps_json, pool_pre_ping=True, connect_args=connect_args
+                parsed, json_serializer=dumps_json, pool_pre_ping=True, connect_args=connect_args
             )
     except NoSuchModuleError:
         raise UnknownScheme(f"no SQLAlchemy driver for {parsed.drivername!r}") from None
@@ -106,7 +152,7 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
     return engine
 
 
-def _sqlite_engine(url: str, database: str | None, *, readonly: bool, create: bool) -> Engine:
+def _sqlite_engine(url: StoreURL, database: str | None, *, readonly: bool, create: bool) -> Engine:
     connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     options: dict[str, Any] = {}
     if database and database != ":memory:":
@@ -127,7 +173,12 @@ def _sqlite_engine(url: str, database: str | None, *, readonly: bool, create: bo
         # metric writer's thread sees the tables the opening thread created.
         options["poolclass"] = sa.pool.StaticPool
         connect_args["check_same_thread"] = False
-    engine = sa.create_engine(url, json_serializer=dumps_json, connect_args=connect_args, **options)
+    engine = sa.create_engine(
+        url.parsed,
+        json_serializer=dumps_json,
+        connect_args=connect_args,
+        **options,
+    )
     sa.event.listen(engine, "connect", _sqlite_reader_pragmas if readonly else _sqlite_pragmas)
     # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
     sa.event.listen(engine, "begin", _sqlite_begin)
@@ -135,7 +186,7 @@ def _sqlite_engine(url: str, database: str | None, *, readonly: bool, create: bo
 
 
 def _shown(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
+    return resolve_url(url).shown
 
 
 _MAGIC = b"SQLite format 3\x00"
@@ -281,7 +332,7 @@ def _reading_error(ctx: sa.engine.ExceptionContext) -> None:
     """A read-only engine's errors as one line: a bad file, or a schema too old to read."""
     orig = ctx.original_exception
     engine = ctx.engine
-    where = _shown(str(engine.url)) if engine is not None else "the store"
+    where = engine.url.render_as_string(hide_password=True) if engine is not None else "the store"
     if isinstance(orig, sqlite3.DatabaseError):
         mapped = sqlite_error(orig, where)
         if mapped is not None:

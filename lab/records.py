@@ -1,0 +1,480 @@
+"""The records that hooks carry: plain dataclasses on the ground floor of `lab`.
+
+`lab.hooks` imports its payload types from here alone, and every module that fires or
+receives a hook builds on them; nothing here imports upward (only errors, leaf helpers and
+`lab.media`; torch and the hook types only for annotations). The experiment's records come
+first (a run's spec and results, an experiment's result and its summary), then the loop's
+(an eval's result, a checkpoint's manifest row, a step's batch, what a fit leaves behind).
+The modules that make them re-export them: `lab.experiment`, `lab.loop.evals`,
+`lab.loop.checkpoints`, `lab.loop.records`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from lab._names import check_tags
+from lab._stats import Interval, Spread, check_bounds, check_interval, spread
+from lab._table import fmt, plural, render
+from lab.errors import ConfigError
+from lab.media import Histogram, Image, Media
+
+if TYPE_CHECKING:
+    import torch
+
+    from lab.dispatch import Dispatcher
+    from lab.hooks import LogContext
+
+__all__ = [
+    "FINISHED",
+    "ArmResult",
+    "EvalResult",
+    "ExperimentResult",
+    "Histogram",
+    "Image",
+    "Kind",
+    "LoopArtifacts",
+    "ManifestRow",
+    "Media",
+    "RunResult",
+    "RunSpec",
+    "RunStatus",
+    "Summary",
+    "SummaryRow",
+    "TrainFn",
+    "TrainingBatch",
+]
+
+RunStatus = Literal["completed", "failed", "stopped"]
+
+
+#: The statuses of a run that ended on its own terms: running the experiment again skips it.
+FINISHED: tuple[RunStatus, ...] = ("completed", "stopped")
+
+
+@dataclass
+class RunSpec:
+    """What the Experiment hands `train(run)`: the run's config, seed, folder and hooks."""
+
+    experiment: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    run_key: str
+    config: Any
+    dir: Path
+    ctx: LogContext
+    dispatcher: Dispatcher = field(repr=False)
+    parent_checkpoint: Path | None = None  # stage k-1's final checkpoint, in a chain
+    carry: Literal["weights", "full"] = "weights"
+    #: The run's own tags and notes, recorded when the run ends (with the tags it had).
+    tags: list[str] = field(default_factory=list)
+    notes: str | None = None
+    #: What the run's last loop left behind (a `RunHandle` sets it when it finishes).
+    artifacts: LoopArtifacts | None = field(default=None, repr=False)
+
+    def tag(self, *tags: str) -> None:
+        """Tag this run (W&B style: plain strings, each kept once), e.g. ``run.tag("diverged")``
+        from `train(run)`; the store records them when the run ends, beside those added with
+        ``lab tag``. Set ``run.notes = "..."`` the same way."""
+        for tag in check_tags(list(tags)):
+            if tag not in self.tags:
+                self.tags.append(tag)
+
+
+@dataclass
+class RunResult:
+    """How one run ended: its status, final metrics, and any error.
+
+    `artifacts` (the trained model, the loop's outputs) is None for a run that executed in a
+    worker process (``executor="processes"``): the model stays in the worker, so a run that
+    needs its model later saves it in its run folder (or a checkpoint) from `train`.
+    """
+
+    run_key: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    status: RunStatus
+    metrics: dict[str, float]
+    seconds: float
+    error: str | None = None
+    traceback: str | None = None
+    callback_errors: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: LoopArtifacts | None = field(default=None, repr=False)
+    parent_run_key: str | None = None
+    tags: list[str] = field(default_factory=list)  # what train(run) tagged it with
+    notes: str | None = None
+
+
+@dataclass
+class ArmResult:
+    """An arm's runs so far."""
+
+    name: str
+    overrides: dict[str, Any]
+    runs: list[RunResult] = field(default_factory=list)
+    planned: int | None = None  # the runs the arm holds (repeats x stages)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every planned run of the arm finished (completed or stopped)."""
+        done = sum(1 for r in self.runs if r.status in FINISHED)
+        return done >= (self.planned if self.planned is not None else len(self.runs))
+
+    def values(self, metric: str) -> list[float]:
+        """The final `metric` of every run that finished (completed or stopped)."""
+        return [
+            r.metrics[metric] for r in self.runs if r.status != "failed" and metric in r.metrics
+        ]
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One arm's spread of one final metric across its repeats."""
+
+    arm: str
+    metric: str
+    n: int
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+
+
+#: Final metrics a printed summary leaves out unless asked for all of them: the loop's
+#: bookkeeping and the monitors' internals say how a run went, not which arm wins.
+ROUTINE_METRICS: tuple[str, ...] = ("lr", "step_time")
+
+
+ROUTINE_PREFIXES: tuple[str, ...] = (
+    "throughput/",
+    "gpu_memory/",
+    "stability/",
+    "grad_norm/",
+    "param_norm/",
+)
+
+
+def is_routine(metric: str) -> bool:
+    """Whether a printed summary hides `metric` by default (see `ROUTINE_METRICS`)."""
+    return metric in ROUTINE_METRICS or metric.startswith(ROUTINE_PREFIXES)
+
+
+@dataclass
+class Summary:
+    """Per arm and final metric: n, mean, std and 95% CI across repeats, and the best arm.
+
+    `rows` holds every metric; the text (``str(summary)``) leaves out the routine ones
+    (``lr``, ``step_time``, the monitors' ``throughput/``, ``stability/``, ... keys) unless
+    `all_metrics` is set, and says which it left out. After an interrupt (`interrupted`) the
+    text counts the runs that finished out of those `planned`, and ranks only the arms whose
+    runs all finished (`unfinished_arms` are named, never ranked).
+    """
+
+    experiment: str
+    rows: list[SummaryRow]
+    metric: str | None
+    mode: Literal["min", "max"]
+    best_arm: str | None
+    runner_up: str | None
+    margin: float | None
+    runs: int
+    runs_by_status: dict[str, int]
+    planned: int | None = None
+    interrupted: bool = False
+    unfinished_arms: list[str] = field(default_factory=list)
+    all_metrics: bool = False
+    shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
+    interval: Interval = "t"
+
+    def row(self, arm: str, metric: str) -> SummaryRow:
+        """The row of `arm` and `metric`."""
+        for r in self.rows:
+            if r.arm == arm and r.metric == metric:
+                return r
+        raise KeyError(f"no summary row for arm {arm!r}, metric {metric!r}")
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts (e.g. for `pandas.DataFrame`)."""
+        return [r.__dict__.copy() for r in self.rows]
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def format(self, all_metrics: bool | None = None) -> str:
+        """The summary as text; `all_metrics` (default: the summary's own) shows every
+        metric, the routine ones included."""
+        show_all = self.all_metrics if all_metrics is None else all_metrics
+        named = {self.metric, *(self.shown_metrics or [])}
+        hidden = (
+            []
+            if show_all
+            else sorted(
+                {r.metric for r in self.rows if r.metric not in named and is_routine(r.metric)}
+            )
+        )
+        statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.runs_by_status.items()))
+        if self.interrupted:
+            finished = sum(n for s, n in self.runs_by_status.items() if s in FINISHED)
+            planned = self.planned if self.planned is not None else self.runs
+            head = (f"{self.experiment}: interrupted; {finished} of {plural(planned, 'run')} "
+                    f"finished ({statuses or 'none started'})")  # fmt: skip
+        else:
+            head = f"{self.experiment}: {plural(self.runs, 'run')} ({statuses})"
+        lines = [head]
+        ci = "95% CI" if self.interval == "t" else f"95% CI ({self.interval})"
+        lines.append(
+            render(
+                ("arm", "metric", "n", "mean", "std", ci),
+                [  # with one repeat there is no spread: std and CI show as "-"
+                    (
+                        r.arm,
+                        r.metric,
+                        r.n,
+                        r.mean if r.n > 0 else None,  # nothing finished: no value, not NaN
+                        r.std if r.n > 1 else None,
+                        f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.n > 1 else "-",
+                    )
+                    for r in self.rows
+                    if r.metric not in hidden
+                ],
+            )
+        )
+        if hidden:
+            lines.append(
+                f"not shown: {', '.join(hidden)} (all_metrics=True, or --all-metrics, shows them)"
+            )
+        lines += self._verdict()
+        return "\n".join(lines)
+
+    def _verdict(self) -> list[str]:
+        """The best-arm line: none for arms whose runs did not all finish."""
+        unfinished = ", ".join(self.unfinished_arms)
+        if self.best_arm is None or self.metric is None:
+            if self.unfinished_arms and self.metric is not None:
+                return [f"no best arm: not every arm finished its runs (unfinished: {unfinished})"]
+            return []
+        best = self.row(self.best_arm, self.metric)
+        which = "best of the finished arms" if self.unfinished_arms else "best arm"
+        line = f"{which} by {self.metric} ({self.mode}): {self.best_arm} ({fmt(best.mean)})"
+        if self.runner_up is not None:
+            line += f", ahead of {self.runner_up} by {fmt(self.margin)}"
+        if self.unfinished_arms:
+            line += f"; not ranked, unfinished: {unfinished}"
+        return [line]
+
+
+@dataclass
+class ExperimentResult:
+    """Every run of an experiment, grouped by arm."""
+
+    name: str
+    arms: list[ArmResult]
+    seconds: float = 0.0
+    error: str | None = None
+    callback_errors: list[dict[str, Any]] = field(default_factory=list)
+    planned: int | None = None  # the runs the experiment holds; more than `runs` if interrupted
+
+    @property
+    def runs(self) -> list[RunResult]:
+        """All runs, in the order they ran."""
+        return [r for arm in self.arms for r in arm.runs]
+
+    @property
+    def status(self) -> Literal["completed", "failed"]:
+        """`failed` if it was interrupted or any run failed, else `completed`."""
+        if self.error is not None or any(r.status == "failed" for r in self.runs):
+            return "failed"
+        return "completed"
+
+    def summary(
+        self,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        *,
+        keys: Sequence[str] | None = None,
+        all_metrics: bool = False,
+        interval: Interval = "t",
+        bounds: Mapping[str, tuple[float, float]] | None = None,
+    ) -> Summary:
+        """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
+
+        `metric` defaults to ``loss``; `keys` limits the rows to some metrics. Failed runs
+        are left out of the statistics. The text leaves out routine metrics (``lr``,
+        ``step_time``, monitors' internals) unless `all_metrics`; `rows` holds them all.
+        After an interrupt (`error` set), only the arms whose runs all finished are ranked.
+        `interval` is ``"t"`` (Student's t) or ``"bootstrap"`` (percentile bootstrap over
+        repeats: it stays inside the values' range). `bounds` declares metrics' known
+        ranges, e.g. ``{"holdout/acc": (0, 1)}``: their intervals are clipped to them. The
+        same numbers as `lab.inspect.summary`.
+        """
+        if mode not in ("min", "max"):
+            raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
+        check_interval(interval)
+        if bounds is not None and not isinstance(bounds, Mapping):
+            raise ConfigError(
+                f"bounds={bounds!r}: give a dict of metric ranges, e.g. "
+                "bounds={'holdout/acc': (0, 1)}"
+            )
+        ranges = {k: check_bounds(v, k) for k, v in (bounds or {}).items()}
+        known = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
+        named = ([metric] if metric is not None else []) + list(keys or []) + list(ranges)
+        for name in named:
+            if name not in known:
+                raise ConfigError(
+                    f"no run has a final metric {name!r}; known: {', '.join(known) or 'none'}"
+                )
+        chosen = metric or ("loss" if "loss" in known else None)
+        shown = list(keys) if keys is not None else known
+        interrupted = self.error is not None
+        unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
+        rows = []
+        spreads: dict[str, Spread] = {}
+        for arm in self.arms:
+            for key in shown:
+                s = spread(arm.values(key), interval=interval, bounds=ranges.get(key), metric=key)
+                rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
+            if chosen is not None and arm.name not in unfinished:
+                spreads[arm.name] = spread(arm.values(chosen))  # the mean ranks the arms
+        ranked = sorted(
+            (name for name, s in spreads.items() if not math.isnan(s.mean)),
+            key=lambda name: spreads[name].mean,
+            reverse=mode == "max",
+        )
+        if unfinished and len(ranked) < 2:
+            ranked = []  # one finished arm is no winner: there was nothing to beat
+        best = ranked[0] if ranked else None
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        margin = (
+            abs(spreads[best].mean - spreads[runner_up].mean) if runner_up is not None else None
+        )
+        by_status: dict[str, int] = {}
+        for r in self.runs:
+            by_status[r.status] = by_status.get(r.status, 0) + 1
+        return Summary(
+            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status,
+            planned=self.planned, interrupted=interrupted, unfinished_arms=unfinished,
+            all_metrics=all_metrics, shown_metrics=list(keys) if keys is not None else None,
+            interval=interval,
+        )  # fmt: skip
+
+
+TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]
+
+
+# -- the loop's records --------------------------------------------------------------------
+
+
+@dataclass
+class EvalResult:
+    """One scored evaluation: metrics, per-slice breakdowns, tags, and its predictions.
+
+    `breakdowns` holds metrics per slice of the data (``{"large": {"acc": 0.5}}``), so a
+    reader sees where a model fails, not only how often. `predictions` holds one dict per
+    example (keys ``example_id``, ``input``, ``output``, ``target``, ``score``; any other
+    key goes to the row's extras). `step` is the optimizer step it scored (None: after
+    training), `seconds` its wall time, and `error` the reason it failed, if it did.
+    """
+
+    name: str
+    metrics: dict[str, float]
+    breakdowns: dict[str, dict[str, float]] = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    seconds: float = 0.0
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def benchmark(self) -> bool:
+        """Whether it carries more than metrics (breakdowns, tags or predictions): the loop
+        then fires `on_benchmark_eval` with it, after `on_eval`, so sinks get the payload."""
+        return bool(self.predictions or self.breakdowns or self.tags)
+
+
+Kind = Literal["regular", "ephemeral", "fixed"]
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One line of `manifest.jsonl`: a save or a removal of one checkpoint.
+
+    `kind` is how the checkpoint is kept ("regular", "ephemeral" or "fixed"); a removal row
+    repeats the kind of the checkpoint it removed and names in `reason` the rules that no
+    longer keep it.
+    """
+
+    run_key: str
+    step: int
+    path: str
+    event: Literal["save", "remove"]
+    time: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    kind: Kind = "regular"
+
+    def to_json(self) -> str:
+        """The manifest line (NaN and inf written as JSON's NaN/Infinity)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> ManifestRow:
+        """Parse one manifest line."""
+        return cls(**json.loads(line))
+
+
+class TrainingBatch:
+    """The batch of the current step, as hooks see it: the data and where it came from.
+
+    The loop reuses one instance for every step, so a hook that wants to keep a batch
+    must copy `data`.
+    """
+
+    __slots__ = ("data", "epoch", "index")
+
+    def __init__(self) -> None:
+        self.data: Any = None
+        self.epoch = 0
+        self.index = 0
+
+    @property
+    def size(self) -> int | None:
+        """Samples in the batch: the first dimension of its first tensor that has one (a
+        0-dim ``num_tokens`` tensor beside the inputs is not a batch), else None."""
+        tensor = _first_tensor(self.data)
+        return None if tensor is None else int(tensor.shape[0])
+
+
+@dataclass
+class LoopArtifacts:
+    """What a fit leaves behind: the model, its final metrics and where it stopped."""
+
+    model: torch.nn.Module
+    metrics: dict[str, float]
+    step: int
+    stopped: bool = False
+    stop_reason: str | None = None
+    checkpoint_dir: Path | None = None
+    checkpoints: list[ManifestRow] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor in `data` (nested dicts, lists, tuples) that has a dimension."""
+    if hasattr(data, "dim") and hasattr(data, "shape"):
+        return data if data.dim() > 0 else None
+    values = data.values() if isinstance(data, dict) else data
+    if isinstance(values, (list, tuple)) or isinstance(data, dict):
+        for v in values:
+            found = _first_tensor(v)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,364 @@
+"""How a run executes: `execute_run`, the one code path of every run, in the experiment's
+process (``executor="serial"``) and in a worker process (`run_in_worker`) alike, and
+`RunScope`, a run from `on_run_start` to `on_run_end` around whatever trains it.
+
+The run's folder and seed, `train(run)` (or a ``lab.start_run`` block), the post-training
+benchmarks, the outcome recorded: a failed run never stops the others.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lab._reuse import (
+    next_superseded_number,
+    superseded_folder,
+)
+from lab._secrets import logger
+from lab._seeding import caller_rng_kept, seed_everything
+from lab.dispatch import Dispatcher
+from lab.errors import CallbackError, CheckpointError, ConfigError
+from lab.hooks import (
+    Callback,
+    LogContext,
+)
+from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
+from lab.loop.evals import Evaluator
+from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
+
+log = logger("lab.experiment")  # a run's messages are its experiment's
+
+
+#: A callable that builds callbacks for one run from its `RunSpec` (its config, arm, seed):
+#: ``lambda run: ConsoleLogger(every=run.config.log_every)``.
+CallbackFactory = Callable[[RunSpec], "Callback | Sequence[Callback]"]
+
+
+@dataclass
+class RunJob:
+    """One run, ready to execute: everything `execute_run` needs, all of it picklable.
+
+    `ctx` already points at the run (run key, arm, repeat, stage, seed, run config) and holds
+    the ids the experiment-level hooks created.
+    """
+
+    train: TrainFn
+    experiment: str
+    arm: str
+    repeat: int
+    stage: int
+    seed: int
+    run_key: str
+    config: Any
+    ctx: LogContext
+    carry: Literal["weights", "full"] = "weights"
+    parent_run_key: str | None = None
+    benchmarks: list[Evaluator] = field(default_factory=list)
+    #: Factories of callbacks built for this run alone (see `run_callbacks`).
+    run_callbacks: list[CallbackFactory] = field(default_factory=list)
+
+    def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
+        """This run's result, with its identity and the callback failures recorded so far."""
+        return RunResult(
+            run_key=self.run_key, arm=self.arm, repeat=self.repeat, stage=self.stage,
+            seed=self.seed, parent_run_key=self.parent_run_key,
+            callback_errors=_failures(hooks, self.run_key), **fields,
+        )  # fmt: skip
+
+
+def execute_run(
+    job: RunJob,
+    hooks: Dispatcher,
+    arm_result: ArmResult,
+    *,
+    started: Callable[[LogContext], None] | None = None,
+) -> tuple[RunResult, BaseException | None]:
+    """Execute one run, from `on_run_start` to `on_run_end`: the one code path of every run,
+    in the experiment's process and in a worker process alike.
+
+    Seeds every generator with the run's seed and puts the caller's generator states back when
+    the run ends (a random search that draws between runs gets fresh draws), calls `train`, runs
+    the post-training benchmarks, and records the outcome: a run that raises is `failed` (its
+    error and traceback kept) and the others go on. So is a run whose critical callback raised
+    in `on_run_start` (the run does not train; `on_error` and `on_run_end` still fire for the
+    other callbacks) or in `on_run_end` (see `_end_run`). The result is appended to `arm_result`
+    before `on_run_end` sees it. `started(ctx)` is called once `on_run_start` has fired (a
+    worker reports the run's ids with it). Returns the result and, when the run was interrupted
+    (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
+    `CallbackError` propagates at once.
+    """
+    with caller_rng_kept():
+        return _execute_seeded_run(job, hooks, arm_result, started)
+
+
+def _execute_seeded_run(
+    job: RunJob,
+    hooks: Dispatcher,
+    arm_result: ArmResult,
+    started: Callable[[LogContext], None] | None,
+) -> tuple[RunResult, BaseException | None]:
+    scope = RunScope(job, hooks, arm_result)
+    try:
+        # inside the try: a critical callback that cannot start the run fails it, not the
+        # experiment
+        spec = scope.open(started)
+        scope.trained(job.train(spec))
+    except CallbackError:
+        raise  # strict mode: a callback bug must not look like a training failure
+    except BaseException as exc:
+        scope.failed(exc)
+    return scope.close(), scope.interrupt
+
+
+class RunScope:
+    """One run from `on_run_start` to `on_run_end`, around whatever trains it: `train(run)`
+    under an Experiment, or the body of a ``with lab.start_run(...)`` block.
+
+    `open` fires `on_run_start` and hands back the `RunSpec`; then either `trained` (with
+    what training returned: benchmarks run, the status is `completed` or `stopped`) or
+    `failed` (the error recorded, `on_error` fired); `close` fires `on_run_end` and returns
+    the result, already appended to the arm's.
+    """
+
+    def __init__(self, job: RunJob, hooks: Dispatcher, arm_result: ArmResult) -> None:
+        self.job, self.hooks, self.arm_result = job, hooks, arm_result
+        ctx = job.ctx
+        run_dir = ctx.output_dir / job.run_key
+        run_dir.mkdir(parents=True, exist_ok=True)
+        hooks.run_key = job.run_key
+        seed_everything(job.seed)
+        self.spec = RunSpec(
+            job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
+            run_dir, ctx, hooks, carry=job.carry,
+        )  # fmt: skip
+        self.t0 = time.perf_counter()
+        self.status: RunStatus = "completed"
+        self.metrics: dict[str, float] = {}
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.artifacts: LoopArtifacts | None = None
+        self.interrupt: BaseException | None = None
+        self.own: list[Callback] = []  # the callbacks built for this run alone
+
+    def open(self, started: Callable[[LogContext], None] | None = None) -> RunSpec:
+        """Build the run's own callbacks (`run_callbacks`), fire `on_run_start` (then
+        `started(ctx)`) and find a chain's parent checkpoint."""
+        job, ctx = self.job, self.job.ctx
+        if job.run_callbacks:  # a factory that raises fails this run, not the experiment
+            self.own = run_callbacks(job.run_callbacks, self.spec)
+            self.hooks = self.spec.dispatcher = self.hooks.extended(self.own)
+        self.hooks.fire("on_run_start", ctx)
+        if started is not None:
+            started(ctx)
+        if job.parent_run_key is not None:  # a missing one fails this stage
+            self.spec.parent_checkpoint = _final_checkpoint(ctx.output_dir / job.parent_run_key)
+        return self.spec
+
+    def trained(self, out: Any) -> None:
+        """Training returned `out` (LoopArtifacts, a dict of final metrics, or None)."""
+        artifacts = out if isinstance(out, LoopArtifacts) else None
+        self.metrics = _final_metrics(out)
+        self.artifacts = artifacts
+        if artifacts is not None and artifacts.stopped:
+            self.status = "stopped"
+        if artifacts is not None:
+            job = self.job
+            self.metrics.update(_benchmark(job.benchmarks, self.hooks, job.ctx, artifacts))
+
+    def failed(self, exc: BaseException) -> None:
+        """The run raised `exc`: record it and fire `on_error`; an interrupt is kept in
+        `interrupt` for the caller to re-raise."""
+        job = self.job
+        self.status = "failed"
+        self.error, self.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        if isinstance(exc, Exception):
+            log.error(
+                "run %s of %s failed; the other runs go on:\n%s",
+                job.run_key,
+                job.experiment,
+                self.traceback,
+            )
+        else:
+            self.error, self.interrupt = f"interrupted ({type(exc).__name__})", exc
+        self.hooks.fire("on_error", job.ctx, exc)
+
+    def close(self) -> RunResult:
+        """Fire `on_run_end` and return the run's result."""
+        job, hooks, spec = self.job, self.hooks, self.spec
+        run_result = job.result(
+            hooks, status=self.status, metrics=self.metrics,
+            seconds=time.perf_counter() - self.t0, error=self.error, traceback=self.traceback,
+            artifacts=self.artifacts, tags=list(spec.tags), notes=spec.notes,
+        )  # fmt: skip
+        self.arm_result.runs.append(run_result)
+        _end_run(hooks, job.ctx, run_result, self.arm_result)
+        # failures inside on_run_end itself still reach the run's record
+        run_result.callback_errors = _failures(hooks, job.run_key)
+        if self.own:  # the run's own callbacks end with it
+            hooks.sibling(self.own).fire("close")
+        hooks.run_key = None  # what fails from here on belongs to the experiment
+        return run_result
+
+
+def _end_run(
+    hooks: Dispatcher, ctx: LogContext, run_result: RunResult, arm_result: ArmResult
+) -> None:
+    """Fire `on_run_end`. A critical callback that raises there (a store that cannot record
+    the run's end) fails the run, as it would have during training, and not the experiment:
+    the result says `failed` with that error (a run that had failed keeps its own error) and
+    the other runs go on. The callbacks after it got `on_run_end` with the run as it ended
+    training. Strict mode's `CallbackError` propagates."""
+    try:
+        hooks.fire("on_run_end", ctx, run_result, arm_result)
+    except CallbackError:
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "run %s: a critical callback raised in on_run_end (%s); the run is failed and the "
+            "other runs go on",
+            run_result.run_key,
+            error,
+        )
+        if run_result.status != "failed":
+            run_result.status, run_result.error = "failed", error
+            run_result.traceback = traceback.format_exc()
+
+
+def run_in_worker(
+    job: RunJob,
+    callbacks: list[Callback],
+    strict: bool | None,
+    arm_result: ArmResult,
+    *,
+    progress: Callable[[Any], None],
+) -> RunResult:
+    """A run inside a worker process, on the worker's own copies of the callbacks.
+
+    The run-level hooks fire here, then `close`, so every store the copies opened is flushed
+    before the result goes back. `progress` sends `ctx.ids` to the parent once the run has
+    started, so the parent can still record the run if this process dies. The model stays
+    here: the result's `artifacts` is None. An interrupt is recorded in the result (the
+    parent, which decides whether the experiment goes on, gets it as a failed run).
+    """
+
+    def started(ctx: LogContext) -> None:
+        try:
+            progress(dict(ctx.ids))
+        except Exception:  # an id that won't pickle: send the plain ones
+            plain = (str, int, float, bool, type(None))
+            progress({k: v for k, v in ctx.ids.items() if isinstance(v, plain)})
+
+    hooks = Dispatcher(callbacks, strict=strict)
+    try:
+        run_result, _interrupt = execute_run(job, hooks, arm_result, started=started)
+    finally:
+        hooks.run_key = None
+        hooks.fire("close")
+    run_result.artifacts = None
+    return run_result
+
+
+def _benchmark(
+    benchmarks: Sequence[Evaluator], hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
+) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for bench in benchmarks:
+        started = time.perf_counter()
+        try:
+            res = bench.run(artifacts.model, None)
+        except Exception as exc:
+            log.exception("benchmark %r failed; the run goes on", bench.name)
+            res = EvalResult(
+                bench.name,
+                {},
+                error=f"{type(exc).__name__}: {exc}",
+                seconds=time.perf_counter() - started,
+            )  # how long until it raised
+        hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
+        metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
+    return metrics
+
+
+def _final_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a chain's next stage starts from: the parent run's newest one."""
+    root = run_dir / "checkpoints"
+    latest = CheckpointManager(root).read_latest() if (root / LATEST_FILE).exists() else None
+    if latest is None:
+        raise CheckpointError(
+            f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "
+            "give its TrainingLoop checkpoint=CheckpointConfig(save_at_end=True)"
+        )
+    return latest
+
+
+def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
+    """The callback failures of one run (or, with None, of the experiment outside runs)."""
+    return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    """Call `fn` while another error propagates: a critical callback that fails here (a
+    store that is down, say) is logged, and must not replace the error that got us here."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("while recording the end of an interrupted experiment")
+
+
+def _move_orphan(folder: Path) -> None:
+    """Move aside the folder of a run the store does not know (deleted with ``lab rm``,
+    renamed away with ``lab mv``, or recorded in another store), so the run now claimed
+    cannot resume from checkpoints of something else."""
+    if not folder.exists():
+        return
+    target = superseded_folder(folder, next_superseded_number(folder.name, [], [folder]))
+    folder.rename(target)
+    log.warning(
+        "run folder %s is not recorded in this store; moved it to %s so the run starts afresh",
+        folder,
+        target.name,
+    )
+
+
+def _clear_run(ctx: LogContext) -> None:
+    ctx.run_key = ctx.run_config = ctx.repeat = ctx.seed = ctx.parent_run_key = None
+    ctx.config_hash = None
+    ctx.group_name = ctx.arm = None
+    ctx.stage = 0
+
+
+def _final_metrics(out: Any) -> dict[str, float]:
+    if out is None:
+        return {}
+    if isinstance(out, LoopArtifacts):
+        return dict(out.metrics)
+    if isinstance(out, dict):
+        return {str(k): float(v) for k, v in out.items()}
+    raise TypeError(
+        f"train returned {type(out).__name__}; return loop.fit(run), a dict of final metrics, "
+        "or None"
+    )
+
+
+def run_callbacks(factories: Sequence[CallbackFactory], run: RunSpec) -> list[Callback]:
+    """The callbacks `factories` build for `run`, in order: each factory returns one
+    `Callback` or a list of them. Anything else is a `ConfigError` that names the factory."""
+    built: list[Callback] = []
+    for factory in factories:
+        out = factory(run)
+        items = list(out) if isinstance(out, (list, tuple)) else [out]
+        for cb in items:
+            if not isinstance(cb, Callback):
+                name = getattr(factory, "__qualname__", None) or repr(factory)
+                raise ConfigError(
+                    f"callback factory {name} returned {cb!r} for run {run.run_key}; a factory "
+                    "returns a lab.Callback or a list of them"
+                )
+        built += items
+    return built

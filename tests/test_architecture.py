@@ -1,0 +1,338 @@
+"""How `lab` is put together: one reading of a store URL, and stores that plug in by role."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy.engine
+
+import lab
+import lab.store.engine as engine_module
+from lab.errors import UnknownScheme
+from lab.hooks import Callback, LogContext
+from lab.loggers import SqlLogger, store_sink
+from lab.sinks import StoreSink
+from lab.store import Store, resolve_url
+
+
+def _train(run: Any) -> dict[str, float]:
+    return {"loss": float(run.seed)}
+
+
+def test_a_store_url_is_parsed_once_from_experiment_to_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[str] = []
+    real = sqlalchemy.engine.make_url
+
+    def counting(url: Any) -> Any:
+        parsed.append(str(url))
+        return real(url)
+
+    monkeypatch.setattr(engine_module, "make_url", counting)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    exp = lab.Experiment("once", _train, repeats=2, store=url)
+    result = exp.run()
+    assert [r.status for r in result.runs] == ["completed", "completed"]
+    assert parsed == [url]
+    assert resolve_url(exp.store) is exp.store
+    store = Store(exp.store)
+    try:
+        assert store.url is exp.store
+        assert [e["name"] for e in store.list_experiments()] == ["once"]
+    finally:
+        store.close()
+    assert parsed == [url]
+
+
+def test_a_resolved_url_shows_no_password_and_pickles_as_its_text() -> None:
+    url = resolve_url("postgresql://me:secret@db.example:5433/lab")
+    assert url == "postgresql+psycopg://me:secret@db.example:5433/lab"
+    assert url.shown == "postgresql+psycopg://me:***@db.example:5433/lab"
+    assert url.backend == "postgresql"
+    copy = pickle.loads(pickle.dumps(url))
+    assert copy == url and copy.parsed == url.parsed and copy.shown == url.shown
+    with pytest.raises(UnknownScheme, match="scheme 'mysql' is not supported"):
+        resolve_url("mysql://x/y")
+
+
+class DictSink(Callback):
+    """A store sink for a backend that is not SQL: run records in a dict."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def open(self) -> DictSink:
+        self.calls.append("open")
+        return self
+
+    def mark_crashed(self) -> list[str]:
+        self.calls.append("mark_crashed")
+        return []
+
+    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+        self.calls.append(f"previous_runs {experiment}")
+        return {}
+
+    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
+        return []
+
+    def run_keys(self, experiment: str) -> list[str]:
+        return []
+
+    def supersede_run(self, run_id: int, run_key: str, output_dir: str | None) -> None:
+        raise AssertionError("nothing to supersede")
+
+    def claim(self, ctx: LogContext) -> dict[str, Any] | None:
+        self.calls.append(f"claim {ctx.run_key}")
+        return None
+
+    def release(self, run_key: str, error: str) -> None:
+        self.calls.append(f"release {run_key}")
+
+    def on_run_end(self, ctx: LogContext, run_result: Any, arm: Any) -> None:
+        self.calls.append(f"on_run_end {run_result.run_key} {run_result.status}")
+
+
+def test_an_experiment_asks_any_store_sink_and_adds_no_sql_logger(tmp_path: Path) -> None:
+    sink = DictSink()
+    assert isinstance(sink, StoreSink)
+    exp = lab.Experiment("dict", _train, repeats=2, callbacks=[sink])
+    result = exp.run()
+    assert [r.status for r in result.runs] == ["completed", "completed"]
+    run_keys = [r.run_key for r in result.runs]
+    assert sink.calls == [
+        "open",
+        "mark_crashed",
+        "previous_runs dict",
+        f"claim {run_keys[0]}",
+        f"on_run_end {run_keys[0]} completed",
+        f"release {run_keys[0]}",
+        f"claim {run_keys[1]}",
+        f"on_run_end {run_keys[1]} completed",
+        f"release {run_keys[1]}",
+    ]
+    assert not (tmp_path / "lab.db").exists()  # no SqlLogger was added beside it
+
+
+def test_store_sink_maps_every_store_url_to_its_logger(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    sink = store_sink(url)
+    assert type(sink) is SqlLogger and isinstance(sink, StoreSink)
+    store = Store(url)
+    try:
+        assert store_sink(store).store is store
+    finally:
+        store.close()
+
+
+# -- the import graph ---------------------------------------------------------------------
+
+ROOT = Path(lab.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of `lab`, by its dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, *, type_checking: bool = False) -> set[str]:
+    """The `lab` modules that `name` imports at module level (what runs when it is
+    imported): function bodies are not walked, and ``if TYPE_CHECKING:`` blocks only with
+    `type_checking`."""
+    known = _modules()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+
+    def target(dotted: str) -> None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        if dotted and dotted != name:
+            out.add(dotted)
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if _is_type_checking(node.test) and not type_checking:
+                    walk(node.orelse)
+                    continue
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for handler in node.handlers:
+                    walk(handler.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    target(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                target(module)
+                for alias in node.names:  # `from lab.loop import training`: a module
+                    if f"{module}.{alias.name}" in known:
+                        target(f"{module}.{alias.name}")
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return out
+
+
+def _floor(module: str) -> str:
+    """The part of `lab` a module belongs to: its subpackage (``lab.store``), or itself for
+    a module at the top (``lab.hooks``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (its nodes in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_dependency_graph_has_no_cycle() -> None:
+    """`lab` reads top to bottom: no import goes back up, between modules or between the
+    parts of the package (``lab.store``, ``lab.loop``, ``lab.callbacks``, ``lab.loggers`` and
+    each top-level module).
+
+    Counted: what runs when a module is imported. Left out: imports under
+    ``if TYPE_CHECKING:`` (annotations only; `lab.records` names `LogContext` and
+    `Dispatcher` that way) and imports inside functions (made when called: the CLI's lazy
+    imports, `lab.__init__`'s lazy names). A package's ``__init__`` counts as a module of
+    its part, so ``lab.store`` importing its own submodules is not a cycle.
+    """
+    modules = _modules()
+    graph = {name: _imports(name, path) for name, path in modules.items()}
+    assert _cycle(graph) is None
+    parts: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        floor = _floor(name)
+        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
+    assert _cycle(parts) is None
+
+
+def test_annotations_go_back_up_only_where_a_run_names_its_hooks() -> None:
+    """Counting the imports under TYPE_CHECKING too, only `lab.records` looks back up to
+    another part of `lab`: it names `LogContext` (`lab.hooks`) and `Dispatcher`
+    (`lab.dispatch`), which a `RunSpec` holds, for its annotations. Without those two
+    edges, the parts of `lab` have no cycle even in their annotations (inside one part, a
+    module may name a type of a sibling that imports it: `lab.loop.feed` names `RunHandle`)."""
+    modules = _modules()
+    graph = {name: _imports(name, path, type_checking=True) for name, path in modules.items()}
+    runtime = _imports("lab.records", modules["lab.records"])
+    assert graph["lab.records"] - runtime == {"lab.hooks", "lab.dispatch"}
+    graph["lab.records"] = runtime
+    parts: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        floor = _floor(name)
+        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
+    assert _cycle(parts) is None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_hooks_import_only_the_records_they_carry() -> None:
+    """`lab.hooks`, the lifecycle's vocabulary, depends on the records alone, at runtime
+    and under TYPE_CHECKING alike (its dispatcher is `lab.dispatch`)."""
+    path = _modules()["lab.hooks"]
+    assert _imports("lab.hooks", path, type_checking=True) == {"lab.records"}
+
+
+def test_the_records_stand_on_the_ground_floor() -> None:
+    """All that `lab.records` reaches at runtime, step after step, is the ground floor:
+    errors, `lab.media` and the leaf helpers (``lab._*``)."""
+    modules = _modules()
+    reached: set[str] = set()
+    todo = ["lab.records"]
+    while todo:
+        name = todo.pop()
+        for dep in _imports(name, modules[name]):
+            if dep not in reached:
+                reached.add(dep)
+                todo.append(dep)
+    ground = ("lab.errors", "lab.media")
+    above = sorted(m for m in reached if m not in ground and not m.split(".")[-1].startswith("_"))
+    assert above == []
+    assert {"lab.errors", "lab.media"} <= reached
+
+
+_EACH_MODULE = """
+import importlib, os, sys
+import pydantic, sqlalchemy, torch  # third-party imports are shared; lab's are not
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        failed.append(name)
+print("failed:", failed)
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """Each module imported before any other `lab` module (in a fresh child process each):
+    an import cycle that only bites in one order fails here."""
+    names = sorted(_modules())
+    out = subprocess.run(
+        [sys.executable, "-c", _EACH_MODULE, *names],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    assert out.splitlines()[-1] == "failed: []", out
