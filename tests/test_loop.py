@@ -687,7 +687,9 @@ def test_checkpoints_are_atomic_recorded_and_retained(tmp_path: Path) -> None:
         "model", "optimizer", "scheduler", "scaler", "loop", "metrics", "eval_metrics", "rng",
         "epoch_rng", "retention", "callbacks", "objects", "user",
     }  # fmt: skip
-    assert state["loop"] == {"step": 6, "epoch": 2, "batch_in_epoch": 2}
+    assert state["loop"] == {
+        "step": 6, "epoch": 2, "batch_in_epoch": 2, "epoch_open": False, "epochs_started": 0,
+    }  # fmt: skip
     assert state["scheduler"] is None
     assert state["callbacks"] == {"Stateful": {"seen": 6}}
     final = artifacts.model.state_dict()
