@@ -21,7 +21,7 @@ from lab._json import floats_back
 from lab._metrics import as_number, check_key
 from lab._names import MAX_KEY, MAX_NAME, check_name, check_tags, storable_text
 from lab._reuse import busy_message
-from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
+from lab.errors import ConfigError, NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now, _text
 from lab.store.crashes import _HELD
 from lab.store.engine import dumps_json, transaction
@@ -572,13 +572,7 @@ class Writes:
         """
         add, remove = check_tags(add), check_tags(remove)
         with transaction(self.engine) as conn:
-            exp_id = conn.execute(
-                sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == experiment)
-            ).scalar_one_or_none()
-            if exp_id is None:
-                known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
-                hint = f"; known: {', '.join(sorted(known))}" if known else ""
-                raise NoExperiment(f"no experiment named {experiment!r} in the store{hint}")
+            exp_id = self._experiment_id(conn, experiment)
             if run_key is None:
                 where = SqlExperiment.experiment_id == exp_id
                 return self._annotate(conn, SqlExperiment, where, add, remove, notes)
