@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import signal
-import sys
 
 import pydantic
 import torch
 import torch.nn as nn
+from _lab import parse_args, run_experiment
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, RunHandle
-from lab.errors import LabError
+from lab import Arm, CheckpointConfig, Evaluator, RunHandle
 
 EVAL_BATCH_SIZE = 32
 
@@ -157,8 +154,6 @@ def training_function(run):
         metrics=["loss", "lr"],
         device=device,
     ) as loop:
-        if loop.resumed_from is not None:
-            print(f"{run.run_key}: resumed from {loop.resumed_from.name}")
         batches = loop.batches(train_dataloader)  # micro-batches; the position is saved
         for _ in loop.steps():
             model.train()
@@ -177,18 +172,6 @@ def training_function(run):
             loss = sum(losses) / len(losses)
             loop.end_step({"loss": loss, "lr": lr_scheduler.get_last_lr()[0]})
     return loop.artifacts
-
-
-class StopAt(Callback):
-    """SIGKILLs this process after step `step` of the experiment's last run: a crash, to try
-    the resume (running the same command again continues from the last checkpoint)."""
-
-    def __init__(self, step: int, arm: str, repeat: int) -> None:
-        self.step, self.arm, self.repeat = step, arm, repeat
-
-    def on_step_end(self, state, step_idx, batch, metrics):
-        if step_idx == self.step and (state.ctx.arm, state.ctx.repeat) == (self.arm, self.repeat):
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -212,41 +195,7 @@ def main():
     parser.add_argument(
         "--seed", type=int, default=42, help="seed of the first repeat (default: 42)"
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        metavar="N",
-        help="repeats (seeds) of each arm (default: 2)",
-    )
-    parser.add_argument(
-        "--store",
-        default="sqlite:///lab.db",
-        metavar="URL",
-        help="the lab store (default: sqlite:///lab.db)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="runs",
-        metavar="DIR",
-        help="where run folders and checkpoints go (default: runs)",
-    )
-    parser.add_argument(
-        "--fresh",
-        action="store_true",
-        help="train every run again (the recorded runs are kept, superseded)",
-    )
-    parser.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="SIGKILL this process after step STEP of the last run, to try "
-        "the resume: run the same command again without it",
-    )
-    args = parser.parse_args()
-    if "OMP_NUM_THREADS" not in os.environ:  # models this small run fastest on one thread
-        torch.set_num_threads(1)
+    args = parse_args(parser)
     config = {"lr": 1e-3, "num_epochs": args.num_epochs, "seed": args.seed, "batch_size": 16}
 
     k = args.gradient_accumulation_steps
@@ -262,25 +211,9 @@ def main():
         Arm("large-batch", batch_size=config["batch_size"] * k),
         Arm("accumulate", gradient_accumulation_steps=k),
     ]
-    callbacks = []
-    if args.stop_at is not None:
-        callbacks.append(StopAt(args.stop_at, arms[-1].name, args.repeats - 1))
-    experiment = Experiment(
-        "accumulate",
-        training_function,
-        base_config=base,
-        arms=arms,
-        repeats=args.repeats,
-        seed=config["seed"],
-        callbacks=callbacks,
-        store=args.store,
-        output_dir=args.output_dir,
-        fresh=args.fresh,
+    result = run_experiment(
+        "accumulate", training_function, args, base_config=base, arms=arms, seed=config["seed"]
     )
-    try:
-        result = experiment.run()
-    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
-        sys.exit(f"error: {exc}")
     bounds = {"eval/accuracy": (0, 1), "eval/f1": (0, 1)}
     print(result.summary("eval/f1", mode="max", bounds=bounds))
 

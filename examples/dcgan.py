@@ -27,18 +27,15 @@ Adam optimizer, and per batch first the D step (real, then fake), then the G ste
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import sys
 
 import pydantic
 import torch
 import torch.nn as nn
 import torch.optim as optim
+from _lab import parse_args, run_experiment
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab import Arm, Callback, CheckpointConfig, Experiment, RunHandle
-from lab.errors import LabError
+from lab import Arm, CheckpointConfig, RunHandle
 
 
 class Config(pydantic.BaseModel):
@@ -177,8 +174,6 @@ def train_run(run):
         metrics=["loss_D", "loss_G", "D_x", "D_G_z1", "D_G_z2"],
         device=device,
     ) as loop:
-        if loop.resumed_from is not None:
-            print(f"{run.run_key}: resumed from {loop.resumed_from.name}")
         loop.on_save(save_networks)
         batches = loop.batches(dataloader)  # its epochs and position are saved and restored
         for _ in loop.steps():
@@ -244,18 +239,6 @@ def train_run(run):
     return loop.artifacts
 
 
-class StopAt(Callback):
-    """SIGKILLs this process after step `step` of the experiment's last run: a crash, to try
-    the resume (running the same command again continues from the last checkpoint)."""
-
-    def __init__(self, step: int, arm: str, repeat: int) -> None:
-        self.step, self.arm, self.repeat = step, arm, repeat
-
-    def on_step_end(self, state, step_idx, batch, metrics):
-        if step_idx == self.step and (state.ctx.arm, state.ctx.repeat) == (self.arm, self.repeat):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def main():
     defaults = Config()
     parser = argparse.ArgumentParser(description="PyTorch DCGAN example, recorded by lab")
@@ -306,41 +289,7 @@ def main():
     parser.add_argument(
         "--manualSeed", type=int, default=0, help="seed of the first repeat (default: %(default)s)"
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        metavar="N",
-        help="repeats (seeds) of each arm (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--store",
-        default="sqlite:///lab.db",
-        metavar="URL",
-        help="the lab store (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="runs",
-        metavar="DIR",
-        help="where run folders and checkpoints go (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--fresh",
-        action="store_true",
-        help="train every run again (the recorded runs are kept, superseded)",
-    )
-    parser.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="SIGKILL this process after step STEP of the last run, to try "
-        "the resume: run the same command again without it",
-    )
-    args = parser.parse_args()
-    if "OMP_NUM_THREADS" not in os.environ:  # models this small run fastest on one thread
-        torch.set_num_threads(1)
+    args = parse_args(parser)
 
     config = Config(
         batchSize=args.batchSize,
@@ -355,25 +304,9 @@ def main():
         no_accel=args.no_accel,
     )
     arms = [Arm("beta1-0.5", beta1=0.5), Arm("beta1-0.9", beta1=0.9)]
-    callbacks = []
-    if args.stop_at is not None:
-        callbacks.append(StopAt(args.stop_at, arms[-1].name, args.repeats - 1))
-    experiment = Experiment(
-        "dcgan",
-        train_run,
-        base_config=config,
-        arms=arms,
-        repeats=args.repeats,
-        seed=args.manualSeed,
-        callbacks=callbacks,
-        store=args.store,
-        output_dir=args.output_dir,
-        fresh=args.fresh,
+    result = run_experiment(
+        "dcgan", train_run, args, base_config=config, arms=arms, seed=args.manualSeed
     )
-    try:
-        result = experiment.run()
-    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
-        sys.exit(f"error: {exc}")
     print(result.summary("loss_G", mode="min"))
 
 

@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import signal
-import sys
 
 import pydantic
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+from _lab import parse_args, run_experiment
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, TrainingLoop
-from lab.errors import LabError
+from lab import Arm, CheckpointConfig, Evaluator, TrainingLoop
 from lab.loop import Schedule
 
 
@@ -168,29 +165,9 @@ def train_run(run):
         checkpoint=CheckpointConfig(
             every=len(train_loader), keep_last=1, keep_top_k=1, metric="test/loss", mode="min"
         ),
-        callbacks=[Resumed()],
         device=device,
     )
     return loop.fit(run)  # resumes from the run's newest checkpoint, if it has one
-
-
-class Resumed(Callback):
-    """Says when a run resumes from a checkpoint."""
-
-    def post_checkpoint_loaded(self, state, path):
-        print(f"{state.ctx.run_key}: resumed from {path.name}")
-
-
-class StopAt(Callback):
-    """SIGKILLs this process after step `step` of the experiment's last run: a crash, to try
-    the resume (running the same command again continues from the last checkpoint)."""
-
-    def __init__(self, step: int, arm: str, repeat: int) -> None:
-        self.step, self.arm, self.repeat = step, arm, repeat
-
-    def on_step_end(self, state, step_idx, batch, metrics):
-        if step_idx == self.step and (state.ctx.arm, state.ctx.repeat) == (self.arm, self.repeat):
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -261,41 +238,7 @@ def main():
         metavar="N",
         help="test images (default: %(default)s)",
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        metavar="N",
-        help="repeats (seeds) of each arm (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--store",
-        default="sqlite:///lab.db",
-        metavar="URL",
-        help="the lab store (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="runs",
-        metavar="DIR",
-        help="where run folders and checkpoints go (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--fresh",
-        action="store_true",
-        help="train every run again (the recorded runs are kept, superseded)",
-    )
-    parser.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="SIGKILL this process after step STEP of the last run, to try "
-        "the resume: run the same command again without it",
-    )
-    args = parser.parse_args()
-    if "OMP_NUM_THREADS" not in os.environ:  # models this small run fastest on one thread
-        torch.set_num_threads(1)
+    args = parse_args(parser)
 
     config = Config(
         batch_size=args.batch_size,
@@ -309,25 +252,7 @@ def main():
         no_accel=args.no_accel,
     )
     arms = [Arm("dropout"), Arm("no-dropout", dropout=False)]
-    callbacks = []
-    if args.stop_at is not None:
-        callbacks.append(StopAt(args.stop_at, arms[-1].name, args.repeats - 1))
-    experiment = Experiment(
-        "mnist",
-        train_run,
-        base_config=config,
-        arms=arms,
-        repeats=args.repeats,
-        seed=args.seed,
-        callbacks=callbacks,
-        store=args.store,
-        output_dir=args.output_dir,
-        fresh=args.fresh,
-    )
-    try:
-        result = experiment.run()
-    except LabError as exc:  # a bad store URL, a changed config: one line, no traceback
-        sys.exit(f"error: {exc}")
+    result = run_experiment("mnist", train_run, args, base_config=config, arms=arms, seed=args.seed)
     keys = ["loss", "test/loss", "test/acc"]  # a custom train_step leaves grad_norm NaN
     print(result.summary("test/acc", mode="max", keys=keys, bounds={"test/acc": (0, 1)}))
 

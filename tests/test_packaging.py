@@ -72,3 +72,4 @@ def test_the_sdist_holds_the_notebook(tmp_path: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     assert "notebooks/quickstart.ipynb" in names
     assert "examples/mnist.py" in names  # tests/test_examples.py runs them
+    assert "examples/_lab.py" in names  # what the examples share, imported by each
