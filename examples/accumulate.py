@@ -31,12 +31,13 @@ import math
 import pydantic
 import torch
 import torch.nn as nn
-from _lab import parse_args, run_experiment
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, CheckpointConfig, Evaluator, RunHandle
+
+from _lab import parse_args, run_experiment
 
 EVAL_BATCH_SIZE = 32
 

@@ -32,10 +32,11 @@ import pydantic
 import torch
 import torch.nn as nn
 import torch.optim as optim
-from _lab import parse_args, run_experiment
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, CheckpointConfig, RunHandle
+
+from _lab import parse_args, run_experiment
 
 
 class Config(pydantic.BaseModel):

@@ -31,12 +31,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-from _lab import parse_args, run_experiment
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Arm, CheckpointConfig, Evaluator, TrainingLoop
 from lab.loop import Schedule
+
+from _lab import parse_args, run_experiment
 
 
 class Config(pydantic.BaseModel):
