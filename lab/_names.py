@@ -14,6 +14,8 @@ fields) with NUL replaced by U+FFFD (`storable_text`), on both backends alike.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,3 +92,20 @@ def check_tags(tags: Sequence[str] | str) -> list[str]:
             )
         out.append(tag)
     return out
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_name(name: str, *, limit: int = 64) -> str:
+    """A folder name for `name`: safe on every filesystem, and distinct for distinct names.
+
+    >>> safe_name("small")
+    'small'
+    >>> safe_name("../../x")
+    'x-9bdbf20b'
+    """
+    slug = _SAFE.sub("-", name).strip("-.")[:limit] or "x"
+    if slug == name:
+        return slug
+    return f"{slug}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import heapq
 import json
 import os
 import pickle
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +24,7 @@ from typing import Any, Literal
 import pydantic
 
 from lab._distributed import launcher_rank
-from lab._names import MAX_NAME, check_name, check_tags
+from lab._names import MAX_NAME, check_name, check_tags, safe_name
 from lab._reuse import (
     Fingerprint,
     busy_message,
@@ -110,21 +108,6 @@ log = logger("lab.experiment")
 
 Executor = Literal["serial", "processes"]
 EXECUTORS: tuple[str, ...] = ("serial", "processes")
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_name(name: str, *, limit: int = 64) -> str:
-    """A folder name for `name`: safe on every filesystem, and distinct for distinct names.
-
-    >>> safe_name("small")
-    'small'
-    >>> safe_name("../../x")
-    'x-9bdbf20b'
-    """
-    slug = _SAFE.sub("-", name).strip("-.")[:limit] or "x"
-    if slug == name:
-        return slug
-    return f"{slug}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 class Arm:

@@ -18,9 +18,7 @@ Sinks (the SQL store, wandb, a JSONL log) take the records from there.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lab._metrics import check_key
+from lab._names import safe_name
 from lab.errors import ConfigError, MetricError
 
 #: The folder of a run folder that holds its images.
@@ -196,25 +195,21 @@ def _shown(value: Any) -> str:
 
 # -- images --------------------------------------------------------------------------------
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
 
 def key_folder(key: str, *, limit: int = 64) -> str:
     """The folder name of a media key: safe on every filesystem, distinct for distinct keys.
 
     A key made only of letters, digits, ``_``, ``.`` and ``-`` (and not starting with a dot)
     is its own folder name; any other gets its unsafe characters replaced and a hash of the
-    whole key appended, so ``"train/weights"`` and ``"train-weights"`` never share a folder.
+    whole key appended (`lab._names.safe_name`, as for run folders), so ``"train/weights"``
+    and ``"train-weights"`` never share a folder.
 
     >>> key_folder("samples")
     'samples'
     >>> key_folder("../../etc")
     'etc-7baf5cb6'
     """
-    slug = _SAFE.sub("-", key).strip("-.")[:limit] or "x"
-    if slug == key:
-        return slug
-    return f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    return safe_name(key, limit=limit)
 
 
 def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None) -> str:
