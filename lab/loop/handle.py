@@ -202,7 +202,9 @@ class RunHandle:
         self._eval_metrics: dict[str, float] = {}  # the last value of each eval metric
         self._fresh: dict[str, float] = {}  # eval metrics measured at the current step
         self._fresh_step = -1
-        self._seen: set[str] = set()  # metric names logged in this fit (for the ranking check)
+        self._seen: set[str] = set()  # step metric names logged in this fit (ranking check)
+        # Whether steps still add to `_seen`: only with a ranking metric not yet logged.
+        self._ranking_open = checkpoint is not None and checkpoint.metric is not None
         self._last_saved = -1
         self._watch: MetricWatch | None = None
         self._watch_step = False
@@ -441,9 +443,11 @@ class RunHandle:
         if hooks.listens("on_step_end"):
             hb = self._batch if batch is None else self._wrap(batch)
             hooks.fire("on_step_end", state, step, hb, clean)
-        seen = self._seen  # names only (producers' keys too): a bounded set, for the
-        if len(seen) < 64:  # ranking check at saves
-            seen.update(clean)
+        if self._ranking_open:  # step metric names (producers' keys too), for the check
+            self._seen.update(clean)  # at saves, until the ranking metric shows up
+            self._ranking_open = (
+                self.checkpoint.metric not in clean and len(self._seen) < 64  # type: ignore[union-attr]
+            )
         if self._watch_step:  # needed names no source declared: looked for once
             self._watch_step = False
             self._watch.after_step(step, clean)  # type: ignore[union-attr]
@@ -605,7 +609,7 @@ class RunHandle:
             return
         if metric in self._eval_metrics or self._may_log(metric):
             return
-        logged = sorted({*fresh, *self._seen})
+        logged = sorted({*fresh, *self._seen, *self._eval_metrics})
         raise CheckpointError(
             f"CheckpointConfig(metric={metric!r}) ranks saves, but nothing logged {metric!r} "
             f"before the save at step {self.state.step} (logged: {logged}); log it before "
@@ -625,7 +629,7 @@ class RunHandle:
             return not ran  # an evaluator that ran and logged no such key never will
         if self.declared is not None and metric in self.declared:
             return True
-        return self._open and not self._seen  # undeclared: no step has logged yet
+        return self._open and not (self._seen or self._eval_metrics)  # nothing logged yet
 
     def _save(self, *, final: bool = False) -> list[ManifestRow]:
         """Save the training state; returns the manifest rows to fire `on_checkpoint` for.
@@ -752,8 +756,6 @@ class RunHandle:
             if self._fresh_step != step:
                 self._fresh, self._fresh_step = {}, step
             self._fresh.update(named)
-            if len(self._seen) < 64:
-                self._seen.update(named)
         return result
 
     def _evaluate(self, evaluator: Evaluator, step: int) -> EvalResult:
