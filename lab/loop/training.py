@@ -294,8 +294,9 @@ class TrainingLoop:
                 "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                 "step_time": time.perf_counter() - started,
             }
-            if extra:
-                metrics.update(_metric_floats(extra, step_idx))
+            if extra:  # floats now: a scheduler on a step metric reads them before end_step
+                for key, value in extra.items():
+                    metrics[str(key)] = as_number(str(key), step_idx, value)
             epoch_end = spe is not None and step_idx % spe == 0
             if stepped:
                 scheduled.after_step(metrics)
@@ -397,10 +398,6 @@ def _unpack_loss(out: Any) -> tuple[torch.Tensor, dict[str, Any] | None]:
             "outputs, outside torch.no_grad(), with some parameters trainable"
         )
     return out, extra
-
-
-def _metric_floats(extra: dict[str, Any], step: int) -> dict[str, float]:
-    return {str(k): as_number(str(k), step, v) for k, v in extra.items()}
 
 
 def _to_device(data: Any, device: torch.device) -> Any:
