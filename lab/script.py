@@ -96,11 +96,12 @@ def start_run(
     exp.n_runs = 1
     hooks, ctx, result = exp._open()
     the_arm, arm_result = exp.arms[0], result.arms[0]
-    prior = exp._prior.get(exp._plan()[0][0])
+    run_key = exp._plan()[0][0]
+    prior = exp._prior.get(run_key)
     if prior is not None and prior["status"] in FINISHED:
         hooks.fire("close")
         raise ConfigError(
-            f"run {exp._plan()[0][0]!r} of experiment {experiment!r} {prior['status']} "
+            f"run {run_key!r} of experiment {experiment!r} {prior['status']} "
             "before; pass fresh=True to train it again (the old run is kept, superseded), "
             f"or repeat={repeat + 1} for another run"
         )
