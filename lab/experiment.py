@@ -121,6 +121,13 @@ class Arm:
     checkpoint, its weights only (``carry="weights"``) or its whole training state
     (``carry="full"``: optimizer, scheduler and grad scaler too; the step starts at 0, and
     callbacks start fresh, since a stage is a new run).
+
+    Its runs' folders are named after it with `safe_name`:
+
+    >>> Arm("wide", **{"model.width": 256}).overrides
+    {'model.width': 256}
+    >>> safe_name("lr=0.1")
+    'lr-0.1-e14a64e4'
     """
 
     def __init__(
