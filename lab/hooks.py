@@ -153,16 +153,21 @@ class LogContext:
     config_hash: str | None = None  # what the run depends on, hashed (see lab._reuse)
     ids: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    #: False for a run without a folder of its own (a bare `TrainingLoop.fit()` without
+    #: `run_dir`, whose run key is "loop"): its files go to the working directory.
+    own_folder: bool = True
 
     @property
     def run_dir(self) -> Path | None:
-        """The current run's own folder, or None between runs."""
-        return None if self.run_key is None else self.output_dir / self.run_key
+        """The current run's own folder, or None between runs (and for a run without one)."""
+        if self.run_key is None or not self.own_folder:
+            return None
+        return self.output_dir / self.run_key
 
     @property
     def folder(self) -> Path:
-        """Where a callback writes the current run's files: its folder, or, for a bare
-        `TrainingLoop.fit()` without `run_dir`, the working directory."""
+        """Where a callback writes the current run's files: its folder, or, for a run
+        without one (a bare `TrainingLoop.fit()` without `run_dir`), the working directory."""
         run_dir = self.run_dir
         return run_dir if run_dir is not None else Path.cwd()
 

@@ -186,7 +186,14 @@ def test_replay_of_a_subset_and_of_an_error() -> None:
     with pytest.raises(FloatingPointError, match="diverged"):
         loop.fit(run_dir="bare")
     hooks = _hooks("bare/hooks.jsonl")
-    assert hooks == ["on_train_start", "pre_step", "on_step_end", "pre_step", "on_error", "close"]
+    assert hooks == [
+        "on_run_start", "on_train_start", "pre_step", "on_step_end", "pre_step", "on_error",
+        "on_run_end",
+    ]  # fmt: skip
+    # the experiment a bare fit opens is logged beside its run folder
+    assert _hooks("hooks.jsonl") == [
+        "on_experiment_start", "on_group_start", "on_experiment_end", "close",
+    ]  # fmt: skip
     errors = Errors()
     assert replay("bare/hooks.jsonl", errors, hooks=["on_error"]) == ["on_error"]
     assert [type(e) for e in errors.errors] == [ReplayedError]
@@ -198,14 +205,22 @@ def test_replay_of_a_subset_and_of_an_error() -> None:
 def test_jsonl_logger_on_a_bare_loop_writes_into_run_dir_or_cwd(tmp_path: Path) -> None:
     _loop(Config(), callbacks=(JsonlLogger(),)).fit(run_dir=tmp_path / "solo")
     hooks = _hooks(tmp_path / "solo/hooks.jsonl")
-    assert hooks[0] == "on_train_start" and hooks[-2:] == ["on_train_end", "close"]
+    assert hooks[:2] == ["on_run_start", "on_train_start"]
+    assert hooks[-2:] == ["on_train_end", "on_run_end"]
     model = torch.nn.Linear(2, 1)
     TrainingLoop(
         model, torch.optim.SGD(model.parameters(), lr=0.1),
         [(torch.ones(2, 2), torch.ones(2, 1))], _mse, 2, callbacks=[JsonlLogger("log.jsonl")],
     ).fit()  # fmt: skip
-    hooks = _hooks("log.jsonl")  # in the working directory
-    assert Counter(hooks)["on_step_end"] == 2
+    assert _hooks("log.jsonl") == [  # in the working directory
+        "on_run_start", "on_train_start", "pre_step", "on_step_end", "pre_step", "on_step_end",
+        "on_train_end", "on_run_end",
+    ]  # fmt: skip
+    # the experiment log of each fit: beside the run folder (the first), and here (the second)
+    assert _hooks("hooks.jsonl") == [
+        "on_experiment_start", "on_group_start", "on_experiment_end", "close",
+    ] * 2  # fmt: skip
+    assert not Path("loop").exists()  # the run has no folder of its own
 
 
 # --------------------------------------------------------------------------------------------

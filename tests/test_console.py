@@ -92,7 +92,15 @@ def test_a_seconds_interval_adds_lines_between_step_intervals() -> None:
     assert [line.split()[2] for line in lines if line.startswith("loop  step")] == [
         "5/5"
     ]  # only the last
-    assert lines[-1].startswith("loop  completed  step 5  loss=")  # a bare loop sums up too
+    # a bare fit is an experiment of one run: its header, its run line, its summary
+    name = lines[0].removesuffix(": 1 run")
+    assert re.fullmatch(r"loop-\d{8}-\d{6}-[0-9a-f]{6}", name)
+    ends = [line for line in lines if line.startswith("loop  completed")]
+    assert len(ends) == 1 and re.fullmatch(
+        r"loop  completed  loss=\S+  [\d.]+s  \[1/1 run\]", ends[0]
+    )
+    assert f"{name}: 1 run (1 completed)" in lines
+    assert re.fullmatch(rf"{name}: completed in [\d.]+s", lines[-1])
 
 
 def test_failed_runs_show_their_error_and_the_summary_still_prints() -> None:
@@ -116,9 +124,11 @@ def test_a_terminal_gets_rich_bars_and_the_same_summaries() -> None:
     assert "a-r0  completed  loss=" in text and "[4/4 runs]" in text
     assert "best arm by loss (min)" in text
     assert logger._bars is None  # stopped: no refresh thread left behind
-    # A bare loop on a terminal draws its own bar and closes it.
-    _loop(callbacks=(ConsoleLogger(console=console),)).fit()
-    assert "loop  completed  step 5" in buffer.getvalue()
+    # A bare loop on a terminal draws its own bars and closes them.
+    bare = ConsoleLogger(console=console)
+    _loop(callbacks=(bare,)).fit()
+    assert "loop  completed  loss=" in buffer.getvalue() and "[1/1 run]" in buffer.getvalue()
+    assert bare._bars is None
 
 
 def test_a_run_bar_shows_step_rate_eta_and_metrics_and_the_experiment_bar_counts_runs() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +261,24 @@ def test_full_hook_sequence_two_arms_two_repeats() -> None:
     assert result.runs[0].metrics["val/loss"] == 0.5
 
 
-def test_bare_loop_fires_only_loop_hooks_then_close(tmp_path: Path) -> None:
+def _bare_opening(calls: list[tuple], run_key: str) -> list[tuple]:
+    """The hooks a bare fit fires before its loop's: an experiment of its own (its name
+    checked here), group "loop", one run (no arm, repeat 0, not seeded)."""
+    name = calls[0][1]
+    assert re.fullmatch(r"loop-\d{8}-\d{6}-[0-9a-f]{6}", name), name
+    return [
+        ("on_experiment_start", name, None),
+        ("on_group_start", "loop", "loop"),
+        ("on_run_start", run_key, None, 0, None),
+    ]
+
+
+def _bare_closing(run_key: str, status: str) -> list[tuple]:
+    """The hooks a bare fit fires after its loop's: the run's end, the experiment's, close."""
+    return [("on_run_end", run_key, status, "loop"), ("on_experiment_end", None, 1), ("close",)]
+
+
+def test_bare_loop_fires_the_whole_lifecycle_around_its_loop(tmp_path: Path) -> None:
     rec = Recorder()
     loop = _loop(
         num_steps=2,
@@ -270,6 +288,7 @@ def test_bare_loop_fires_only_loop_hooks_then_close(tmp_path: Path) -> None:
     )
     loop.fit(run_dir=tmp_path / "bare")
     assert rec.calls == [
+        *_bare_opening(rec.calls, "bare"),
         ("on_train_start", "bare", 0),
         ("pre_step", "bare", 1),
         ("on_step_end", "bare", 1),
@@ -278,11 +297,11 @@ def test_bare_loop_fires_only_loop_hooks_then_close(tmp_path: Path) -> None:
         ("on_eval", "bare", 2, "val"),
         ("on_checkpoint", "bare", "save", 2),
         ("on_train_end", "bare", 2, False),
-        ("close",),
+        *_bare_closing("bare", "completed"),
     ]
 
 
-def test_bare_loop_error_fires_on_error_then_close() -> None:
+def test_bare_loop_error_fires_on_error_then_ends_the_run_failed() -> None:
     rec = Recorder()
 
     def bad_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -295,10 +314,11 @@ def test_bare_loop_error_fires_on_error_then_close() -> None:
     with pytest.raises(lab.errors.LossError):
         loop.fit()
     assert rec.calls == [
-        ("on_train_start", None, 0),
-        ("pre_step", None, 1),
-        ("on_error", None, "LossError"),
-        ("close",),
+        *_bare_opening(rec.calls, "loop"),
+        ("on_train_start", "loop", 0),
+        ("pre_step", "loop", 1),
+        ("on_error", "loop", "LossError"),
+        *_bare_closing("loop", "failed"),
     ]
 
 
@@ -334,8 +354,8 @@ def test_priority_higher_first_ties_in_attachment_order() -> None:
     assert log == ["B", "E", "A", "C", "D"]
 
     log.clear()
-    _loop(num_steps=2, callbacks=cbs).fit()
-    assert log == ["B", "E", "A", "C", "D"] * 2
+    _loop(num_steps=2, callbacks=cbs).fit()  # a bare fit's experiment start, and two steps
+    assert log == ["B", "E", "A", "C", "D"] * 3
 
 
 def test_priority_merges_experiment_and_loop_callbacks() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -165,7 +166,7 @@ def test_config_is_checked_and_registered(webhook: Webhook) -> None:
         Notifier(webhook.url, timeout_s=0)
 
 
-def test_a_bare_loop_posts_its_end_and_its_failure(webhook: Webhook) -> None:
+def test_a_bare_loop_posts_as_an_experiment_of_one_run(webhook: Webhook) -> None:
     import torch
 
     from lab import TrainingLoop
@@ -191,8 +192,23 @@ def test_a_bare_loop_posts_its_end_and_its_failure(webhook: Webhook) -> None:
         fit(Notifier(webhook.url, on="both"), 2, "bad-run")
     fit(Notifier(webhook.url, on="failure"), None, "quiet")  # nothing: it did not fail
     with pytest.raises(RuntimeError):
-        fit(Notifier(webhook.url, on="end"), 1, "quiet-too")  # nothing: it did not end
-    assert webhook.texts() == [
-        ":white_check_mark: lab: training loop ok-run completed at step 3",
-        ":x: lab: training loop bad-run failed: RuntimeError: nan in the batch",
-    ]
+        fit(Notifier(webhook.url, on="end"), 1, "quiet-too")  # only its end
+    # a bare fit is an experiment of one run: the messages are an Experiment's
+    exp = r"loop-\d{8}-\d{6}-[0-9a-f]{6}"
+    texts = webhook.texts()
+    assert len(texts) == 4
+    assert re.fullmatch(
+        rf":white_check_mark: lab: experiment {exp} completed in [\d.]+s: 1 run \(1 completed\)",
+        texts[0],
+    )
+    assert re.fullmatch(
+        rf":x: lab: run bad-run of {exp} failed after [\d.]+s \(arm loop, repeat 0\): "
+        "RuntimeError: nan in the batch",
+        texts[1],
+    )
+    for text, run_key in ((texts[2], "bad-run"), (texts[3], "quiet-too")):
+        assert re.fullmatch(
+            rf":x: lab: experiment {exp} failed in [\d.]+s: 1 run \(1 failed\)\n"
+            rf"- {run_key}: RuntimeError: nan in the batch",
+            text,
+        )

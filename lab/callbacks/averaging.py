@@ -8,7 +8,8 @@ per open window instead of keeping a checkpoint per step.
 
 Where files go::
 
-    <run dir>/merged/            (a bare loop without run_dir: the working directory)
+    <run folder>/merged/         (ctx.folder: the working directory for a bare fit
+                                 without run_dir)
       step_000500/               state.pt ({"model": averaged state dict}) +
                                  training_info.json + COMPLETE
       manifest.jsonl             one row per merged save
@@ -340,7 +341,8 @@ class ModelAverager(Callback):
         return self._manager
 
     def _merged_root(self, ctx: LogContext) -> Path:
-        """The run's merged folder; a bare loop without `run_dir` has none: the working dir."""
+        """The run's merged folder, in `ctx.folder` (the working directory for a run without
+        a folder of its own)."""
         return ctx.folder / self.folder
 
     def _keep_restored(self, step: int) -> None:

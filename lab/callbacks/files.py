@@ -70,10 +70,10 @@ class ConfigSaver(Callback):
     `WandbLogger` (10) references the checkpoint folder, so the reference finds the file.
 
     The file holds ``{"experiment", "run_key", "arm", "repeat", "stage", "seed", "config"}``
-    where ``config`` is the run's config (`ctx.run_config`; a bare loop has none, so the
-    `config` given here, or {}). It is written at `on_run_start` (a bare loop: at
-    `on_train_start`), and at each checkpoint save, so a checkpoint folder copied away from
-    its run still says what made it. Each write is atomic.
+    where ``config`` is the run's config (`ctx.run_config`; empty for a bare fit, so the
+    `config` given here, or {}). It is written at `on_run_start`, and at each checkpoint
+    save, so a checkpoint folder copied away from its run still says what made it. Each
+    write is atomic.
     """
 
     priority = 50
@@ -81,12 +81,11 @@ class ConfigSaver(Callback):
     def __init__(self, fname: FileName = CONFIG_FILE, config: dict[str, Any] | None = None) -> None:
         self.fname = fname
         self.config = config
-        self._saved_run: str | None = None
         self._document: dict[str, Any] | None = None
 
     def document(self, ctx: LogContext) -> dict[str, Any]:
         """What the file holds for the run `ctx` points at."""
-        config = ctx.run_config if ctx.run_config is not None else self.config
+        config = ctx.run_config or self.config
         return {
             "experiment": ctx.experiment or None,
             "run_key": ctx.run_key,
@@ -100,14 +99,9 @@ class ConfigSaver(Callback):
     def _save_run(self, ctx: LogContext) -> None:
         self._document = self.document(ctx)
         _write_json_atomic(ctx.folder / self.fname, self._document)
-        self._saved_run = ctx.run_key or ""
 
     def on_run_start(self, ctx: LogContext) -> None:
         self._save_run(ctx)
-
-    def on_train_start(self, state: LoopState) -> None:
-        if self._saved_run != (state.ctx.run_key or "") or self._document is None:
-            self._save_run(state.ctx)  # a bare loop, which has no on_run_start
 
     def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
         if row.event != "save":
@@ -121,7 +115,7 @@ class ConfigSaver(Callback):
         _write_json_atomic(folder / self.fname, self._document or self.document(state.ctx))
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
-        self._saved_run = self._document = None
+        self._document = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -618,7 +618,8 @@ class ProfilerCallback(Callback):
     `wait` idle, `warmup` traced-but-discarded and `active` recorded steps (``repeat=0``
     repeats until training ends). Each cycle's trace is written by
     ``torch.profiler.tensorboard_trace_handler`` as ``<host>_<pid>.<time>.pt.trace.json``
-    under ``<run folder>/profiler`` (a bare loop without a run folder: ``./profiler``),
+    under ``<run folder>/profiler`` (`ctx.folder`: the working directory for a bare fit
+    without `run_dir`),
     readable by TensorBoard, chrome://tracing and Perfetto. CUDA activity is traced when
     CUDA is available. The profiler stops at `on_train_end`, and on error or close.
     """

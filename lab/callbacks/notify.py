@@ -19,10 +19,10 @@ from lab._secrets import logger, mask, register_url
 from lab._table import plural
 from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import Callback, LogContext
 
 if TYPE_CHECKING:
-    from lab.records import ArmResult, ExperimentResult, LoopArtifacts, RunResult
+    from lab.records import ArmResult, ExperimentResult, RunResult
 
 log = logger("lab.notify")
 
@@ -50,9 +50,8 @@ class Notifier(Callback):
     `on_experiment_end`, whatever the status, with the run counts and the failed runs;
     ``"both"`` (the default) does both. Each post waits at most `timeout_s` seconds, so a
     dead webhook costs a sweep seconds, not hours. It runs last (priority -50), after the
-    store has recorded what the message reports. Attached to a bare `TrainingLoop.fit` (no
-    Experiment), it posts when the fit raises (``"failure"``) and when it ends
-    (``"end"``), naming the loop by its run folder.
+    store has recorded what the message reports. A bare `TrainingLoop.fit` (no Experiment)
+    is an experiment of one run (``loop-<time>-<hex6>``), so it gets the same messages.
     """
 
     priority = -50
@@ -65,7 +64,6 @@ class Notifier(Callback):
         self.url = url
         self.on: NotifyOn = on
         self.timeout_s = float(timeout_s)
-        self._in_experiment = False  # a bare TrainingLoop.fit reports at its own end
         self.sent = 0  # messages the webhook accepted (2xx)
         self.failed = 0  # messages that did not get through
 
@@ -74,25 +72,6 @@ class Notifier(Callback):
         return f"Notifier(host={urlsplit(self.url).netloc!r}, on={self.on!r})"
 
     # -- hooks ---------------------------------------------------------------------------
-    def on_experiment_start(self, ctx: LogContext) -> None:
-        self._in_experiment = True
-
-    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        if self._in_experiment or self.on == "failure":
-            return  # under an Experiment, on_experiment_end reports the end
-        status = "stopped" if artifacts.stopped else "completed"
-        why = artifacts.stop_reason if artifacts.stopped else None
-        reason = f" ({why})" if why else ""
-        self.post(
-            f":white_check_mark: lab: {_loop_name(state.ctx)} {status} at step "
-            f"{artifacts.step}{reason}"
-        )
-
-    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
-        if self._in_experiment or self.on == "end":
-            return  # under an Experiment, on_run_end reports the failed run
-        self.post(f":x: lab: {_loop_name(ctx)} failed: {type(exc).__name__}: {exc}")
-
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         if self.on == "end" or run_result.status != "failed":
             return
@@ -103,7 +82,6 @@ class Notifier(Callback):
         )
 
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
-        self._in_experiment = False
         if self.on == "failure":
             return
         self.post(experiment_message(result))
@@ -149,11 +127,6 @@ def experiment_message(result: ExperimentResult) -> str:
         lines.append(f"interrupted: {result.error}")
     lines += [f"- {r.run_key}: {r.error}" for r in runs if r.status == "failed"]
     return "\n".join(lines)
-
-
-def _loop_name(ctx: LogContext) -> str:
-    """How a message names a bare `TrainingLoop.fit`: by its run folder, if it has one."""
-    return f"training loop {ctx.run_key}" if ctx.run_key else "training loop"
 
 
 def _short(exc: BaseException, url: str) -> str:

@@ -35,7 +35,7 @@ from lab.errors import ConfigError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
 
 if TYPE_CHECKING:
-    from lab.records import ArmResult, ExperimentResult, LoopArtifacts, RunResult, TrainingBatch
+    from lab.records import ArmResult, ExperimentResult, RunResult, TrainingBatch
 
 
 @dataclass
@@ -120,7 +120,6 @@ class ConsoleLogger(Callback):
         self._done = 0
         self._in_worker = False
         self._counting = True  # False while a process pool runs the runs elsewhere
-        self._in_experiment = False  # False: a bare TrainingLoop.fit, which ends at on_train_end
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle for a worker process (``executor="processes"``): without the live display,
@@ -135,13 +134,13 @@ class ConsoleLogger(Callback):
         repeats = ctx.config.get("repeats", 1)
         self._total = int(ctx.extras.get(RUNS) or max(len(arms), 1) * int(repeats))
         self._done = int(ctx.extras.get(FINISHED_BEFORE) or 0)  # skipped: they never end here
-        self._in_experiment = True
         # Under a process pool the workers print their runs' step lines to the same output,
         # which a redrawn display here would garble: plain lines, one per run as it ends.
         self._counting = ctx.extras.get(EXECUTOR) != "processes"
-        shown = f"{plural(len(arms), 'arm')} x {plural(int(repeats), 'repeat')}"
+        # a bare fit's experiment declares no arms: it is just its one run
+        parts = [f"{plural(len(arms), 'arm')} x {plural(int(repeats), 'repeat')}"] if arms else []
         if self._done:
-            shown += f"; {self._done} finished before"
+            parts.append(f"{self._done} finished before")
         if self._use_bars() and self._counting:
             bars = self._start_bars()
             self._experiment_task = bars.add_task(
@@ -149,7 +148,8 @@ class ConsoleLogger(Callback):
                 kind="experiment",
             )  # fmt: skip
         else:
-            self._print(f"{ctx.experiment}: {plural(self._total, 'run')} ({shown})")
+            shown = f" ({'; '.join(parts)})" if parts else ""
+            self._print(f"{ctx.experiment}: {plural(self._total, 'run')}{shown}")
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         live = self._live.pop(run_result.run_key, None)
@@ -173,7 +173,6 @@ class ConsoleLogger(Callback):
 
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
         self._stop_bars()
-        self._in_experiment = False
         text = f"{result.name}: {result.status} in {_duration(result.seconds)}"
         if self.summary:
             try:
@@ -188,7 +187,7 @@ class ConsoleLogger(Callback):
 
     # -- loop level ----------------------------------------------------------------------
     def on_train_start(self, state: LoopState) -> None:
-        key = state.ctx.run_key or "loop"
+        key = state.ctx.run_key
         now = time.perf_counter()
         live = _Live(state.num_steps, now, state.step, state.step, now)
         self._live[key] = live
@@ -201,7 +200,7 @@ class ConsoleLogger(Callback):
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
-        live = self._live.get(state.ctx.run_key or "loop")
+        live = self._live.get(state.ctx.run_key)
         if live is None:
             return
         live.step = step_idx
@@ -215,27 +214,16 @@ class ConsoleLogger(Callback):
         now = time.perf_counter()
         if due or now - live.printed_at >= self.every_s:  # type: ignore[operator]
             live.printed_at = now
-            self._print(self.step_line(state.ctx.run_key or "loop", live, now))
+            self._print(self.step_line(state.ctx.run_key, live, now))
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:
-        live = self._live.get(state.ctx.run_key or "loop")
+        live = self._live.get(state.ctx.run_key)
         if live is not None:
             live.eval_metrics.update(
                 {f"{eval_name}/{k}": (v, step_idx) for k, v in metrics.items()}
             )
-
-    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        if not self._in_experiment:  # a bare loop: nothing else closes the display or sums up
-            live = self._live.pop(state.ctx.run_key or "loop", None)
-            self._stop_bars()
-            if live is not None:
-                shown = _metrics_text(artifacts.metrics, self.metrics, live, artifacts.step)
-                status = "stopped" if artifacts.stopped else "completed"
-                self._print(
-                    f"{state.ctx.run_key or 'loop'}  {status}  step {artifacts.step}  {shown}"
-                )
 
     # -- text ----------------------------------------------------------------------------
     def step_line(self, key: str, live: _Live, now: float) -> str:

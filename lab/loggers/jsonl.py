@@ -79,12 +79,14 @@ class JsonlLogger(Callback):
     """One JSON line per hook call: ``{"hook", "time", "run_key", ...payload}``.
 
     Each run gets its own file, `path` (default ``hooks.jsonl``) inside the run's folder; a
-    relative `path` is taken inside the run folder (a bare loop's `run_dir`, or the working
-    directory), an absolute one may name the run with ``{run_key}``. Experiment-level hooks
-    (`on_experiment_start`, `on_group_start`, `on_experiment_end`, `close`) go to
-    `experiment_path` (default ``hooks.jsonl`` in the experiment's output folder). Files are
-    appended to, so a resumed run keeps the lines of its earlier attempts (a
-    `post_checkpoint_loaded` line shows where it picked up).
+    relative `path` is taken inside the run folder (`ctx.folder`: for a bare fit its
+    `run_dir`, or the working directory), an absolute one may name the run with
+    ``{run_key}``. Experiment-level hooks (`on_experiment_start`, `on_group_start`,
+    `on_experiment_end`, `close`) go to `experiment_path` (default ``hooks.jsonl`` in the
+    experiment's output folder; a bare fit's is `run_dir`'s parent, else the working
+    directory, where its run file is then too: both append to it). Files are appended to,
+    so a resumed run keeps the lines of its earlier attempts (a `post_checkpoint_loaded`
+    line shows where it picked up).
 
     The payload is typed per hook (``step_idx``, ``metrics``, ``eval_name``, the checkpoint's
     manifest ``row``, the run's ``status``...); tensors are written as their shape and dtype,
@@ -190,7 +192,7 @@ class JsonlLogger(Callback):
         )  # fmt: skip
 
     def close(self) -> None:
-        if self._run is not None:  # a bare loop: its run file ends with close
+        if self._run is not None:  # a run whose on_run_end never came: its file ends here
             self._line(self._run, "close", LogContext("", Path()), {})
         self._close_run()
         if self._experiment is not None:

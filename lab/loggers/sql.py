@@ -26,10 +26,8 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger
@@ -57,7 +55,6 @@ log = logger("lab.loggers.sql")
 EXPERIMENT_ID = "sql:experiment_id"
 RUN_ID = "sql:run_id"
 CLAIMED = "sql:claimed"  # the run key whose row `claim` took, for on_run_start to take over
-BARE = "sql:bare"  # set when a bare loop (no Experiment) got an experiment of its own
 
 
 def arm_key(name: str) -> str:
@@ -254,15 +251,6 @@ class SqlLogger(Callback):
             ctx.ids[EXPERIMENT_ID], status=result.status, callback_errors=result.callback_errors
         )
 
-    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
-        if ctx.ids.get(BARE) and self._store is not None:  # a bare loop has no on_run_end
-            self._store.flush()
-            self._store.finish_run(
-                ctx.ids[RUN_ID], status="failed", error=f"{type(exc).__name__}: {exc}"
-            )
-            self._store.finish_experiment(ctx.ids[EXPERIMENT_ID], status="failed")
-            self._run_id = None
-
     def close(self) -> None:
         if self._store is not None and self._owns_store:
             self._store.close()
@@ -273,8 +261,6 @@ class SqlLogger(Callback):
         self._resumed_at = state.step
 
     def on_train_start(self, state: LoopState) -> None:
-        if self._run_id is None:  # a bare loop: give it an experiment and run of its own
-            self._start_bare(state.ctx)
         # A fresh start replaces the run's earlier rows; a resume keeps those up to its step.
         self.store.truncate_run(self._require_run(state.ctx), self._resumed_at)
         self._resumed_at = None
@@ -313,13 +299,7 @@ class SqlLogger(Callback):
         store.write_checkpoint(self._require_run(state.ctx), row)
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        store = self.open()
-        store.flush()
-        if state.ctx.ids.get(BARE):
-            status = "stopped" if artifacts.stopped else "completed"
-            store.finish_run(self._require_run(state.ctx), status=status, summary=artifacts.metrics)
-            store.finish_experiment(state.ctx.ids[EXPERIMENT_ID], status="completed")
-            self._run_id = None  # the next bare fit is a run (and an experiment) of its own
+        self.open().flush()
 
     # ------------------------------------------------------------------------------------
     def _require_run(self, ctx: LogContext) -> int:
@@ -340,7 +320,7 @@ class SqlLogger(Callback):
 
     def _run_provenance(self, ctx: LogContext) -> dict[str, Any]:
         """The experiment's provenance record for a run, its diff written into the run
-        folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not (a bare loop).
+        folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not.
         """
         if self._provenance is None:
             self._provenance = _collect()
@@ -354,21 +334,6 @@ class SqlLogger(Callback):
                 log.warning("run %s: could not write its git diff: %s", ctx.run_key, exc)
         record["git"]["diff_file"] = written.name if written is not None else None
         return record
-
-    def _start_bare(self, ctx: LogContext) -> None:
-        store = self.open()
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        name = ctx.experiment or f"loop-{stamp}-{uuid.uuid4().hex[:6]}"  # unique per fit
-        exp_id = store.begin_experiment(name, config={}, seed=0, repeats=1)
-        self._provenance = _collect()  # each bare fit is an experiment of its own
-        group_id = store.add_group(exp_id, "loop")
-        run_key = ctx.run_key or "loop"
-        run_id = store.start_run(
-            exp_id, group_id, run_key=run_key, arm_id=None, repeat=0, stage=0, seed=0,
-            config={}, output_dir=_folder(ctx), provenance=self._run_provenance(ctx),
-        )  # fmt: skip
-        ctx.ids.update({EXPERIMENT_ID: exp_id, RUN_ID: run_id, BARE: True})
-        self._run_id = run_id
 
 
 def _collect() -> Provenance:

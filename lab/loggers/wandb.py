@@ -48,7 +48,6 @@ if TYPE_CHECKING:
         ArmResult,
         EvalResult,
         ExperimentResult,
-        LoopArtifacts,
         ManifestRow,
         RunResult,
         TrainingBatch,
@@ -132,7 +131,6 @@ class WandbLogger(Callback):
         self.checkpoints = checkpoints
         self._run: Any = None  # the open wandb run, between on_run_start and on_run_end
         self._calls: BackgroundCalls | None = None  # its sender thread
-        self._bare = False  # a run this logger opened for a loop without an Experiment
         self._last_step = 0  # post-training benchmarks are logged at the run's last step
 
     def __getstate__(self) -> dict[str, Any]:
@@ -141,7 +139,6 @@ class WandbLogger(Callback):
         state = self.__dict__.copy()
         state["_run"] = None
         state["_calls"] = None
-        state["_bare"] = False
         return state
 
     # -- run level -----------------------------------------------------------------------
@@ -194,10 +191,6 @@ class WandbLogger(Callback):
         self._send(run.summary.update, summary)
         self._finish(failed=run_result.status == "failed")
 
-    def on_error(self, ctx: LogContext, exc: BaseException) -> None:
-        if self._bare:  # a bare loop has no on_run_end: close its run as failed here
-            self._finish(failed=True)
-
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
         self._finish(failed=True)  # only if a run was left open (an interrupt)
 
@@ -206,9 +199,6 @@ class WandbLogger(Callback):
 
     # -- loop level ----------------------------------------------------------------------
     def on_train_start(self, state: LoopState) -> None:
-        if self._run is None:  # a bare TrainingLoop.fit: one wandb run for the fit
-            self._open(state.ctx, state.ctx.run_key or "loop")
-            self._bare = True
         self._last_step = state.step
 
     def on_step_end(
@@ -264,11 +254,6 @@ class WandbLogger(Callback):
         aliases = [f"step-{row.step}", "latest"]
         self._send(functools.partial(run.log_artifact, artifact, aliases=aliases))
 
-    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        if self._bare and self._run is not None:
-            self._send(self._run.summary.update, _finite(artifacts.metrics))
-            self._finish(failed=False)
-
     # ------------------------------------------------------------------------------------
     def _open(self, ctx: LogContext, run_key: str) -> None:
         import wandb  # lazily: lab imports without wandb
@@ -304,7 +289,7 @@ class WandbLogger(Callback):
     def _finish(self, *, failed: bool) -> None:
         """Send what is queued, then finish the wandb run; a queued call that failed is
         raised after the run is finished, so wandb is never left running."""
-        run, self._run, self._bare = self._run, None, False
+        run, self._run = self._run, None
         calls, self._calls = self._calls, None
         if run is None:
             return

@@ -39,7 +39,8 @@ from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
 from lab.dispatch import Dispatcher
 from lab.errors import CheckpointError, ConfigError, HookOrderError
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import Callback, LoopState
+from lab.loop.bare import BareRun
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager
 from lab.loop.evals import Evaluator
 from lab.loop.feed import Feed
@@ -86,9 +87,10 @@ def _named(what: str, value: Any) -> dict[str, Any]:
 class RunHandle:
     """Drive one run's hooks and checkpoints from any training loop.
 
-    `run` is the `RunSpec` an Experiment hands `train(run)`, or None outside one (then the
-    handle's own `callbacks` are all that fire, checkpoints go under `run_dir`, and `close()`
-    is called at the end: see `lab.start_run` for a recorded run outside an Experiment).
+    `run` is the `RunSpec` an Experiment hands `train(run)`, or None outside one: then the
+    handle's own `callbacks` are all that fire, around an experiment of the fit's own (one
+    group "loop", one run: see `lab.loop.bare`), and checkpoints go under `run_dir`. See
+    `lab.start_run` for a named, seeded run outside an Experiment.
 
     `optimizer` and `scheduler` take one object, a list, or a dict of named ones (a GAN's
     generator and discriminator); all are saved in each checkpoint and restored on resume.
@@ -187,6 +189,8 @@ class RunHandle:
         self.resumed_from: Path | None = None
         self.artifacts: LoopArtifacts | None = None
         self._phase = _NEW
+        self._bare: BareRun | None = None  # a run's own experiment, outside an Experiment
+        self._own: Dispatcher | None = None  # under an Experiment: the handle's callbacks
         self._writers: list[Writer] = []
         self._batch = TrainingBatch()
         self._begun = 0  # the step pre_step announced and end_step has not ended yet
@@ -236,15 +240,11 @@ class RunHandle:
 
     def _start(self) -> None:
         run = self.run
-        if run is None:
+        bare = None
+        if run is None:  # outside an Experiment: an experiment of its own (lab.loop.bare)
+            self._bare = bare = BareRun(self.callbacks, self.run_dir)
+            self.ctx, self.hooks = bare.ctx, bare.hooks
             folder = self.run_dir
-            self.ctx = LogContext(
-                experiment="",
-                output_dir=folder.parent if folder is not None else Path.cwd(),
-                run_key=folder.name if folder is not None else None,
-            )
-            self.hooks = Dispatcher(self.callbacks)
-            self._own = self.hooks  # a bare handle owns every callback's on_error and close
         else:
             self.ctx = run.ctx
             folder = run.dir
@@ -252,8 +252,22 @@ class RunHandle:
             self._own = run.dispatcher.sibling(self.callbacks)  # the Experiment owns the rest
         self._folder = folder
         hooks = self.hooks
+        # what the settings get wrong fails here, before any hook (a bare fit records nothing)
         self._watch = self._check_metric_names()
         self._watch_step = self._watch is not None and bool(self._watch.at_step)
+        if self.checkpoint is not None:
+            if folder is None:
+                raise ConfigError(
+                    "checkpoints need a folder: run under an Experiment (or lab.start_run), "
+                    "or pass run_dir=..."
+                )
+            _state_keys(hooks.stateful())  # a clash fails here, before any step is spent
+        elif self.resume not in (True, False):
+            raise ConfigError(
+                f"resume={self.resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
+            )
+        if bare is not None:
+            bare.open()  # on_experiment_start, on_group_start, on_run_start
         if self.device is not None:
             self.model.to(self.device)
         first = next(iter(self.optimizers.values()), None)
@@ -262,17 +276,12 @@ class RunHandle:
         )
         self.checkpoints = self._checkpoint_manager(folder, fresh=self.resume is False)
         if self.checkpoints is not None:
-            _state_keys(hooks.stateful())  # a clash fails here, before any step is spent
             self.checkpoints.remove_stale_tmp()
             path = self._resume_path(self.checkpoints, self.resume)
             if path is not None:
                 self._restore(self.checkpoints, path)
                 self.resumed_from = path
                 hooks.fire("post_checkpoint_loaded", state, path)
-        elif self.resume not in (True, False):
-            raise ConfigError(
-                f"resume={self.resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
-            )
         parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
         if self.resumed_from is None and parent[0] is not None:  # a chain's stage k
             self._start_from(parent[0], parent[1] == "full")
@@ -323,7 +332,11 @@ class RunHandle:
             self.fail(exc)
             raise
         self._phase = _ENDED
-        self._own.fire("close")
+        if self._bare is not None:  # on_run_end, on_experiment_end, close
+            self._bare.trained(self.artifacts)
+            self._bare.end()
+        else:
+            self._own.fire("close")
         return self.artifacts
 
     def fail(self, exc: BaseException) -> None:
@@ -339,7 +352,10 @@ class RunHandle:
                 manager.wait()
             except CheckpointError as error:
                 log.error("the checkpoint save in flight also failed: %s", error)
-        own = getattr(self, "_own", None)
+        if self._bare is not None:  # on_error, on_run_end, on_experiment_end, close
+            self._bare.end(exc)
+            return
+        own = self._own
         if own is None:  # failed before the callbacks were known
             return
         try:
@@ -722,11 +738,7 @@ class RunHandle:
     def _checkpoint_manager(self, folder: Path | None, *, fresh: bool) -> CheckpointManager | None:
         if self.checkpoint is None:
             return None
-        if folder is None:
-            raise ConfigError(
-                "checkpoints need a folder: run under an Experiment (or lab.start_run), "
-                "or pass run_dir=..."
-            )
+        assert folder is not None  # checked in _start, before any hook
         root = Path(folder) / "checkpoints"
         if fresh and root.exists() and any(root.iterdir()):
             stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
