@@ -40,8 +40,13 @@ The lifecycle, with every hook in the place it fires::
         on_experiment_end(ctx, result)
         close()
 
-A bare `TrainingLoop.fit()` (no Experiment) fires the loop's part of this list, then
-`close()`. With ``Experiment(executor="processes")`` the experiment-level hooks
+A bare `TrainingLoop.fit()` or ``RunHandle(None, ...)`` (no Experiment) fires this whole
+list too, for an experiment of its own (`lab.loop.bare`): ``ctx.experiment`` is
+``loop-<UTC time>-<hex6>``, one group ``"loop"``, one run whose key is `run_dir`'s name (else
+``"loop"``, with no folder of its own: ``ctx.run_dir`` is None, ``ctx.folder`` the working
+directory), no arm, repeat 0, not seeded.
+
+With ``Experiment(executor="processes")`` the experiment-level hooks
 (`on_experiment_start`, `on_group_start`, `on_experiment_end`, `close`) fire in the parent
 process, and everything from `on_run_start` to `on_run_end` fires in the run's worker
 process, on pickled copies of the callbacks, which then get a `close()` of their own there.
@@ -326,7 +331,7 @@ class Callback:
         """Once, after every run: final summary and flush."""
 
     def close(self) -> None:
-        """Always, right before the experiment (or a bare loop's fit) returns or raises."""
+        """Always, right before the experiment (a bare fit's own too) returns or raises."""
 
     # -- loop level ----------------------------------------------------------------------
     def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:

@@ -1,6 +1,6 @@
 """Provenance: what produced a run, recorded with it, as W&B and MLflow do.
 
-`collect()` reads, once per experiment (and once for a bare loop), never per step:
+`collect()` reads, once per experiment (a bare fit's own too), never per step:
 
 - git, from the working directory: the commit, the branch, whether tracked files differ from
   it (`dirty`, as W&B counts it: untracked files are counted apart, in `untracked`), the

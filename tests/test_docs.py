@@ -99,7 +99,8 @@ def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
     lines = out.splitlines()
     assert lines[0] == "completed 12 ['loss', 'val/loss']"
     assert lines[1] == "['COMPLETE', 'export.pt', 'state.pt', 'training_info.json']"
-    assert lines[2] == "[('main-r0', 'completed', 0)]"
+    assert lines[2:5] == ["experiment True", "run loop loop None", "run end completed"]
+    assert lines[5] == "[('main-r0', 'completed', 0)]"
 
 
 def _check_media_page(out: str, namespace: dict[str, object]) -> None:

@@ -199,8 +199,9 @@ class TrainingLoop:
         `state_key`, else its class name, so other callbacks attached since do not matter;
         one WARNING names what finds no match).
 
-        Without a run (a bare loop) the loop's own callbacks are dispatched, `close()` is
-        called at the end, and checkpoints go under `run_dir`.
+        Without a run (a bare fit) the loop's own callbacks get the whole lifecycle, around
+        an experiment of the fit's own (see `lab.loop.bare`), and checkpoints go under
+        `run_dir`.
         """
         scheduled = Schedules(self.schedules, (ev.name for ev in self.evaluators))
         handle = RunHandle(
