@@ -280,6 +280,38 @@ def test_a_bare_loop_gets_one_run_and_ids_land_in_the_context(offline: Path) -> 
     assert not [t for t in threading.enumerate() if t.name.startswith("lab-wandb-")]
 
 
+def test_a_bare_fit_is_one_wandb_run_of_group_loop_ended_with_its_status(offline: Path) -> None:
+    def fit(run_dir: Path, fail_at: int | None) -> None:
+        model = torch.nn.Linear(2, 1)
+        steps = iter(range(1, 4))
+
+        def loss_fn(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+            if next(steps) == fail_at:
+                raise FloatingPointError("loss went NaN")
+            return _mse(m, batch)
+
+        TrainingLoop(
+            model, torch.optim.SGD(model.parameters(), lr=0.1),
+            [(torch.ones(4, 2), torch.zeros(4, 1))], loss_fn, 3,
+            callbacks=[WandbLogger("lab-test", checkpoints=None, log_every=1)],
+        ).fit(run_dir=run_dir)  # fmt: skip
+
+    fit(offline / "good", None)
+    with pytest.raises(FloatingPointError, match="loss went NaN"):
+        fit(offline / "bad", 2)
+    runs = {r.run.display_name: r for r in _offline_runs(offline)}
+    assert sorted(runs) == ["bad", "good"]
+    for key, run in runs.items():
+        assert run.run.run_id == run_id_for(offline / key)  # kept in its run folder
+        assert (run.run.run_group, run.run.job_type) == ("loop", "")  # no arm
+    good, bad = runs["good"], runs["bad"]
+    assert (good.exit_code, good.summary["lab/status"]) == (0, "completed")
+    assert good.steps("loss") == [1, 2, 3] and "loss" in good.summary
+    assert (bad.exit_code, bad.summary["lab/status"]) == (1, "failed")
+    assert bad.summary["lab/error"] == "FloatingPointError: loss went NaN"
+    assert bad.steps("loss") == [1]
+
+
 def test_config_and_registry_need_no_wandb_run() -> None:
     (built,) = build([{"kind": "wandb_logger", "params": {"project": "p", "log_every": 5}}])
     assert isinstance(built, WandbLogger) and built.log_every == 5
