@@ -19,6 +19,7 @@ from lab import Callback, RunHandle, TrainingLoop
 from lab.errors import CallbackError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS
 from lab.loggers import SqlLogger
+from lab.store import Store
 from lab.store.engine import resolve_url
 
 NAME = r"loop-\d{8}-\d{6}-[0-9a-f]{6}"
@@ -291,6 +292,39 @@ def test_a_critical_callback_raising_in_on_run_start_fails_the_fit(driver: str) 
         ("on_experiment_end", None, True, "failed", None, 1),
         ("close",),
     ]  # fmt: skip
+
+
+def test_settings_a_fit_cannot_run_with_fail_it_before_any_hook_but_close(
+    store: Store, store_url: str
+) -> None:
+    rec = Recorder()
+    model, opt = _model_and_opt()
+    loop = TrainingLoop(
+        model, opt, DATA, _mse, 3, checkpoint=lab.CheckpointConfig(every=1),
+        callbacks=[rec, SqlLogger(store_url)],
+    )  # fmt: skip
+    with pytest.raises(lab.errors.ConfigError, match=r"^checkpoints need a folder"):
+        loop.fit()
+    assert rec.calls == [("close",)]
+    # `store` migrated the database, so the empty table can be counted: nothing recorded
+    assert _rows(store_url, "SELECT count(*) AS n FROM experiments") == [{"n": 0}]
+
+
+def test_a_critical_callback_raising_in_on_group_start_fails_the_experiment() -> None:
+    class NoGroup(Callback):
+        critical = True
+
+        def on_group_start(self, ctx: lab.LogContext, group_name: str) -> None:
+            raise RuntimeError("no group")
+
+    rec = Recorder()
+    with pytest.raises(RuntimeError, match=r"^no group$"):
+        _fit("handle", [NoGroup(), rec])
+    assert rec.calls == [
+        *OPENING[:2],
+        ("on_experiment_end", None, True, "failed", "RuntimeError: no group", 0),
+        ("close",),
+    ]
 
 
 def test_on_error_stays_isolated_from_a_critical_callback(

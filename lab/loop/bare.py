@@ -115,6 +115,8 @@ class BareRun:
                 if exc is not None:
                     self._failed(exc)
                 failed = self._end_run()
+            elif exc is not None:  # the experiment failed before its run started
+                self.result.error = f"{type(exc).__name__}: {exc}"
             if self._experiment_started:
                 self.result.seconds = time.perf_counter() - self._t0
                 self.result.callback_errors = _failures(hooks, None)
