@@ -125,9 +125,9 @@ class BareRun:
         except CallbackError:
             _quietly_close(hooks)
             raise
-        except Exception:
+        except BaseException as raised:
             _quietly_close(hooks)
-            if exc is None:
+            if exc is None or not isinstance(raised, Exception):
                 raise
             log.exception("while ending %s after the fit failed", self.ctx.experiment)
             return

@@ -335,7 +335,7 @@ class RunHandle:
         if self._bare is not None:  # on_run_end, on_experiment_end, close
             self._bare.trained(self.artifacts)
             self._bare.end()
-        else:
+        elif self._own is not None:  # the Experiment ends the run: its callbacks close here
             self._own.fire("close")
         return self.artifacts
 
