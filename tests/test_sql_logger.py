@@ -562,6 +562,20 @@ def test_running_an_experiment_again_replaces_each_runs_rows(
     engine.dispose()
 
 
+def test_a_sql_logger_attached_to_a_loop_inside_an_experiment_fails_the_run_saying_where(
+    sqlite_url: str,
+) -> None:
+    def train(run: RunSpec) -> Any:
+        return _bare_loop(None, Path("."), sqlite_url).fit(run)  # its own SqlLogger: no run
+
+    result = Experiment("misplaced", train, store=False).run()
+    assert result.runs[0].status == "failed"
+    assert result.runs[0].error == (
+        "ConfigError: SqlLogger got a run's hook before its on_run_start: attach it to the "
+        "Experiment (or lab.start_run), not to a TrainingLoop or RunHandle inside train(run)"
+    )
+
+
 def test_two_bare_fits_get_two_experiments(tmp_path: Path, sqlite_url: str) -> None:
     _bare_loop(None, tmp_path, sqlite_url).fit(run_dir=tmp_path / "bare")
     _bare_loop(None, tmp_path, sqlite_url).fit(run_dir=tmp_path / "bare")

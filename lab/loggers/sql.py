@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger
 from lab.callbacks.registry import register
+from lab.errors import ConfigError
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
@@ -305,7 +306,11 @@ class SqlLogger(Callback):
     def _require_run(self, ctx: LogContext) -> int:
         run_id = ctx.ids.get(RUN_ID, self._run_id)
         if run_id is None:
-            raise RuntimeError("SqlLogger got a run-level hook before on_run_start")
+            raise ConfigError(
+                "SqlLogger got a run's hook before its on_run_start: attach it to the "
+                "Experiment (or lab.start_run), not to a TrainingLoop or RunHandle inside "
+                "train(run)"
+            )
         return run_id
 
     def _parent_id(self, ctx: LogContext) -> int | None:
