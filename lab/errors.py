@@ -108,3 +108,7 @@ class HookOrderError(LabError, RuntimeError):
 
 class RefusedMetric(MetricError):
     """A callback put a value that is not a number into a step's scalar metrics."""
+
+
+class ExperienceError(ConfigError):
+    """An RL experience batch is inconsistent: its tensors disagree in batch size."""

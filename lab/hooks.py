@@ -17,6 +17,19 @@ The lifecycle, with every hook in the place it fires::
                     [on_epoch_start(state, epoch)]       # when the loop counts epochs
                                                          # (again for an epoch resumed
                                                          # mid-way)
+                    [each episode of an on-policy loop (lab.rl.OnPolicyLoop), from 0:
+                        on_episode_start(state, episode)
+                        on_make_experience_start(state, episode)
+                        on_make_experience_end(state, episode, experience)
+                        [its rollout sample: the eval hooks below, at the current step]
+                        each learn epoch:
+                            on_learn_epoch_start(state, epoch)
+                            each learn batch (one optimizer step: the step below):
+                                on_learn_batch_start(state, step_idx, batch)
+                                ... the step's hooks, evals and save ...
+                                on_learn_batch_end(state, step_idx, batch, metrics)
+                            on_learn_epoch_end(state, epoch)
+                        on_episode_end(state, episode)]
                     each step:
                         pre_step(state, step_idx, batch) # once per optimizer step, before
                                                          # its first micro-batch
@@ -89,6 +102,7 @@ if TYPE_CHECKING:
         RunResult,
         TrainingBatch,
     )
+    from lab.rl.experience import Experience
 
 #: Every hook, in the order of the lifecycle above.
 HOOKS: tuple[str, ...] = (
@@ -98,6 +112,14 @@ HOOKS: tuple[str, ...] = (
     "post_checkpoint_loaded",
     "on_train_start",
     "on_epoch_start",
+    "on_episode_start",
+    "on_make_experience_start",
+    "on_make_experience_end",
+    "on_learn_epoch_start",
+    "on_learn_batch_start",
+    "on_learn_batch_end",
+    "on_learn_epoch_end",
+    "on_episode_end",
     "pre_step",
     "on_step_end",
     "on_media",
@@ -345,6 +367,38 @@ class Callback:
 
     def on_epoch_start(self, state: LoopState, epoch: int) -> None:
         """Before the first step of epoch `epoch` (0-based), in loops that count epochs."""
+
+    # -- on-policy RL phases (lab.rl.OnPolicyLoop; ColossalChat's trainer callbacks) ---------
+    def on_episode_start(self, state: LoopState, episode: int) -> None:
+        """Before episode `episode` (0-based) makes its experience."""
+
+    def on_make_experience_start(self, state: LoopState, episode: int) -> None:
+        """Right before the policy acts to make episode `episode`'s experience."""
+
+    def on_make_experience_end(
+        self, state: LoopState, episode: int, experience: Experience
+    ) -> None:
+        """After the experience was made, before its rollout sample and the first learn
+        batch: the whole `experience` of the episode."""
+
+    def on_learn_epoch_start(self, state: LoopState, epoch: int) -> None:
+        """Before the first learn batch of learn epoch `epoch` (0-based, within the episode)."""
+
+    def on_learn_batch_start(self, state: LoopState, step_idx: int, batch: Experience) -> None:
+        """Before learn batch `batch` (a minibatch of the experience) becomes step
+        `step_idx`; `pre_step` follows."""
+
+    def on_learn_batch_end(
+        self, state: LoopState, step_idx: int, batch: Experience, metrics: dict[str, float]
+    ) -> None:
+        """After step `step_idx`'s hooks, evals and save: the learn batch and the step's
+        metrics (the episode's metrics too, at its last batch)."""
+
+    def on_learn_epoch_end(self, state: LoopState, epoch: int) -> None:
+        """After learn epoch `epoch`'s last learn batch."""
+
+    def on_episode_end(self, state: LoopState, episode: int) -> None:
+        """After episode `episode`'s last learn epoch (and the save at its boundary)."""
 
     def pre_step(self, state: LoopState, step_idx: int, batch: TrainingBatch) -> None:
         """Right before step `step_idx` runs, with its batch already on the device."""

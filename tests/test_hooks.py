@@ -73,6 +73,34 @@ class Recorder(Callback):
     def on_epoch_start(self, state: lab.LoopState, epoch: int) -> None:
         self.calls.append(("on_epoch_start", state.ctx.run_key, epoch))
 
+    def on_episode_start(self, state: lab.LoopState, episode: int) -> None:
+        self.calls.append(("on_episode_start", state.ctx.run_key, episode))
+
+    def on_make_experience_start(self, state: lab.LoopState, episode: int) -> None:
+        self.calls.append(("on_make_experience_start", state.ctx.run_key, episode))
+
+    def on_make_experience_end(self, state: lab.LoopState, episode: int, experience: Any) -> None:
+        self.calls.append(("on_make_experience_end", state.ctx.run_key, episode, experience.size))
+
+    def on_learn_epoch_start(self, state: lab.LoopState, epoch: int) -> None:
+        self.calls.append(("on_learn_epoch_start", state.ctx.run_key, epoch))
+
+    def on_learn_batch_start(self, state: lab.LoopState, step_idx: int, batch: Any) -> None:
+        assert state.step == step_idx - 1
+        self.calls.append(("on_learn_batch_start", state.ctx.run_key, step_idx, batch.size))
+
+    def on_learn_batch_end(
+        self, state: lab.LoopState, step_idx: int, batch: Any, metrics: dict
+    ) -> None:
+        assert state.step == step_idx
+        self.calls.append(("on_learn_batch_end", state.ctx.run_key, step_idx, batch.size))
+
+    def on_learn_epoch_end(self, state: lab.LoopState, epoch: int) -> None:
+        self.calls.append(("on_learn_epoch_end", state.ctx.run_key, epoch))
+
+    def on_episode_end(self, state: lab.LoopState, episode: int) -> None:
+        self.calls.append(("on_episode_end", state.ctx.run_key, episode))
+
     def pre_step(self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch) -> None:
         # before step k runs, k - 1 steps are complete
         assert state.step == step_idx - 1
@@ -139,7 +167,7 @@ def test_callback_methods_are_exactly_the_hooks() -> None:
         if not name.startswith("_")
     } - {"state_dict", "load_state_dict"}
     assert methods == set(HOOKS)
-    assert len(HOOKS) == len(set(HOOKS)) == 18
+    assert len(HOOKS) == len(set(HOOKS)) == 26
 
 
 def test_lifecycle_docstring_names_every_hook_in_order() -> None:
@@ -174,6 +202,15 @@ _SEED_SIGNATURES = {
     "on_media": ["state", "step_idx", "media"],
     "on_error": ["ctx", "exc"],
     "close": [],
+    # seed 004 (ColossalChat's on-policy trainer), typed: the loop state first
+    "on_episode_start": ["state", "episode"],
+    "on_make_experience_start": ["state", "episode"],
+    "on_make_experience_end": ["state", "episode", "experience"],
+    "on_learn_epoch_start": ["state", "epoch"],
+    "on_learn_batch_start": ["state", "step_idx", "batch"],
+    "on_learn_batch_end": ["state", "step_idx", "batch", "metrics"],
+    "on_learn_epoch_end": ["state", "epoch"],
+    "on_episode_end": ["state", "episode"],
 }
 
 
@@ -719,3 +756,78 @@ def test_request_stop_on_a_due_step_saves_once(tmp_path: Path) -> None:
     artifacts = loop.fit(run_dir=tmp_path / "r")
     assert [(r.event, r.step) for r in artifacts.checkpoints] == [("save", 2), ("save", 4)]
     assert artifacts.step == 4
+
+
+# --------------------------------------------------------------------------------------------
+# the on-policy RL phases, inside the run
+
+
+def test_rl_hook_sequence_inside_the_run() -> None:
+    from lab.rl import Experience, OnPolicyLoop, Rollouts
+
+    rec = Recorder()
+
+    def train(run: lab.RunSpec) -> LoopArtifacts:
+        torch.manual_seed(0)
+        policy = torch.nn.Linear(2, 1)
+
+        def make_experience(info: Any) -> Experience:
+            obs = torch.randn(4, 2)
+            return Experience(
+                action_log_probs=policy(obs).squeeze(1), rewards=torch.ones(4), observations=obs
+            )
+
+        def learn(batch: Experience, info: Any) -> dict[str, Any]:
+            return {"loss": policy(batch.observations).pow(2).mean()}
+
+        loop = OnPolicyLoop(
+            policy,
+            torch.optim.SGD(policy.parameters(), lr=0.1),
+            num_episodes=2,
+            make_experience=make_experience,
+            learn=learn,
+            learn_epochs=2,
+            batch_size=2,
+            rollouts=Rollouts(size=2),
+            checkpoint=CheckpointConfig(every=1),
+        )
+        return loop.fit(run)
+
+    Experiment("rl-seq", train, callbacks=[rec], store=False, seed=1).run()
+    key = "base-r0"
+    expected: list[tuple] = [
+        ("on_experiment_start", "rl-seq", None),
+        ("on_group_start", "base", "base"),
+        ("on_run_start", key, "base", 0, 1),
+        ("on_train_start", key, 0),
+    ]
+    step = 0
+    for episode in range(2):
+        expected += [
+            ("on_episode_start", key, episode),
+            ("on_make_experience_start", key, episode),
+            ("on_make_experience_end", key, episode, 4),
+            ("on_eval", key, step, "rollouts"),  # at the step of the policy that acted
+            ("on_benchmark_eval", key, "rollouts", step, 2),
+        ]
+        for epoch in range(2):
+            expected.append(("on_learn_epoch_start", key, epoch))
+            for batch in range(2):
+                step += 1
+                expected += [
+                    ("on_learn_batch_start", key, step, 2),
+                    ("pre_step", key, step),
+                    ("on_step_end", key, step),
+                ]
+                if epoch == 1 and batch == 1:  # the episode's boundary: its save
+                    expected.append(("on_checkpoint", key, "save", step))
+                expected.append(("on_learn_batch_end", key, step, 2))
+            expected.append(("on_learn_epoch_end", key, epoch))
+        expected.append(("on_episode_end", key, episode))
+    expected += [
+        ("on_train_end", key, 8, False),
+        ("on_run_end", key, "completed", "base"),
+        ("on_experiment_end", None, 1),
+        ("close",),
+    ]
+    assert rec.calls == expected

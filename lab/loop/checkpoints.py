@@ -760,6 +760,7 @@ class CheckpointManager:
         *,
         final: bool = False,
         writers: Sequence[Callable[[Path, int], Any]] = (),
+        kind: Kind | None = None,
         _waits: Sequence[Any] | None = None,
     ) -> list[ManifestRow]:
         """Write `state` for `step`, commit it, then drop what retention no longer keeps.
@@ -769,7 +770,9 @@ class CheckpointManager:
         values of `info` go to `training_info.json` and must be JSON-native (numpy scalars and
         0-d tensors are converted). `state` must hold only what a safe load accepts
         (tensors, dicts, lists, tuples, str, numbers, bools, None). `final` marks the last
-        save of a run stopped early (never ephemeral). Each of `writers` is called as
+        save of a run stopped early (never ephemeral). `kind` says how the save is kept when
+        the caller counts the config's steps in units of its own (an RL loop's episodes);
+        None: `CheckpointConfig.kind` of `step`. Each of `writers` is called as
         ``writer(folder, step)`` with the folder being written, to add the loop's own files
         (sharded weights, an export); what it returns is waited for (`wait_for`) before the
         folder commits, so those files commit with it. Returns the save row, then one row per
@@ -781,7 +784,8 @@ class CheckpointManager:
         metrics = self._metrics(step, info)
         info = json_info(step, info)
         check_safe(step, state)
-        kind = self.config.kind(step, final=final)
+        if kind is None:
+            kind = self.config.kind(step, final=final)
         final_dir = self._inside(step_dirname(step))  # a link that leads out is refused
         tmp = self.root / f"{TMP_PREFIX}{final_dir.name}"
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
@@ -868,6 +872,7 @@ class CheckpointManager:
         *,
         final: bool = False,
         writers: Sequence[Callable[[Path, int], Any]] = (),
+        kind: Kind | None = None,
     ) -> list[ManifestRow]:
         """Copy `state` to CPU memory now, then `save` it in a background thread.
 
@@ -900,7 +905,7 @@ class CheckpointManager:
         pending = _PendingSave(step)
         pending.thread = threading.Thread(
             target=pending.run,
-            args=(lambda: self.save(step, snapshot, info, final=final, _waits=waits),),
+            args=(lambda: self.save(step, snapshot, info, final=final, kind=kind, _waits=waits),),
             name=f"lab-checkpoint-step-{step}",
         )
         self._pending = pending

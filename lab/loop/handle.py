@@ -182,8 +182,12 @@ class RunHandle:
         #: Plain values (numbers, strings, lists, dicts, tensors) kept in each checkpoint and
         #: given back on resume.
         self.user_state: dict[str, Any] = {}
-        #: Extra payload entries a loop that drives the handle keeps in each checkpoint.
+        #: Extra payload entries a loop that drives the handle keeps in each checkpoint; on
+        #: resume, each key set before `start` gets the value the checkpoint saved under it.
         self.loop_state: dict[str, Any] = {}
+        #: How a save at (step, final) is kept ("regular", "fixed", "ephemeral"), for a loop
+        #: that counts `CheckpointConfig`'s steps in units of its own; None: the config's.
+        self.save_kind: Callable[[int, bool], Any] | None = None
         self.state: LoopState
         self.checkpoints: CheckpointManager | None = None
         self.resumed_from: Path | None = None
@@ -423,10 +427,17 @@ class RunHandle:
         batch: Any = None,
         *,
         step: int | None = None,
+        save: bool | None = None,
     ) -> None:
         """End an optimizer step with its metrics: fires `on_step_end`, then the evals and
         the save due after it. `step` defaults to the one after the last ended step; a given
-        one must be larger (steps only go up)."""
+        one must be larger (steps only go up).
+
+        `save` overrides the checkpoint schedule for this step, for a loop whose saves
+        fall only at boundaries of its own (an RL loop's episodes): True saves after it
+        (`state.checkpoint_due` is set for the sinks), False does not save (not even at
+        `num_steps`: `finish` makes the final save); None lets `CheckpointConfig` decide.
+        """
         state = self.state if self._phase == _RUNNING else None
         if state is None:
             self._check_running("end_step")
@@ -450,11 +461,16 @@ class RunHandle:
         # Sinks see that a save follows this step and make what they hold durable before
         # the checkpoint commits (a kill in between must not lose the step's metrics).
         # A save due only as an ephemeral one is skipped while a callback blocks those.
-        state.checkpoint_due = (
-            checkpoints is not None
-            and config.due(step, num_steps)
-            and not (state.ephemeral_checkpoints_blocked and config.is_ephemeral(step, num_steps))
-        )
+        if save is None:
+            state.checkpoint_due = (
+                checkpoints is not None
+                and config.due(step, num_steps)
+                and not (
+                    state.ephemeral_checkpoints_blocked and config.is_ephemeral(step, num_steps)
+                )
+            )
+        else:
+            state.checkpoint_due = save and checkpoints is not None
         hooks = self.hooks
         if hooks.listens("on_step_end"):
             hb = self._batch if batch is None else self._wrap(batch)
@@ -474,7 +490,9 @@ class RunHandle:
                 if evaluator.due(step, num_steps=num_steps or 0, epoch_end=epoch_end):
                     self._run_eval(evaluator, step)
         last = step == num_steps or state.stop_requested
-        if checkpoints is not None and (state.checkpoint_due or (last and config.save_at_end)):
+        if checkpoints is not None and (
+            state.checkpoint_due or (save is None and last and config.save_at_end)
+        ):
             self._save_now(final=last)
         if state.stop_requested and last:
             log.info("stopping after step %d: %s", step, state.stop_reason)
@@ -683,9 +701,12 @@ class RunHandle:
         info = {"metrics": fresh}
         self._last_saved = state.step
         writers = tuple(self._writers)
+        kind = self.save_kind(state.step, final) if self.save_kind is not None else None
         if not manager.config.async_save:
-            return manager.save(state.step, payload, info, final=final, writers=writers)
-        return rows + manager.save_async(state.step, payload, info, final=final, writers=writers)
+            return manager.save(state.step, payload, info, final=final, writers=writers, kind=kind)
+        return rows + manager.save_async(
+            state.step, payload, info, final=final, writers=writers, kind=kind
+        )
 
     def _restore(self, manager: CheckpointManager, path: Path) -> None:
         """Load `path` into the model, optimizers, schedulers, objects, loop state and
@@ -701,6 +722,9 @@ class RunHandle:
             else:
                 obj.load_state_dict(saved)
         self.user_state.update(payload.get("user") or {})
+        for key in self.loop_state:  # the driving loop's own entries, as they were saved
+            if key in payload:
+                self.loop_state[key] = payload[key]
         state.load_state_dict(payload["loop"])
         saved_loop = payload["loop"]
         self._epochs_started = int(saved_loop.get("epochs_started", 0))
