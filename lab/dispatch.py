@@ -40,6 +40,18 @@ def _overrides(callback: Callback, hook: str) -> bool:
     return getattr(type(callback), hook, None) is not getattr(Callback, hook)
 
 
+def _target(callback: Callback, hook: str) -> Callable[..., Any] | None:
+    """What receives `hook` for `callback`, or None when it does not listen: its bound
+    method, or, for a callback whose class adapts another library's signatures (it has a
+    ``lab_hook_adapter(callback, hook)``, e.g. `lab.rl.coati.Callback`), what the adapter
+    gives. Resolved when the listener tuples are built, never per call, so an ordinary
+    callback pays one attribute lookup per hook once."""
+    adapter = getattr(type(callback), "lab_hook_adapter", None)
+    if adapter is not None:
+        return adapter(callback, hook)
+    return getattr(callback, hook) if _overrides(callback, hook) else None
+
+
 def _is_strict_env() -> bool:
     return os.environ.get("LAB_STRICT", "").lower() in {"1", "true", "yes"}
 
@@ -367,15 +379,18 @@ class Dispatcher:
         receives = self._policy.receives
         self._listeners = {
             hook: tuple(
-                (type(cb).__name__, self._method(cb, hook), cb.critical and hook != "on_error")
+                (
+                    type(cb).__name__,
+                    self._method(cb, hook, target),
+                    cb.critical and hook != "on_error",
+                )
                 for cb in (self._step_end_order if hook == "on_step_end" else self.callbacks)
-                if _overrides(cb, hook) and receives(id(cb), hook)
+                if receives(id(cb), hook) and (target := _target(cb, hook)) is not None
             )
             for hook in HOOKS
         }
 
-    def _method(self, cb: Callback, hook: str) -> Callable[..., Any]:
-        method = getattr(cb, hook)
+    def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if hook == "on_step_end":
             method = _StepMetrics(method, cb)
         policy = self._policy

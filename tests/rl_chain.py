@@ -10,6 +10,8 @@ continues the same walks. Run as a script, it trains one run (the SIGKILL test's
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,14 @@ if __name__ == "__main__":  # the child of the SIGKILL test: train one run of an
     from lab import CheckpointConfig
 
     folder, episodes = Path(sys.argv[1]), int(sys.argv[2])
+    kill_at = int(os.environ.get("RL_CHAIN_KILL_AT", "0"))
+
+    class KillAt(lab.Callback):
+        """SIGKILLs this process right after learn batch `kill_at` (mid-episode)."""
+
+        def on_learn_batch_end(self, state: Any, step_idx: int, batch: Any, metrics: Any) -> None:
+            if step_idx == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def train(run: lab.RunSpec) -> Any:
         env = ChainWalk(seed=run.seed)
@@ -163,6 +173,7 @@ if __name__ == "__main__":  # the child of the SIGKILL test: train one run of an
             learn_epochs=2,
             batch_size=8,
             checkpoint=CheckpointConfig(every=1),
+            callbacks=[KillAt()],
         )
         return loop.fit(run)
 

@@ -119,7 +119,7 @@ class Experience:
         when given), as float64 on the CPU."""
         rewards = self.rewards.detach().double()
         if self.action_mask is not None and rewards.shape == self.action_mask.shape:
-            rewards = rewards * self.action_mask.to(rewards.dtype)
+            rewards = torch.where(self.action_mask.bool(), rewards, 0.0)  # NaN outside: out
         if rewards.dim() > 1:
             rewards = rewards.flatten(1).sum(1)
         return rewards.cpu()
