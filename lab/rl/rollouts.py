@@ -24,33 +24,47 @@ __all__ = ["Rollouts"]
 Describe = Callable[[Experience, int], Mapping[str, Any]]
 
 
-def _tokens(tensor: torch.Tensor, mask: torch.Tensor | None = None) -> str:
-    """A row's values as text: a scalar as it is, else the values space-separated."""
-    if mask is not None:
-        tensor = tensor[mask.bool()]
-    values = tensor.detach().cpu().flatten().tolist()
-    if len(values) == 1 and tensor.dim() == 0:
-        return str(values[0])
-    return " ".join(str(v) for v in values)
+def _text(values: list[Any]) -> str:
+    return " ".join(map(str, values))
 
 
-def describe_row(experience: Experience, i: int) -> dict[str, Any]:
-    """The default `Rollouts.describe`: the observation (or the prompt's tokens) as input,
-    the action (or the generated tokens) as output."""
-    out: dict[str, Any] = {"input": None, "output": None}
-    if experience.sequences is not None:
-        seq = experience.sequences[i]
+def describe_rows(experience: Experience, picked: list[int]) -> list[dict[str, Any]]:
+    """The default `Rollouts.describe`, for the rows `picked` at once: the observation (or
+    the prompt's tokens, padding left out) as input, the action (or the generated tokens
+    that `action_mask` keeps) as output, each as its values space-separated. One `tolist`
+    per field, so a large sample costs Python strings, not tensor indexing per row."""
+    out: list[dict[str, Any]] = [{"input": None, "output": None} for _ in picked]
+    index = torch.tensor(picked, dtype=torch.long)
+    seq = experience.sequences
+    if seq is not None:
         mask = experience.action_mask
         generated = mask.shape[1] if mask is not None else 0
+        width = seq.shape[1] - generated
+        prompts = seq[index, :width].tolist()
         attention = experience.attention_mask
-        prompt_mask = attention[i, : seq.shape[0] - generated] if attention is not None else None
-        out["input"] = _tokens(seq[: seq.shape[0] - generated], prompt_mask)
-        if generated:
-            out["output"] = _tokens(seq[seq.shape[0] - generated :], mask[i])  # type: ignore[index]
-    if experience.observations is not None:
-        out["input"] = _tokens(experience.observations[i])
-    if experience.actions is not None:
-        out["output"] = _tokens(experience.actions[i])
+        keep = None
+        if attention is not None:
+            prompt_mask = attention[index, :width].bool()
+            keep = None if bool(prompt_mask.all()) else prompt_mask.tolist()
+        for n, prompt in enumerate(prompts):
+            if keep is not None:
+                prompt = [t for t, k in zip(prompt, keep[n], strict=True) if k]
+            out[n]["input"] = _text(prompt)
+        if mask is not None:
+            tokens = seq[index, width:].tolist()
+            action_mask = mask[index].bool()
+            kept = None if bool(action_mask.all()) else action_mask.tolist()
+            for n, row in enumerate(tokens):
+                if kept is not None:
+                    row = [t for t, k in zip(row, kept[n], strict=True) if k]
+                out[n]["output"] = _text(row)
+    for field, key in ((experience.observations, "input"), (experience.actions, "output")):
+        if field is None:
+            continue
+        values = field[index].detach().cpu()
+        rows = values.flatten(1).tolist() if values.dim() > 1 else values.tolist()
+        for n, row in enumerate(rows):
+            out[n][key] = _text(row) if isinstance(row, list) else str(row)
     return out
 
 
@@ -98,12 +112,14 @@ class Rollouts:
             )
         generator = torch.Generator().manual_seed((seed * 1_000_003 + episode) % (2**63))
         picked = sorted(torch.randperm(experience.size, generator=generator)[: self.size].tolist())
-        returns = experience.row_returns()
-        describe = self.describe or describe_row
+        returns = experience.row_returns().tolist()
+        if self.describe is None:
+            described_rows = describe_rows(experience, picked)
+        else:
+            described_rows = [dict(self.describe(experience, i)) for i in picked]
         ids = experience.example_ids
         rows = []
-        for i in picked:
-            described = dict(describe(experience, i))
+        for i, described in zip(picked, described_rows, strict=True):
             score = float(returns[i])
             row = {
                 "example_id": str(ids[i]) if ids is not None else str(i),
