@@ -113,6 +113,19 @@ def _check_media_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_rl_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    assert lines[:3] == [
+        "fast [2, 2]",
+        "64 [0, 10, 20, 30]",
+        "[['slow', 'all', 2], ['fast', 'all', 2]]",
+    ]
+    assert lines[3] == "Performance summary:"
+    assert lines[4].startswith("Generate 12 samples, throughput: ")
+    assert lines[5].startswith("Train 24 samples, throughput: ")
+    assert not namespace["folder"].exists()  # type: ignore[attr-defined]  # cleaned up
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -122,6 +135,7 @@ PAGES = {
     "callbacks.md": _check_callbacks_page,
     "loggers.md": _check_loggers_page,
     "media.md": _check_media_page,
+    "rl.md": _check_rl_page,
 }
 
 

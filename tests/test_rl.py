@@ -448,3 +448,9 @@ def test_the_ported_performance_evaluator_measures_both_throughputs(
     assert out[0] == "Performance summary:"
     assert out[1].startswith("Generate 12 samples, throughput: ")
     assert out[2].startswith("Train 24 samples, throughput: ")
+
+
+def test_docs_show_the_ported_performance_evaluator_as_the_tests_run_it() -> None:
+    port = (Path(__file__).parent / "perf_evaluator.py").read_text(encoding="utf-8")
+    page = (Path(__file__).parent.parent / "docs" / "rl.md").read_text(encoding="utf-8")
+    assert port[port.index("from time import time") :] in page

@@ -447,8 +447,8 @@ def _step_metrics(
 ) -> dict[str, float]:
     metrics = {"loss": loss.item()}
     for key, value in out.items():
-        if key != "loss":
-            metrics[str(key)] = as_number(str(key), step, value)
+        if key != "loss":  # a float as it is; tensors and other numbers converted
+            metrics[key] = value if type(value) is float else as_number(str(key), step, value)
     if grad_norm is not None:
         metrics["grad_norm"] = float(grad_norm)
     return metrics
@@ -460,24 +460,30 @@ def _rate(rows: float, seconds: float) -> float:
 
 def _episode_metrics(experience: Experience) -> dict[str, float]:
     """The episode's metrics: returns and lengths of the episodes that ended, and how many
-    rewards were NaN or inf (data, flagged here, never an error)."""
+    rewards were NaN or inf (data, flagged here, never an error). Once per episode, in plain
+    Python over the ended episodes (a few tensor ops on the rewards)."""
     rewards = experience.rewards.detach()
     mask = experience.action_mask
     finite = torch.isfinite(rewards)
-    if mask is not None and mask.shape == rewards.shape:
-        nonfinite = int(((~finite) & mask.bool()).sum())
-    else:
-        nonfinite = int((~finite).sum())
+    nonfinite = 0
+    if not bool(finite.all()):
+        if mask is not None and mask.shape == rewards.shape:
+            nonfinite = int(((~finite) & mask.bool()).sum())
+        else:
+            nonfinite = int((~finite).sum())
     ended = experience.ended_episodes()
     out = {
         "episode/count": float(len(ended.returns)),
         "episode/nonfinite_rewards": float(nonfinite),
     }
-    if ended.returns:
-        returns = torch.tensor(ended.returns, dtype=torch.float64)
-        out["episode/return_mean"] = float(returns.mean())
-        out["episode/return_std"] = float(returns.std(unbiased=False))
-        out["episode/return_min"] = float(returns.min())
-        out["episode/return_max"] = float(returns.max())
-        out["episode/length_mean"] = float(sum(ended.lengths) / len(ended.lengths))
+    returns = ended.returns
+    if returns:
+        n = len(returns)
+        mean = math.fsum(returns) / n
+        out["episode/return_mean"] = mean
+        out["episode/return_std"] = math.sqrt(math.fsum((r - mean) ** 2 for r in returns) / n)
+        nan = any(r != r for r in returns)  # NaN is data: it shows in min and max too
+        out["episode/return_min"] = math.nan if nan else min(returns)
+        out["episode/return_max"] = math.nan if nan else max(returns)
+        out["episode/length_mean"] = sum(ended.lengths) / len(ended.lengths)
     return out
