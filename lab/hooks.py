@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from lab.records import (
         ArmResult,
         EvalResult,
+        Experience,
         ExperimentResult,
         LoopArtifacts,
         ManifestRow,
@@ -102,7 +103,6 @@ if TYPE_CHECKING:
         RunResult,
         TrainingBatch,
     )
-    from lab.rl.experience import Experience
 
 #: Every hook, in the order of the lifecycle above.
 HOOKS: tuple[str, ...] = (

@@ -293,7 +293,8 @@ class OnPolicyLoop:
                         metrics["throughput/experience_per_s"] = _rate(rows, made)
                         metrics["throughput/learn_per_s"] = _rate(rows * self.learn_epochs, learned)
                         save = self._save_due(state, step_idx, per_epoch)
-                        loop.loop_state[STATE_KEY] = self._state()
+                        if self.checkpoint is not None:  # what a save here would keep
+                            loop.loop_state[STATE_KEY] = self._state()
                     loop.end_step(metrics, step_batch, save=save)
                     if learn_end:
                         hooks.fire("on_learn_batch_end", state, step_idx, batch, metrics)
