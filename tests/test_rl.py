@@ -454,3 +454,30 @@ def test_docs_show_the_ported_performance_evaluator_as_the_tests_run_it() -> Non
     port = (Path(__file__).parent / "perf_evaluator.py").read_text(encoding="utf-8")
     page = (Path(__file__).parent.parent / "docs" / "rl.md").read_text(encoding="utf-8")
     assert port[port.index("from time import time") :] in page
+
+
+def test_the_coati_adapter_is_resolved_once_and_ordinary_callbacks_get_their_own_methods() -> None:
+    from lab.dispatch import Dispatcher
+    from lab.rl.coati import Callback as CoatiCallback
+
+    class Ordinary(Callback):
+        def on_episode_start(self, state: Any, episode: int) -> None:
+            pass
+
+    class Ported(CoatiCallback):
+        def on_episode_start(self, episode: int) -> None:
+            self.seen = episode
+
+        def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: dict) -> None:
+            self.step = step_idx
+
+    ordinary, ported = Ordinary(), Ported()
+    d = Dispatcher([ordinary, ported])
+    (_, first, _), (_, second, _) = d._listeners["on_episode_start"]
+    assert first == ordinary.on_episode_start  # the bound method itself: nothing in between
+    assert second.__self__ is ported and second.method == ported.on_episode_start
+    assert [name for name, _, _ in d._listeners["on_step_end"]] == ["Ported"]
+    assert d._listeners["on_make_experience_start"] == ()  # overridden by neither
+    assert [name for name, _, _ in d._listeners["on_train_start"]] == []  # no on_fit_start
+    d.fire("on_episode_start", None, 3)
+    assert ported.seen == 3
