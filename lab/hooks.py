@@ -10,26 +10,21 @@ The lifecycle, with every hook in the place it fires::
             on_group_start(ctx, group_name)
             for each run of the group:
                 on_run_start(ctx)                        # ctx.run_config is set
-                train(run) -> TrainingLoop.fit(run):
+                train(run) -> TrainingLoop.fit(run), a RunHandle, OnPolicyLoop.fit(run):
                     [post_checkpoint_loaded(state, path)] # only when resuming a checkpoint
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
                     [on_epoch_start(state, epoch)]       # when the loop counts epochs
                                                          # (again for an epoch resumed
                                                          # mid-way)
-                    [each episode of an on-policy loop (lab.rl.OnPolicyLoop), from 0:
-                        on_episode_start(state, episode)
-                        on_make_experience_start(state, episode)
-                        on_make_experience_end(state, episode, experience)
-                        [its rollout sample: the eval hooks below, at the current step]
-                        each learn epoch:
-                            on_learn_epoch_start(state, epoch)
-                            each learn batch (one optimizer step: the step below):
-                                on_learn_batch_start(state, step_idx, batch)
-                                ... the step's hooks, evals and save ...
-                                on_learn_batch_end(state, step_idx, batch, metrics)
-                            on_learn_epoch_end(state, epoch)
-                        on_episode_end(state, episode)]
+                    [an on-policy loop (lab.rl.OnPolicyLoop), each episode from 0:
+                     on_episode_start(state, episode)
+                     on_make_experience_start(state, episode)
+                     on_make_experience_end(state, episode, experience)
+                     [its rollout sample: the eval hooks below, at the current step]
+                     each learn epoch: on_learn_epoch_start(state, epoch)
+                       each learn batch, which is one step below:
+                         on_learn_batch_start(state, step_idx, batch)]
                     each step:
                         pre_step(state, step_idx, batch) # once per optimizer step, before
                                                          # its first micro-batch
@@ -42,7 +37,15 @@ The lifecycle, with every hook in the place it fires::
                                                           step=step_idx)
                         each save:      on_checkpoint(state, row)
                                         # (a save due only as an ephemeral one is
-                                        # skipped while a callback blocks those)
+                                        # skipped while a callback blocks those; an
+                                        # on-policy loop saves only after an episode's
+                                        # last step)
+                    [the on-policy loop, after each step (learn batch):
+                         on_learn_batch_end(state, step_idx, batch, metrics)
+                       after each learn epoch's last batch:
+                         on_learn_epoch_end(state, epoch)
+                     after the episode's last learn epoch:
+                     on_episode_end(state, episode)]
                     [on_epoch_end(state, epoch)]         # after the epoch's last step,
                                                          # its evals and saves
                     on_train_end(state, artifacts)
@@ -117,15 +120,15 @@ HOOKS: tuple[str, ...] = (
     "on_make_experience_end",
     "on_learn_epoch_start",
     "on_learn_batch_start",
-    "on_learn_batch_end",
-    "on_learn_epoch_end",
-    "on_episode_end",
     "pre_step",
     "on_step_end",
     "on_media",
     "on_eval",
     "on_benchmark_eval",
     "on_checkpoint",
+    "on_learn_batch_end",
+    "on_learn_epoch_end",
+    "on_episode_end",
     "on_epoch_end",
     "on_train_end",
     "on_error",

@@ -286,10 +286,10 @@ def test_the_ending_hooks() -> None:
     assert sorted(RUN_HOOKS, key=order) == [
         "on_run_start", "post_checkpoint_loaded", "on_train_start", "on_epoch_start",
         "on_episode_start", "on_make_experience_start", "on_make_experience_end",
-        "on_learn_epoch_start", "on_learn_batch_start", "on_learn_batch_end",
-        "on_learn_epoch_end", "on_episode_end", "pre_step", "on_step_end", "on_media",
-        "on_eval", "on_benchmark_eval", "on_checkpoint",
-        "on_epoch_end", "on_train_end", "on_error", "on_run_end",
+        "on_learn_epoch_start", "on_learn_batch_start", "pre_step", "on_step_end", "on_media",
+        "on_eval", "on_benchmark_eval", "on_checkpoint", "on_learn_batch_end",
+        "on_learn_epoch_end", "on_episode_end", "on_epoch_end", "on_train_end", "on_error",
+        "on_run_end",
     ]  # fmt: skip
 
 
