@@ -39,6 +39,12 @@ CASES = {
         "accumulate-r1",
         "step_000003",
     ),
+    "rlhf.py": (
+        ["--episodes", "16", "--save-every", "5"],
+        25,  # 2 learn batches an episode, saved every 5 episodes: killed in episode 12
+        "kl-0.4-r1",
+        "step_000020",
+    ),
 }
 
 
@@ -69,7 +75,8 @@ def _run(script: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[
 
 def _history(folder: Path) -> tuple[list[tuple], ...]:
     """Every run's status, every metric at every step, every run's final metrics, and every
-    image; leaving out `step_time` (a wall time), with NaN as "nan" (a NaN equals no other)."""
+    image; leaving out `step_time` and `throughput/*` (wall times), with NaN as "nan" (a NaN
+    equals no other)."""
     con = lab.inspect.connect(f"sqlite:///{folder / 'lab.db'}")
 
     def rows(sql: str) -> list[tuple]:
@@ -82,11 +89,11 @@ def _history(folder: Path) -> tuple[list[tuple], ...]:
         runs = rows("SELECT run_key, status FROM runs ORDER BY run_key")
         metrics = rows(
             "SELECT r.run_key, m.step, m.key, m.value FROM metrics m JOIN runs r USING (run_id) "
-            "WHERE m.key <> 'step_time' ORDER BY ALL"
+            "WHERE m.key <> 'step_time' AND m.key NOT LIKE 'throughput/%' ORDER BY ALL"
         )
         final = rows(
             "SELECT run_key, key, step, value FROM final_metrics WHERE key <> 'step_time' "
-            "ORDER BY ALL"
+            "AND key NOT LIKE 'throughput/%' ORDER BY ALL"
         )
         images = rows(
             "SELECT r.run_key, i.key, i.step, i.path, i.width, i.height FROM images i "
