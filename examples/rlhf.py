@@ -360,6 +360,13 @@ def main():
         help="random seed of the first repeat (default: %(default)s)",
     )
     args = parse_args(parser)
+    if args.group_size < 2:
+        parser.error("--group-size: give 2 or more; GRPO scores each answer against the others")
+    if not 1 <= args.rollouts <= args.prompts * args.group_size:
+        parser.error(
+            f"--rollouts: give 1 to {args.prompts * args.group_size} (--prompts x --group-size, "
+            "the answers an episode makes)"
+        )
 
     config = Config(
         episodes=args.episodes,

@@ -5,6 +5,8 @@ whose rollouts `lab.inspect` reads back across the arms."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -80,6 +82,37 @@ def test_generation_masks_the_answer_and_the_padding_after_its_end(rlhf: ModuleT
     log_probs = rlhf.token_log_probs(policy, sequences, attention)
     assert log_probs.shape == (4, rlhf.MAX_NEW)
     torch.testing.assert_close(log_probs[:, 0], torch.zeros(4))  # the end token: p = 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--group-size", "1"],
+            "--group-size: give 2 or more; GRPO scores each answer against the others",
+        ),
+        (
+            ["--rollouts", "65"],
+            "--rollouts: give 1 to 64 (--prompts x --group-size, the answers an episode makes)",
+        ),
+    ],
+)
+def test_flags_that_cannot_run_are_one_line_before_any_run(
+    flags: list[str], message: str, tmp_path: Path
+) -> None:
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples/rlhf.py"), *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == f"rlhf.py: error: {message}"
+    assert list(tmp_path.iterdir()) == []  # no store, no run folder
 
 
 class Experiences(Callback):
