@@ -126,6 +126,13 @@ def _check_rl_page(out: str, namespace: dict[str, object]) -> None:
     assert not namespace["folder"].exists()  # type: ignore[attr-defined]  # cleaned up
 
 
+def _check_rl_rlhf_page(out: str, namespace: dict[str, object]) -> None:
+    lines = ["[1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]", "[0.1931, 0.3069, 0.0]"]
+    assert out.splitlines() == lines
+    page = (README.parent / "docs" / "rl-rlhf.md").read_text(encoding="utf-8")
+    assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -136,6 +143,7 @@ PAGES = {
     "loggers.md": _check_loggers_page,
     "media.md": _check_media_page,
     "rl.md": _check_rl_page,
+    "rl-rlhf.md": _check_rl_rlhf_page,
 }
 
 
