@@ -4,8 +4,9 @@
 environments, or a batch of prompts) and learn from it for some epochs of minibatches; each
 learn batch is one optimizer step, so an RL run reads like any other in the store. `Rollouts`
 keeps a sample of each episode as prediction rows. The PPO helpers (`gae`, `ppo_loss`,
-`explained_variance`) come from `lab.rl.ppo`, imported when first used. docs/rl.md shows
-the lifecycle and a runnable example.
+`explained_variance`) come from `lab.rl.ppo`, imported when first used; GRPO's
+(`grpo_advantages`, `approx_kl`) from `lab.rl.grpo`. docs/rl.md shows the lifecycle and a
+runnable example.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from lab.rl.experience import Episodes, Experience
+from lab.rl.grpo import approx_kl, grpo_advantages
 from lab.rl.loop import EpisodeInfo, OnPolicyLoop
 from lab.rl.rollouts import Rollouts
 
@@ -22,8 +24,10 @@ __all__ = [
     "Experience",
     "OnPolicyLoop",
     "Rollouts",
+    "approx_kl",
     "explained_variance",
     "gae",
+    "grpo_advantages",
     "ppo_loss",
 ]
 
