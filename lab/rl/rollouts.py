@@ -74,8 +74,9 @@ class Rollouts:
 
     `size` rows are sampled every `every` episodes (so the volume is bounded), under the eval
     `name`. `describe(experience, i)` gives row i's ``{"input": ..., "output": ...}`` (a
-    decoded prompt and generation; an optional ``"extras"`` dict is kept too); by default the
-    observation or prompt tokens are the input and the action or generated tokens the output.
+    decoded prompt and generation; an optional ``"extras"`` dict becomes the row's extras);
+    by default the observation or prompt tokens are the input and the action or generated
+    tokens the output.
     Each row's score is its return, its example id ``experience.example_ids[i]`` (else
     ``str(i)``), its target None.
     """
@@ -128,8 +129,15 @@ class Rollouts:
                 "target": None,
                 "score": score,
             }
-            if described.get("extras") is not None:
-                row["extras"] = described["extras"]
+            extras = described.get("extras")
+            if extras:  # the row's extras: the store keeps keys beyond its fields there
+                clash = sorted(set(extras) & set(row))
+                if clash:
+                    raise ConfigError(
+                        "Rollouts(describe=...) gave extras named like a prediction's own "
+                        f"fields: {', '.join(clash)}; rename them"
+                    )
+                row.update(extras)
             rows.append(row)
         scores = torch.tensor([r["score"] for r in rows], dtype=torch.float64)
         finite = scores[torch.isfinite(scores)]
