@@ -7,7 +7,7 @@ the same prompt, no critic) and a KL penalty to a frozen reference copy of the s
 policy. This is that loop in miniature, on the CPU in seconds, in pure torch:
 
 - the policy: `Policy`, a causal transformer of two layers (d_model 48, 14 tokens: the
-  numbers 0-11, an end token and padding);
+  numbers 0-11, an end token and padding, which it reads but never generates);
 - the prompts: the first three terms of an arithmetic sequence mod 12 (start 0-11, step 1-3:
   36 prompts, e.g. ``3 5 7``); each episode takes the next `--prompts` of them in a fixed
   order, the same in every arm and repeat, so `lab.inspect.disagreements` compares arms per
@@ -47,8 +47,9 @@ from _lab import parse_args, run_experiment
 
 NUMBERS = 12  # tokens 0..11 are the numbers, mod 12
 EOS = 12
-PAD = 13
+PAD = 13  # fills an answer after its EOS: read, never generated
 VOCAB = 14
+ACTIONS = EOS + 1  # the tokens the policy can generate: the numbers and EOS
 PROMPT_LEN = 3  # a prompt: the first three terms of the sequence
 ANSWER_LEN = 3  # an answer: the next three, then the end token
 MAX_NEW = ANSWER_LEN + 1
@@ -149,10 +150,11 @@ class Policy(nn.Module):
         self.pos = nn.Embedding(PROMPT_LEN + MAX_NEW, d_model)
         self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, VOCAB)
+        self.head = nn.Linear(d_model, ACTIONS)
 
     def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, VOCAB]; position t sees positions <= t that attention_mask keeps."""
+        """Logits [B, T, ACTIONS] of the next token; position t sees the positions <= t that
+        attention_mask keeps."""
         t = tokens.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool).tril()
         mask = (causal & attention_mask.bool()[:, None, :])[:, None]
@@ -186,9 +188,11 @@ def generate(
 def token_log_probs(
     policy: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """The log-prob [B, MAX_NEW] the policy gives each answer token it sampled."""
+    """The log-prob [B, MAX_NEW] the policy gives each answer token it sampled (at the
+    padding after EOS, which is no action and which the action mask leaves out: EOS's)."""
     logits = policy(sequences, attention_mask)[:, PROMPT_LEN - 1 : -1]
-    answer = sequences[:, PROMPT_LEN:, None]
+    answer = sequences[:, PROMPT_LEN:]
+    answer = torch.where(answer == PAD, EOS, answer)[..., None]
     return logits.log_softmax(dim=-1).gather(-1, answer).squeeze(-1)
 
 

@@ -18,7 +18,8 @@ import torch
 
 import lab.inspect
 from lab import Arm, Callback, Experiment
-from lab.rl import Experience
+from lab.errors import ConfigError
+from lab.rl import Experience, Rollouts
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODES, ROLLOUTS, PROMPTS, GROUP = 40, 16, 8, 8
@@ -82,6 +83,32 @@ def test_generation_masks_the_answer_and_the_padding_after_its_end(rlhf: ModuleT
     log_probs = rlhf.token_log_probs(policy, sequences, attention)
     assert log_probs.shape == (4, rlhf.MAX_NEW)
     torch.testing.assert_close(log_probs[:, 0], torch.zeros(4))  # the end token: p = 1
+
+
+def test_a_describe_functions_extras_are_the_rows_extras(rlhf: ModuleType) -> None:
+    experience = Experience(
+        action_log_probs=torch.zeros(2, rlhf.MAX_NEW),
+        rewards=torch.tensor([1.0, 0.25]),
+        sequences=torch.tensor(
+            [_tokens(rlhf, "3 5 7 9 11 1 <eos>"), _tokens(rlhf, "0 3 6 9 <eos> _ _")]
+        ),
+        action_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+        example_ids=["3 5 7", "0 3 6"],
+    )
+    sample = Rollouts(size=2, describe=rlhf.describe).sample(experience, seed=0, episode=0)
+    assert sample.predictions == [
+        {"example_id": "3 5 7", "input": "3 5 7", "output": "9 11 1 <eos>", "target": None,
+         "score": 1.0, "right_answer": "9 11 1 <eos>"},
+        {"example_id": "0 3 6", "input": "0 3 6", "output": "9 <eos>", "target": None,
+         "score": 0.25, "right_answer": "9 0 3 <eos>"},
+    ]  # fmt: skip
+    clash = Rollouts(size=1, describe=lambda e, i: {"output": "x", "extras": {"score": 2}})
+    with pytest.raises(ConfigError) as info:
+        clash.sample(experience, seed=0, episode=0)
+    assert str(info.value) == (
+        "Rollouts(describe=...) gave extras named like a prediction's own fields: score; "
+        "rename them"
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,6 +189,9 @@ def test_the_experience_holds_what_grpo_needs_and_every_arm_sees_the_same_prompt
         assert experience.size == rows
         assert experience.sequences.shape == (rows, rlhf.PROMPT_LEN + rlhf.MAX_NEW)
         assert experience.attention_mask.shape == experience.sequences.shape
+        # padding only after an answer's end token: the policy never generates it
+        assert torch.equal(experience.attention_mask.bool(), experience.sequences != rlhf.PAD)
+        assert torch.equal(experience.action_mask, experience.attention_mask[:, 3:])
         assert experience.action_mask.shape == (rows, rlhf.MAX_NEW)
         assert experience.action_log_probs.shape == (rows, rlhf.MAX_NEW)
         assert experience.kl.shape == (rows, rlhf.MAX_NEW)
