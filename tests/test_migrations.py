@@ -122,6 +122,7 @@ def test_the_models_check_constraints_are_the_migrations_word_for_word(sqlite_ur
         "ck_groups_kind": "kind IN ('repeats', 'chain')",
         "ck_runs_status": "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')",
         "ck_checkpoints_event": "event IN ('save', 'remove')",
+        "ck_tokens_scope": "scope IN ('read', 'write')",
     }
     engine = make_engine(resolve_url(sqlite_url))
     try:
@@ -214,6 +215,12 @@ EXPECTED_CONSTRAINTS = {
     },
     "histograms": {"uq": set(), "fk": {"fk_histograms_run_id_runs"}, "ck": set()},
     "images": {"uq": set(), "fk": {"fk_images_run_id_runs"}, "ck": set()},
+    "tokens": {
+        "uq": {"uq_tokens_name", "uq_tokens_token_hash"},
+        "fk": set(),
+        "ck": {"ck_tokens_scope"},
+    },
+    "ingest_batches": {"uq": set(), "fk": set(), "ck": set()},
 }
 EXPECTED_INDEXES = {
     "runs": {"ix_runs_experiment_id_status", "ix_runs_group_id"},

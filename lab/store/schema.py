@@ -276,6 +276,38 @@ class SqlImage(Base):
     wall_time: Mapped[float] = mapped_column(sa.Double)
 
 
+TOKEN_SCOPES = ("read", "write")
+
+
+class SqlToken(Base):
+    """A `lab serve` access token: only its SHA-256 hash is kept (the token itself is
+    printed once, when it is made). A write token may also read; `revoked_at` set: refused."""
+
+    __tablename__ = "tokens"
+
+    token_id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(MAX_NAME), unique=True)
+    scope: Mapped[str] = mapped_column(sa.String(16))
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+    revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (sa.CheckConstraint(_one_of("scope", TOKEN_SCOPES), name="scope"),)
+
+
+class SqlIngestBatch(Base):
+    """A batch of writes a `lab serve` client sent, by its client id and sequence number:
+    written in the same transaction as the batch's rows, so a batch sent again (a retry
+    after a lost response, a spool replayed) is recognised and stores nothing twice."""
+
+    __tablename__ = "ingest_batches"
+
+    client_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    rows: Mapped[int] = mapped_column(sa.BigInteger)
+    received_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
 TABLES = (
     "experiments",
     "arms",
@@ -288,4 +320,6 @@ TABLES = (
     "checkpoints",
     "histograms",
     "images",
+    "tokens",
+    "ingest_batches",
 )

@@ -1,0 +1,73 @@
+"""Tokens: made once, kept only as a hash, compared in constant time.
+
+A token is ``lab_`` + 43 URL-safe random characters (256 bits). The store keeps its SHA-256
+hash (`lab.store.schema.SqlToken`), so a stolen database holds no usable token. A ``write``
+token may also read; a ``read`` token may not write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+from typing import Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from lab._names import MAX_NAME
+from lab.errors import ConfigError
+from lab.store.engine import transaction
+from lab.store.schema import TOKEN_SCOPES, SqlToken
+
+Scope = Literal["read", "write"]
+PREFIX = "lab_"
+
+
+def hash_token(token: str) -> str:
+    """The hex SHA-256 of `token`: what the store keeps."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def create_token(engine: Engine, name: str, scope: Scope) -> str:
+    """Make a token named `name` with `scope`, store its hash, and return the token: the
+    only time it exists in the clear."""
+    if scope not in TOKEN_SCOPES:
+        raise ConfigError(f"scope {scope!r}: use one of {', '.join(TOKEN_SCOPES)}")
+    if not name or len(name) > MAX_NAME or not name.isprintable():
+        raise ConfigError(f"token name {name!r}: use 1 to {MAX_NAME} printable characters")
+    token = PREFIX + secrets.token_urlsafe(32)
+    with transaction(engine) as conn:
+        taken = conn.execute(sa.select(SqlToken.token_id).where(SqlToken.name == name)).first()
+        if taken is not None:
+            raise ConfigError(
+                f"a token named {name!r} exists; revoke it (lab token revoke {name}) or pick "
+                "another name"
+            )
+        conn.execute(
+            sa.insert(SqlToken).values(
+                name=name,
+                scope=scope,
+                token_hash=hash_token(token),
+                created_at=datetime.now(UTC).replace(tzinfo=None),
+                revoked_at=None,
+            )
+        )
+    return token
+
+
+def token_scope(engine: Engine, token: str) -> Scope | None:
+    """The scope of a live (not revoked) `token`, or None for a token the store does not
+    know or has revoked. The lookup is by hash, and the hash is compared again in constant
+    time, so no timing tells how much of a guess was right."""
+    digest = hash_token(token)
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at).where(
+                SqlToken.token_hash == digest
+            )
+        ).first()
+    if row is None or not hmac.compare_digest(row.token_hash, digest):
+        return None
+    return None if row.revoked_at is not None else row.scope  # type: ignore[return-value]
