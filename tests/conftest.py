@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from lab.store import Store
+from tests.served import Served, serve
 
 os.environ["LAB_STRICT"] = "1"  # callback errors re-raise in tests unless a test opts out
 
@@ -74,3 +75,14 @@ def _isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test runs in its own folder, with no store URL leaking in from outside."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LAB_STORE_URL", raising=False)
+
+
+@pytest.fixture
+def served(store_url: str) -> Iterator[Served]:
+    """A real `lab serve` (uvicorn in a subprocess on loopback) in front of `store_url`, on
+    SQLite and on PostgreSQL, with `write_token` and `read_token` made for it."""
+    server = serve(store_url)
+    try:
+        yield server
+    finally:
+        server.stop()
