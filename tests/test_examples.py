@@ -45,6 +45,15 @@ CASES = {
         "kl-0.4-r1",
         "step_000020",
     ),
+    "ppo_cartpole.py": (
+        [
+            *("--n-timesteps", "512", "--n-envs", "2", "--n-steps", "16", "--batch-size", "16"),
+            *("--n-epochs", "2", "--save-every", "4"),
+        ],
+        38,  # 4 steps an episode (2 epochs of 2 minibatches), saved every 4: mid-episode 9
+        "lambda-0.95-r1",
+        "step_000032",
+    ),
 }
 
 
