@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -70,11 +71,11 @@ class Solved:
             }
 
     def result(self) -> dict[str, Any]:
-        final = statistics.fmean(self.window) if len(self.window) == WINDOW else float("nan")
+        final = statistics.fmean(self.window) if len(self.window) == WINDOW else None
         return {
             "solved": self.at,
-            "best_mean_100": round(self.best, 2),
-            "final_mean_100": round(final, 2),
+            "best_mean_100": None if math.isnan(self.best) else round(self.best, 2),
+            "final_mean_100": None if final is None else round(final, 2),
             "episodes": self.episodes,
             "env_steps": self.env_steps,
             "wall_s": round(time.perf_counter() - self.started, 2),
@@ -168,14 +169,22 @@ def main() -> None:
         sb3_version = None
     import gymnasium
 
-    results: dict[str, dict[str, Any]] = {"lab": {}, "sb3": {}}
-    for seed in args.seeds:
+    torch.optim.Adam(torch.nn.Linear(1, 1).parameters())  # its first use imports torch._dynamo
+
+    def lab_run(seed: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as folder:
-            results["lab"][str(seed)] = run_lab(seed, args.n_timesteps, Path(folder))
-        log(f"seed {seed} lab: {results['lab'][str(seed)]}")
-        if sb3_version is not None:
-            results["sb3"][str(seed)] = run_sb3(seed, args.n_timesteps)
-            log(f"seed {seed} sb3: {results['sb3'][str(seed)]}")
+            return run_lab(seed, args.n_timesteps, Path(folder))
+
+    def sb3_run(seed: int) -> dict[str, Any]:
+        return run_sb3(seed, args.n_timesteps)
+
+    arms = {"lab": lab_run} if sb3_version is None else {"lab": lab_run, "sb3": sb3_run}
+    results: dict[str, dict[str, Any]] = {name: {} for name in arms}
+    for i, seed in enumerate(args.seeds):  # the order rotates each seed, so drift hits both
+        names = list(arms)[i % len(arms) :] + list(arms)[: i % len(arms)]
+        for name in names:
+            results[name][str(seed)] = arms[name](seed)
+            log(f"seed {seed} {name}: {results[name][str(seed)]}")
     summary = {}
     for name, runs in results.items():
         if not runs:
