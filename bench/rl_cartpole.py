@@ -13,7 +13,7 @@ made by then, the wall seconds from the start of training to then (None: never s
 best and the final mean of the last 100 episodes, and the whole run's wall seconds. Prints
 one JSON line.
 
-    python bench/rl_cartpole.py [--seeds 1 2 3] [--n-timesteps 100000] [--no-sb3]
+    python bench/rl_cartpole.py [--seeds 1 2 3] [--n-timesteps 100000] [--no-sb3] [--quick]
 """
 
 from __future__ import annotations
@@ -159,7 +159,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--n-timesteps", type=int, default=100_000)
     parser.add_argument("--no-sb3", action="store_true", help="run lab's PPO only")
+    parser.add_argument("--quick", action="store_true", help="one seed, 5,000 steps: a smoke run")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.n_timesteps = args.seeds[:1], 5_000
     torch.set_num_threads(1)
     try:
         import stable_baselines3

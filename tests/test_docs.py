@@ -133,6 +133,20 @@ def _check_rl_rlhf_page(out: str, namespace: dict[str, object]) -> None:
     assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
 
 
+def _check_rl_cartpole_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    assert lines == [
+        "True",  # a restored GymVectorEnv goes on as the original
+        "[([10.0], [10]), ([10.0, 9.0], [10, 9])]",
+        "[1.75, 1.5, 1.0]",
+        "-0.1309 0.6667",
+        "1.0",
+    ]
+    page = (README.parent / "docs" / "rl-cartpole.md").read_text(encoding="utf-8")
+    assert "\n".join(["```", *lines[:2], "```"]) in page  # the page shows what it prints
+    assert "\n".join(["```", *lines[2:], "```"]) in page
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -144,6 +158,7 @@ PAGES = {
     "media.md": _check_media_page,
     "rl.md": _check_rl_page,
     "rl-rlhf.md": _check_rl_rlhf_page,
+    "rl-cartpole.md": _check_rl_cartpole_page,
 }
 
 
