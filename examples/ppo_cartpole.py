@@ -233,7 +233,7 @@ def main():
     )
     arms = [Arm("zoo"), Arm("lambda-0.95", gae_lambda=0.95)]
     result = run_experiment(
-        "ppo-cartpole", train_run, args, base_config=config, arms=arms, seed=args.seed
+        "ppo_cartpole", train_run, args, base_config=config, arms=arms, seed=args.seed
     )
     keys = ["episode/return_mean", "episode/length_mean", "loss", "approx_kl"]
     print(result.summary("episode/return_mean", mode="max", keys=keys))

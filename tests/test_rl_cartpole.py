@@ -68,7 +68,7 @@ def _steps(folder: Path) -> list[tuple]:
 
 
 def _final_weights(folder: Path, run_key: str) -> dict[str, torch.Tensor]:
-    checkpoints = folder / "runs" / "ppo-cartpole" / run_key / "checkpoints"
+    checkpoints = folder / "runs" / "ppo_cartpole" / run_key / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_000064"
     state = torch.load(checkpoints / "step_000064" / "state.pt", weights_only=True)
     return state["model"]
@@ -81,7 +81,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = _start(folder)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    assert "ppo-cartpole: 2 runs (2 completed)" in out
+    assert "ppo_cartpole: 2 runs (2 completed)" in out
     return folder
 
 
@@ -154,7 +154,7 @@ def test_sigkilled_mid_episode_then_resumed_gives_the_same_losses_and_weights(
     proc = _start(killed, "--stop-at", "38")  # episode 9 learns at steps 37-40
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err[-3000:]
-    checkpoints = killed / "runs" / "ppo-cartpole" / "lambda-0.95-r0" / "checkpoints"
+    checkpoints = killed / "runs" / "ppo_cartpole" / "lambda-0.95-r0" / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_000032"  # after episode 7
     (recorded,) = _rows(
         killed,
