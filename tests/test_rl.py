@@ -238,6 +238,38 @@ def test_a_resume_continues_the_episodes(tmp_path: Path) -> None:
     assert env.steps == 18  # the restored environment went on from its 12th step
 
 
+def test_a_resume_continues_the_per_episode_schedule(tmp_path: Path) -> None:
+    """The scheduler steps before the save at an episode's end (as TrainingLoop steps an
+    epoch's before its save), so a resumed run learns its next episode at the rate an
+    uninterrupted one has there."""
+
+    def rates(folder: Path, num_episodes: int) -> list[float]:
+        policy = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda episode: 0.5**episode)
+        seen: list[float] = []
+
+        def make_experience(info: EpisodeInfo) -> Experience:
+            seen.append(optimizer.param_groups[0]["lr"])
+            return Experience(torch.zeros(2), torch.ones(2), observations=torch.ones(2, 1))
+
+        OnPolicyLoop(
+            policy,
+            optimizer,
+            num_episodes=num_episodes,
+            make_experience=make_experience,
+            learn=lambda batch, info: {"loss": policy(batch.observations).sum()},
+            scheduler=scheduler,
+            checkpoint=CheckpointConfig(every=1),
+            run_dir=folder,
+        ).fit()
+        return seen
+
+    assert rates(tmp_path / "straight", 4) == [1.0, 0.5, 0.25, 0.125]
+    assert rates(tmp_path / "resumed", 2) == [1.0, 0.5]
+    assert rates(tmp_path / "resumed", 4) == [0.25, 0.125]
+
+
 def _losses(db: Path) -> list[tuple[int, float]]:
     con = sqlite3.connect(db)
     try:

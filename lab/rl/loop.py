@@ -85,7 +85,8 @@ class OnPolicyLoop:
     from the loop's generator. `learn(batch, info)` returns ``{"loss": scalar tensor,
     **metrics}``; the loop zero-grads, backwards, clips to `max_grad_norm` and steps the
     optimizer, and the other values become the step's metrics. Pass the two functions, or
-    subclass and override the methods. `scheduler` steps once per episode.
+    subclass and override the methods. `scheduler` steps once per episode, after its last
+    optimizer step and before the save at its end (so a resume continues the schedule).
 
     Checkpoints fall only at episode boundaries: with `checkpoint_unit="episodes"`,
     `CheckpointConfig`'s `every`, `ephemeral_every` and `fixed_steps` count episodes; with
@@ -292,6 +293,8 @@ class OnPolicyLoop:
                         metrics["env_steps"] = float(self._env_steps)
                         metrics["throughput/experience_per_s"] = _rate(rows, made)
                         metrics["throughput/learn_per_s"] = _rate(rows * self.learn_epochs, learned)
+                        if self.scheduler is not None:  # before the save, so a resume
+                            self.scheduler.step()  # starts the next episode at its rate
                         save = self._save_due(state, step_idx, per_epoch)
                         if self.checkpoint is not None:  # what a save here would keep
                             loop.loop_state[STATE_KEY] = self._state()
@@ -299,8 +302,6 @@ class OnPolicyLoop:
                     if learn_end:
                         hooks.fire("on_learn_batch_end", state, step_idx, batch, metrics)
                 hooks.fire("on_learn_epoch_end", state, epoch)
-            if self.scheduler is not None:
-                self.scheduler.step()
             hooks.fire("on_episode_end", state, episode)
 
     # ------------------------------------------------------------------------------------
