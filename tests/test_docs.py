@@ -143,8 +143,8 @@ def _check_rl_cartpole_page(out: str, namespace: dict[str, object]) -> None:
         "1.0",
     ]
     page = (README.parent / "docs" / "rl-cartpole.md").read_text(encoding="utf-8")
-    assert "\n".join(["```", *lines[:2], "```"]) in page  # the page shows what it prints
-    assert "\n".join(["```", *lines[2:], "```"]) in page
+    assert "\n".join(["```text", *lines[:2], "```"]) in page  # the page shows what it prints
+    assert "\n".join(["```text", *lines[2:], "```"]) in page
 
 
 PAGES = {
