@@ -139,7 +139,7 @@ def test_processes_opening_a_fresh_store_at_once_create_the_schema_once(
     wait for its lock and find it done; none fails, and alembic_version has one row."""
     from lab.store.engine import make_engine, resolve_url
     from lab.store.migrations import head_revision
-    from lab.store.schema import TABLES
+    from lab.store.schema import PRIVATE_TABLES, TABLES
 
     n = 4
     outs = [tmp_path / f"worker-{i}.json" for i in range(n)]
@@ -157,7 +157,11 @@ def test_processes_opening_a_fresh_store_at_once_create_the_schema_once(
         with engine.connect() as conn:
             versions = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
         assert versions == [(head,)]
-        assert set(sa.inspect(engine).get_table_names()) == {*TABLES, "alembic_version"}
+        assert set(sa.inspect(engine).get_table_names()) == {
+            *TABLES,
+            *PRIVATE_TABLES,
+            "alembic_version",
+        }
     finally:
         engine.dispose()
     assert not [p.name for p in tmp_path.iterdir() if ".bak-" in p.name]

@@ -42,7 +42,7 @@ from lab.store.migrations import (
     revisions,
     upgrade,
 )
-from lab.store.schema import NAMING, TABLES, Base
+from lab.store.schema import NAMING, PRIVATE_TABLES, TABLES, Base
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,11 @@ def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -
         before, after = upgrade(engine)
         assert (before, after) == (None, head_revision())
         assert current_revision(engine) == head_revision()
-        assert set(sa.inspect(engine).get_table_names()) == {*TABLES, "alembic_version"}
+        assert set(sa.inspect(engine).get_table_names()) == {
+            *TABLES,
+            *PRIVATE_TABLES,
+            "alembic_version",
+        }
         _assert_matches_models(engine)
     finally:
         engine.dispose()
@@ -230,7 +234,7 @@ EXPECTED_INDEXES = {
 
 
 def test_every_constraint_has_its_conventional_name(store_url: str) -> None:
-    assert set(EXPECTED_CONSTRAINTS) == set(TABLES)
+    assert set(EXPECTED_CONSTRAINTS) == {*TABLES, *PRIVATE_TABLES}
     assert NAMING["fk"] == "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"
     engine = make_engine(resolve_url(store_url))
     try:

@@ -320,6 +320,8 @@ TABLES = (
     "checkpoints",
     "histograms",
     "images",
-    "tokens",
-    "ingest_batches",
 )
+
+#: The tables of `lab serve`'s own bookkeeping (token hashes, batches received): no
+#: experiment's record, so never exported, never shown by `lab.inspect`, never served.
+PRIVATE_TABLES = ("tokens", "ingest_batches")
