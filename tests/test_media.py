@@ -391,7 +391,7 @@ def test_0004_upgrades_and_downgrades_with_data(store_url: str) -> None:
                 "INSERT INTO metrics (run_id, \"key\", step, value, wall_time) "
                 "VALUES (1, 'loss', 3, 0.5, 1.0)"
             ))  # fmt: skip
-        assert upgrade(engine) == ("0003", "0004")
+        assert upgrade(engine, "0004") == ("0003", "0004")
         media = MediaRows(engine)
         media.put(1, 3, {"w": histogram([1.0, NAN], bins=1)})
         media.put(1, 3, {"img": Image(Path("/abs/step_000003.png"), 4, 2)})
@@ -409,7 +409,7 @@ def test_0004_upgrades_and_downgrades_with_data(store_url: str) -> None:
             assert conn.execute(sa.text("SELECT run_key FROM runs")).all() == [("r0",)]
             assert conn.execute(sa.text("SELECT step, value FROM metrics")).all() == [(3, 0.5)]
 
-        assert upgrade(engine) == ("0003", "0004")
+        assert upgrade(engine, "0004") == ("0003", "0004")
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM histograms")).scalar_one() == 0
             assert conn.execute(sa.text("SELECT count(*) FROM runs")).scalar_one() == 1
