@@ -112,3 +112,11 @@ class RefusedMetric(MetricError):
 
 class ExperienceError(ConfigError):
     """An RL experience batch is inconsistent: its tensors disagree in batch size."""
+
+
+class TokenRejected(StoreError):
+    """A `lab serve` server refused the token: it is wrong, revoked, or may not write."""
+
+
+class ServerRejected(StoreError):
+    """A `lab serve` server refused a request as malformed; sending it again cannot help."""

@@ -21,6 +21,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 from lab._json import finite_json
 from lab._secrets import mask
 from lab.errors import (
+    ConfigError,
     NoStore,
     NotADatabase,
     SchemaTooOld,
@@ -32,6 +33,8 @@ from lab.errors import (
 )
 
 DEFAULT_URL = "sqlite:///lab.db"
+#: The schemes of a `lab serve` server's URL.
+HTTP_SCHEMES = ("http", "https")
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 _WRITE = "lab_write"  # execution option: this connection's transactions write
 
@@ -67,7 +70,7 @@ class StoreURL(str):
 
     @property
     def backend(self) -> str:
-        """``sqlite`` or ``postgresql``."""
+        """``sqlite``, ``postgresql``, or ``http``/``https`` (a `lab serve` server)."""
         return self.parsed.get_backend_name()
 
 
@@ -77,7 +80,8 @@ def resolve_url(url: str | None = None) -> StoreURL:
     The one place a store URL is read: everything that opens a store (`Store`, the CLI,
     `lab.inspect`, `SqlLogger`, `Experiment`) passes its argument through here, and a
     `StoreURL` passes through unchanged. ``postgresql://`` is read as psycopg 3, the driver
-    `lab` ships with.
+    `lab` ships with. ``http(s)://host:port`` names a `lab serve` server; its token comes
+    from ``LAB_TOKEN``, never from the URL, so a URL with a user or password is refused.
     """
     if isinstance(url, StoreURL):
         return url
@@ -91,6 +95,14 @@ def resolve_url(url: str | None = None) -> StoreURL:
             "or postgresql://user:password@host/dbname"
         ) from None
     backend = parsed.get_backend_name()
+    if backend in HTTP_SCHEMES:  # a `lab serve` server: lab.store.http.HttpStore
+        if parsed.username is not None or parsed.password is not None:
+            raise ConfigError(
+                f"store URL {mask(chosen)!r} carries a user or password; give the server's "
+                "URL without them and the token in LAB_TOKEN"
+            )
+        text = chosen.rstrip("/")
+        return StoreURL(text, make_url(text))
     if backend in ("postgresql", "postgres"):  # SQLAlchemy itself no longer reads postgres://
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
@@ -102,7 +114,8 @@ def resolve_url(url: str | None = None) -> StoreURL:
     elif backend != "sqlite":
         raise UnknownScheme(
             f"store URL scheme {parsed.drivername!r} is not supported; "
-            "use sqlite:///path/to/lab.db or postgresql://user:password@host/dbname"
+            "use sqlite:///path/to/lab.db, postgresql://user:password@host/dbname or "
+            "http(s)://host:port (a lab serve server)"
         )
     return StoreURL(parsed.render_as_string(hide_password=False), parsed)
 
