@@ -561,6 +561,27 @@ def export_experiment(
     typer.echo(f'\nWrote {to}/<table>.parquet. Read it back: lab.inspect.connect("{to}")')
 
 
+@app.command()
+@_clean_errors
+def sync(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run folder")],
+    store: StoreOption = None,
+) -> None:
+    """Send a run's spooled batches (RUN_DIR/.lab-spool) to a lab serve server (token:
+    $LAB_TOKEN); what the server has already is not stored twice."""
+    from lab.store.engine import HTTP_SCHEMES, resolve_url
+    from lab.store.http import sync as replay
+
+    url = resolve_url(store)
+    if url.backend not in HTTP_SCHEMES:
+        raise ConfigError(
+            f"lab sync sends to a lab serve server; give --store http(s)://host:port (or set "
+            f"LAB_STORE_URL), not {url.shown}"
+        )
+    sent = replay(run_dir, url)
+    typer.echo(f"sent {plural(sent, 'spooled batch', 'spooled batches')} to {url.shown}")
+
+
 @db_app.command("upgrade")
 @_clean_errors
 def db_upgrade(store: StoreOption = None) -> None:

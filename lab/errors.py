@@ -118,5 +118,5 @@ class TokenRejected(StoreError):
     """A `lab serve` server refused the token: it is wrong, revoked, or may not write."""
 
 
-class ServerRejected(StoreError):
+class ServerRejected(StoreError, ValueError):
     """A `lab serve` server refused a request as malformed; sending it again cannot help."""

@@ -21,6 +21,9 @@ __all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger", "store_si
 def store_sink(store: Store | str | None = None) -> StoreSink:
     """The callback that records into `store` (a `Store`, a URL, or None for
     ``LAB_STORE_URL``, else ``sqlite:///lab.db``): the one place that maps a store to the
-    logger that writes it, so `Experiment` never names a backend. Every URL `resolve_url`
-    accepts today is a SQL store."""
-    return SqlLogger(store if isinstance(store, Store) else resolve_url(store))
+    logger that writes it, so `Experiment` never names a backend. `SqlLogger` writes a SQL
+    store and a ``lab serve`` server (an http(s) URL, through `lab.store.http.HttpStore`)
+    alike."""
+    if store is None or isinstance(store, str):
+        return SqlLogger(resolve_url(store))
+    return SqlLogger(store)

@@ -36,6 +36,7 @@ from lab.errors import ConfigError
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
+from lab.store import open_store
 from lab.store.store import Store
 
 if TYPE_CHECKING:
@@ -85,8 +86,8 @@ class SqlLogger(Callback):
 
     def __init__(self, store: Store | str | None = None) -> None:
         self._store_arg = store
-        self._owns_store = not isinstance(store, Store)
-        self._store: Store | None = store if isinstance(store, Store) else None
+        self._owns_store = store is None or isinstance(store, str)
+        self._store: Store | None = None if self._owns_store else store  # type: ignore[assignment]
         self._run_id: int | None = None
         self._runs: dict[str, int] = {}
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
@@ -98,8 +99,8 @@ class SqlLogger(Callback):
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
         so a bad URL, a dead server or a newer schema stops it before anything runs."""
         if self._store is None:
-            self._store = Store(self._store_arg)  # type: ignore[arg-type]
-        return self._store
+            self._store = open_store(self._store_arg)  # type: ignore[assignment, arg-type]
+        return self._store  # type: ignore[return-value]
 
     @property
     def store(self) -> Store:
@@ -112,7 +113,7 @@ class SqlLogger(Callback):
         its URL (password included) on first use, and closes it at `close`."""
         state = self.__dict__.copy()
         store = state["_store"] if state["_store"] is not None else state["_store_arg"]
-        if isinstance(store, Store):
+        if not (store is None or isinstance(store, str)):
             state["_store_arg"] = store.url
         state["_store"] = None
         state["_owns_store"] = True

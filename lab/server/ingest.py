@@ -1,7 +1,521 @@
-"""The write API: everything `SqlLogger` writes, as `Store`'s write methods take it."""
+"""The write API: everything `SqlLogger` writes, as `Store`'s write methods take it.
+
+Two kinds of route (serve_api.md, "Write API"):
+
+- **Synchronous calls** that return ids the client needs at once (the experiment, its arms,
+  groups, the run claim and start), JSON bodies with the keyword arguments of the `Store`
+  method of the same name, and the few reads a recording client asks before it starts
+  (``/records/...``: the runs an earlier attempt left, a run's last step).
+- **Ordered, idempotent batches** of what a run writes while it trains: metric rows as an
+  Arrow IPC stream (``/batches/metrics``), everything else as a list of operations
+  (``/batches/ops``). Each batch carries its client's id and a sequence number; the server
+  records (client, seq) in ``ingest_batches`` in the same transaction as the batch's rows
+  (`lab.store.engine.one_transaction`), so a batch sent again (a retry after a lost answer,
+  a spool replayed) is answered as before and stores nothing twice.
+
+Values are JSON with NaN and ±inf written as JSON's ``NaN``/``Infinity`` (Python's `json`
+reads and writes them), so they round-trip as data.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
 import fastapi
+import sqlalchemy as sa
+import sqlalchemy.exc as sa_exc
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from lab._metrics import check_key
+from lab._names import MAX_KEY, check_name
+from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
+from lab.records import EvalResult, ManifestRow
+from lab.store import Store
+from lab.store._values import _now
+from lab.store.crashes import _HELD
+from lab.store.engine import one_transaction
+from lab.store.schema import SqlIngestBatch
 
 router = fastapi.APIRouter(tags=["write"])
+
+T = TypeVar("T")
+#: A client id: what `HttpStore` makes (a uuid4 in hex), or any short plain name.
+CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+METRIC_COLUMNS = {"run_id": "int64", "step": "int64", "key": "string", "value": "double"}
+
+
+# -- bodies -----------------------------------------------------------------------------------
+class ExperimentIn(BaseModel):
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+    repeats: int = 1
+    tags: list[str] = Field(default_factory=list)
+    notes: str | None = None
+
+
+class ArmIn(BaseModel):
+    name: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class GroupIn(BaseModel):
+    name: str
+    kind: str = "repeats"
+    arm_id: int | None = None
+
+
+class Owner(BaseModel):
+    """The client process that trains a run: what tells a live run from a crashed one."""
+
+    host: str | None = None
+    pid: int | None = None
+    process_start: float | None = None
+    boot_id: str | None = None
+
+
+class RunIn(BaseModel):
+    group_id: int
+    run_key: str
+    arm_id: int | None = None
+    repeat: int = 0
+    stage: int = 0
+    seed: int = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+    output_dir: str | None = None
+    parent_run_id: int | None = None
+    config_hash: str | None = None
+    owner: Owner | None = None
+
+
+class StartIn(RunIn):
+    provenance: dict[str, Any] | None = None
+    claimed: int | None = None
+
+
+class FinishExperimentIn(BaseModel):
+    status: str
+    callback_errors: list[dict[str, Any]] | None = None
+
+
+class ReleaseIn(BaseModel):
+    error: str
+    owner: Owner | None = None
+
+
+class SupersedeIn(BaseModel):
+    run_key: str
+    output_dir: str | None = None
+
+
+class TruncateIn(BaseModel):
+    after_step: int | None = None
+
+
+# -- answers and errors -----------------------------------------------------------------------
+def _json(value: Any) -> fastapi.Response:
+    """A JSON answer that keeps NaN and ±inf (FastAPI's own refuses them)."""
+    from fastapi.encoders import jsonable_encoder
+
+    return fastapi.Response(json.dumps(jsonable_encoder(value)), media_type="application/json")
+
+
+def _bad(status: int, detail: str) -> fastapi.HTTPException:
+    return fastapi.HTTPException(status, detail)
+
+
+def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a store call, its refusals as 4xx answers with the store's one line."""
+    try:
+        return fn(*args, **kwargs)
+    except RunBusy as exc:
+        raise _bad(409, str(exc)) from None
+    except (NoExperiment, NoRun) as exc:
+        raise _bad(404, str(exc)) from None
+    except LabError as exc:
+        raise _bad(400, str(exc)) from None
+    except sa_exc.IntegrityError:
+        raise _bad(
+            404, "an experiment, group, arm or run id in the request is not in the store"
+        ) from None
+    except (sa_exc.DataError, ValueError, TypeError, KeyError) as exc:
+        why = _first_line(exc)
+        raise _bad(400, f"the store cannot hold this request's values: {why}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _store(request: fastapi.Request) -> Store:
+    return request.app.state.store
+
+
+def _owner(owner: Owner | None) -> dict[str, Any] | None:
+    return None if owner is None else owner.model_dump()
+
+
+# -- synchronous calls ------------------------------------------------------------------------
+@router.post("/experiments")
+def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> dict[str, int]:
+    """Create the experiment, or reopen the one of that name (`Store.begin_experiment`)."""
+    store = _store(request)
+    exp_id = _call(
+        store.begin_experiment,
+        body.name,
+        config=body.config,
+        seed=body.seed,
+        repeats=body.repeats,
+        tags=body.tags,
+        notes=body.notes,
+    )
+    return {"experiment_id": exp_id}
+
+
+@router.post("/experiments/{experiment_id}/arms")
+def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[str, int]:
+    """Record an arm of an experiment (`Store.add_arm`)."""
+    store = _store(request)
+    arm_id = _call(
+        store.add_arm, experiment_id, body.name, overrides=body.overrides, config=body.config
+    )
+    return {"arm_id": arm_id}
+
+
+@router.post("/experiments/{experiment_id}/groups")
+def add_group(experiment_id: int, body: GroupIn, request: fastapi.Request) -> dict[str, int]:
+    """Record a group of runs (`Store.add_group`)."""
+    store = _store(request)
+    group_id = _call(store.add_group, experiment_id, body.name, kind=body.kind, arm_id=body.arm_id)
+    return {"group_id": group_id}
+
+
+@router.post("/experiments/{experiment_id}/claims")
+def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fastapi.Response:
+    """Claim a run before it starts (`Store.claim_run`): ``run_id`` when the client won it,
+    ``finished`` (its record) when another process finished it; 409 while one trains it."""
+    store = _store(request)
+    fields = body.model_dump(exclude={"owner"})
+    run_id, finished = _call(
+        store.claim_run, experiment_id, owner=_owner(body.owner) or {}, **fields
+    )
+    if run_id is not None:
+        _HELD.discard((store.url, run_id))
+    return _json({"run_id": run_id, "finished": finished})
+
+
+@router.post("/experiments/{experiment_id}/runs")
+def start_run(experiment_id: int, body: StartIn, request: fastapi.Request) -> dict[str, int]:
+    """Record a run as `running` under the client's process (`Store.start_run`)."""
+    store = _store(request)
+    fields = body.model_dump(exclude={"owner"})
+    run_id = _call(store.start_run, experiment_id, owner=_owner(body.owner) or {}, **fields)
+    # The client's batches keep the run's heartbeat, not this server: a client that dies
+    # leaves a run that goes stale and is marked crashed, as a local one would.
+    store._active.discard(run_id)
+    _HELD.discard((store.url, run_id))
+    return {"run_id": run_id}
+
+
+@router.post("/experiments/{experiment_id}/finish")
+def finish_experiment(
+    experiment_id: int, body: FinishExperimentIn, request: fastapi.Request
+) -> dict[str, bool]:
+    """Record an experiment's final status (`Store.finish_experiment`)."""
+    store = _store(request)
+    _call(
+        store.finish_experiment,
+        experiment_id,
+        status=body.status,
+        callback_errors=body.callback_errors,
+    )
+    return {"ok": True}
+
+
+@router.post("/runs/{run_id}/release")
+def release_run(run_id: int, body: ReleaseIn, request: fastapi.Request) -> dict[str, bool]:
+    """Record a claimed run that never started as failed (`Store.release_run`)."""
+    _call(_store(request).release_run, run_id, body.error, _owner(body.owner) or {})
+    return {"ok": True}
+
+
+@router.post("/runs/{run_id}/supersede")
+def supersede_run(run_id: int, body: SupersedeIn, request: fastapi.Request) -> dict[str, bool]:
+    """Set a run aside under a new key (`Store.supersede_run`)."""
+    _call(_store(request).supersede_run, run_id, body.run_key, body.output_dir)
+    return {"ok": True}
+
+
+@router.post("/runs/{run_id}/truncate")
+def truncate_run(run_id: int, body: TruncateIn, request: fastapi.Request) -> dict[str, bool]:
+    """Drop a run's rows after a step, or all of them (`Store.truncate_run`)."""
+    _call(_store(request).truncate_run, run_id, body.after_step)
+    return {"ok": True}
+
+
+# -- what a recording client reads before it starts -------------------------------------------
+@router.post("/records/mark_crashed")
+def mark_crashed(request: fastapi.Request) -> dict[str, list[str]]:
+    """Mark the runs whose process is gone `crashed` (`Store.mark_crashed`)."""
+    return {"run_keys": _call(_store(request).mark_crashed)}
+
+
+@router.get("/records/experiments/{name}/previous_runs")
+def previous_runs(name: str, request: fastapi.Request) -> fastapi.Response:
+    """The current runs of an experiment, by run key (`Store.previous_runs`)."""
+    return _json(_call(_store(request).previous_runs, name))
+
+
+@router.get("/records/experiments/{name}/current_runs")
+def current_runs(name: str, request: fastapi.Request) -> fastapi.Response:
+    """The current runs of an experiment, as rows (`Store.current_runs`)."""
+    return _json(_call(_store(request).current_runs, name))
+
+
+@router.get("/records/experiments/{name}/run_keys")
+def run_keys(name: str, request: fastapi.Request) -> list[str]:
+    """Every run key an experiment recorded (`Store.run_keys`)."""
+    return _call(_store(request).run_keys, name)
+
+
+@router.get("/records/runs")
+def find_run(experiment_id: int, run_key: str, request: fastapi.Request) -> dict[str, int | None]:
+    """The id of an experiment's run by key, or null (`Store.find_run`)."""
+    return {"run_id": _call(_store(request).find_run, experiment_id, run_key)}
+
+
+@router.get("/records/runs/{run_id}/last_step")
+def last_step(run_id: int, request: fastapi.Request) -> dict[str, int | None]:
+    """A run's last metric step, or null (`Store.last_step`)."""
+    return {"last_step": _call(_store(request).last_step, run_id)}
+
+
+# -- ordered, idempotent batches --------------------------------------------------------------
+@router.get("/batches/check")
+def check_write() -> dict[str, str]:
+    """Answers 200 to a write token (401 wrong or revoked, 403 a read token): what a client
+    asks when it opens, so a bad token stops it before anything runs."""
+    return {"scope": "write"}
+
+
+def _batch_id(client_id: str | None, seq: Any, where: str) -> tuple[str, int]:
+    if client_id is None or not CLIENT_ID.fullmatch(client_id):
+        raise fastapi.HTTPException(
+            400, f"{where}client_id must be 1 to 64 letters, digits, '_', '.' or '-'"
+        )
+    try:
+        number = int(seq)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(seq, bool) or number < 1 or number >= 2**63:
+        raise fastapi.HTTPException(400, f"{where}seq must be a whole number >= 1")
+    return client_id, number
+
+
+def _record_batch(store: Store, conn: sa.Connection, client_id: str, seq: int, rows: int) -> bool:
+    """Record (client, seq) in this transaction; False when it was recorded before."""
+    stmt = (
+        store._insert(SqlIngestBatch)
+        .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
+        .on_conflict_do_nothing(index_elements=["client_id", "seq"])
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+@router.post(
+    "/batches/metrics",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/vnd.apache.arrow.stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def metrics_batch(
+    request: fastapi.Request,
+    x_lab_client: str | None = fastapi.Header(default=None),
+    x_lab_seq: str | None = fastapi.Header(default=None),
+) -> dict[str, Any]:
+    """Store a batch of metric rows: an Arrow IPC stream with columns run_id (int64), step
+    (int64), key (string), value (float64; NaN and ±inf kept) and wall_time (float64,
+    optional), identified by the X-Lab-Client and X-Lab-Seq headers."""
+    client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
+    body = await request.body()
+    items = _metric_items(body)
+    store = _store(request)
+    return await run_in_threadpool(_store_metrics, store, client_id, seq, items)
+
+
+def _metric_items(body: bytes) -> list[tuple[int, int, dict[str, float], float]]:
+    """The rows of an Arrow IPC body as the metric writer's items, or a 400 naming the
+    column that is wrong."""
+    import pyarrow as pa
+
+    try:
+        table = pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise fastapi.HTTPException(
+            400, f"the body is not an Arrow IPC stream ({_first_line(exc)})"
+        ) from None
+    columns: dict[str, list[Any]] = {}
+    now = datetime.now(UTC).timestamp()
+    for name, kind in {**METRIC_COLUMNS, "wall_time": "double"}.items():
+        if name not in table.column_names:
+            if name == "wall_time":
+                columns[name] = [now] * table.num_rows
+                continue
+            raise fastapi.HTTPException(400, f"the Arrow body has no column {name!r} ({kind})")
+        column = table.column(name)
+        if column.null_count:
+            raise fastapi.HTTPException(400, f"the Arrow column {name!r} holds nulls")
+        try:
+            column = column.cast(kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise fastapi.HTTPException(
+                400, f"the Arrow column {name!r} is {column.type}; send {kind}"
+            ) from None
+        columns[name] = column.to_pylist()
+    keys = set(columns["key"])
+    for key in keys:
+        try:
+            check_key(key, 0)
+        except LabError as exc:
+            raise fastapi.HTTPException(400, str(exc)) from None
+    return [
+        (run_id, step, {key: value}, wall)
+        for run_id, step, key, value, wall in zip(
+            columns["run_id"],
+            columns["step"],
+            columns["key"],
+            columns["value"],
+            columns["wall_time"],
+            strict=True,
+        )
+    ]
+
+
+def _store_metrics(
+    store: Store, client_id: str, seq: int, items: list[tuple[int, int, dict[str, float], float]]
+) -> dict[str, Any]:
+    def write() -> bool:
+        with one_transaction(store.engine) as conn:
+            if not _record_batch(store, conn, client_id, seq, len(items)):
+                return False
+            store._write_metrics(items)  # joins this transaction
+            return True
+
+    fresh = _call(write)
+    return {"client_id": client_id, "seq": seq, "rows": len(items) if fresh else 0}
+
+
+@router.post("/batches/ops")
+async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
+    """Apply a batch of writes in order, in one transaction: a JSON object
+    ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
+    of write_eval, write_checkpoint, finish_run, set_callback_errors, finish_experiment,
+    heartbeat and media (the `Store` method's keyword arguments; see `lab.store.http`)."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise fastapi.HTTPException(400, f"the body is not JSON ({_first_line(exc)})") from None
+    if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
+        raise fastapi.HTTPException(400, 'the body must be {"client_id", "seq", "ops": [...]}')
+    client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
+    ops = body["ops"]
+    for i, op in enumerate(ops):
+        known = isinstance(op, dict) and op.get("op") in OPS
+        if not known or not isinstance(op.get("args"), dict):
+            raise fastapi.HTTPException(
+                400, f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}'
+            )
+    return await run_in_threadpool(_apply_ops, _store(request), client_id, seq, ops)
+
+
+def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    def write() -> bool:
+        with one_transaction(store.engine) as conn:
+            if not _record_batch(store, conn, client_id, seq, len(ops)):
+                return False
+            for i, op in enumerate(ops):
+                try:
+                    OPS[op["op"]](store, conn, **op["args"])
+                except TypeError as exc:
+                    raise ConfigError(f"ops.{i} ({op['op']}): {exc}") from None
+            return True
+
+    fresh = _call(write)
+    return {"client_id": client_id, "seq": seq, "rows": len(ops) if fresh else 0}
+
+
+def _write_eval(
+    store: Store,
+    conn: sa.Connection,
+    run_id: int,
+    result: dict[str, Any],
+    predictions: list[dict[str, Any]] | None = None,
+) -> None:
+    known = {k: result[k] for k in ("name", "metrics", "breakdowns", "tags", "step", "seconds",
+                                    "error") if k in result}  # fmt: skip
+    store.write_eval(int(run_id), EvalResult(**known), predictions)
+
+
+def _write_checkpoint(store: Store, conn: sa.Connection, run_id: int, row: dict[str, Any]) -> None:
+    store.write_checkpoint(int(run_id), ManifestRow(**row))
+
+
+def _finish_run(store: Store, conn: sa.Connection, run_id: int, **fields: Any) -> None:
+    store.finish_run(int(run_id), **fields)
+
+
+def _set_callback_errors(
+    store: Store, conn: sa.Connection, run_id: int, callback_errors: list[dict[str, Any]]
+) -> None:
+    store.set_callback_errors(int(run_id), callback_errors)
+
+
+def _finish_experiment(store: Store, conn: sa.Connection, experiment_id: int, **kw: Any) -> None:
+    store.finish_experiment(int(experiment_id), **kw)
+
+
+def _heartbeat(store: Store, conn: sa.Connection, run_ids: list[int]) -> None:
+    if run_ids:
+        conn.execute(store._beat, {"ids": sorted(int(i) for i in run_ids), "now": _now()})
+
+
+def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+    """Histogram and image rows (``table`` "histograms" or "images", and the row's columns),
+    the last one logged at a (run, key, step) winning, as `lab.store.media` writes them."""
+    latest: dict[str, dict[tuple[int, str, int], dict[str, Any]]] = {
+        "histograms": {},
+        "images": {},
+    }
+    for row in rows:
+        row = dict(row)
+        table = row.pop("table", None)
+        if table not in latest:
+            raise ConfigError("media rows need table 'histograms' or 'images'")
+        check_name("media key", row.get("key"), MAX_KEY)
+        latest[table][(int(row["run_id"]), row["key"], int(row["step"]))] = row
+    for table, by_key in latest.items():
+        if by_key:
+            conn.execute(store.media._upserts[table], list(by_key.values()))
+
+
+OPS: dict[str, Callable[..., None]] = {
+    "write_eval": _write_eval,
+    "write_checkpoint": _write_checkpoint,
+    "finish_run": _finish_run,
+    "set_callback_errors": _set_callback_errors,
+    "finish_experiment": _finish_experiment,
+    "heartbeat": _heartbeat,
+    "media": _media,
+}

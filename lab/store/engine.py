@@ -6,6 +6,7 @@ import json
 import os
 import sqlite3
 import struct
+import threading
 import time
 import urllib.parse
 import weakref
@@ -443,8 +444,30 @@ def transaction(engine: Engine) -> Iterator[Connection]:
     """One write transaction: committed when the block ends, rolled back if it raises.
 
     On SQLite it begins IMMEDIATE (takes the write lock at once); reads outside it don't.
+    Inside `one_transaction` on the same engine and thread, it joins that transaction.
     """
+    outer = getattr(_joined, "conn", None)
+    if outer is not None and outer.engine is engine:
+        yield outer
+        return
     with connect(engine) as conn:
         conn.execution_options(**{_WRITE: True})
         with conn.begin():
             yield conn
+
+
+_joined = threading.local()
+
+
+@contextmanager
+def one_transaction(engine: Engine) -> Iterator[Connection]:
+    """A write transaction that every `transaction` opened inside it (same engine, same
+    thread) joins, so several `Store` writes commit or roll back together: `lab serve`
+    records a batch of writes and its (client, seq) in one transaction, so a batch sent
+    twice is either wholly stored once or not at all."""
+    with transaction(engine) as conn:
+        _joined.conn = conn
+        try:
+            yield conn
+        finally:
+            _joined.conn = None

@@ -143,6 +143,7 @@ class Writes:
         provenance: dict[str, Any] | None = None,
         config_hash: str | None = None,
         claimed: int | None = None,
+        owner: dict[str, Any] | None = None,
     ) -> int:
         """Claim a run and record it as `running` (its row reset, if it ran before); returns
         its id.
@@ -157,12 +158,14 @@ class Writes:
         claimed earlier with `claim_run` passes its id as `claimed`: this process (a worker,
         say) then takes the row over. What the run recorded earlier stays until its training
         starts: `truncate_run` then drops all of it for a fresh start, or what lies after
-        the checkpoint for a resume.
+        the checkpoint for a resume. `owner` (host, pid, process_start, boot_id) names the
+        process that trains the run when it is not this one (a `lab serve` client).
         """
         values = self._run_values(
             experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
             stage=stage, seed=seed, config=config, output_dir=output_dir,
             parent_run_id=parent_run_id, config_hash=config_hash, provenance=provenance,
+            owner=owner,
         )  # fmt: skip
         if claimed is not None:
             with transaction(self.engine) as conn:
@@ -198,6 +201,7 @@ class Writes:
         output_dir: str | None,
         parent_run_id: int | None = None,
         config_hash: str | None = None,
+        owner: dict[str, Any] | None = None,
     ) -> tuple[int | None, dict[str, Any] | None]:
         """Claim a run that an experiment is about to train, atomically; ``(run_id, None)``
         when this process won it.
@@ -206,12 +210,13 @@ class Writes:
         gone can be claimed. A run that another process finished meanwhile comes back as
         ``(None, its record)`` (status and final metrics) to be reused; one that a live
         process holds raises `RunBusy`; one recorded meanwhile with another `config_hash`
-        raises `ConfigError`.
+        raises `ConfigError`. `owner`: as in `start_run`.
         """
         values = self._run_values(
             experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
             stage=stage, seed=seed, config=config, output_dir=output_dir,
             parent_run_id=parent_run_id, config_hash=config_hash, provenance=None,
+            owner=owner,
         )  # fmt: skip
         return self._claim(values, ("failed", "crashed"))
 
@@ -219,8 +224,10 @@ class Writes:
         self, experiment_id: int, group_id: int, *, run_key: str, arm_id: int | None,
         repeat: int, stage: int, seed: int, config: dict[str, Any], output_dir: str | None,
         parent_run_id: int | None, config_hash: str | None, provenance: dict[str, Any] | None,
+        owner: dict[str, Any] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         check_name("run key", run_key, MAX_KEY)
+        who = this_owner() if owner is None else owner
         return {
             "experiment_id": experiment_id,
             "group_id": group_id,
@@ -238,10 +245,10 @@ class Writes:
             "output_dir": output_dir,
             "parent_run_id": parent_run_id,
             "provenance": provenance,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "process_start": process_start(),
-            "boot_id": boot_id(),
+            "host": who.get("host"),
+            "pid": who.get("pid"),
+            "process_start": who.get("process_start"),
+            "boot_id": who.get("boot_id"),
             "started_at": _now(),
             "ended_at": None,
             "heartbeat_at": _now(),
@@ -311,18 +318,20 @@ class Writes:
                 )
         return None, {"status": row["status"], "summary": floats_back(row["summary"] or {})}
 
-    def release_run(self, run_id: int, error: str) -> None:
-        """Record a run this process claimed and never started as `failed` with `error`;
-        nothing changes once another process (a worker) took it over, or it ended."""
+    def release_run(self, run_id: int, error: str, owner: dict[str, Any] | None = None) -> None:
+        """Record a run this process (or `owner`, as in `start_run`) claimed and never
+        started as `failed` with `error`; nothing changes once another process (a worker)
+        took it over, or it ended."""
         _HELD.discard((self.url, run_id))
+        who = this_owner() if owner is None else owner
         with transaction(self.engine) as conn:
             conn.execute(
                 sa.update(SqlRun)
                 .where(
                     SqlRun.run_id == run_id,
                     SqlRun.status == "running",
-                    SqlRun.pid == os.getpid(),
-                    SqlRun.host == socket.gethostname(),
+                    SqlRun.pid == who.get("pid"),
+                    SqlRun.host == who.get("host"),
                 )
                 .values(status="failed", error=_free_text(error), ended_at=_now())
             )
@@ -653,6 +662,17 @@ class Writes:
                 .where(SqlExperiment.experiment_id == exp_id)
                 .values(name=new)
             )
+
+
+def this_owner() -> dict[str, Any]:
+    """This process as a run's owner: host, pid, process start time and boot id, which
+    `mark_crashed` judges to tell a live run from one whose process is gone."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": process_start(),
+        "boot_id": boot_id(),
+    }
 
 
 def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:

@@ -1,0 +1,332 @@
+"""The writing part of `HttpStore`: the same write methods as `lab.store.Store`, over HTTP.
+
+Calls that return ids the caller needs (the experiment, arms, groups, the run claim and
+start) are synchronous requests. Everything a run writes while it trains (metric steps,
+evals with predictions, checkpoint rows, histograms and images, its end, callback errors,
+the experiment's end) is queued, in order, in the same bounded buffer the local store uses,
+and posted by one background sender (`lab.store.http.sender`) in idempotent batches; while
+the server is away they are spooled to the run folder and replayed later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lab._metrics import as_number, check_key
+from lab.errors import MetricError, TokenRejected
+from lab.media import Histogram, Image, stored_path
+from lab.store.crashes import HEARTBEAT_S
+from lab.store.http.sender import Op, Sender, dumps
+from lab.store.writer import MetricWriter
+from lab.store.writes import this_owner
+
+if TYPE_CHECKING:
+    import httpx
+
+    from lab.records import EvalResult, ManifestRow
+
+
+class HttpWrites:
+    """The write methods of `HttpStore` (over `lab.store.http.client.HttpClient`)."""
+
+    scope: str
+    retry_s: float
+    if TYPE_CHECKING:
+
+        def _request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        max_pending: int = 8192,
+        **client: Any,
+    ) -> None:
+        """`heartbeat_s`: how often a quiet run tells the server it is alive. `max_pending`:
+        how many steps the buffer holds before `log_metrics` waits (back-pressure). Other
+        keywords go to `HttpClient` (token, timeout, retry_s)."""
+        super().__init__(url, **client)  # type: ignore[call-arg]
+        #: This store's client id: every batch it sends carries it, with its sequence number.
+        self.client_id = uuid.uuid4().hex
+        self.heartbeat_s = heartbeat_s
+        self._max_pending = max_pending
+        self._folders: dict[int, str | None] = {}
+        self._cwd = str(Path.cwd())
+        self._sender = Sender(self, self.client_id, self._folder_of, heartbeat_s=heartbeat_s)  # type: ignore[arg-type]
+        self._writer: MetricWriter | None = None
+        self._writer_lock = threading.Lock()
+        self._good_keys: set[str] = set()
+        self._owner = this_owner()
+        #: Histogram and image rows, queued with the metrics (as `Store.media`).
+        self.media = _Media(self)
+
+    # -- the queue -----------------------------------------------------------------------
+    @property
+    def writer(self) -> MetricWriter:
+        """The background sender's buffer and thread, started on first use."""
+        if self._writer is None:
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer = MetricWriter(
+                        self._sender.send,
+                        max_pending=self._max_pending,
+                        idle_s=1.0,
+                        give_up_s=self.retry_s,
+                    )
+        return self._writer
+
+    def _queue(self, name: str, args: dict[str, Any], run_id: int | None = None) -> None:
+        self._need_write()
+        self.writer._buffer.append(Op(name, args, run_id))
+
+    def _need_write(self) -> None:
+        if self.scope != "write":
+            raise TokenRejected(
+                f"the token for lab serve at {self.url.shown} is a read token; writing needs "  # type: ignore[attr-defined]
+                "one made with: lab token create NAME --scope write"
+            )
+
+    def _folder_of(self, run_id: int | None) -> str | None:
+        """Where a batch spools: its run's folder, else the last run's (an experiment's end
+        follows its runs' batches there), else the working folder."""
+        if run_id is not None and self._folders.get(run_id) is not None:
+            return self._folders[run_id]
+        known = [f for f in self._folders.values() if f is not None]
+        return known[-1] if known else self._cwd
+
+    @property
+    def spooled(self) -> list[Path]:
+        """The batches spooled to disk and not yet replayed."""
+        return self._sender.spooled
+
+    def flush(self) -> None:
+        """Return once everything queued so far is acknowledged by the server or spooled;
+        raises `ServerRejected` when the server refused a batch as malformed."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush, stop the sender and release the connection."""
+        try:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        finally:
+            self._http.close()  # type: ignore[attr-defined]
+
+    def _post(self, path: str, body: dict[str, Any], *, retry: bool = False) -> Any:
+        self._need_write()
+        answer = self._request(
+            "POST",
+            path,
+            content=dumps(body),
+            headers={"Content-Type": "application/json"},
+            retry=retry,
+        )
+        return answer.json()
+
+    # -- synchronous calls ---------------------------------------------------------------
+    def begin_experiment(
+        self,
+        name: str,
+        *,
+        config: dict[str, Any],
+        seed: int,
+        repeats: int,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
+    ) -> int:
+        """Create the experiment, or reopen the one of that name; returns its id."""
+        body = {"name": name, "config": config, "seed": seed, "repeats": repeats,
+                "tags": list(tags), "notes": notes}  # fmt: skip
+        return self._post("/experiments", body, retry=True)["experiment_id"]
+
+    def add_arm(
+        self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
+    ) -> int:
+        """Record an arm of an experiment; returns its id."""
+        body = {"name": name, "overrides": overrides, "config": config}
+        return self._post(f"/experiments/{experiment_id}/arms", body, retry=True)["arm_id"]
+
+    def add_group(
+        self, experiment_id: int, name: str, *, kind: str = "repeats", arm_id: int | None = None
+    ) -> int:
+        """Record a group of runs; returns its id."""
+        body = {"name": name, "kind": kind, "arm_id": arm_id}
+        return self._post(f"/experiments/{experiment_id}/groups", body, retry=True)["group_id"]
+
+    def claim_run(
+        self, experiment_id: int, group_id: int, **fields: Any
+    ) -> tuple[int | None, dict[str, Any] | None]:
+        """Claim a run before it starts (see `Store.claim_run`), under this process."""
+        body = {"group_id": group_id, **fields, "owner": self._owner}
+        answer = self._post(f"/experiments/{experiment_id}/claims", body)
+        return answer["run_id"], answer["finished"]
+
+    def start_run(self, experiment_id: int, group_id: int, **fields: Any) -> int:
+        """Record a run as `running` under this process (see `Store.start_run`)."""
+        body = {"group_id": group_id, **fields, "owner": self._owner}
+        run_id = self._post(f"/experiments/{experiment_id}/runs", body)["run_id"]
+        self._folders[run_id] = fields.get("output_dir")
+        self._sender.active.add(run_id)
+        _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
+        return run_id
+
+    def release_run(self, run_id: int, error: str) -> None:
+        """Record a run claimed here and never started as `failed` with `error`."""
+        self._post(f"/runs/{run_id}/release", {"error": error, "owner": self._owner})
+
+    def supersede_run(self, run_id: int, run_key: str, output_dir: str | None) -> None:
+        """Set a run aside under a new key and folder (see `Store.supersede_run`)."""
+        self._post(f"/runs/{run_id}/supersede", {"run_key": run_key, "output_dir": output_dir})
+
+    def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
+        """Drop a run's rows after a step, or all of them (see `Store.truncate_run`); what
+        was queued before is sent first."""
+        self.flush()
+        self._post(f"/runs/{run_id}/truncate", {"after_step": after_step}, retry=True)
+        self._sender.last_steps.pop(run_id, None)
+        if after_step is not None:
+            self._sender.last_steps[run_id] = after_step
+
+    # -- the reads a recording client needs before it starts ------------------------------
+    def mark_crashed(self) -> list[str]:
+        """Mark the runs whose process is gone `crashed` (at the server); their keys."""
+        return self._post("/records/mark_crashed", {}, retry=True)["run_keys"]
+
+    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+        """The current runs of `experiment`, by run key (see `Store.previous_runs`)."""
+        return self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
+
+    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
+        """The current runs of `experiment`, as rows."""
+        return self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
+
+    def run_keys(self, experiment: str) -> list[str]:
+        """Every run key `experiment` has recorded, superseded ones included."""
+        return self._get(f"/records/experiments/{_quote(experiment)}/run_keys")
+
+    def find_run(self, experiment_id: int, run_key: str) -> int | None:
+        """The id of an experiment's run by key, or None."""
+        params = {"experiment_id": experiment_id, "run_key": run_key}
+        return self._get("/records/runs", params)["run_id"]
+
+    def last_step(self, run_id: int) -> int | None:
+        """A run's last metric step, or None (what is queued here counts, sent or not)."""
+        self.flush()
+        queued = self._sender.last_steps.get(run_id)
+        if queued is not None:
+            return queued
+        return self._get(f"/records/runs/{run_id}/last_step")["last_step"]
+
+    def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self._request("GET", path, params=params).json()
+
+    # -- queued writes -------------------------------------------------------------------
+    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
+        """Queue one step's metrics (see `Store.log_metrics`); waits only while the buffer
+        is full, never on the network."""
+        row = {}
+        good = self._good_keys
+        for key, value in metrics.items():
+            if key not in good:
+                check_key(key, step)
+                good.add(key)
+            row[key] = value if type(value) is float else as_number(key, step, value)
+        self.writer.put(run_id, step, row, time.time())
+
+    def write_eval(
+        self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Queue an eval and its predictions (see `Store.write_eval`)."""
+        fields = {k: v for k, v in asdict(result).items() if k != "predictions"}
+        self._queue(
+            "write_eval", {"run_id": run_id, "result": fields, "predictions": predictions}, run_id
+        )
+
+    def write_checkpoint(self, run_id: int, row: ManifestRow) -> None:
+        """Queue one manifest row (a save or a removal)."""
+        self._queue("write_checkpoint", {"run_id": run_id, "row": asdict(row)}, run_id)
+
+    def finish_run(self, run_id: int, *, tags: Sequence[str] = (), **fields: Any) -> None:
+        """Queue a run's end: status, error, final metrics (see `Store.finish_run`)."""
+        self._sender.active.discard(run_id)
+        self._queue("finish_run", {"run_id": run_id, "tags": list(tags), **fields}, run_id)
+
+    def set_callback_errors(self, run_id: int, callback_errors: list[dict[str, Any]]) -> None:
+        """Queue the callback failures of a run."""
+        self._queue(
+            "set_callback_errors", {"run_id": run_id, "callback_errors": callback_errors}, run_id
+        )
+
+    def finish_experiment(
+        self,
+        experiment_id: int,
+        *,
+        status: str,
+        callback_errors: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Queue an experiment's end; sent after everything its runs queued."""
+        self._queue(
+            "finish_experiment",
+            {"experiment_id": experiment_id, "status": status, "callback_errors": callback_errors},
+        )
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+class _Media:
+    """`HttpStore.media`: histogram and image rows, queued in order with the metrics."""
+
+    def __init__(self, store: HttpWrites) -> None:
+        self._store = store
+        self._good_keys: set[str] = set()
+
+    def put(
+        self,
+        run_id: int,
+        step: int,
+        media: Mapping[str, Histogram | Image],
+        folder: Path | None = None,
+    ) -> None:
+        """Queue one step's histograms and images (see `lab.store.media.MediaRows.put`)."""
+        rows = []
+        wall = time.time()
+        for key, record in media.items():
+            if key not in self._good_keys:
+                check_key(key, step)
+                self._good_keys.add(key)
+            ids = {"run_id": run_id, "key": key, "step": step, "wall_time": wall}
+            if isinstance(record, Histogram):
+                rows.append({"table": "histograms", **ids, "edges": list(record.edges),
+                             "counts": list(record.counts), "nan": record.nan,
+                             "posinf": record.posinf, "neginf": record.neginf})  # fmt: skip
+            elif isinstance(record, Image):
+                rows.append({"table": "images", **ids, "path": stored_path(record.path, folder),
+                             "width": int(record.width), "height": int(record.height)})  # fmt: skip
+            else:
+                raise MetricError(
+                    f"media {key!r} at step {step} is a {type(record).__name__}; log a "
+                    "lab.media.Histogram or lab.media.Image (lab.media.histogram, "
+                    "lab.media.write_image make them)"
+                )
+        if rows:
+            self._store._queue("media", {"rows": rows}, run_id)
+
+    def flush(self) -> None:
+        """Send (or spool) everything queued so far."""
+        self._store.flush()
+
+    def close(self) -> None:
+        """Nothing of its own to close: the store's sender carries the rows."""
