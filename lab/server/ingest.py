@@ -326,8 +326,9 @@ def _record_batch(store: Store, conn: sa.Connection, client_id: str, seq: int, r
         store._insert(SqlIngestBatch)
         .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
         .on_conflict_do_nothing(index_elements=["client_id", "seq"])
+        .returning(SqlIngestBatch.seq)
     )
-    return bool(conn.execute(stmt).rowcount)
+    return conn.execute(stmt).first() is not None
 
 
 @router.post(

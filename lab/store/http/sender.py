@@ -235,6 +235,21 @@ class Sender:
             shown = self.client.url.shown
             log.warning("lab: %s answers again; %d spooled batches replayed", shown, sent)
 
+    def finish(self) -> None:
+        """At close: replay the spool if the server answers; else say what is left."""
+        if not self._spooled:
+            return
+        self._replay(force=True)
+        folders = sorted({str(s.path.parent.parent) for s in self._spooled})
+        if folders:
+            log.warning(
+                "lab: %d batches stay spooled (the server at %s does not answer); send them "
+                "when it is back with: %s",
+                len(self._spooled),
+                self.client.url.shown,
+                "; ".join(f"lab sync {f} --store {self.client.url.shown}" for f in folders),
+            )
+
     def _beat(self) -> None:
         """Keep the heartbeat of the runs started here while nothing else is sent."""
         if self._spooled or not self.active:

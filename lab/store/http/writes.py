@@ -113,11 +113,13 @@ class HttpWrites:
             self._writer.flush()
 
     def close(self) -> None:
-        """Flush, stop the sender and release the connection."""
+        """Flush, stop the sender, try once more to replay the spool, and release the
+        connection; what stays spooled is named in one warning line with its ``lab sync``."""
         try:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            self._sender.finish()
         finally:
             self._http.close()  # type: ignore[attr-defined]
 

@@ -1,0 +1,446 @@
+"""The write path of `lab serve`: a real uvicorn server (the `served` fixture, on SQLite and
+PostgreSQL), real `HttpStore` clients in this process and in subprocesses, SIGKILL, spools.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pydantic
+import pytest
+import sqlalchemy as sa
+import torch
+
+from lab import Arm, Experiment
+from lab.errors import ConfigError, SchemaTooNew, StoreUnreachable, TokenRejected
+from lab.loop import CheckpointConfig, Evaluator, TrainingLoop
+from lab.records import EvalResult, RunSpec
+from lab.store.http import HttpStore
+from lab.store.http.spool import SPOOL_DIR
+from tests.served import Served
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 12
+
+
+# -- a real experiment, recorded locally and through the server ------------------------------
+def _loss(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def train(run: RunSpec) -> Any:
+    gen = torch.Generator().manual_seed(run.seed)
+    x = torch.randn(16, 3, generator=gen)
+    y = x.sum(1, keepdim=True)
+    torch.manual_seed(run.seed)
+    model = torch.nn.Linear(3, 1)
+
+    def bench(m: torch.nn.Module) -> EvalResult:
+        out = m(x[:3]).squeeze(1)
+        preds = [
+            {"example_id": i, "input": f"x{i}", "output": round(float(out[i]), 6),
+             "target": float(y[i, 0]), "score": float("nan") if i == 1 else -float(i),
+             "difficulty": "hard" if i else "easy"}
+            for i in range(3)
+        ]  # fmt: skip
+        return EvalResult(
+            "bench", {"mae": 0.5, "odd": math.inf}, breakdowns={"easy": {"mae": 0.25}},
+            tags={"suite": "tiny"}, predictions=preds,
+        )  # fmt: skip
+
+    loop = TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=run.config.lr),
+        [(x[:8], y[:8]), (x[8:], y[8:])],
+        _loss,
+        STEPS,
+        evaluators=[
+            Evaluator("val", lambda m: {"loss": _loss(m, (x, y)).item(), "nan": math.nan}, every=4),
+            Evaluator("bench", bench, every=6),
+        ],
+        checkpoint=CheckpointConfig(every=5, keep_last=1),
+    )
+    return loop.fit(run)
+
+
+class Config(pydantic.BaseModel):
+    lr: float = 0.05
+
+
+def _experiment(store: str, folder: Path) -> Experiment:
+    return Experiment(
+        "through-http",
+        train=train,
+        base_config=Config(),
+        arms=[Arm("slow", lr=0.01), Arm("fast", lr=0.1)],
+        repeats=2,
+        store=store,
+        output_dir=str(folder),
+    )
+
+
+def _contents(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows, by natural keys (run key, eval name, step...), without ids, times,
+    folders and process identities: what must be the same however the rows arrived."""
+    queries = {
+        "experiments": "select name, status, config, seed, repeats, callback_errors "
+        "from experiments",
+        "arms": "select a.name, a.overrides, a.config from arms a",
+        "groups": "select g.name, g.kind, a.name from groups g left join arms a using (arm_id)",
+        "runs": "select run_key, status, repeat, stage, seed, config, summary, error, "
+        "callback_errors, config_hash from runs",
+        "metrics": "select r.run_key, m.key, m.step, m.value from metrics m join runs r "
+        "using (run_id) where m.key != 'step_time'",
+        "summaries": 'select r.run_key, s.key, s."count", s.first_step, s.last_step, '
+        "s.last_value, s.min_value, s.max_value from summaries s join runs r using (run_id) "
+        "where s.key != 'step_time'",
+        "evals": "select r.run_key, e.name, e.step, e.metrics, e.breakdowns, e.tags, e.error "
+        "from evals e join runs r using (run_id)",
+        "predictions": "select r.run_key, e.name, e.step, p.idx, p.example_id, p.input, "
+        "p.output, p.target, p.score, p.extras from predictions p join evals e "
+        "using (eval_id) join runs r using (run_id)",
+        "checkpoints": "select r.run_key, c.step, c.event, c.metrics, c.reason "
+        "from checkpoints c join runs r using (run_id)",
+    }
+    engine = sa.create_engine(url)
+    out = {}
+    try:
+        with engine.connect() as conn:
+            for table, sql in queries.items():
+                rows = [tuple(_norm(v) for v in row) for row in conn.exec_driver_sql(sql)]
+                out[table] = sorted(rows, key=repr)
+    finally:
+        engine.dispose()
+    return out
+
+
+def _timeless(value: Any) -> Any:
+    """`value` without the wall time a step took (it differs from one run to the next)."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k != "step_time"}
+    return value
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.dumps(_timeless(json.loads(value)), sort_keys=True)
+        except ValueError:
+            return value
+    if isinstance(value, dict | list):
+        return json.dumps(_timeless(value), sort_keys=True)
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return value
+
+
+def _fresh_like(store_url: str, tmp_path: Path) -> tuple[str, Any]:
+    """A second, empty store on the same backend as `store_url` (and its clean-up)."""
+    if not store_url.startswith("postgresql"):
+        return f"sqlite:///{tmp_path / 'local.db'}", lambda: None
+    base = sa.engine.make_url(store_url)
+    name = base.database + "_local"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    return base.set(database=name).render_as_string(hide_password=False), drop
+
+
+def test_an_experiment_through_http_records_the_same_rows_as_the_local_store(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    local_url, drop = _fresh_like(served.store_url, tmp_path)
+    try:
+        remote = _experiment(served.url, tmp_path / "remote").run()
+        local = _experiment(local_url, tmp_path / "local").run()
+        assert [r.status for r in remote.runs] == ["completed"] * 4
+        assert repr([(r.run_key, _timeless(r.metrics)) for r in remote.runs]) == repr(
+            [(r.run_key, _timeless(r.metrics)) for r in local.runs]
+        )
+        got, want = _contents(served.store_url), _contents(local_url)
+    finally:
+        drop()
+    assert len(got["metrics"]) > 4 * STEPS
+    assert len(got["predictions"]) == 4 * 3 * 2
+    for table in want:
+        assert got[table] == want[table], table
+    assert list((tmp_path / "remote").rglob(f"{SPOOL_DIR}/*")) == []
+
+
+# -- idempotent batches ------------------------------------------------------------------------
+def _arrow(rows: list[tuple[int, int, str, float]]) -> bytes:
+    table = pa.table(
+        {
+            "run_id": pa.array([r[0] for r in rows], pa.int64()),
+            "step": pa.array([r[1] for r in rows], pa.int64()),
+            "key": pa.array([r[2] for r in rows], pa.string()),
+            "value": pa.array([r[3] for r in rows], pa.float64()),
+            "wall_time": pa.array([1.5] * len(rows), pa.float64()),
+        }
+    )
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _one_run(served: Served) -> int:
+    with served.client() as http:
+        exp = http.post("/api/v1/experiments", json={"name": "batches"}).json()["experiment_id"]
+        group = http.post(f"/api/v1/experiments/{exp}/groups", json={"name": "g"}).json()
+        run = http.post(
+            f"/api/v1/experiments/{exp}/runs",
+            json={"group_id": group["group_id"], "run_key": "r0"},
+        )
+        return run.json()["run_id"]
+
+
+def _count(url: str, sql: str) -> Any:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql(sql).all()
+    finally:
+        engine.dispose()
+
+
+def test_a_batch_sent_again_with_the_same_client_and_seq_stores_nothing_twice(
+    served: Served,
+) -> None:
+    run_id = _one_run(served)
+    body = _arrow([(run_id, s, "loss", v) for s, v in enumerate([3.0, math.nan, -math.inf])])
+    headers = {"X-Lab-Client": "c1", "X-Lab-Seq": "1", "Content-Type": "application/octet-stream"}
+    ops = {
+        "client_id": "c1",
+        "seq": 2,
+        "ops": [{"op": "write_checkpoint", "args": {"run_id": run_id, "row": {
+            "run_key": "r0", "step": 2, "path": "step_2", "event": "save", "time": 1.0}}}],
+    }  # fmt: skip
+    with served.client() as http:
+        answers = [http.post("/api/v1/batches/metrics", content=body, headers=headers)
+                   for _ in range(3)]  # fmt: skip
+        again = [http.post("/api/v1/batches/ops", json=ops) for _ in range(2)]
+    assert [a.status_code for a in answers + again] == [200] * 5
+    assert [a.json()["rows"] for a in answers] == [3, 0, 0]
+    assert [a.json()["rows"] for a in again] == [1, 0]
+    url = served.store_url
+    (s0, v0), (s1, v1), (s2, v2) = _count(url, "select step, value from metrics order by step")
+    assert (s0, v0, s1, s2, v2) == (0, 3.0, 1, 2, -math.inf)
+    assert v1 is None if url.startswith("sqlite") else math.isnan(v1)  # SQLite: NaN as NULL
+    assert _count(url, 'select "count", first_step, last_step from summaries') == [(3, 0, 2)]
+    assert _count(url, "select step, event from checkpoints") == [(2, "save")]
+    assert _count(url, "select client_id, seq, rows from ingest_batches order by seq") == [
+        ("c1", 1, 3),
+        ("c1", 2, 1),
+    ]
+
+
+def test_malformed_batches_are_refused_with_one_line_and_store_nothing(served: Served) -> None:
+    run_id = _one_run(served)
+    with served.client() as http:
+        not_arrow = http.post(
+            "/api/v1/batches/metrics",
+            content=b"not arrow",
+            headers={"X-Lab-Client": "c1", "X-Lab-Seq": "1"},
+        )
+        no_seq = http.post(
+            "/api/v1/batches/metrics",
+            content=_arrow([(run_id, 0, "loss", 1.0)]),
+            headers={"X-Lab-Client": "c1"},
+        )
+        bad_key = http.post(
+            "/api/v1/batches/metrics",
+            content=_arrow([(run_id, 0, "", 1.0)]),
+            headers={"X-Lab-Client": "c1", "X-Lab-Seq": "1"},
+        )
+        no_run = http.post(
+            "/api/v1/batches/metrics",
+            content=_arrow([(run_id + 99, 0, "loss", 1.0)]),
+            headers={"X-Lab-Client": "c1", "X-Lab-Seq": "1"},
+        )
+        bad_op = http.post(
+            "/api/v1/batches/ops",
+            json={"client_id": "c1", "seq": 1, "ops": [{"op": "drop_table", "args": {}}]},
+        )
+    assert [r.status_code for r in (not_arrow, no_seq, bad_key, no_run, bad_op)] == [
+        400, 400, 400, 404, 400,
+    ]  # fmt: skip
+    assert not_arrow.json()["detail"].startswith("the body is not an Arrow IPC stream")
+    assert no_seq.json()["detail"] == "X-Lab-seq must be a whole number >= 1"
+    assert bad_op.json()["detail"].startswith('ops.0: each op is {"op": one of write_eval')
+    assert _count(served.store_url, "select count(*) from metrics") == [(0,)]
+    assert _count(served.store_url, "select count(*) from ingest_batches") == [(0,)]
+
+
+# -- bad input at the client -------------------------------------------------------------------
+def test_a_wrong_token_a_read_token_and_a_url_with_a_password_are_one_line_each(
+    served: Served,
+) -> None:
+    with pytest.raises(TokenRejected) as wrong:
+        HttpStore(served.url, token="lab_not-a-token")
+    assert str(wrong.value) == (
+        f"lab serve at {served.url} refused the token in LAB_TOKEN: it is wrong or revoked; "
+        "make one with lab token create NAME --scope write on the server's store"
+    )
+    assert "lab_not-a-token" not in str(wrong.value)
+    reader = HttpStore(served.url, token=served.read_token)
+    try:
+        assert reader.scope == "read"
+        with pytest.raises(TokenRejected, match="is a read token; writing needs one made with"):
+            reader.begin_experiment("x", config={}, seed=0, repeats=1)
+    finally:
+        reader.close()
+    with pytest.raises(ConfigError) as password:
+        HttpStore(served.url.replace("http://", "http://me:s3cret@"), token=served.write_token)
+    assert "s3cret" not in str(password.value)
+    assert str(password.value).endswith("carries a user or password; give the server's URL "
+                                        "without them and the token in LAB_TOKEN")  # fmt: skip
+
+
+def test_an_unreachable_server_stops_the_experiment_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.served import free_port
+
+    monkeypatch.setenv("LAB_TOKEN", "lab_whatever")
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(StoreUnreachable) as gone:
+        _experiment(url, tmp_path / "runs").run()
+    assert str(gone.value).startswith(f"lab serve at {url} did not answer (")
+    assert str(gone.value).endswith("); start it (lab serve --store URL) or check the URL and "
+                                    "the network")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_server_with_a_newer_schema_is_refused_with_the_upgrade_line() -> None:
+    import http.server
+
+    class Newer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # a lab serve of a later lab: its health names its schema
+            body = b'{"status": "ok", "schema": "9999_from_the_future"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Newer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        want = (
+            r"at schema revision 9999_from_the_future, newer than this lab knows \(\w+\); "
+            r"upgrade lab: pip install -U lab"
+        )
+        with pytest.raises(SchemaTooNew, match=want):
+            HttpStore(url, token="lab_x")
+    finally:
+        server.shutdown()
+
+
+# -- many clients, a killed server -------------------------------------------------------------
+CLIENT = """
+import os, sys
+from lab.store.http import HttpStore
+i, steps, keys = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+store = HttpStore(os.environ["LAB_STORE_URL"])
+exp = store.begin_experiment("many", config={}, seed=0, repeats=16)
+group = store.add_group(exp, "clients")
+run = store.start_run(exp, group, run_key=f"c{i:02d}", arm_id=None, repeat=i, stage=0, seed=i,
+                      config={}, output_dir=None)
+for step in range(steps):
+    store.log_metrics(run, step, {f"k{k}": i * 1e6 + step * 100 + k for k in range(keys)})
+store.finish_run(run, status="completed")
+store.close()
+"""
+
+
+def test_sixteen_client_processes_at_once_lose_and_duplicate_nothing(
+    served: Served, tmp_path: Path
+) -> None:
+    steps, keys = 200, 10
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_STORE_URL": served.url,
+           "LAB_TOKEN": served.write_token}  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(i), str(steps), str(keys)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(16)
+    ]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 16, errors
+    url = served.store_url
+    assert _count(url, "select count(*), count(distinct run_id) from metrics") == [
+        (16 * steps * keys, 16)
+    ]
+    # each value is where it belongs; a batch applied twice would double a summary's count
+    assert _count(url, "select count(*) from metrics m join runs r using (run_id) where "
+                  "m.value != r.repeat * 1e6 + m.step * 100 + cast(substr(m.key, 2) as int)"
+                  ) == [(0,)]  # fmt: skip
+    assert _count(url, 'select distinct "count", first_step, last_step from summaries') == [
+        (steps, 0, steps - 1)
+    ]
+    assert _count(url, "select status, count(*) from runs group by status") == [("completed", 16)]
+
+
+def test_a_server_sigkilled_during_ingestion_and_restarted_loses_and_duplicates_nothing(
+    served: Served,
+) -> None:
+    steps, keys = 3000, 10
+    store = HttpStore(served.url, token=served.write_token, retry_s=60)
+    exp = store.begin_experiment("killed", config={}, seed=0, repeats=1)
+    group = store.add_group(exp, "g")
+    run = store.start_run(exp, group, run_key="r0", arm_id=None, repeat=0, stage=0, seed=0,
+                          config={}, output_dir=None)  # fmt: skip
+    killed = threading.Event()
+    try:
+        for step in range(steps):
+            store.log_metrics(run, step, {f"k{k}": step * 100.0 + k for k in range(keys)})
+            if step % 100 == 99:
+                time.sleep(0.02)  # batches go out while the loop runs
+            if step == 1500:
+                deadline = time.monotonic() + 30
+                while store._sender.sent_batches == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # ingestion is under way...
+                store.writer._wake.set()  # ...and a batch goes out now, as the server dies
+                served.kill()
+                killed.set()
+                threading.Timer(0.5, served.start).start()
+        store.finish_run(run, status="completed")
+        store.flush()
+    finally:
+        store.close()
+    assert killed.is_set() and store.spooled == []
+    url = served.store_url
+    assert _count(url, "select count(*), min(step), max(step) from metrics") == [
+        (steps * keys, 0, steps - 1)
+    ]
+    assert _count(url, "select count(*) from metrics where value != step * 100 + "
+                  "cast(substr(key, 2) as int)") == [(0,)]  # fmt: skip
+    assert _count(url, 'select distinct "count" from summaries') == [(steps,)]
+    assert _count(url, "select status from runs") == [("completed",)]
