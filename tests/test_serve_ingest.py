@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 import torch
 
-from lab import Arm, Experiment
+from lab import Arm, Callback, Experiment
 from lab.errors import ConfigError, SchemaTooNew, StoreUnreachable, TokenRejected
 from lab.loop import CheckpointConfig, Evaluator, TrainingLoop
 from lab.records import EvalResult, RunSpec
@@ -444,3 +445,134 @@ def test_a_server_sigkilled_during_ingestion_and_restarted_loses_and_duplicates_
                   "cast(substr(key, 2) as int)") == [(0,)]  # fmt: skip
     assert _count(url, 'select distinct "count" from summaries') == [(steps,)]
     assert _count(url, "select status from runs") == [("completed",)]
+
+
+# -- the server away longer than the retry window: the spool ---------------------------------
+SLOW_STEPS = 120
+
+
+class ServerTrouble(Callback):
+    """Kills the server at one step and, when `back_at` is set, starts it again at another;
+    five steps later it waits (up to 30 s) for the sender to empty the spool while the run
+    is still going, and notes whether it did."""
+
+    def __init__(self, served: Served, down_at: int, back_at: int | None) -> None:
+        self.served, self.down_at, self.back_at = served, down_at, back_at
+        self.spooled_while_down: list[Path] = []
+        self.replayed_during_run = False
+
+    def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: Any) -> None:
+        time.sleep(0.02)  # a step that takes a while, so the run outlives the outage
+        spool = state.ctx.run_dir / SPOOL_DIR
+        if step_idx == self.down_at:
+            self.served.kill()
+        if self.back_at is not None and step_idx == self.back_at:
+            self.spooled_while_down = sorted(spool.iterdir())
+            self.served.start()
+        if self.back_at is not None and step_idx == self.back_at + 5:
+            deadline = time.monotonic() + 30
+            while any(spool.iterdir()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.replayed_during_run = not any(spool.iterdir())
+
+
+def slow_train(run: RunSpec) -> Any:
+    torch.manual_seed(run.seed)
+    x = torch.randn(8, 3)
+    y = x.sum(1, keepdim=True)
+    model = torch.nn.Linear(3, 1)
+    loop = TrainingLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        [(x, y)],
+        _loss,
+        SLOW_STEPS,
+        evaluators=[Evaluator("val", lambda m: {"loss": _loss(m, (x, y)).item()}, every=25)],
+        checkpoint=CheckpointConfig(every=30, keep_last=1),
+    )
+    return loop.fit(run)
+
+
+def _slow_experiment(served: Served, folder: Path, trouble: ServerTrouble) -> Experiment:
+    return Experiment(
+        "offline", train=slow_train, store=served.url, output_dir=str(folder),
+        callbacks=[trouble],
+    )  # fmt: skip
+
+
+def _every_row_once(url: str) -> None:
+    """The slow run's rows, each exactly once: a batch stored twice would double a summary's
+    count, and one lost would leave a step or a row out."""
+    steps = "select count(*), count(distinct step), min(step), max(step) from metrics "
+    assert _count(url, steps + "where key = 'loss'") == [(SLOW_STEPS, SLOW_STEPS, 1, SLOW_STEPS)]
+    counts = "select key, \"count\" from summaries where key in ('loss', 'val/loss') order by key"
+    assert _count(url, counts) == [("loss", SLOW_STEPS), ("val/loss", SLOW_STEPS // 25)]
+    assert _count(url, "select step from evals order by step") == [(25,), (50,), (75,), (100,)]
+    saves = _count(url, "select step from checkpoints where event = 'save' order by step")
+    assert saves == [(30,), (60,), (90,), (120,)]
+    assert _count(url, "select status from runs") == [("completed",)]
+    assert _count(url, "select status from experiments") == [("completed",)]
+
+
+def test_a_server_away_past_the_retry_window_spools_and_the_sender_replays(
+    served: Served,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    monkeypatch.setenv("LAB_HTTP_RETRY_S", "0.3")
+    trouble = ServerTrouble(served, down_at=20, back_at=70)
+    with caplog.at_level(logging.WARNING, logger="lab.store.http"):
+        result = _slow_experiment(served, tmp_path / "runs", trouble).run()
+    assert len(trouble.spooled_while_down) > 2 and trouble.replayed_during_run
+    assert result.runs[0].status == "completed"
+    spooled = [r.getMessage() for r in caplog.records if "batches are spooled to" in r.getMessage()]
+    assert len(spooled) == 1
+    assert spooled[0].startswith(f"lab: lab serve at {served.url} did not answer (")
+    assert f"{SPOOL_DIR} from batch " in spooled[0]
+    assert spooled[0].endswith("the run goes on, and they are replayed when the server answers "
+                               "(or: lab sync RUN_DIR)")  # fmt: skip
+    assert any("answers again;" in r.getMessage() for r in caplog.records)
+    assert list((tmp_path / "runs").rglob(f"{SPOOL_DIR}/*")) == []  # all replayed
+    _every_row_once(served.store_url)
+
+
+def test_lab_sync_replays_a_spool_once_however_often_it_runs(
+    served: Served,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    monkeypatch.setenv("LAB_HTTP_RETRY_S", "0.3")
+    trouble = ServerTrouble(served, down_at=20, back_at=None)
+    with caplog.at_level(logging.WARNING, logger="lab.store.http"):
+        result = _slow_experiment(served, tmp_path / "runs", trouble).run()
+    assert result.runs[0].status == "completed"  # the run went on without its server
+    files = sorted((tmp_path / "runs").rglob(f"{SPOOL_DIR}/*"))
+    assert files and {f.suffix for f in files} == {".arrow", ".json"}
+    run_dir = files[0].parent.parent
+    left = [r.getMessage() for r in caplog.records if "stay spooled" in r.getMessage()]
+    assert left == [
+        f"lab: {len(files)} batches stay spooled (the server at {served.url} does not answer); "
+        f"send them when it is back with: lab sync {run_dir} --store {served.url}"
+    ]
+    kept = {f.name: f.read_bytes() for f in files}
+    served.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sync = [sys.executable, "-m", "lab.cli", "sync", str(run_dir), "--store", served.url]
+    first = subprocess.run(sync, env=env, capture_output=True, text=True, timeout=120)
+    assert (first.returncode, first.stdout) == (
+        0, f"sent {len(files)} spooled batches to {served.url}\n",
+    ), first.stderr  # fmt: skip
+    assert list(run_dir.rglob(f"{SPOOL_DIR}/*")) == []
+    _every_row_once(served.store_url)
+    for name, body in kept.items():  # the same spool sent again: stored nothing twice
+        (run_dir / SPOOL_DIR / name).write_bytes(body)
+    again = subprocess.run(sync, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    _every_row_once(served.store_url)
+    assert _count(served.store_url, "select sum(rows) from ingest_batches where seq > 0") != [
+        (None,)
+    ]
