@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger, mask
 from lab.errors import StoreUnreachable, TokenRejected
-from lab.store.http import spool
+from lab.store.http.spool import Spooled, spool_folder
+from lab.store.http.spool import write as write_spool
 
 if TYPE_CHECKING:
     from lab.store.http.client import HttpClient
@@ -84,7 +85,7 @@ class Sender:
         self.client_id = client_id
         self._folder_of = folder_of
         self._seq = 0
-        self._spooled: list[spool.Spooled] = []  # in seq order, not yet replayed
+        self._spooled: list[Spooled] = []  # in seq order, not yet replayed
         self._warned = False
         self._next_probe = 0.0
         self._probe_s = probe_s
@@ -200,8 +201,8 @@ class Sender:
     def _spool(
         self, kind: str, seq: int, body: bytes, run_id: int | None, why: BaseException | None
     ) -> None:
-        folder = spool.spool_folder(self._folder_of(run_id))
-        self._spooled.append(spool.write(folder, self.client_id, seq, kind, body))
+        folder = spool_folder(self._folder_of(run_id))
+        self._spooled.append(write_spool(folder, self.client_id, seq, kind, body))
         if why is not None and not self._warned:
             self._warned = True
             log.warning(
