@@ -14,11 +14,12 @@ from lab.store.store import Store
 
 if TYPE_CHECKING:
     from lab.sinks import StoreSink
+    from lab.store.http import HttpStore
 
 __all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger", "store_sink"]
 
 
-def store_sink(store: Store | str | None = None) -> StoreSink:
+def store_sink(store: Store | HttpStore | str | None = None) -> StoreSink:
     """The callback that records into `store` (a `Store`, a URL, or None for
     ``LAB_STORE_URL``, else ``sqlite:///lab.db``): the one place that maps a store to the
     logger that writes it, so `Experiment` never names a backend. `SqlLogger` writes a SQL

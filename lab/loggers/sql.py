@@ -37,6 +37,7 @@ from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
 from lab.store import open_store
+from lab.store.http import HttpStore  # (the type of `store`, checked when it is given)
 from lab.store.store import Store
 
 if TYPE_CHECKING:
@@ -73,7 +74,9 @@ def group_key(name: str) -> str:
 class SqlLogger(Callback):
     """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
 
-    Pass a `Store`, a URL, or nothing (``LAB_STORE_URL``, else ``sqlite:///lab.db``). In
+    Pass a `Store`, an `HttpStore` (a ``lab serve`` server), a URL (``http(s)://`` opens an
+    `HttpStore`, token from ``LAB_TOKEN``), or nothing (``LAB_STORE_URL``, else
+    ``sqlite:///lab.db``). In
     `on_step_end` it runs after the callbacks that produce step metrics (`metrics_logged`),
     so it stores their keys too, and first among the others (priority 100), so they see a
     step whose metric row is already handed to the store. It is critical: a metric the store
@@ -84,7 +87,7 @@ class SqlLogger(Callback):
     priority = 100
     critical = True  # a run whose record cannot be written fails, with the reason
 
-    def __init__(self, store: Store | str | None = None) -> None:
+    def __init__(self, store: Store | HttpStore | str | None = None) -> None:
         self._store_arg = store
         self._owns_store = store is None or isinstance(store, str)
         self._store: Store | None = None if self._owns_store else store  # type: ignore[assignment]

@@ -350,14 +350,12 @@ async def metrics_batch(
     optional), identified by the X-Lab-Client and X-Lab-Seq headers."""
     client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
     body = await request.body()
-    items = _metric_items(body)
-    store = _store(request)
-    return await run_in_threadpool(_store_metrics, store, client_id, seq, items)
+    columns = _metric_columns(body)
+    return await run_in_threadpool(_store_metrics, _store(request), client_id, seq, columns)
 
 
-def _metric_items(body: bytes) -> list[tuple[int, int, dict[str, float], float]]:
-    """The rows of an Arrow IPC body as the metric writer's items, or a 400 naming the
-    column that is wrong."""
+def _metric_columns(body: bytes) -> dict[str, list[Any]]:
+    """The columns of an Arrow IPC body, or a 400 naming the column that is wrong."""
     import pyarrow as pa
 
     try:
@@ -367,11 +365,10 @@ def _metric_items(body: bytes) -> list[tuple[int, int, dict[str, float], float]]
             400, f"the body is not an Arrow IPC stream ({_first_line(exc)})"
         ) from None
     columns: dict[str, list[Any]] = {}
-    now = datetime.now(UTC).timestamp()
     for name, kind in {**METRIC_COLUMNS, "wall_time": "double"}.items():
         if name not in table.column_names:
             if name == "wall_time":
-                columns[name] = [now] * table.num_rows
+                columns[name] = [datetime.now(UTC).timestamp()] * table.num_rows
                 continue
             raise fastapi.HTTPException(400, f"the Arrow body has no column {name!r} ({kind})")
         column = table.column(name)
@@ -383,38 +380,33 @@ def _metric_items(body: bytes) -> list[tuple[int, int, dict[str, float], float]]
             raise fastapi.HTTPException(
                 400, f"the Arrow column {name!r} is {column.type}; send {kind}"
             ) from None
+        if name == "key":
+            for key in column.unique().to_pylist():
+                try:
+                    check_key(key, 0)
+                except LabError as exc:
+                    raise fastapi.HTTPException(400, str(exc)) from None
         columns[name] = column.to_pylist()
-    keys = set(columns["key"])
-    for key in keys:
-        try:
-            check_key(key, 0)
-        except LabError as exc:
-            raise fastapi.HTTPException(400, str(exc)) from None
-    return [
-        (run_id, step, {key: value}, wall)
-        for run_id, step, key, value, wall in zip(
-            columns["run_id"],
-            columns["step"],
-            columns["key"],
-            columns["value"],
-            columns["wall_time"],
-            strict=True,
-        )
-    ]
+    return columns
 
 
 def _store_metrics(
-    store: Store, client_id: str, seq: int, items: list[tuple[int, int, dict[str, float], float]]
+    store: Store, client_id: str, seq: int, columns: dict[str, list[Any]]
 ) -> dict[str, Any]:
+    rows = len(columns["run_id"])
+
     def write() -> bool:
         with one_transaction(store.engine) as conn:
-            if not _record_batch(store, conn, client_id, seq, len(items)):
+            if not _record_batch(store, conn, client_id, seq, rows):
                 return False
-            store._write_metrics(items)  # joins this transaction
+            store.write_metric_columns(  # joins this transaction
+                columns["run_id"], columns["step"], columns["key"], columns["value"],
+                columns["wall_time"],
+            )  # fmt: skip
             return True
 
     fresh = _call(write)
-    return {"client_id": client_id, "seq": seq, "rows": len(items) if fresh else 0}
+    return {"client_id": client_id, "seq": seq, "rows": rows if fresh else 0}
 
 
 @router.post("/batches/ops")

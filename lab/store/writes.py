@@ -434,6 +434,44 @@ class Writes:
                     s[4] = value
                 if value > s[5]:
                     s[5] = value
+        self._commit_metrics(rows, acc)
+
+    def write_metric_columns(
+        self,
+        run_ids: Sequence[int],
+        steps: Sequence[int],
+        keys: Sequence[str],
+        values: Sequence[float],
+        wall_times: Sequence[float],
+    ) -> None:
+        """Write metric rows given as columns, now, in one transaction (with their
+        summaries): what `lab serve` does with a batch a client sent, whose keys and values
+        it has checked. The buffered `log_metrics` is the way for a training loop."""
+        acc: dict[int, dict[str, list[Any]]] = {}  # as in _write_metrics
+        for run_id, key, step, value, wall_time in zip(
+            run_ids, keys, steps, values, wall_times, strict=True
+        ):
+            per = acc.get(run_id)
+            if per is None:
+                per = acc[run_id] = {}
+            s = per.get(key)
+            if s is None:
+                s = per[key] = [0, step, step, value, _INF, -_INF, wall_time]
+            s[0] += 1
+            if step >= s[2]:
+                s[2], s[3], s[6] = step, value, wall_time
+            elif step < s[1]:
+                s[1] = step
+            if value < s[4]:
+                s[4] = value
+            if value > s[5]:
+                s[5] = value
+        rows = list(zip(run_ids, keys, steps, values, wall_times, strict=True))
+        self._commit_metrics(rows, acc)
+
+    def _commit_metrics(
+        self, rows: list[tuple[Any, ...]], acc: dict[int, dict[str, list[Any]]]
+    ) -> None:
         beating = set(acc) | self._active
         if not rows and not beating:
             return
