@@ -147,6 +147,10 @@ def _check_rl_cartpole_page(out: str, namespace: dict[str, object]) -> None:
     assert "\n".join(["```text", *lines[2:], "```"]) in page
 
 
+def _check_serve_page(out: str, namespace: dict[str, object]) -> None:
+    assert out.splitlines() == ["['completed', 'completed', 'completed', 'completed']", "completed"]
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -159,6 +163,7 @@ PAGES = {
     "rl.md": _check_rl_page,
     "rl-rlhf.md": _check_rl_rlhf_page,
     "rl-cartpole.md": _check_rl_cartpole_page,
+    "serve.md": _check_serve_page,
 }
 
 

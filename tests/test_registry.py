@@ -258,7 +258,8 @@ def test_a_missing_extra_is_named_with_its_pip_line_before_anything_runs(
          "Notifier(on='never'): use 'end', 'failure' or 'both'"),
         ("model_averager", {"window": 2, "every": 0},
          "ModelAverager(every=0): use an int >= 1, or None"),
-        ("sql_logger", {"store": 5}, "SqlLogger(store=5): use a Store or a HttpStore or a string, or None"),
+        ("sql_logger", {"store": 5},
+         "SqlLogger(store=5): use a Store or a HttpStore or a string, or None"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_the_same_line_from_python_and_from_yaml(
