@@ -23,9 +23,16 @@ import sqlalchemy as sa
 import torch
 
 from lab import Arm, Callback, Experiment
-from lab.errors import ConfigError, SchemaTooNew, StoreUnreachable, TokenRejected
+from lab.errors import (
+    ConfigError,
+    SchemaTooNew,
+    StoreUnreachable,
+    TokenRejected,
+    UnknownScheme,
+)
 from lab.loop import CheckpointConfig, Evaluator, TrainingLoop
 from lab.records import EvalResult, RunSpec
+from lab.store import Store, open_store
 from lab.store.http import HttpStore
 from lab.store.http.spool import SPOOL_DIR
 from tests.served import Served
@@ -316,6 +323,21 @@ def test_a_wrong_token_a_read_token_and_a_url_with_a_password_are_one_line_each(
                                         "without them and the token in LAB_TOKEN")  # fmt: skip
 
 
+def test_a_server_url_is_no_sql_store_and_open_store_picks_the_backend(served: Served) -> None:
+    with pytest.raises(UnknownScheme) as refused:
+        Store(served.url)
+    assert str(refused.value) == (
+        f"{served.url} is a lab serve server, not a SQL store; open it with "
+        "lab.store.open_store(url) or lab.store.http.HttpStore(url)"
+    )
+    opened = open_store(served.url + "/", token=served.write_token)
+    try:
+        assert isinstance(opened, HttpStore) and str(opened.url) == served.url
+        assert opened.scope == "write"
+    finally:
+        opened.close()
+
+
 def test_an_unreachable_server_stops_the_experiment_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,6 +386,7 @@ def test_a_server_with_a_newer_schema_is_refused_with_the_upgrade_line() -> None
 # -- many clients, a killed server -------------------------------------------------------------
 CLIENT = """
 import os, sys
+from lab.store import Store, open_store
 from lab.store.http import HttpStore
 i, steps, keys = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 store = HttpStore(os.environ["LAB_STORE_URL"])

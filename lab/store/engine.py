@@ -144,6 +144,11 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
     """
     url = resolve_url(url)
     parsed = url.parsed
+    if url.backend in HTTP_SCHEMES:
+        raise UnknownScheme(
+            f"{url.shown} is a lab serve server, not a SQL store; open it with "
+            "lab.store.open_store(url) or lab.store.http.HttpStore(url)"
+        )
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly, create=create)
