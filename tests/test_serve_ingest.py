@@ -86,7 +86,7 @@ class Config(pydantic.BaseModel):
     lr: float = 0.05
 
 
-def _experiment(store: str, folder: Path) -> Experiment:
+def _experiment(store: str, folder: Path, **kw: Any) -> Experiment:
     return Experiment(
         "through-http",
         train=train,
@@ -95,6 +95,7 @@ def _experiment(store: str, folder: Path) -> Experiment:
         repeats=2,
         store=store,
         output_dir=str(folder),
+        **kw,
     )
 
 
@@ -599,3 +600,19 @@ def test_lab_sync_replays_a_spool_once_however_often_it_runs(
     assert _count(served.store_url, "select sum(rows) from ingest_batches where seq > 0") != [
         (None,)
     ]
+
+
+def test_runs_in_worker_processes_record_through_the_server(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logger crosses to each worker as the server's URL (never the token, which each
+    worker reads from LAB_TOKEN) and opens its own HttpStore there."""
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    result = _experiment(served.url, tmp_path / "runs", executor="processes", workers=2).run()
+    assert sorted((r.run_key, r.status) for r in result.runs) == [
+        ("fast-r0", "completed"), ("fast-r1", "completed"),
+        ("slow-r0", "completed"), ("slow-r1", "completed"),
+    ]  # fmt: skip
+    pids = _count(served.store_url, "select distinct pid from runs")
+    assert os.getpid() not in {pid for (pid,) in pids}  # each run recorded under its worker
+    assert _count(served.store_url, "select count(*) from predictions") == [(4 * 3 * 2,)]
