@@ -78,6 +78,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         r"\1***",
     ),
+    # a `lab serve` token (lab.server.auth): "lab_" and 43 URL-safe characters
+    (re.compile(r"(?<![A-Za-z0-9])lab_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"), HIDDEN),
     # well-known token formats: GitHub, Hugging Face, Slack, OpenAI, GitLab, AWS access keys
     (
         re.compile(
@@ -105,6 +107,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _MAYBE = re.compile(
     r"://|pass|pwd|bearer|auth|[?&][a-z_]+=|:[^\s@]+@|token|secret|api[_-]?key"
     r"|access[_-]?key|credential|private[_-]?key|gh[pousr]_|github_pat_|hf_|xox|sk-|glpat-|akia"
+    r"|lab_"
 )
 
 # literal secrets registered at run time (a Notifier's URL path), longest first; replaced
@@ -160,6 +163,24 @@ def mask(text: str) -> str:
 class MaskSecrets(logging.Filter):
     """Masks a log record's message, arguments and traceback before any handler sees it."""
 
+    @staticmethod
+    def _mask_args(record: logging.LogRecord) -> bool:
+        """Mask a record's arguments one by one, keeping them a tuple (uvicorn's access
+        formatter unpacks them), if that alone leaves no credential in the message."""
+        if not isinstance(record.args, tuple) or not record.args:
+            return False
+        msg, args = record.msg, record.args
+        record.msg = mask(msg) if isinstance(msg, str) else msg
+        record.args = tuple(mask(a) if isinstance(a, str) else a for a in args)
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = None
+        if message is not None and mask(message) == message:
+            return True
+        record.msg, record.args = msg, args
+        return False
+
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record in place; never drop it."""
         try:
@@ -167,7 +188,7 @@ class MaskSecrets(logging.Filter):
         except Exception:  # a malformed record: leave it to logging's own error report
             return True
         masked = mask(message)
-        if masked != message:
+        if masked != message and not self._mask_args(record):
             record.msg, record.args = masked, None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)

@@ -32,6 +32,12 @@ db_app = typer.Typer(
     help="Inspect and migrate the store's schema.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(db_app, name="db")
+token_app = typer.Typer(
+    help="Make, list and revoke the tokens a lab serve server accepts.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(token_app, name="token")
 
 StoreOption = Annotated[
     str | None,
@@ -617,6 +623,122 @@ def db_current(store: StoreOption = None) -> None:
         typer.echo(f"{current} (newer than this lab's {head}; run: pip install -U lab)")
     else:
         typer.echo(f"{current} (head is {head}; run: lab db upgrade)")
+
+
+@app.command()
+@_clean_errors
+def serve(
+    store: StoreOption = None,
+    host: Annotated[
+        str, typer.Option(metavar="ADDR", help="Address to bind; not loopback: needs a token")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="N", help="TCP port")] = 8765,
+    max_body: Annotated[
+        int, typer.Option(metavar="BYTES", help="Largest request body; larger: 413")
+    ] = 64 * 1024 * 1024,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(metavar="FILE", help="PEM certificate: serve HTTPS")
+    ] = None,
+    ssl_keyfile: Annotated[
+        str | None, typer.Option(metavar="FILE", help="PEM private key of the certificate")
+    ] = None,
+) -> None:
+    """Serve the store over HTTP: a tracking server that jobs log to with a token."""
+    from lab.server.app import serve as run_server
+
+    run_server(
+        store,
+        host=host,
+        port=port,
+        max_body=max_body,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
+
+
+def _token_store(store: str | None) -> Any:
+    """The database that keeps the tokens: a SQL store, never a server (tokens are made
+    where the database is, by whoever may open it)."""
+    from lab.store import Store
+    from lab.store.engine import resolve_url
+
+    url = resolve_url(store)
+    if url.backend not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"tokens live in the database behind the server: give --store the sqlite:/// or "
+            f"postgresql:// URL that lab serve was started with, not {url.shown}"
+        )
+    return Store(url)
+
+
+@token_app.command("create")
+@_clean_errors
+def token_create(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Token name (who holds it)")],
+    scope: Annotated[
+        str, typer.Option(metavar="read|write", help="read: read only; write: read and write")
+    ] = "read",
+    store: StoreOption = None,
+) -> None:
+    """Make a token and print it, once: the store keeps only its hash."""
+    from lab.server.auth import create_token
+
+    s = _token_store(store)
+    try:
+        token = create_token(s.engine, name, scope)  # type: ignore[arg-type]
+    finally:
+        s.close()
+    typer.echo(token)
+    typer.echo(
+        f"made {scope} token {name!r}; it is shown this once, keep it (e.g. LAB_TOKEN)",
+        err=True,
+    )
+
+
+@token_app.command("list")
+@_clean_errors
+def token_list(store: StoreOption = None) -> None:
+    """List the tokens: names, scopes, when made and revoked (never the tokens)."""
+    from lab.server.auth import list_tokens
+
+    s = _token_store(store)
+    try:
+        rows = list_tokens(s.engine)
+    finally:
+        s.close()
+    if not rows:
+        typer.echo("no tokens yet; make one: lab token create NAME --scope read|write")
+        return
+
+    def when(t: Any) -> str:
+        return t.strftime("%Y-%m-%d %H:%M:%S") if t is not None else ""
+
+    typer.echo(
+        render(
+            ("name", "scope", "created (UTC)", "revoked (UTC)"),
+            [(r["name"], r["scope"], when(r["created_at"]), when(r["revoked_at"])) for r in rows],
+        )
+    )
+
+
+@token_app.command("revoke")
+@_clean_errors
+def token_revoke(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Token name")],
+    store: StoreOption = None,
+) -> None:
+    """Revoke a token: a server refuses it from its next request on."""
+    from lab.server.auth import revoke_token
+
+    s = _token_store(store)
+    try:
+        before = revoke_token(s.engine, name)
+    finally:
+        s.close()
+    if before is None:
+        typer.echo(f"revoked token {name!r}")
+    else:
+        typer.echo(f"token {name!r} was already revoked at {before:%Y-%m-%d %H:%M:%S} UTC")
 
 
 def main() -> None:

@@ -73,6 +73,13 @@ class NoRun(LabError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NoToken(LabError, KeyError):
+    """No `lab serve` token of that name is in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class RunBusy(LabError):
     """A run is being trained by a live process: nobody else may train it now."""
 

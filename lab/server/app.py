@@ -1,18 +1,169 @@
 """The FastAPI app `lab serve` runs: health, the write API (`lab.server.ingest`) and the read
 API (`lab.server.read`), all under ``/api/v1``, every route but the health check behind a
-bearer token (`lab.server.auth`)."""
+bearer token (`lab.server.auth`).
+
+Every rejection has one shape, ``{"detail": "<one line>", "field": "<dotted name>" | null}``,
+whatever raised it: a route's `Rejected`, a `LabError` from the store (the same checks and
+messages as a local store), FastAPI's validation (422, reshaped to name the field), a body
+over the limit (413, answered before the body is read whole) or a database that refuses a
+write. Nothing a client sends can make a 500; a 500 is a bug, and says only that.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import ipaddress
+import ssl
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from lab._imports import require
+from lab._secrets import logger, mask
+from lab.errors import (
+    ConfigError,
+    LabError,
+    NoExperiment,
+    NoRun,
+    NoToken,
+    RunBusy,
+    StoreDamaged,
+    StoreReadOnly,
+    StoreUnreachable,
+)
 from lab.store import Store
+
+require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
+from starlette.exceptions import HTTPException  # noqa: E402
 
 #: The largest request body the server accepts unless told otherwise (``--max-body``).
 MAX_BODY = 64 * 1024 * 1024
 API = "/api/v1"
+#: The port `lab serve` listens on unless told otherwise.
+PORT = 8765
+#: The one line a 401 says for a token the store does not know or has revoked.
+WRONG_TOKEN = "the token is wrong or revoked"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class Rejected(Exception):
+    """A request the server refuses: its HTTP `status`, the one line `detail` that says what
+    is wrong and what to do, and the dotted name of the offending `field` (or None). Routes
+    raise it; the app answers it as ``{"detail": ..., "field": ...}``."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+
+def _status_of(exc: LabError) -> int:
+    """The HTTP status of a `LabError` a route let through: what is missing is 404, a busy
+    run 409, a store that cannot be reached or written 503, any other refusal 400."""
+    if isinstance(exc, NoExperiment | NoRun | NoToken):
+        return 404
+    if isinstance(exc, RunBusy):
+        return 409
+    if isinstance(exc, StoreUnreachable | StoreReadOnly | StoreDamaged):
+        return 503
+    return 400
+
+
+def _one_line(text: object) -> str:
+    """The first line of `text`, credentials masked: what an error body may say."""
+    lines = str(text).strip().splitlines()
+    return mask(lines[0].strip()) if lines else ""
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a request body over `max_body` bytes is answered 413 without
+    being read whole. A declared Content-Length is checked before anything is read; a body
+    without one (chunked) is counted as it arrives and refused at the first byte over."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+
+    def _too_large(self) -> Rejected:
+        return Rejected(
+            413,
+            f"the request body is over the server's limit of {self.max_body} bytes; send "
+            "smaller batches, or start the server with a larger --max-body",
+            "body",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_json(send, 400, "the Content-Length header is not a number",
+                                     "header.content-length")  # fmt: skip
+                    return
+                if declared > self.max_body:
+                    await _send_rejected(send, self._too_large())
+                    return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooLarge(self._too_large())
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except _TooLarge as exc:
+            if not started:
+                await _send_rejected(send, exc.rejected)
+
+
+class _TooLarge(HTTPException):
+    """Raised out of `receive` at the first byte over the limit. An `HTTPException`, because
+    FastAPI passes those through its body parsing unchanged (it turns any other error there
+    into a 400); the app's handler answers it, and `BodyLimit` does if nothing else did."""
+
+    def __init__(self, rejected: Rejected) -> None:
+        super().__init__(413, rejected.detail)
+        self.rejected = rejected
+
+
+async def _send_json(send: Send, status: int, detail: str, field: str | None) -> None:
+    import json
+
+    body = json.dumps({"detail": detail, "field": field}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_rejected(send: Send, rejected: Rejected) -> None:
+    await _send_json(send, rejected.status, rejected.detail, rejected.field)
 
 
 def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
@@ -21,39 +172,111 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
     Why a factory: tests and ``lab serve`` build one app per store, and importing FastAPI
     waits until a server is wanted.
     """
-    require("fastapi", "server", "lab serve")
     import fastapi
     import fastapi.security
+    import sqlalchemy as sa
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     from lab.server import ingest, read
     from lab.server.auth import token_scope
     from lab.store.migrations import head_revision
 
+    if not isinstance(max_body, int) or max_body < 1:
+        raise ConfigError(f"max_body {max_body!r}: use a whole number of bytes >= 1")
     the_store = store if isinstance(store, Store) else Store(store)
-    app = fastapi.FastAPI(title="lab", summary="lab's tracking server", version="1")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        yield
+        the_store.close()
+
+    app = fastapi.FastAPI(
+        title="lab", summary="lab's tracking server", version="1", lifespan=lifespan
+    )
     app.state.store = the_store
     app.state.max_body = max_body
+
+    def answer(status: int, detail: str, field: str | None, **headers: str) -> Any:
+        return JSONResponse({"detail": detail, "field": field}, status, headers=headers or None)
+
+    @app.exception_handler(Rejected)
+    async def rejected(_request: Any, exc: Rejected) -> Any:
+        return answer(exc.status, _one_line(exc.detail), exc.field)
+
+    @app.exception_handler(_TooLarge)
+    async def too_large(_request: Any, exc: _TooLarge) -> Any:
+        return answer(413, exc.rejected.detail, exc.rejected.field, connection="close")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Any, exc: HTTPException) -> Any:
+        detail, field = exc.detail, getattr(exc, "field", None)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no endpoint {request.method} {request.url.path}; /openapi.json lists them"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        return answer(exc.status_code, _one_line(detail), field, **(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Any, exc: RequestValidationError) -> Any:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(part) for part in first.get("loc", ())]
+        if first.get("type") == "json_invalid":
+            why = (first.get("ctx") or {}).get("error", "")
+            return answer(422, _one_line(f"the body is not valid JSON ({why})"), "body")
+        field = ".".join(loc) or None
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return answer(422, _one_line(f"{field}: {first.get('msg', 'invalid')}{more}"), field)
+
+    @app.exception_handler(LabError)
+    async def lab_error(_request: Any, exc: LabError) -> Any:
+        return answer(_status_of(exc), _one_line(exc), getattr(exc, "field", None))
+
+    @app.exception_handler(sa.exc.IntegrityError)
+    async def conflict(_request: Any, exc: sa.exc.IntegrityError) -> Any:
+        why = _one_line(exc.orig)
+        return answer(409, f"the write conflicts with what the store holds: {why}", None)
+
+    @app.exception_handler(sa.exc.DataError)
+    async def bad_value(_request: Any, exc: sa.exc.DataError) -> Any:
+        return answer(400, f"the store cannot hold a value of this request: "
+                           f"{_one_line(exc.orig)}", None)  # fmt: skip
+
+    @app.exception_handler(sa.exc.OperationalError)
+    async def store_down(_request: Any, exc: sa.exc.OperationalError) -> Any:
+        return answer(503, "the store behind the server did not answer; try again later", None)
+
+    @app.exception_handler(Exception)
+    async def bug(_request: Any, exc: Exception) -> Any:  # the traceback goes to the log
+        return answer(500, f"internal error in lab serve ({type(exc).__name__}); the server's "
+                           "log has the traceback", None)  # fmt: skip
 
     def scoped(scope: str) -> Callable[..., None]:
         """A dependency that lets a request through with a live token of `scope` (a write
         token reads too)."""
         bearer = fastapi.security.HTTPBearer(auto_error=False)
+        challenge = {"WWW-Authenticate": "Bearer"}
 
         def check(credentials: Any = fastapi.Depends(bearer)) -> None:
             if credentials is None or credentials.scheme.lower() != "bearer":
-                raise fastapi.HTTPException(
+                exc = fastapi.HTTPException(
                     401,
-                    "this endpoint needs a token: Authorization: Bearer <token> (make one with "
-                    "lab token create NAME --scope read|write)",
-                    headers={"WWW-Authenticate": "Bearer"},
+                    "no token: this endpoint needs Authorization: Bearer <token> (make one "
+                    "with lab token create NAME --scope read|write)",
+                    headers=challenge,
                 )
+                exc.field = "header.authorization"  # type: ignore[attr-defined]
+                raise exc
             have = token_scope(the_store.engine, credentials.credentials)
             if have is None:
-                raise fastapi.HTTPException(
-                    401, "the token is wrong or revoked", headers={"WWW-Authenticate": "Bearer"}
-                )
+                exc = fastapi.HTTPException(401, WRONG_TOKEN, headers=challenge)
+                exc.field = "header.authorization"  # type: ignore[attr-defined]
+                raise exc
             if scope == "write" and have != "write":
-                raise fastapi.HTTPException(403, "a read token cannot write; use a write token")
+                exc = fastapi.HTTPException(403, "a read token cannot write; use a write token")
+                exc.field = "header.authorization"  # type: ignore[attr-defined]
+                raise exc
 
         return check
 
@@ -64,9 +287,102 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
 
     app.include_router(ingest.router, prefix=API, dependencies=[fastapi.Depends(scoped("write"))])
     app.include_router(read.router, prefix=API, dependencies=[fastapi.Depends(scoped("read"))])
-
-    @app.on_event("shutdown")
-    def close() -> None:
-        the_store.close()
-
+    app.add_middleware(BodyLimit, max_body=max_body)
     return app
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine (127.0.0.0/8, ::1,
+    localhost)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def _check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """Load the certificate and key once before serving, so that a wrong file is one line
+    here rather than a traceback out of uvicorn."""
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None or keyfile is None:
+        raise ConfigError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
+    for what, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if not Path(path).is_file():
+            raise ConfigError(f"{what} {path}: no such file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile}: not a PEM certificate "
+            f"and its private key ({_one_line(exc)})"
+        ) from None
+
+
+def serve(
+    store: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = PORT,
+    max_body: int = MAX_BODY,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+    log_level: str = "info",
+) -> None:
+    """Run `lab serve` in this process until it is stopped (SIGINT, SIGTERM).
+
+    Everything that can be wrong is checked before a port is bound: the store opens (and
+    is migrated), the certificate loads, and an address other than loopback is bound only
+    when the store holds a live token, so that the port never lets in someone the store
+    cannot identify. The server's log lines go through `lab._secrets.mask`.
+    """
+    require("uvicorn", "server", "lab serve")
+    import uvicorn
+
+    from lab.server.auth import has_live_token
+    from lab.store.engine import resolve_url
+
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
+    if max_body < 1:
+        raise ConfigError(f"--max-body {max_body}: use a number of bytes >= 1")
+    url = resolve_url(store)
+    if url.backend not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"lab serve --store {url.shown}: the server fronts a database; give it a "
+            "sqlite:/// or postgresql:// URL"
+        )
+    _check_tls(ssl_certfile, ssl_keyfile)
+    the_store = Store(url)
+    try:
+        if not is_loopback(host) and not has_live_token(the_store.engine):
+            raise ConfigError(
+                f"lab serve --host {host}: the store has no live token, so anyone who reaches "
+                "the port could write; make one first: lab token create NAME --scope write "
+                f"--store {url.shown}"
+            )
+        app = create_app(the_store, max_body=max_body)
+    except BaseException:
+        the_store.close()
+        raise
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        server_header=False,
+    )
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger(name)  # lab's masking filter on each: a filter does not reach children
+    scheme = "https" if ssl_certfile else "http"
+    where = f"[{host}]" if ":" in host else host
+    print(
+        f"lab serve: {url.shown} at {scheme}://{where}:{port} (bodies up to {max_body} bytes)",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.Server(config).run()

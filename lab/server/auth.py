@@ -11,13 +11,13 @@ import hashlib
 import hmac
 import secrets
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from lab._names import MAX_NAME
-from lab.errors import ConfigError
+from lab.errors import ConfigError, NoToken
 from lab.store.engine import transaction
 from lab.store.schema import TOKEN_SCOPES, SqlToken
 
@@ -39,12 +39,11 @@ def create_token(engine: Engine, name: str, scope: Scope) -> str:
         raise ConfigError(f"token name {name!r}: use 1 to {MAX_NAME} printable characters")
     token = PREFIX + secrets.token_urlsafe(32)
     with transaction(engine) as conn:
-        taken = conn.execute(sa.select(SqlToken.token_id).where(SqlToken.name == name)).first()
+        taken = conn.execute(sa.select(SqlToken.revoked_at).where(SqlToken.name == name)).first()
         if taken is not None:
-            raise ConfigError(
-                f"a token named {name!r} exists; revoke it (lab token revoke {name}) or pick "
-                "another name"
-            )
+            # a revoked token keeps its name, so that `lab token list` still shows it
+            state = "a revoked token" if taken.revoked_at is not None else "a token"
+            raise ConfigError(f"{state} named {name!r} exists; pick another name")
         conn.execute(
             sa.insert(SqlToken).values(
                 name=name,
@@ -71,3 +70,45 @@ def token_scope(engine: Engine, token: str) -> Scope | None:
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
     return None if row.revoked_at is not None else row.scope  # type: ignore[return-value]
+
+
+def list_tokens(engine: Engine) -> list[dict[str, Any]]:
+    """Every token's name, scope, and when it was made and revoked (None: live), oldest
+    first. Never the hash: what an operator needs to decide what to revoke, nothing that
+    helps a guess."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                SqlToken.name, SqlToken.scope, SqlToken.created_at, SqlToken.revoked_at
+            ).order_by(SqlToken.token_id)
+        ).all()
+    return [row._asdict() for row in rows]
+
+
+def revoke_token(engine: Engine, name: str) -> datetime | None:
+    """Revoke the token named `name`: every request that carries it is refused from now on
+    (each request looks its token up). Returns when it was revoked before, or None if it
+    was live until now; an unknown name raises `NoToken`."""
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with transaction(engine) as conn:
+        row = conn.execute(
+            sa.select(SqlToken.token_id, SqlToken.revoked_at).where(SqlToken.name == name)
+        ).first()
+        if row is None:
+            raise NoToken(f"no token named {name!r}; lab token list shows the tokens")
+        if row.revoked_at is not None:
+            return row.revoked_at
+        conn.execute(
+            sa.update(SqlToken).where(SqlToken.token_id == row.token_id).values(revoked_at=now)
+        )
+    return None
+
+
+def has_live_token(engine: Engine) -> bool:
+    """Whether the store holds a token that is not revoked: `lab serve` binds an address
+    other than loopback only then, so nobody it cannot identify can reach the store."""
+    with engine.connect() as conn:
+        live = conn.execute(
+            sa.select(SqlToken.token_id).where(SqlToken.revoked_at.is_(None)).limit(1)
+        ).first()
+    return live is not None
