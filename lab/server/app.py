@@ -36,6 +36,7 @@ from lab.store import Store
 
 require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
 from starlette.exceptions import HTTPException  # noqa: E402
+from starlette.requests import Request  # noqa: E402
 
 #: The largest request body the server accepts unless told otherwise (``--max-body``).
 MAX_BODY = 64 * 1024 * 1024
@@ -144,26 +145,70 @@ class _TooLarge(HTTPException):
         self.rejected = rejected
 
 
-async def _send_json(send: Send, status: int, detail: str, field: str | None) -> None:
+async def _send_json(
+    send: Send, status: int, detail: str, field: str | None, *, challenge: bool = False
+) -> None:
+    """Answer a request from middleware, before the app has seen it; the connection is
+    closed after, since the body was not read."""
     import json
 
     body = json.dumps({"detail": detail, "field": field}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if challenge:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _send_rejected(send: Send, rejected: Rejected) -> None:
     await _send_json(send, rejected.status, rejected.detail, rejected.field)
+
+
+#: Paths that need no token: the health check and the API's description.
+OPEN_PATHS = frozenset(
+    {f"{API}/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+NO_TOKEN = (
+    "no token: every endpoint but /api/v1/health needs Authorization: Bearer <token> (make "
+    "one with lab token create NAME --scope read|write)"
+)
+
+
+class TokenGate:
+    """Pure ASGI middleware: a request to anything but `OPEN_PATHS` without a live token is
+    answered 401 before its body is read or its route is looked up, so a client without a
+    token learns nothing and costs nothing. The token's name and scope go into the request's
+    state (``request.state.token``) for the routes' scope check."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], store: Store) -> None:
+        self.app, self.store = app, store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        from starlette.concurrency import run_in_threadpool
+
+        from lab.server.auth import find_token
+
+        header = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value
+        kind, _, token = header.decode("latin-1").strip().partition(" ")
+        if kind.lower() != "bearer" or not token.strip():
+            await _send_json(send, 401, NO_TOKEN, "header.authorization", challenge=True)
+            return
+        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        if found is None:
+            await _send_json(send, 401, WRONG_TOKEN, "header.authorization", challenge=True)
+            return
+        scope.setdefault("state", {})["token"] = found
+        await self.app(scope, receive, send)
 
 
 def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
@@ -179,7 +224,6 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
     from fastapi.responses import JSONResponse
 
     from lab.server import ingest, read
-    from lab.server.auth import token_scope
     from lab.store.migrations import head_revision
 
     if not isinstance(max_body, int) or max_body < 1:
@@ -253,30 +297,17 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
                            "log has the traceback", None)  # fmt: skip
 
     def scoped(scope: str) -> Callable[..., None]:
-        """A dependency that lets a request through with a live token of `scope` (a write
-        token reads too)."""
+        """A dependency that lets a request through when its token (checked by `TokenGate`)
+        has `scope`; a write token reads too. The bearer scheme is declared so that the
+        OpenAPI schema says how to authenticate."""
         bearer = fastapi.security.HTTPBearer(auto_error=False)
-        challenge = {"WWW-Authenticate": "Bearer"}
 
-        def check(credentials: Any = fastapi.Depends(bearer)) -> None:
-            if credentials is None or credentials.scheme.lower() != "bearer":
-                exc = fastapi.HTTPException(
-                    401,
-                    "no token: this endpoint needs Authorization: Bearer <token> (make one "
-                    "with lab token create NAME --scope read|write)",
-                    headers=challenge,
-                )
-                exc.field = "header.authorization"  # type: ignore[attr-defined]
-                raise exc
-            have = token_scope(the_store.engine, credentials.credentials)
-            if have is None:
-                exc = fastapi.HTTPException(401, WRONG_TOKEN, headers=challenge)
-                exc.field = "header.authorization"  # type: ignore[attr-defined]
-                raise exc
+        def check(request: Request, _credentials: Any = fastapi.Depends(bearer)) -> None:
+            _name, have = request.state.token
             if scope == "write" and have != "write":
-                exc = fastapi.HTTPException(403, "a read token cannot write; use a write token")
-                exc.field = "header.authorization"  # type: ignore[attr-defined]
-                raise exc
+                raise Rejected(
+                    403, "a read token cannot write; use a write token", "header.authorization"
+                )
 
         return check
 
@@ -285,9 +316,17 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
         """Whether the server is up, and the store's schema revision (no token needed)."""
         return {"status": "ok", "schema": the_store.revision or head_revision()}
 
+    @app.get(f"{API}/token", tags=["health"], dependencies=[fastapi.Depends(scoped("read"))])
+    def whoami(request: Request) -> dict[str, str]:
+        """The name and scope of the token this request carries: how a client checks its
+        token (and whether it may write) before it sends anything."""
+        name, scope = request.state.token
+        return {"name": name, "scope": scope}
+
     app.include_router(ingest.router, prefix=API, dependencies=[fastapi.Depends(scoped("write"))])
     app.include_router(read.router, prefix=API, dependencies=[fastapi.Depends(scoped("read"))])
     app.add_middleware(BodyLimit, max_body=max_body)
+    app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
     return app
 
 

@@ -56,20 +56,26 @@ def create_token(engine: Engine, name: str, scope: Scope) -> str:
     return token
 
 
-def token_scope(engine: Engine, token: str) -> Scope | None:
-    """The scope of a live (not revoked) `token`, or None for a token the store does not
-    know or has revoked. The lookup is by hash, and the hash is compared again in constant
-    time, so no timing tells how much of a guess was right."""
+def find_token(engine: Engine, token: str) -> tuple[str, Scope] | None:
+    """The name and scope of a live (not revoked) `token`, or None for a token the store
+    does not know or has revoked. The lookup is by hash, and the hash is compared again in
+    constant time, so no timing tells how much of a guess was right."""
     digest = hash_token(token)
     with engine.connect() as conn:
         row = conn.execute(
-            sa.select(SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at).where(
-                SqlToken.token_hash == digest
-            )
+            sa.select(
+                SqlToken.name, SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at
+            ).where(SqlToken.token_hash == digest)
         ).first()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
-    return None if row.revoked_at is not None else row.scope  # type: ignore[return-value]
+    return None if row.revoked_at is not None else (row.name, row.scope)
+
+
+def token_scope(engine: Engine, token: str) -> Scope | None:
+    """The scope of a live `token`, or None (see `find_token`)."""
+    found = find_token(engine, token)
+    return None if found is None else found[1]
 
 
 def list_tokens(engine: Engine) -> list[dict[str, Any]]:
