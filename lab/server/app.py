@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lab._imports import require
-from lab._secrets import logger, mask
+from lab._secrets import logger, mask, register
 from lab.errors import (
     ConfigError,
     LabError,
@@ -229,6 +229,8 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
     if not isinstance(max_body, int) or max_body < 1:
         raise ConfigError(f"max_body {max_body!r}: use a whole number of bytes >= 1")
     the_store = store if isinstance(store, Store) else Store(store)
+    if the_store.engine.url.password:  # masked wherever it might turn up: paths, errors, logs
+        register(str(the_store.engine.url.password))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
