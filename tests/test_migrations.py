@@ -770,3 +770,69 @@ def test_0003_adds_its_columns_and_keeps_every_row_both_ways(
     finally:
         engine.dispose()
     capsys.readouterr()
+
+
+# -- 0005: tokens and ingest batches (lab serve) -----------------------------------------------
+
+
+def test_0005_adds_tokens_and_ingest_batches_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0004 with data -> 0005 -> 0004 -> 0005: every earlier row kept; the two new tables
+    appear empty, take a token's hash and a batch's (client, seq), and go again with them."""
+    from lab.server.auth import create_token, hash_token, token_scope
+
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0004") == ("0001", "0004")
+        at_0004 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0004 = _dump(conn, at_0004)
+            summaries = _summaries(conn)
+        tables_0004 = set(sa.inspect(engine).get_table_names())
+        assert not {"tokens", "ingest_batches"} & tables_0004
+
+        assert upgrade(engine, "0005") == ("0004", "0005")
+        assert set(sa.inspect(engine).get_table_names()) == tables_0004 | {
+            "tokens",
+            "ingest_batches",
+        }
+        with engine.connect() as conn:
+            assert _dump(conn, at_0004) == rows_0004
+            assert _summaries(conn) == summaries
+            assert conn.exec_driver_sql("SELECT count(*) FROM tokens").scalar() == 0
+            assert conn.exec_driver_sql("SELECT count(*) FROM ingest_batches").scalar() == 0
+        token = create_token(engine, "ci", "write")
+        assert token_scope(engine, token) == "write"
+        with transaction(engine) as conn:
+            conn.execute(
+                sa.text("INSERT INTO ingest_batches (client_id, seq, \"rows\", received_at) "
+                        "VALUES ('c0ffee', 1, 400, :ts), ('c0ffee', 2, 7, :ts)"),
+                {"ts": "2026-11-25 13:00:00"},
+            )  # fmt: skip
+        with engine.connect() as conn:
+            stored = conn.exec_driver_sql("SELECT name, scope, token_hash FROM tokens").all()
+            assert [tuple(r) for r in stored] == [("ci", "write", hash_token(token))]
+        again = sa.text("INSERT INTO ingest_batches (client_id, seq, \"rows\", received_at) "
+                        "VALUES ('c0ffee', 2, 7, '2026-11-25 13:00:01')")  # fmt: skip
+        with pytest.raises(sa.exc.IntegrityError), transaction(engine) as conn:
+            conn.execute(again)  # a batch is recorded once
+
+        with transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0004")
+        assert current_revision(engine) == "0004"
+        assert set(sa.inspect(engine).get_table_names()) == tables_0004
+        with engine.connect() as conn:
+            assert _dump(conn, at_0004) == rows_0004
+            assert _summaries(conn) == summaries
+
+        assert upgrade(engine, "0005") == ("0004", "0005")
+        with engine.connect() as conn:
+            assert _dump(conn, at_0004) == rows_0004
+            assert conn.exec_driver_sql("SELECT count(*) FROM tokens").scalar() == 0
+        assert token_scope(engine, token) is None  # the token went with its table
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
