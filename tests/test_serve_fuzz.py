@@ -32,7 +32,8 @@ def _check(case: Any, token: str, failures: list[str]) -> None:
             body = answer.json()
         except ValueError:
             body = None
-        json_type = answer.headers.get("content-type", "").startswith("application/json")
+        kind = answer.headers.get("content-type") or [""]  # schemathesis: a list per header
+        json_type = (kind if isinstance(kind, str) else kind[0]).startswith("application/json")
         if not (
             json_type
             and isinstance(body, dict)

@@ -293,6 +293,11 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
     async def store_down(_request: Any, exc: sa.exc.OperationalError) -> Any:
         return answer(503, "the store behind the server did not answer; try again later", None)
 
+    @app.exception_handler(OverflowError)
+    async def too_big(_request: Any, exc: OverflowError) -> Any:  # SQLite's 64-bit integers
+        return answer(400, "a number in the request is out of the store's range (integers "
+                           "hold 64 bits); send a smaller one", None)  # fmt: skip
+
     @app.exception_handler(Exception)
     async def bug(_request: Any, exc: Exception) -> Any:  # the traceback goes to the log
         return answer(500, f"internal error in lab serve ({type(exc).__name__}); the server's "
