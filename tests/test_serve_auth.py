@@ -236,6 +236,8 @@ def test_lab_serve_binds_another_address_only_with_a_live_token(
     port = str(free_port())
     refused = lab("serve", "--store", sqlite_url, "--host", "0.0.0.0", "--port", port)
     assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", refusal)
+    page = (REPO / "docs" / "serve.md").read_text(encoding="utf-8")
+    assert refusal.replace(sqlite_url, "URL") in page  # the docs quote it word for word
     make_token(sqlite_url, "gone")
     lab("token", "revoke", "gone", "--store", sqlite_url)
     refused = lab("serve", "--store", sqlite_url, "--host", "0.0.0.0", "--port", port)
