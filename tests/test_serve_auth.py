@@ -555,3 +555,58 @@ def test_the_error_shape_over_the_served_fixture(served: Served) -> None:
         _shape(answer, 404, "no endpoint GET /api/v1/nowhere; /openapi.json lists them", None)
     answer = httpx.get(served.url + "/api/v1/token")
     _shape(answer, 401, NO_TOKEN, "header.authorization")
+
+
+# -- hostile input on the write API ----------------------------------------------------------
+
+
+def _rejected(answer: httpx.Response, *statuses: int) -> dict[str, Any]:
+    """A rejection in the one shape, with one of `statuses`; returns its body."""
+    assert answer.status_code in statuses, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    body = answer.json()
+    assert set(body) == {"detail", "field"} and "\n" not in body["detail"], body
+    return body
+
+
+def test_hostile_names_and_malformed_bodies_on_the_write_api(served: Served) -> None:
+    """Names that look like paths or SQL are stored as names; bodies that are not JSON or not
+    Arrow are a 4xx naming the body; nothing of a refused request is stored."""
+    paths = httpx.get(f"{served.url}/openapi.json").json()["paths"]
+    if "post" not in paths.get("/api/v1/experiments", {}):
+        pytest.skip("the write API (POST /api/v1/experiments) is not in this build")
+    hostile = ["../../etc/passwd", "a'; DROP TABLE experiments; --", "runs/../lab.db"]
+
+    def begin(name: Any) -> dict[str, Any]:
+        return {"name": name, "config": {}, "seed": 0, "repeats": 1}
+
+    with served.client() as client:
+        for name in hostile:
+            made = client.post("/api/v1/experiments", json=begin(name))
+            assert made.status_code == 200, made.text
+        listed = client.get("/api/v1/experiments").json()
+        assert sorted(e["name"] for e in listed) == sorted(hostile)
+
+        body = _rejected(
+            client.post(
+                "/api/v1/experiments",
+                content=b'{"name": "x", ',
+                headers={"content-type": "application/json"},
+            ),
+            422,
+        )
+        assert body["field"] == "body" and body["detail"].startswith("the body is not valid JSON")
+        body = _rejected(client.post("/api/v1/experiments", json=begin(5)), 400, 422)
+        assert body["field"] and "name" in body["field"]
+        for name in ("", "x\x00y", "n" * 10_000):  # the Store's own name check, one line
+            _rejected(client.post("/api/v1/experiments", json=begin(name)), 400, 422)
+        if "post" in paths.get("/api/v1/batches/metrics", {}):
+            seq = {"X-Lab-Client": "f" * 32, "X-Lab-Seq": "1"}
+            for junk in (b"", b"not arrow at all", b"\xff" * 64):
+                body = _rejected(
+                    client.post("/api/v1/batches/metrics", content=junk, headers=seq), 400, 413, 422
+                )
+                assert body["field"], body
+        assert sorted(e["name"] for e in client.get("/api/v1/experiments").json()) == sorted(
+            hostile
+        )
