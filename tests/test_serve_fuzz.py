@@ -17,6 +17,9 @@ from schemathesis import GenerationMode
 
 from tests.served import Served
 
+# An Arrow body is fuzzed as raw bytes: whatever schemathesis makes must be refused cleanly.
+schemathesis.serializer.alias("application/vnd.apache.arrow.stream", "application/octet-stream")
+
 #: examples per operation; with the merged API this keeps the file under about 90 s
 EXAMPLES = 25
 
