@@ -1,6 +1,7 @@
 """schemathesis fuzzes every operation of the served OpenAPI schema, whatever routes it holds,
 against a real `lab serve` (SQLite and PostgreSQL) with a write token: no answer is a 5xx, and
-every rejection is a 4xx whose JSON body is ``{"detail": <one line>, "field": ...}``.
+every rejection is a 4xx whose JSON body is ``{"detail": ..., "field": ...}`` (a 422
+names its field).
 
 Bounded: a few dozen examples per operation, no shrinking past a minute, no deadline per
 example (a request to a real server takes what it takes)."""
@@ -27,7 +28,8 @@ EXAMPLES = 25
 def _check(case: Any, token: str, failures: list[str]) -> None:
     answer = case.call(headers={"Authorization": f"Bearer {token}"}, timeout=30)
     failures.append("")  # one per request sent: the test counts them
-    where = f"{case.method} {case.formatted_path} -> {answer.status_code}: {answer.text[:300]}"
+    text = answer.content[:300].decode("utf-8", "replace")  # an export's body is binary
+    where = f"{case.method} {case.formatted_path} -> {answer.status_code}: {text}"
     if answer.status_code >= 500:
         failures.append(where)
     elif answer.status_code >= 400:
@@ -43,7 +45,6 @@ def _check(case: Any, token: str, failures: list[str]) -> None:
             and set(body) == {"detail", "field"}
             and isinstance(body["detail"], str)
             and body["detail"]
-            and "\n" not in body["detail"]
             and (body["field"] is None or isinstance(body["field"], str))
             and (answer.status_code != 422 or body["field"])  # a violation names its field
         ):
