@@ -3,7 +3,7 @@ against a real `lab serve` (SQLite and PostgreSQL) with a write token: no answer
 every rejection is a 4xx whose JSON body is ``{"detail": ..., "field": ...}`` (a 422
 names its field).
 
-Bounded: a few dozen examples per operation, no shrinking past a minute, no deadline per
+Bounded: 25 examples per operation and mode, no shrinking, no deadline per
 example (a request to a real server takes what it takes)."""
 
 from __future__ import annotations
