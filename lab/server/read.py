@@ -1,8 +1,546 @@
 """The read API: experiments, runs, summaries, series, predictions, evals, checkpoints and
-exports."""
+exports, read from the server's `Store` with bound parameters only.
+
+Every answer is JSON in which NaN and ±inf are the strings ``"NaN"``, ``"Infinity"`` and
+``"-Infinity"`` (as lab writes every JSON document, `lab._json`), timestamps are ISO 8601
+(naive UTC), and a table is an Arrow IPC stream (``/tables``, ``/export``) in which NaN is a
+float again. An unknown experiment or run answers 404, a bad parameter 400, each with
+``{"detail": "<one line>", "field": "<the parameter>" | null}``.
+"""
 
 from __future__ import annotations
 
+import functools
+import io
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
 import fastapi
+import pyarrow as pa
+import sqlalchemy as sa
+from fastapi.responses import JSONResponse, Response
+
+from lab._json import finite_json
+from lab.errors import LabError, NoExperiment, NoRun
+from lab.store import Store
+from lab.store.engine import connect
+from lab.store.schema import (
+    TABLES,
+    Base,
+    SqlArm,
+    SqlCheckpoint,
+    SqlEval,
+    SqlExperiment,
+    SqlMetric,
+    SqlPrediction,
+    SqlRun,
+    SqlSummary,
+)
 
 router = fastapi.APIRouter(tags=["read"])
+
+#: Tables the read API never serves: token hashes and the ingest bookkeeping.
+PRIVATE_TABLES = ("tokens", "ingest_batches")
+#: Tables ``/tables`` serves: what `lab.inspect.connect` builds its views over.
+SERVED_TABLES = tuple(t for t in TABLES if t not in PRIVATE_TABLES)
+#: Columns SQLite keeps NaN in as NULL (a metric value is never missing): NaN again on the wire.
+NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
+#: The most predictions one page holds, and the most buckets one series is cut into.
+MAX_PAGE = 10_000
+MAX_BUCKETS = 100_000
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+PARQUET = "application/vnd.apache.parquet"
+
+
+class LabJSON(JSONResponse):
+    """JSON as lab writes it: non-finite floats as strings, datetimes as ISO 8601."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            finite_json(content), ensure_ascii=False, allow_nan=False, default=_iso
+        ).encode("utf-8")
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+class Refused(Exception):
+    """A request the read API answers with a 4xx and one line, naming the field."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+
+def answers(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a route raise `Refused` or a `LabError` and answer it as a 4xx with the JSON
+    shape of every error (an unknown experiment or run is a 404, any other 400)."""
+
+    @functools.wraps(fn)
+    def route(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Refused as exc:
+            return LabJSON({"detail": exc.detail, "field": exc.field}, status_code=exc.status)
+        except (NoExperiment, NoRun) as exc:
+            return LabJSON({"detail": str(exc), "field": None}, status_code=404)
+        except LabError as exc:
+            return LabJSON({"detail": str(exc), "field": None}, status_code=400)
+
+    return route
+
+
+def store_of(request: fastapi.Request) -> Store:
+    """The store the app serves (a dependency, so routes name it as a parameter)."""
+    return request.app.state.store
+
+
+StoreDep = fastapi.Depends(store_of)
+
+
+# -- experiments and runs ---------------------------------------------------------------------
+
+
+@router.get("/experiments", response_class=LabJSON)
+@answers
+def list_experiments(
+    status: str | None = None, tag: str | None = None, store: Store = StoreDep
+) -> Any:
+    """Every experiment with its status and run counts, newest first (`Store.list_experiments`),
+    those of one `status` or carrying one `tag` if asked."""
+    rows = store.list_experiments()
+    if status is not None:
+        rows = [r for r in rows if r["status"] == status]
+    if tag is not None:
+        rows = [r for r in rows if tag in r["tags"]]
+    return LabJSON(rows)
+
+
+@router.get("/experiments/{name}", response_class=LabJSON)
+@answers
+def get_experiment(name: str, store: Store = StoreDep) -> Any:
+    """One experiment, its arms and runs with their last metric values: what ``lab show``
+    prints (`Store.get_experiment`)."""
+    return LabJSON(store.get_experiment(name))
+
+
+@router.get("/experiments/{name}/runs", response_class=LabJSON)
+@answers
+def list_runs(name: str, request: fastapi.Request, store: Store = StoreDep) -> Any:
+    """An experiment's current runs with their config and last metric values, filtered by
+    ``status=`` and by config fields: ``config.lr=0.01``, ``config.model.width=64`` (dotted
+    into nested configs; the value is read as JSON when it parses, else as a string)."""
+    wanted: list[tuple[list[str], Any]] = []
+    status = None
+    for field, text in request.query_params.multi_items():
+        if field == "status":
+            status = text
+        elif field.startswith("config.") and len(field) > len("config."):
+            wanted.append((field[len("config.") :].split("."), _json_or_text(text)))
+        else:
+            raise Refused(
+                400,
+                f"unknown filter {field!r}: filter by status= or by config.<field>=<value>",
+                field,
+            )
+    exp = store.get_experiment(name)
+    with connect(store.engine) as conn:
+        configs = dict(
+            conn.execute(
+                sa.select(SqlRun.run_id, SqlRun.config)
+                .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+                .where(SqlExperiment.name == name)
+            ).all()
+        )
+    runs = []
+    for run in exp["runs"]:
+        config = configs.get(run["run_id"]) or {}
+        if status is not None and run["status"] != status:
+            continue
+        if all(_config_field(config, path) == value for path, value in wanted):
+            runs.append({**run, "config": config})
+    return LabJSON(runs)
+
+
+_MISSING = object()
+
+
+def _config_field(config: Any, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(config, dict) or part not in config:
+            return _MISSING
+        config = config[part]
+    return config
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@router.get("/experiments/{name}/summaries", response_class=LabJSON)
+@answers
+def summaries(name: str, key: str | None = None, store: Store = StoreDep) -> Any:
+    """One row per current run and metric key (of one `key` if asked): the run's experiment,
+    arm, repeat, key and status, and the metric's count, first and last step, last value,
+    min and max; what ``lab.inspect``'s ``final_metrics`` view holds, without a scan of
+    the metrics."""
+    with connect(store.engine) as conn:
+        experiment_id = store._experiment_id(conn, name)
+        query = (
+            sa.select(
+                SqlRun.run_id,
+                SqlRun.run_key,
+                SqlArm.name.label("arm"),
+                SqlRun.repeat,
+                SqlRun.stage,
+                SqlRun.status,
+                SqlSummary.key,
+                SqlSummary.count,
+                SqlSummary.first_step,
+                SqlSummary.last_step,
+                SqlSummary.last_value,
+                SqlSummary.min_value,
+                SqlSummary.max_value,
+            )
+            .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
+            .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
+            .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
+            .order_by(SqlRun.run_id, SqlSummary.key)
+        )
+        if key is not None:
+            query = query.where(SqlSummary.key == key)
+        rows = [dict(r) for r in conn.execute(query).mappings()]
+    for row in rows:
+        if row["last_value"] is None:  # SQLite keeps NaN as NULL
+            row["last_value"] = math.nan
+    return LabJSON(rows)
+
+
+# -- one run's rows ---------------------------------------------------------------------------
+
+
+def _check_run(conn: sa.Connection, run_id: int) -> None:
+    found = conn.execute(sa.select(SqlRun.run_id).where(SqlRun.run_id == run_id)).first()
+    if found is None:
+        raise NoRun(f"no run with id {run_id} in the store; list them: GET /experiments/NAME/runs")
+
+
+@router.get("/runs/{run_id}/series", response_class=LabJSON)
+@answers
+def series(
+    run_id: int,
+    key: str,
+    buckets: int | None = fastapi.Query(None, ge=1, le=MAX_BUCKETS),
+    store: Store = StoreDep,
+) -> Any:
+    """One run's series of `key`, cut into at most `buckets` equal ranges of steps, each
+    with its first and last step, the min and max of its values (NaN left out, null if
+    every value was NaN), its last value and its number of points; every point as its
+    own bucket when there are no more points than buckets (or `buckets` is left out).
+
+    Computed in the database, one GROUP BY over the (run, key, step) index, so a series of
+    a million points answers in milliseconds with what a plot needs: its envelope."""
+    with connect(store.engine) as conn:
+        _check_run(conn, run_id)
+        span = conn.execute(
+            sa.select(SqlSummary.first_step, SqlSummary.last_step, SqlSummary.count).where(
+                SqlSummary.run_id == run_id, SqlSummary.key == key
+            )
+        ).first()
+        if span is None:
+            known = conn.execute(
+                sa.select(SqlSummary.key)
+                .where(SqlSummary.run_id == run_id)
+                .order_by(SqlSummary.key)
+            ).scalars()
+            raise Refused(
+                404,
+                f"run {run_id} has no metric {key!r}; it has: {', '.join(known) or 'none'}",
+                "key",
+            )
+        lo, hi, count = span
+        if buckets is None or count <= buckets:
+            rows = conn.execute(
+                sa.select(SqlMetric.step, SqlMetric.value)
+                .where(SqlMetric.run_id == run_id, SqlMetric.key == key)
+                .order_by(SqlMetric.step)
+            ).all()
+            steps = [s for s, _ in rows]
+            values = [math.nan if v is None else v for _, v in rows]
+            finite = [None if math.isnan(v) else v for v in values]
+            return LabJSON(
+                {"run_id": run_id, "key": key, "points": len(rows), "buckets": len(rows),
+                 "step_min": steps, "step_max": steps, "min": finite, "max": finite,
+                 "last": values, "count": [1] * len(rows)}
+            )  # fmt: skip
+        rows = conn.execute(
+            sa.text(_SERIES[store.dialect]),
+            {"run_id": run_id, "key": key, "lo": lo, "width": hi - lo + 1, "n": buckets},
+        ).all()
+    return LabJSON(
+        {
+            "run_id": run_id,
+            "key": key,
+            "points": sum(r[6] for r in rows),
+            "buckets": len(rows),
+            "step_min": [r[0] for r in rows],
+            "step_max": [r[1] for r in rows],
+            "min": [r[2] for r in rows],
+            "max": [r[3] for r in rows],
+            "last": [math.nan if r[5] is None else r[5] for r in rows],
+            "count": [r[6] for r in rows],
+        }
+    )
+
+
+# Bucket b holds the steps lo + [b * width / n, (b + 1) * width / n): equal ranges of
+# steps. Min and max leave NaN out (SQLite keeps it as NULL, which they skip; PostgreSQL
+# orders NaN above every number, so it is filtered); the last value is looked up by the
+# bucket's last step through the primary key.
+_BUCKETS = """
+WITH b AS (
+  SELECT (step - :lo) * :n / :width AS bucket, min(step) AS step_min, max(step) AS step_max,
+         min(value){finite} AS lo_value, max(value){finite} AS hi_value, count(*) AS points
+  FROM metrics WHERE run_id = :run_id AND "key" = :key
+  GROUP BY (step - :lo) * :n / :width
+)
+SELECT b.step_min, b.step_max, b.lo_value, b.hi_value, b.bucket, m.value, b.points
+FROM b JOIN metrics m ON m.run_id = :run_id AND m."key" = :key AND m.step = b.step_max
+ORDER BY b.bucket
+"""
+_SERIES = {
+    "sqlite": _BUCKETS.format(finite=""),
+    "postgresql": _BUCKETS.format(finite=" FILTER (WHERE value <> 'NaN')"),
+}
+
+
+@router.get("/runs/{run_id}/predictions", response_class=LabJSON)
+@answers
+def predictions(
+    run_id: int,
+    eval: str | None = None,  # the query parameter's name
+    step: str | None = None,
+    limit: int = fastapi.Query(1000, ge=1, le=MAX_PAGE),
+    after: str | None = None,
+    store: Store = StoreDep,
+) -> Any:
+    """One page of a run's prediction rows, in (eval, idx) order, of one eval name and step
+    if asked (``step=final``: the evaluation after training). Each row names its eval,
+    step and idx; ``next`` is the cursor of the next page (pass it as `after`), null on
+    the last page, so paging reads every row exactly once, however the run grows."""
+    cursor = _cursor(after)
+    with connect(store.engine) as conn:
+        _check_run(conn, run_id)
+        query = (
+            sa.select(
+                SqlPrediction.eval_id,
+                SqlEval.name.label("eval"),
+                SqlEval.step,
+                SqlPrediction.idx,
+                SqlPrediction.example_id,
+                SqlPrediction.input,
+                SqlPrediction.output,
+                SqlPrediction.target,
+                SqlPrediction.score,
+                SqlPrediction.extras,
+            )
+            .join(SqlEval, SqlEval.eval_id == SqlPrediction.eval_id)
+            .where(SqlEval.run_id == run_id)
+            .order_by(SqlPrediction.eval_id, SqlPrediction.idx)
+            .limit(limit + 1)
+        )
+        if eval is not None:
+            query = query.where(SqlEval.name == eval)
+        if step is not None:
+            query = query.where(_step_is(step))
+        if cursor is not None:
+            query = query.where(
+                sa.tuple_(SqlPrediction.eval_id, SqlPrediction.idx) > sa.tuple_(*cursor)
+            )
+        rows = [dict(r) for r in conn.execute(query).mappings()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    last = rows[-1] if rows else None
+    following = f"{last['eval_id']}.{last['idx']}" if more and last else None
+    return LabJSON({"predictions": rows, "next": following})
+
+
+def _cursor(after: str | None) -> tuple[int, int] | None:
+    if after is None:
+        return None
+    try:
+        eval_id, idx = after.split(".")
+        return int(eval_id), int(idx)
+    except ValueError:
+        raise Refused(
+            400,
+            f"after={after!r} is not a page cursor; pass the 'next' of the page before",
+            "after",
+        ) from None
+
+
+def _step_is(step: str) -> Any:
+    if step == "final":
+        return SqlEval.step.is_(None)
+    try:
+        return SqlEval.step == int(step)
+    except ValueError:
+        raise Refused(
+            400,
+            f"step={step!r}: give a step number, or 'final' for the eval after training",
+            "step",
+        ) from None
+
+
+@router.get("/runs/{run_id}/evals", response_class=LabJSON)
+@answers
+def evals(run_id: int, store: Store = StoreDep) -> Any:
+    """A run's evaluations in the order they ran: name, step (null after training),
+    metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
+    counts = (
+        sa.select(SqlPrediction.eval_id, sa.func.count().label("n"))
+        .group_by(SqlPrediction.eval_id)
+        .subquery()
+    )
+    with connect(store.engine) as conn:
+        _check_run(conn, run_id)
+        rows = conn.execute(
+            sa.select(
+                SqlEval.eval_id, SqlEval.name, SqlEval.step, SqlEval.metrics,
+                SqlEval.breakdowns, SqlEval.tags, SqlEval.seconds, SqlEval.error,
+                SqlEval.created_at, sa.func.coalesce(counts.c.n, 0).label("predictions"),
+            )
+            .join(counts, counts.c.eval_id == SqlEval.eval_id, isouter=True)
+            .where(SqlEval.run_id == run_id)
+            .order_by(SqlEval.eval_id)
+        ).mappings()  # fmt: skip
+        return LabJSON([dict(r) for r in rows])
+
+
+@router.get("/runs/{run_id}/checkpoints", response_class=LabJSON)
+@answers
+def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
+    """A run's checkpoint manifest rows in the order they were written: saves and removals,
+    with step, path, metrics and reason."""
+    with connect(store.engine) as conn:
+        _check_run(conn, run_id)
+        rows = conn.execute(
+            sa.select(
+                SqlCheckpoint.checkpoint_id, SqlCheckpoint.step, SqlCheckpoint.path,
+                SqlCheckpoint.event, SqlCheckpoint.metrics, SqlCheckpoint.reason,
+                SqlCheckpoint.created_at,
+            )
+            .where(SqlCheckpoint.run_id == run_id)
+            .order_by(SqlCheckpoint.checkpoint_id)
+        ).mappings()  # fmt: skip
+        return LabJSON([dict(r) for r in rows])
+
+
+# -- whole tables -----------------------------------------------------------------------------
+
+
+@router.get("/tables/{table}", response_class=Response)
+@answers
+def table(table: str, experiment: str | None = None, store: Store = StoreDep) -> Any:
+    """Every row of one store table (of one `experiment` if asked) as an Arrow IPC stream:
+    what ``lab.inspect.connect("http://...")`` loads to build its views. JSON columns are
+    their text, NaN is NaN on every backend; token hashes are never served."""
+    return Response(to_ipc(read_table(store, table, experiment)), media_type=ARROW_STREAM)
+
+
+@router.get("/experiments/{name}/export", response_class=Response)
+@answers
+def export(
+    name: str, format: str = "arrow", table: str = "metrics", store: Store = StoreDep
+) -> Any:
+    """One table of an experiment's rows (the tables ``lab export`` writes; `table`
+    defaults to ``metrics``) as an Arrow IPC stream (``format=arrow``) or a Parquet file
+    (``format=parquet``), superseded runs left out, NaN kept."""
+    if format not in ("arrow", "parquet"):
+        raise Refused(400, f"format={format!r}: use arrow or parquet", "format")
+    data = read_table(store, table, name, current=True)
+    if format == "arrow":
+        return Response(to_ipc(data), media_type=ARROW_STREAM)
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(data, sink)
+    headers = {"Content-Disposition": f'attachment; filename="{table}.parquet"'}
+    return Response(sink.getvalue(), media_type=PARQUET, headers=headers)
+
+
+def to_ipc(data: pa.Table) -> bytes:
+    """`data` as the bytes of one Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write_table(data)
+    return sink.getvalue().to_pybytes()
+
+
+def arrow_type(column: sa.Column) -> pa.DataType:
+    """The Arrow type a store column travels as (JSON as its text)."""
+    kind = column.type
+    if isinstance(kind, sa.Integer):
+        return pa.int64()
+    if isinstance(kind, (sa.Double, sa.Float)):
+        return pa.float64()
+    if isinstance(kind, sa.DateTime):
+        return pa.timestamp("us")
+    return pa.string()
+
+
+def table_schema(table: str) -> pa.Schema:
+    """The Arrow schema of store table `table` on the wire."""
+    return pa.schema([(c.name, arrow_type(c)) for c in Base.metadata.tables[table].columns])
+
+
+def read_table(
+    store: Store, table: str, experiment: str | None = None, *, current: bool = False
+) -> pa.Table:
+    """Store table `table` as Arrow: every row, or those of `experiment` (its runs' rows;
+    `current`: superseded runs left out, as ``lab export`` does), in primary-key order."""
+    if table not in SERVED_TABLES:
+        raise Refused(
+            404, f"no table {table!r} to read; the tables: {', '.join(SERVED_TABLES)}", "table"
+        )
+    model = Base.metadata.tables[table]
+    columns = [sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
+               for c in model.columns]  # fmt: skip
+    query = sa.select(*columns).order_by(*model.primary_key.columns)
+    with connect(store.engine) as conn:
+        if experiment is not None:
+            experiment_id = store._experiment_id(conn, experiment)
+            query = query.where(_belongs(model, experiment_id, current=current))
+        rows = conn.execute(query).all()
+    schema = table_schema(table)
+    arrays = []
+    for i, (column, field) in enumerate(zip(model.columns, schema, strict=True)):
+        values = [r[i] for r in rows]
+        if (table, column.name) in NAN_AS_NULL:
+            values = [math.nan if v is None else v for v in values]
+        arrays.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
+    """Which rows of `model` belong to an experiment: its own, its runs', its evals'."""
+    runs = sa.select(SqlRun.run_id).where(SqlRun.experiment_id == experiment_id)
+    if current:
+        runs = runs.where(SqlRun.superseded_at.is_(None))
+    if model.name == "runs" and current:
+        return sa.and_(model.c.experiment_id == experiment_id, model.c.superseded_at.is_(None))
+    if "experiment_id" in model.c:
+        return model.c.experiment_id == experiment_id
+    if "run_id" in model.c:
+        return model.c.run_id.in_(runs)
+    evals = sa.select(SqlEval.eval_id).where(SqlEval.run_id.in_(runs))
+    return model.c.eval_id.in_(evals)
