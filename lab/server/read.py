@@ -239,7 +239,7 @@ def _check_run(conn: sa.Connection, run_id: int) -> None:
 def series(
     run_id: int,
     key: str,
-    buckets: int | None = fastapi.Query(None, ge=1, le=MAX_BUCKETS),
+    buckets: int | None = None,
     store: Store = StoreDep,
 ) -> Any:
     """One run's series of `key`, cut into at most `buckets` equal ranges of steps, each
@@ -249,6 +249,8 @@ def series(
 
     Computed in the database, one GROUP BY over the (run, key, step) index, so a series of
     a million points answers in milliseconds with what a plot needs: its envelope."""
+    if buckets is not None and not 1 <= buckets <= MAX_BUCKETS:
+        raise Refused(400, f"buckets={buckets}: give 1 to {MAX_BUCKETS} buckets", "buckets")
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
         span = conn.execute(
@@ -329,7 +331,7 @@ def predictions(
     run_id: int,
     eval: str | None = None,  # the query parameter's name
     step: str | None = None,
-    limit: int = fastapi.Query(1000, ge=1, le=MAX_PAGE),
+    limit: int = 1000,
     after: str | None = None,
     store: Store = StoreDep,
 ) -> Any:
@@ -337,6 +339,8 @@ def predictions(
     if asked (``step=final``: the evaluation after training). Each row names its eval,
     step and idx; ``next`` is the cursor of the next page (pass it as `after`), null on
     the last page, so paging reads every row exactly once, however the run grows."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise Refused(400, f"limit={limit}: a page holds 1 to {MAX_PAGE} rows", "limit")
     cursor = _cursor(after)
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
