@@ -72,8 +72,9 @@ class HttpReads:
 
     def series(self, run_id: int, key: str, buckets: int | None = None) -> dict[str, Any]:
         """One run's series of `key`, cut into at most `buckets` ranges of steps (all points
-        when left out): lists ``step_min``, ``step_max``, ``min``, ``max``, ``last``,
-        ``count``, and ``points`` (how many the series holds)."""
+        when left out): lists ``step_min``, ``step_max``, ``min``, ``max`` (NaN left out;
+        None when a bucket holds only NaN) and ``last``, and ``points`` (how many the series
+        holds)."""
         got = self._get(f"/runs/{int(run_id)}/series", key=key, buckets=buckets)
         for name in ("min", "max", "last"):
             got[name] = [_float(v) for v in got[name]]
