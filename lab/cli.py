@@ -258,13 +258,24 @@ def run_file(
         raise typer.Exit(1)
 
 
+def _reading(store: str | None) -> Any:
+    """The store a command that only reads opens: a `Store` read-only, or for a `lab serve`
+    URL an `HttpStore` (token from LAB_TOKEN), which reads through the server."""
+    from lab.store import Store, resolve_url
+
+    url = resolve_url(store)
+    if url.backend in ("http", "https"):
+        from lab.store.http import HttpStore
+
+        return HttpStore(url)
+    return Store(url, readonly=True)
+
+
 @app.command("ls")
 @_clean_errors
 def list_experiments(store: StoreOption = None) -> None:
     """List experiments with their status and run counts."""
-    from lab.store import Store
-
-    s = Store(store, readonly=True)
+    s = _reading(store)
     try:
         rows = s.list_experiments()
     finally:
@@ -325,9 +336,7 @@ def show(
 
     With --run KEY, one run: where and how long it ran, its error and its traceback.
     """
-    from lab.store import Store
-
-    s = Store(store, readonly=True)
+    s = _reading(store)
     try:
         exp = s.get_experiment(name)
     finally:

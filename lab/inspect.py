@@ -23,6 +23,9 @@ so the store is ATTACHed read-only and queried in place, with no download. If a 
 cannot be loaded, the tables are copied in through Arrow instead; the views are the same.
 A folder written by ``lab export`` (one Parquet file per table) is read the same way: the
 views are built over its files, so a notebook reads an export like the store it came from.
+A ``lab serve`` server's URL (``http(s)://host:port``, its token from ``LAB_TOKEN``) is read
+through its read API: each table comes over as Arrow into an in-memory DuckDB, and the
+views are the same (the server's token and ingest tables show empty).
 
 >>> import lab.inspect
 >>> con = lab.inspect.connect("sqlite:///:memory:")          # doctest: +SKIP
@@ -46,7 +49,7 @@ from lab.errors import ConfigError, SchemaTooOld, StoreError
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import TABLES, Base
+from lab.store.schema import PRIVATE_TABLES, TABLES, Base
 from lab.store.store import Store
 
 log = logger("lab.inspect")
@@ -78,9 +81,20 @@ def connect(
     `url` may instead be a folder written by ``lab export`` (or `lab.export.export`): the
     views then read its Parquet files in place (`lab_source.mode` is ``'parquet'``), so an
     experiment shared as a folder is queried with the same SQL as the store itself.
+
+    An ``http(s)://`` URL is a `lab serve` server (token: ``LAB_TOKEN``): its tables come
+    over its read API as Arrow (`lab_source.mode` is ``'http'``), and the views, `summary`,
+    `predictions` and `disagreements` work on them unchanged.
     """
     if mode not in ("auto", "attach", "arrow"):
         raise ConfigError(f"mode={mode!r}: use 'auto', 'attach' or 'arrow'")
+    if _is_http(url):
+        if mode == "attach":
+            raise ConfigError(
+                "mode='attach' reads a SQL store in place; a lab serve URL is copied in "
+                "through Arrow: leave mode out"
+            )
+        return _connect_http(url)
     if url is not None and _is_folder(url):
         if mode != "auto":
             raise ConfigError(
@@ -143,6 +157,42 @@ def _missing_columns(store: Store) -> dict[str, set[str]]:
         present = {c["name"] for c in found.get_columns(name)} if name in tables else set()
         missing[name] = {c.name for c in Base.metadata.tables[name].columns} - present
     return missing
+
+
+def _is_http(url: str | os.PathLike[str] | None) -> bool:
+    """Whether `url` (else ``LAB_STORE_URL``) names a `lab serve` server."""
+    text = os.fspath(url) if url is not None else os.environ.get("LAB_STORE_URL", "")
+    return text.strip().lower().startswith(("http://", "https://"))
+
+
+def _connect_http(url: str | os.PathLike[str] | None) -> duckdb.DuckDBPyConnection:
+    """The views of `connect`, over the tables a `lab serve` server hands out as Arrow.
+
+    The server sends NaN as NaN and JSON as its text (as a PostgreSQL store reads), so the
+    views are built as over one; the tables it never serves are there, empty.
+    """
+    from lab.store.http import HttpStore
+
+    store = HttpStore(os.fspath(url) if url is not None else None)
+    try:
+        con = duckdb.connect()
+        con.execute("CREATE SCHEMA store")
+        for name in TABLES:
+            if name in PRIVATE_TABLES:
+                schema = pa.schema([(c.name, _arrow_type(c))
+                                    for c in Base.metadata.tables[name].columns])  # fmt: skip
+                data = schema.empty_table()
+            else:
+                data = store.table(name)
+            con.register("_lab_arrow", data)
+            con.execute(f'CREATE TABLE store."{name}" AS SELECT * FROM _lab_arrow')
+            con.unregister("_lab_arrow")
+        _create_views(con, nan_is_null=False)
+        shown = [store.url.shown, "http"]
+        con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", shown)
+        return con
+    finally:
+        store.close()
 
 
 def _is_folder(url: str | os.PathLike[str]) -> bool:

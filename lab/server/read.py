@@ -28,6 +28,7 @@ from lab.errors import LabError, NoExperiment, NoRun
 from lab.store import Store
 from lab.store.engine import connect
 from lab.store.schema import (
+    PRIVATE_TABLES,
     TABLES,
     Base,
     SqlArm,
@@ -42,8 +43,6 @@ from lab.store.schema import (
 
 router = fastapi.APIRouter(tags=["read"])
 
-#: Tables the read API never serves: token hashes and the ingest bookkeeping.
-PRIVATE_TABLES = ("tokens", "ingest_batches")
 #: Tables ``/tables`` serves: what `lab.inspect.connect` builds its views over.
 SERVED_TABLES = tuple(t for t in TABLES if t not in PRIVATE_TABLES)
 #: Columns SQLite keeps NaN in as NULL (a metric value is never missing): NaN again on the wire.

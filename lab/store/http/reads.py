@@ -29,7 +29,7 @@ class HttpReads:
     ) -> httpx.Response:
         raise NotImplementedError  # HttpStore's client gives it
 
-    def _get(self, path: str, **params: Any) -> Any:
+    def _read(self, path: str, **params: Any) -> Any:
         given = {k: v for k, v in params.items() if v is not None}
         return self._request("GET", path, params=given or None).json()
 
@@ -37,12 +37,12 @@ class HttpReads:
     def list_experiments(self) -> list[dict[str, Any]]:
         """Every experiment with its status and run counts, newest first (as
         `Store.list_experiments`)."""
-        return [_times(row) for row in self._get("/experiments")]
+        return [_times(row) for row in self._read("/experiments")]
 
     def get_experiment(self, name: str) -> dict[str, Any]:
         """An experiment with its arms and runs, as `Store.get_experiment` gives it (what
         ``lab show`` prints); `NoExperiment` names the known ones."""
-        exp = _times(self._get(f"/experiments/{_part(name)}"))
+        exp = _times(self._read(f"/experiments/{_part(name)}"))
         exp["runs"] = [_run(r) for r in exp["runs"]]
         return exp
 
@@ -67,7 +67,7 @@ class HttpReads:
     def summaries(self, experiment: str, key: str | None = None) -> list[dict[str, Any]]:
         """One row per current run and metric key: count, first and last step, last value,
         min and max (the ``final_metrics`` view's numbers, read without a scan)."""
-        rows = self._get(f"/experiments/{_part(experiment)}/summaries", key=key)
+        rows = self._read(f"/experiments/{_part(experiment)}/summaries", key=key)
         return [_numbers(r, ("last_value", "min_value", "max_value")) for r in rows]
 
     def series(self, run_id: int, key: str, buckets: int | None = None) -> dict[str, Any]:
@@ -75,7 +75,7 @@ class HttpReads:
         when left out): lists ``step_min``, ``step_max``, ``min``, ``max`` (NaN left out;
         None when a bucket holds only NaN) and ``last``, and ``points`` (how many the series
         holds)."""
-        got = self._get(f"/runs/{int(run_id)}/series", key=key, buckets=buckets)
+        got = self._read(f"/runs/{int(run_id)}/series", key=key, buckets=buckets)
         for name in ("min", "max", "last"):
             got[name] = [_float(v) for v in got[name]]
         return got
@@ -92,7 +92,7 @@ class HttpReads:
         after training), in (eval, idx) order, fetched `page` rows at a time."""
         after = None
         while True:
-            got = self._get(
+            got = self._read(
                 f"/runs/{int(run_id)}/predictions", eval=eval, step=step, limit=page, after=after
             )
             for row in got["predictions"]:
@@ -103,14 +103,14 @@ class HttpReads:
 
     def evals(self, run_id: int) -> list[dict[str, Any]]:
         """A run's evaluations: name, step, metrics, breakdowns, tags, seconds, error."""
-        rows = [_times(r) for r in self._get(f"/runs/{int(run_id)}/evals")]
+        rows = [_times(r) for r in self._read(f"/runs/{int(run_id)}/evals")]
         for row in rows:
             row["metrics"] = floats_back(row["metrics"] or {})
         return rows
 
     def checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         """A run's checkpoint manifest rows (saves and removals), in the order written."""
-        rows = [_times(r) for r in self._get(f"/runs/{int(run_id)}/checkpoints")]
+        rows = [_times(r) for r in self._read(f"/runs/{int(run_id)}/checkpoints")]
         for row in rows:
             row["metrics"] = floats_back(row["metrics"] or {})
         return rows
