@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -372,3 +375,59 @@ def test_reads_need_a_token_and_a_read_token_cannot_write(served: Served) -> Non
     assert refused.json()["detail"] == "a read token cannot write; use a write token"
     with served.client(served.write_token) as c:  # a write token reads too
         assert c.get("/api/v1/experiments").json() == []
+
+
+def _lab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lab.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_the_best_arm_mean_is_the_same_through_every_door(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = quickstart(served.store_url, output_dir=tmp_path / "runs", steps=STEPS)
+    local = result.summary("val/loss")
+    best = local.best_arm
+    assert best is not None
+    mean = local.row(best, "val/loss").mean
+
+    # lab.inspect over HTTP: the same views, the same summary
+    monkeypatch.setenv("LAB_TOKEN", served.read_token)
+    con = lab.inspect.connect(served.url)
+    assert con.sql("select url, mode from lab_source").fetchone() == (served.url, "http")
+    ranked = lab.inspect.summary(con, "quickstart", "val/loss").df()
+    top = ranked[ranked["is_best"]].iloc[0]
+    assert (top["arm"], top["mean"]) == (best, mean)
+    assert ranked.equals(lab.inspect.summary(lab.inspect.connect(served.store_url),
+                                             "quickstart", "val/loss").df())  # fmt: skip
+    assert lab.inspect.predictions(con, "quickstart", "holdout").fetchall() == (
+        lab.inspect.predictions(
+            lab.inspect.connect(served.store_url), "quickstart", "holdout"
+        ).fetchall()
+    )
+    for table in ("runs", "metrics", "final_metrics", "evals", "predictions", "tokens"):
+        want = lab.inspect.connect(served.store_url).sql(f"select count(*) from {table}")
+        got = con.sql(f"select count(*) from {table}").fetchone()
+        assert got == (want.fetchone()[0] if table != "tokens" else 0,), table
+
+    # lab show over HTTP: the very text it prints from the store itself
+    env = {"LAB_TOKEN": served.read_token, "PYTHONPATH": str(Path(__file__).parents[1])}
+    remote = _lab("show", "quickstart", "--store", served.url, "--metrics", "val/loss", env=env)
+    here = _lab("show", "quickstart", "--store", served.store_url, "--metrics", "val/loss", env=env)
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == here.stdout
+    values = [float(line.split()[6]) for line in remote.stdout.splitlines()
+              if line.startswith(f"{best}-r")]  # fmt: skip
+    assert len(values) == 3
+    assert sum(values) / 3 == pytest.approx(mean, rel=1e-3)  # printed to 4 digits
+    listed = _lab("ls", "--store", served.url, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == _lab("ls", "--store", served.store_url, env=env).stdout
+    missing = _lab("show", "nope", "--store", served.url, env=env)
+    assert missing.returncode == 1
+    assert missing.stderr == "error: no experiment named 'nope' in the store; known: quickstart\n"
