@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import pyarrow as pa
@@ -24,10 +24,9 @@ _TIMES = ("created_at", "ended_at", "started_at")
 class HttpReads:
     """Reads of a `lab serve` server; `HttpStore` includes it (its `_request` does the work)."""
 
-    def _request(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, **kwargs: Any
-    ) -> httpx.Response:
-        raise NotImplementedError  # HttpStore's client gives it
+    if TYPE_CHECKING:  # HttpStore's client (lab.store.http.client) gives it
+
+        def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response: ...
 
     def _read(self, path: str, **params: Any) -> Any:
         given = {k: v for k, v in params.items() if v is not None}
