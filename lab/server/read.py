@@ -313,7 +313,7 @@ def downsample(
     SQLite: the buckets go into a temporary table (gone with the transaction) scanned in
     its key order, joined to each bucket's range of the metrics index, so the GROUP BY needs
     no sort of the points; the first and last step and the last value are index seeks.
-    PostgreSQL groups by the bucket number (a hash aggregate), NaN filtered out of min/max.
+    PostgreSQL scans each bucket's range of the index in a LATERAL subquery.
     """
     args = {"run_id": run_id, "key": key, "lo": lo, "width": hi - lo + 1, "n": n}
     if dialect != "sqlite":
@@ -347,19 +347,26 @@ SELECT b.i, (SELECT min(m.step) FROM metrics m WHERE {_IN_BUCKET}),
        (SELECT m.value FROM metrics m WHERE {_IN_BUCKET} ORDER BY m.step DESC LIMIT 1)
 FROM temp.lab_buckets b ORDER BY b.i
 """
-# PostgreSQL orders NaN above every number: it is filtered out of min and max. The last
-# value is looked up by the bucket's last step through the primary key.
+# PostgreSQL: each bucket is one index range scan (a LATERAL subquery per bucket number),
+# so no hash or sort of the points; NaN, which it orders above every number, is filtered
+# out of min and max. The last value is looked up by the bucket's last step.
 _PG_BUCKETS = """
 WITH b AS (
-  SELECT (step - :lo) * :n / :width AS bucket, min(step) AS step_min, max(step) AS step_max,
-         min(value) FILTER (WHERE value <> 'NaN') AS lo_value,
-         max(value) FILTER (WHERE value <> 'NaN') AS hi_value
-  FROM metrics WHERE run_id = :run_id AND "key" = :key
-  GROUP BY 1
+  SELECT b.i, s.step_min, s.step_max, s.lo_value, s.hi_value
+  FROM generate_series(0, :n - 1) AS b(i), LATERAL (
+    SELECT min(m.step) AS step_min, max(m.step) AS step_max,
+           min(m.value) FILTER (WHERE m.value <> 'NaN') AS lo_value,
+           max(m.value) FILTER (WHERE m.value <> 'NaN') AS hi_value
+    FROM metrics m
+    WHERE m.run_id = :run_id AND m."key" = :key
+      AND m.step >= :lo + (b.i * :width + :n - 1) / :n
+      AND m.step < :lo + ((b.i + 1) * :width + :n - 1) / :n
+  ) s
+  WHERE s.step_min IS NOT NULL
 )
 SELECT b.step_min, b.step_max, b.lo_value, b.hi_value, m.value
 FROM b JOIN metrics m ON m.run_id = :run_id AND m."key" = :key AND m.step = b.step_max
-ORDER BY b.bucket
+ORDER BY b.i
 """
 
 
