@@ -5,8 +5,10 @@ from the same rows."""
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -431,3 +433,30 @@ def test_the_best_arm_mean_is_the_same_through_every_door(
     missing = _lab("show", "nope", "--store", served.url, env=env)
     assert missing.returncode == 1
     assert missing.stderr == "error: no experiment named 'nope' in the store; known: quickstart\n"
+
+
+def test_the_readme_curl_lines_run(recorded: tuple[Served, Store]) -> None:
+    served, store = recorded
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+             for line in block.splitlines() if line.startswith("curl ")]  # fmt: skip
+    assert len(lines) == 2
+    env = {**os.environ, "LAB_TOKEN": served.read_token}
+    answers = []
+    for line in lines:
+        command = line.replace("http://127.0.0.1:8765", served.url)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, (line, done.stderr)
+        answers.append(json.loads(done.stdout))
+    experiments, series = answers
+    assert [e["name"] for e in experiments] == ["quickstart"]
+    assert (series["run_id"], series["key"], series["points"], series["buckets"]) == (
+        1,
+        "loss",
+        STEPS,
+        4,
+    )
+    assert series["step_min"] == [1, 6, 11, 16] and series["step_max"] == [5, 10, 15, 20]
+    values = [v for _, v in store.metric_values(1, "loss")]
+    assert series["min"] == [min(values[i : i + 5]) for i in range(0, STEPS, 5)]
+    assert series["last"] == [values[i + 4] for i in range(0, STEPS, 5)]
