@@ -460,3 +460,33 @@ def test_the_readme_curl_lines_run(recorded: tuple[Served, Store]) -> None:
     values = [v for _, v in store.metric_values(1, "loss")]
     assert series["min"] == [min(values[i : i + 5]) for i in range(0, STEPS, 5)]
     assert series["last"] == [values[i + 4] for i in range(0, STEPS, 5)]
+
+
+def test_names_with_slashes_quotes_and_dots_are_read_as_names(served: Served) -> None:
+    names = ["mnist/lr sweep", "../../etc/passwd", "a'; drop table runs; --", "runs"]
+    store = Store(served.store_url)
+    try:
+        for name in names:
+            _series_run_named(store, name)
+        want = {name: store.get_experiment(name) for name in names}
+    finally:
+        store.close()
+    reader = _reader(served)
+    for name in names:
+        assert reader.get_experiment(name) == want[name]
+        assert [r["run_key"] for r in reader.runs(name)] == ["a-r0"]
+        assert [r["key"] for r in reader.summaries(name)] == ["y"]
+        assert reader.table("runs", experiment=name).column("run_key").to_pylist() == ["a-r0"]
+    assert sorted(e["name"] for e in reader.list_experiments()) == sorted(names)
+
+
+def _series_run_named(store: Store, name: str) -> None:
+    exp = store.begin_experiment(name, config={}, seed=0, repeats=1)
+    arm = store.add_arm(exp, "a", overrides={}, config={})
+    group = store.add_group(exp, "a", arm_id=arm)
+    run = store.start_run(
+        exp, group, run_key="a-r0", arm_id=arm, repeat=0, stage=0, seed=0, config={},
+        output_dir=None,
+    )  # fmt: skip
+    store.log_metrics(run, 1, {"y": 1.0})
+    store.flush()

@@ -121,15 +121,7 @@ def list_experiments(
     return LabJSON(rows)
 
 
-@router.get("/experiments/{name}", response_class=LabJSON)
-@answers
-def get_experiment(name: str, store: Store = StoreDep) -> Any:
-    """One experiment, its arms and runs with their last metric values: what ``lab show``
-    prints (`Store.get_experiment`)."""
-    return LabJSON(store.get_experiment(name))
-
-
-@router.get("/experiments/{name}/runs", response_class=LabJSON)
+@router.get("/experiments/{name:path}/runs", response_class=LabJSON)
 @answers
 def list_runs(name: str, request: fastapi.Request, store: Store = StoreDep) -> Any:
     """An experiment's current runs with their config and last metric values, filtered by
@@ -185,7 +177,7 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-@router.get("/experiments/{name}/summaries", response_class=LabJSON)
+@router.get("/experiments/{name:path}/summaries", response_class=LabJSON)
 @answers
 def summaries(name: str, key: str | None = None, store: Store = StoreDep) -> Any:
     """One row per current run and metric key (of one `key` if asked): the run's experiment,
@@ -506,7 +498,7 @@ def table(table: str, experiment: str | None = None, store: Store = StoreDep) ->
     return Response(to_ipc(read_table(store, table, experiment)), media_type=ARROW_STREAM)
 
 
-@router.get("/experiments/{name}/export", response_class=Response)
+@router.get("/experiments/{name:path}/export", response_class=Response)
 @answers
 def export(
     name: str, format: str = "arrow", table: str = "metrics", store: Store = StoreDep
@@ -593,3 +585,12 @@ def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
         return model.c.run_id.in_(runs)
     evals = sa.select(SqlEval.eval_id).where(SqlEval.run_id.in_(runs))
     return model.c.eval_id.in_(evals)
+
+
+@router.get("/experiments/{name:path}", response_class=LabJSON)
+@answers
+def get_experiment(name: str, store: Store = StoreDep) -> Any:
+    """One experiment, its arms and runs with their last metric values: what ``lab show``
+    prints (`Store.get_experiment`). Registered last: a name may hold ``/`` (sent as
+    ``%2F``), so the routes under an experiment must be tried first."""
+    return LabJSON(store.get_experiment(name))
