@@ -25,7 +25,7 @@ A folder written by ``lab export`` (one Parquet file per table) is read the same
 views are built over its files, so a notebook reads an export like the store it came from.
 A ``lab serve`` server's URL (``http(s)://host:port``, its token from ``LAB_TOKEN``) is read
 through its read API: each table comes over as Arrow into an in-memory DuckDB, and the
-views are the same (the server's token and ingest tables show empty).
+views are the same.
 
 >>> import lab.inspect
 >>> con = lab.inspect.connect("sqlite:///:memory:")          # doctest: +SKIP
@@ -49,7 +49,7 @@ from lab.errors import ConfigError, SchemaTooOld, StoreError
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import PRIVATE_TABLES, TABLES, Base
+from lab.store.schema import TABLES, Base
 from lab.store.store import Store
 
 log = logger("lab.inspect")
@@ -169,7 +169,7 @@ def _connect_http(url: str | os.PathLike[str] | None) -> duckdb.DuckDBPyConnecti
     """The views of `connect`, over the tables a `lab serve` server hands out as Arrow.
 
     The server sends NaN as NaN and JSON as its text (as a PostgreSQL store reads), so the
-    views are built as over one; the tables it never serves are there, empty.
+    views are built as over one.
     """
     from lab.store.http import HttpStore
 
@@ -178,12 +178,7 @@ def _connect_http(url: str | os.PathLike[str] | None) -> duckdb.DuckDBPyConnecti
         con = duckdb.connect()
         con.execute("CREATE SCHEMA store")
         for name in TABLES:
-            if name in PRIVATE_TABLES:
-                schema = pa.schema([(c.name, _arrow_type(c))
-                                    for c in Base.metadata.tables[name].columns])  # fmt: skip
-                data = schema.empty_table()
-            else:
-                data = store.table(name)
+            data = store.table(name)
             con.register("_lab_arrow", data)
             con.execute(f'CREATE TABLE store."{name}" AS SELECT * FROM _lab_arrow')
             con.unregister("_lab_arrow")

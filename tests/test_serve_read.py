@@ -412,10 +412,9 @@ def test_the_best_arm_mean_is_the_same_through_every_door(
             lab.inspect.connect(served.store_url), "quickstart", "holdout"
         ).fetchall()
     )
-    for table in ("runs", "metrics", "final_metrics", "evals", "predictions", "tokens"):
+    for table in ("runs", "metrics", "final_metrics", "evals", "predictions"):
         want = lab.inspect.connect(served.store_url).sql(f"select count(*) from {table}")
-        got = con.sql(f"select count(*) from {table}").fetchone()
-        assert got == (want.fetchone()[0] if table != "tokens" else 0,), table
+        assert con.sql(f"select count(*) from {table}").fetchone() == want.fetchone(), table
 
     # lab show over HTTP: the very text it prints from the store itself
     env = {"LAB_TOKEN": served.read_token, "PYTHONPATH": str(Path(__file__).parents[1])}

@@ -28,7 +28,6 @@ from lab.errors import LabError, NoExperiment, NoRun
 from lab.store import Store
 from lab.store.engine import connect
 from lab.store.schema import (
-    PRIVATE_TABLES,
     TABLES,
     Base,
     SqlArm,
@@ -43,8 +42,9 @@ from lab.store.schema import (
 
 router = fastapi.APIRouter(tags=["read"])
 
-#: Tables ``/tables`` serves: what `lab.inspect.connect` builds its views over.
-SERVED_TABLES = tuple(t for t in TABLES if t not in PRIVATE_TABLES)
+#: Tables ``/tables`` serves: what `lab.inspect.connect` builds its views over (never the
+#: server's own `PRIVATE_TABLES`: token hashes, ingest bookkeeping).
+SERVED_TABLES = TABLES
 #: Columns SQLite keeps NaN in as NULL (a metric value is never missing): NaN again on the wire.
 NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 #: The most predictions one page holds, and the most buckets one series is cut into.
