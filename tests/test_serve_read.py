@@ -489,3 +489,39 @@ def _series_run_named(store: Store, name: str) -> None:
     )  # fmt: skip
     store.log_metrics(run, 1, {"y": 1.0})
     store.flush()
+
+
+_CRASH = """
+import os, signal, sys
+from lab.store import Store
+store = Store(sys.argv[1])
+exp = store.begin_experiment("crashy", config={}, seed=0, repeats=1)
+arm = store.add_arm(exp, "a", overrides={}, config={})
+group = store.add_group(exp, "a", arm_id=arm)
+store.start_run(exp, group, run_key="a-r0", arm_id=arm, repeat=0, stage=0, seed=0, config={},
+                output_dir=None)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_run_whose_process_died_shows_crashed_as_lab_show_shows_it(served: Served) -> None:
+    done = subprocess.run([sys.executable, "-c", _CRASH, served.store_url], timeout=120)
+    assert done.returncode == -9
+    local = Store(served.store_url, readonly=True)
+    try:
+        want = local.get_experiment("crashy")
+        listed = local.list_experiments()
+    finally:
+        local.close()
+    assert want["runs"][0]["status"] == "crashed"
+    reader = _reader(served)
+    assert reader.get_experiment("crashy") == want
+    assert reader.list_experiments() == listed
+    assert [r["run_key"] for r in reader.runs("crashy", status="crashed")] == ["a-r0"]
+    writer = Store(served.store_url, migrate=False)  # the store itself: nothing was written
+    try:
+        with writer.engine.connect() as conn:
+            status = conn.execute(sa.text("select status from runs")).scalar_one()
+    finally:
+        writer.close()
+    assert status == "running"

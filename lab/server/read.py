@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import math
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -95,9 +96,24 @@ def answers(fn: Callable[..., Any]) -> Callable[..., Any]:
     return route
 
 
+_OPENING = threading.Lock()
+
+
 def store_of(request: fastapi.Request) -> Store:
-    """The store the app serves (a dependency, so routes name it as a parameter)."""
-    return request.app.state.store
+    """The store the reads go to: the app's store opened a second time, read-only, as
+    ``lab ls`` and ``lab show`` open it, so a run whose process is gone shows as crashed
+    over HTTP exactly as it does there (and reads never write). Opened on first use."""
+    state = request.app.state
+    reader = getattr(state, "reader", None)
+    if reader is None:
+        with _OPENING:
+            reader = getattr(state, "reader", None)
+            if reader is None:
+                served: Store = state.store
+                private = served.engine.url.database in (None, "", ":memory:")
+                reader = served if private else Store(served.url, readonly=True)
+                state.reader = reader
+    return reader
 
 
 StoreDep = fastapi.Depends(store_of)
