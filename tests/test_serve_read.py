@@ -26,7 +26,7 @@ from lab.demo import quickstart
 from lab.records import ManifestRow
 from lab.store import Store
 from lab.store.http.reads import HttpReads
-from tests.served import Served
+from tests.served import Served, free_port
 
 STEPS = 20
 
@@ -525,3 +525,20 @@ def test_a_run_whose_process_died_shows_crashed_as_lab_show_shows_it(served: Ser
     finally:
         writer.close()
     assert status == "running"
+
+
+def test_the_reading_section_of_docs_serve_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    page = (Path(__file__).parents[1] / "docs" / "serve.md").read_text(encoding="utf-8")
+    section = page.split("## Reading from it", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1
+    port = str(free_port())  # the page's port may be taken here
+    code = blocks[0].replace("8766", port)
+    try:
+        exec(compile(code, "docs/serve.md", "exec"), {"__name__": "docs"})
+    finally:
+        os.environ.pop("LAB_TOKEN", None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "40 [1, 11, 21, 31] [10, 20, 30, 40]"  # 40 points in 4 buckets
+    assert out[-1] == "64 h00"
+    assert "sgd-lr0.1" in "\n".join(out[:-2]) and "True" in "\n".join(out[:-2])
