@@ -148,7 +148,13 @@ def _check_rl_cartpole_page(out: str, namespace: dict[str, object]) -> None:
 
 
 def _check_serve_page(out: str, namespace: dict[str, object]) -> None:
-    assert out.splitlines() == ["['completed', 'completed', 'completed', 'completed']", "completed"]
+    assert out.splitlines() == [
+        "['completed', 'completed', 'completed', 'completed']",
+        "completed",
+        "sgd-lr0.1 3",  # reading it: the best arm over HTTP, a series in 4 buckets, predictions
+        "40 [1, 11, 21, 31] [10, 20, 30, 40]",
+        "64 h00",
+    ]
 
 
 PAGES = {

@@ -2,8 +2,10 @@
 
 A store URL ``http(s)://host:port`` opens one (`lab.store.open_store`), so
 ``Experiment(store="http://...")``, ``LAB_STORE_URL`` and experiment files record through
-the server unchanged. Its parts, one module each: `client` (the connection, the token,
-errors and retries), `writes` (every write: ids at once, the rest in ordered idempotent
+the server unchanged, and ``lab ls``, ``lab show`` and `lab.inspect` read through it. Its
+parts, one module each: `client` (the connection, the token, errors and retries), `reads`
+(the read API: what `Store` reads, and a series downsampled, predictions by the page, a
+table as Arrow), `writes` (every write: ids at once, the rest in ordered idempotent
 batches), `sender` (the background thread that posts the batches) and `spool` (batches kept
 in the run folder while the server is away, replayed when it is back or by ``lab sync``).
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from lab.errors import ConfigError
 from lab.store.http.client import HttpClient, retry_window
+from lab.store.http.reads import HttpReads
 from lab.store.http.sender import post
 from lab.store.http.spool import pending
 from lab.store.http.writes import HttpWrites
@@ -21,11 +24,12 @@ from lab.store.http.writes import HttpWrites
 __all__ = ["HttpStore", "retry_window", "sync"]
 
 
-class HttpStore(HttpWrites, HttpClient):
+class HttpStore(HttpReads, HttpWrites, HttpClient):
     """A `lab serve` server at `url`, used as a store.
 
     >>> store = HttpStore("http://127.0.0.1:8765", token="lab_...")  # doctest: +SKIP
     >>> SqlLogger(store)  # records every experiment, run and metric through the server
+    >>> store.series(run_id, "loss", buckets=500)  # min and max per bucket    # doctest: +SKIP
     """
 
 
