@@ -688,3 +688,27 @@ def test_the_dry_run_warns_of_a_name_close_to_a_known_one(tmp_path: Path) -> Non
         "warning: EarlyStopping('los'): no known source logs 'los'; did you mean 'loss'?",
         "metrics looked for at each run's first step or eval: los, val/loss",
     ]
+
+
+def test_a_file_whose_store_is_a_lab_serve_url_records_through_it(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.served import serve
+
+    server = serve(sqlite_url)
+    try:
+        path = write(tmp_path / "exp", "lr-sweep.yaml", spec(store=server.url))
+        monkeypatch.setenv("LAB_TOKEN", server.write_token)  # the token never goes in a file
+        out = lab_run(path, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert "lr-sweep: 4 runs (4 completed)" in out.stdout
+        assert server.write_token not in out.stdout + out.stderr
+    finally:
+        server.stop()
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    assert rows(db, "select name, status from experiments") == [("lr-sweep", "completed")]
+    assert rows(db, RUNS_BY_ARM) == [
+        ("large", "large-r0", "completed"), ("large", "large-r1", "completed"),
+        ("small", "small-r0", "completed"), ("small", "small-r1", "completed"),
+    ]  # fmt: skip
+    assert rows(db, "select count(*) from metrics") == [(4 * POINTS_PER_RUN,)]
