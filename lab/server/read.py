@@ -10,12 +10,10 @@ float again. An unknown experiment or run answers 404, a bad parameter 400, each
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import math
 import threading
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +23,8 @@ import sqlalchemy as sa
 from fastapi.responses import JSONResponse, Response
 
 from lab._json import finite_json
-from lab.errors import LabError, NoExperiment, NoRun
+from lab.errors import NoRun
+from lab.server.app import Rejected
 from lab.store import Store
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -70,32 +69,6 @@ def _iso(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-class Refused(Exception):
-    """A request the read API answers with a 4xx and one line, naming the field."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.field = status, detail, field
-
-
-def answers(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Let a route raise `Refused` or a `LabError` and answer it as a 4xx with the JSON
-    shape of every error (an unknown experiment or run is a 404, any other 400)."""
-
-    @functools.wraps(fn)
-    def route(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Refused as exc:
-            return LabJSON({"detail": exc.detail, "field": exc.field}, status_code=exc.status)
-        except (NoExperiment, NoRun) as exc:
-            return LabJSON({"detail": str(exc), "field": None}, status_code=404)
-        except LabError as exc:
-            return LabJSON({"detail": str(exc), "field": None}, status_code=400)
-
-    return route
-
-
 _OPENING = threading.Lock()
 
 
@@ -123,7 +96,6 @@ StoreDep = fastapi.Depends(store_of)
 
 
 @router.get("/experiments", response_class=LabJSON)
-@answers
 def list_experiments(
     status: str | None = None, tag: str | None = None, store: Store = StoreDep
 ) -> Any:
@@ -138,7 +110,6 @@ def list_experiments(
 
 
 @router.get("/experiments/{name:path}/runs", response_class=LabJSON)
-@answers
 def list_runs(name: str, request: fastapi.Request, store: Store = StoreDep) -> Any:
     """An experiment's current runs with their config and last metric values, filtered by
     ``status=`` and by config fields: ``config.lr=0.01``, ``config.model.width=64`` (dotted
@@ -151,7 +122,7 @@ def list_runs(name: str, request: fastapi.Request, store: Store = StoreDep) -> A
         elif field.startswith("config.") and len(field) > len("config."):
             wanted.append((field[len("config.") :].split("."), _json_or_text(text)))
         else:
-            raise Refused(
+            raise Rejected(
                 400,
                 f"unknown filter {field!r}: filter by status= or by config.<field>=<value>",
                 field,
@@ -194,7 +165,6 @@ def _json_or_text(text: str) -> Any:
 
 
 @router.get("/experiments/{name:path}/summaries", response_class=LabJSON)
-@answers
 def summaries(name: str, key: str | None = None, store: Store = StoreDep) -> Any:
     """One row per current run and metric key (of one `key` if asked): the run's experiment,
     arm, repeat, key and status, and the metric's count, first and last step, last value,
@@ -242,7 +212,6 @@ def _check_run(conn: sa.Connection, run_id: int) -> None:
 
 
 @router.get("/runs/{run_id}/series", response_class=LabJSON)
-@answers
 def series(
     run_id: int,
     key: str,
@@ -258,7 +227,7 @@ def series(
     a million points answers in a fraction of a second with what a plot needs: its envelope.
     """
     if buckets is not None and not 1 <= buckets <= MAX_BUCKETS:
-        raise Refused(400, f"buckets={buckets}: give 1 to {MAX_BUCKETS} buckets", "buckets")
+        raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_BUCKETS} buckets", "buckets")
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
         span = conn.execute(
@@ -272,7 +241,7 @@ def series(
                 .where(SqlSummary.run_id == run_id)
                 .order_by(SqlSummary.key)
             ).scalars()
-            raise Refused(
+            raise Rejected(
                 404,
                 f"run {run_id} has no metric {key!r}; it has: {', '.join(known) or 'none'}",
                 "key",
@@ -379,7 +348,6 @@ ORDER BY b.i
 
 
 @router.get("/runs/{run_id}/predictions", response_class=LabJSON)
-@answers
 def predictions(
     run_id: int,
     eval: str | None = None,  # the query parameter's name
@@ -393,7 +361,7 @@ def predictions(
     step and idx; ``next`` is the cursor of the next page (pass it as `after`), null on
     the last page, so paging reads every row exactly once, however the run grows."""
     if not 1 <= limit <= MAX_PAGE:
-        raise Refused(400, f"limit={limit}: a page holds 1 to {MAX_PAGE} rows", "limit")
+        raise Rejected(400, f"limit={limit}: a page holds 1 to {MAX_PAGE} rows", "limit")
     cursor = _cursor(after)
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
@@ -438,7 +406,7 @@ def _cursor(after: str | None) -> tuple[int, int] | None:
         eval_id, idx = after.split(".")
         return int(eval_id), int(idx)
     except ValueError:
-        raise Refused(
+        raise Rejected(
             400,
             f"after={after!r} is not a page cursor; pass the 'next' of the page before",
             "after",
@@ -451,7 +419,7 @@ def _step_is(step: str) -> Any:
     try:
         return SqlEval.step == int(step)
     except ValueError:
-        raise Refused(
+        raise Rejected(
             400,
             f"step={step!r}: give a step number, or 'final' for the eval after training",
             "step",
@@ -459,7 +427,6 @@ def _step_is(step: str) -> Any:
 
 
 @router.get("/runs/{run_id}/evals", response_class=LabJSON)
-@answers
 def evals(run_id: int, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
     metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
@@ -484,7 +451,6 @@ def evals(run_id: int, store: Store = StoreDep) -> Any:
 
 
 @router.get("/runs/{run_id}/checkpoints", response_class=LabJSON)
-@answers
 def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
     """A run's checkpoint manifest rows in the order they were written: saves and removals,
     with step, path, metrics and reason."""
@@ -506,7 +472,6 @@ def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
 
 
 @router.get("/tables/{table}", response_class=Response)
-@answers
 def table(table: str, experiment: str | None = None, store: Store = StoreDep) -> Any:
     """Every row of one store table (of one `experiment` if asked) as an Arrow IPC stream:
     what ``lab.inspect.connect("http://...")`` loads to build its views. JSON columns are
@@ -515,7 +480,6 @@ def table(table: str, experiment: str | None = None, store: Store = StoreDep) ->
 
 
 @router.get("/experiments/{name:path}/export", response_class=Response)
-@answers
 def export(
     name: str, format: str = "arrow", table: str = "metrics", store: Store = StoreDep
 ) -> Any:
@@ -523,7 +487,7 @@ def export(
     defaults to ``metrics``) as an Arrow IPC stream (``format=arrow``) or a Parquet file
     (``format=parquet``), superseded runs left out, NaN kept."""
     if format not in ("arrow", "parquet"):
-        raise Refused(400, f"format={format!r}: use arrow or parquet", "format")
+        raise Rejected(400, f"format={format!r}: use arrow or parquet", "format")
     data = read_table(store, table, name, current=True)
     if format == "arrow":
         return Response(to_ipc(data), media_type=ARROW_STREAM)
@@ -566,7 +530,7 @@ def read_table(
     """Store table `table` as Arrow: every row, or those of `experiment` (its runs' rows;
     `current`: superseded runs left out, as ``lab export`` does), in primary-key order."""
     if table not in SERVED_TABLES:
-        raise Refused(
+        raise Rejected(
             404, f"no table {table!r} to read; the tables: {', '.join(SERVED_TABLES)}", "table"
         )
     model = Base.metadata.tables[table]
@@ -604,7 +568,6 @@ def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
 
 
 @router.get("/experiments/{name:path}", response_class=LabJSON)
-@answers
 def get_experiment(name: str, store: Store = StoreDep) -> Any:
     """One experiment, its arms and runs with their last metric values: what ``lab show``
     prints (`Store.get_experiment`). Registered last: a name may hold ``/`` (sent as
