@@ -22,7 +22,6 @@ to the main thread is turned into `Terminated`, an exception that unwinds the tr
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import sqlalchemy.exc as sa_exc
 
+from lab._env import seconds_from_env
 from lab._secrets import logger, mask
 from lab._signals import unwind_on_sigterm
 from lab.errors import StoreError
@@ -68,16 +68,7 @@ class _Flush:
 
 def give_up_after() -> float:
     """How long a flush waits out a failing store: ``LAB_STORE_RETRY_S``, else 120 s."""
-    raw = os.environ.get("LAB_STORE_RETRY_S")
-    if not raw:
-        return DEFAULT_GIVE_UP_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise StoreError(f"LAB_STORE_RETRY_S={raw!r} is not a number of seconds") from None
-    if value < 0:
-        raise StoreError(f"LAB_STORE_RETRY_S={raw!r} must be >= 0 seconds")
-    return value
+    return seconds_from_env("LAB_STORE_RETRY_S", DEFAULT_GIVE_UP_S, StoreError)
 
 
 class MetricWriter:

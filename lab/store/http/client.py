@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from lab._env import seconds_from_env
 from lab._secrets import mask
 from lab.errors import (
     ConfigError,
@@ -43,16 +44,7 @@ def retry_window() -> float:
     Past it a synchronous call raises `StoreUnreachable`, and the background sender spools
     its batches to the run folder instead (see `lab.store.http.sender`).
     """
-    raw = os.environ.get("LAB_HTTP_RETRY_S")
-    if not raw:
-        return DEFAULT_RETRY_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"LAB_HTTP_RETRY_S={raw!r} is not a number of seconds") from None
-    if value < 0:
-        raise ConfigError(f"LAB_HTTP_RETRY_S={raw!r} must be >= 0 seconds")
-    return value
+    return seconds_from_env("LAB_HTTP_RETRY_S", DEFAULT_RETRY_S, ConfigError)
 
 
 class HttpClient:
