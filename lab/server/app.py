@@ -223,7 +223,7 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
-    from lab.server import ingest, read
+    from lab.server import dashboard, ingest, read, ui
     from lab.store.migrations import head_revision
 
     if not isinstance(max_body, int) or max_body < 1:
@@ -332,6 +332,10 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
 
     app.include_router(ingest.router, prefix=API, dependencies=[fastapi.Depends(scoped("write"))])
     app.include_router(read.router, prefix=API, dependencies=[fastapi.Depends(scoped("read"))])
+    app.include_router(
+        dashboard.router, prefix=f"{API}/dashboard", dependencies=[fastapi.Depends(scoped("read"))]
+    )
+    ui.mount(app)
     app.add_middleware(BodyLimit, max_body=max_body)
     app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
     return app
