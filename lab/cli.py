@@ -665,6 +665,19 @@ def serve(
     )
 
 
+@app.command()
+@_clean_errors
+def ui(
+    store: StoreOption = None,
+    port: Annotated[int, typer.Option(metavar="N", help="TCP port on 127.0.0.1")] = 8766,
+    no_open: Annotated[bool, typer.Option("--no-open", help="Do not open a browser")] = False,
+) -> None:
+    """Open the dashboard over a store on this machine: read-only, 127.0.0.1 only, no token."""
+    from lab.server.app import serve_ui
+
+    serve_ui(store, port=port, open_browser=not no_open)
+
+
 def _token_store(store: str | None) -> Any:
     """The database that keeps the tokens: a SQL store, never a server (tokens are made
     where the database is, by whoever may open it)."""

@@ -179,13 +179,41 @@ NO_TOKEN = (
 
 
 class TokenGate:
-    """Pure ASGI middleware: a request to anything but `OPEN_PATHS` without a live token is
-    answered 401 before its body is read or its route is looked up, so a client without a
-    token learns nothing and costs nothing. The token's name and scope go into the request's
-    state (``request.state.token``) for the routes' scope check."""
+    """Pure ASGI middleware: a request to the API (anything under ``/api/`` but
+    `OPEN_PATHS`) without a live token is answered 401 before its body is read or its route
+    is looked up, so a client without a token learns nothing and costs nothing. The token's
+    name and scope go into the request's state (``request.state.token``) for the routes'
+    scope check.
+
+    The token comes from the ``Authorization: Bearer`` header, or, for a GET or HEAD only,
+    from the web UI's session cookie (`lab.server.ui.COOKIE`), which counts as a read token
+    whatever its own scope: a browser session reads, it never writes. The UI's pages and
+    static files need no token (the prompt must show); a page is told whether its cookie
+    holds a live token, and only then looks names up in the store."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], store: Store) -> None:
         self.app, self.store = app, store
+
+    async def _cookie(self, scope: Scope) -> tuple[str, str] | bool | None:
+        """The live token of the session cookie as (name, "read"); None for a cookie whose
+        token is wrong or revoked; False when there is no cookie or the method may not use
+        it."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.requests import cookie_parser
+
+        from lab.server.auth import find_token
+        from lab.server.ui import COOKIE
+
+        if scope.get("method") not in ("GET", "HEAD"):
+            return False
+        token = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"cookie":
+                token = cookie_parser(value.decode("latin-1")).get(COOKIE, "") or token
+        if not token.strip():
+            return False
+        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        return None if found is None else (found[0], "read")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -195,11 +223,28 @@ class TokenGate:
 
         from lab.server.auth import find_token
 
+        path = scope["path"]
+        if not path.startswith("/api/"):  # the UI: pages, /static, /ui/token
+            if not path.startswith("/static/"):
+                found = await self._cookie(scope)
+                if found:
+                    scope.setdefault("state", {})["token"] = found
+            await self.app(scope, receive, send)
+            return
         header = b""
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 header = value
         kind, _, token = header.decode("latin-1").strip().partition(" ")
+        if not header:
+            session = await self._cookie(scope)
+            if session is None:
+                await _send_json(send, 401, WRONG_TOKEN, "cookie.lab_token")
+                return
+            if session:
+                scope.setdefault("state", {})["token"] = session
+                await self.app(scope, receive, send)
+                return
         if kind.lower() != "bearer" or not token.strip():
             await _send_json(send, 401, NO_TOKEN, "header.authorization", challenge=True)
             return
@@ -211,11 +256,27 @@ class TokenGate:
         await self.app(scope, receive, send)
 
 
-def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
+class LocalReader:
+    """Pure ASGI middleware of a server without tokens (`lab ui`, on loopback only): every
+    request reads as the token ``local`` with read scope."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["token"] = ("local", "read")
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    store: Store | str, *, max_body: int = MAX_BODY, auth: bool = True, writes: bool = True
+) -> Any:
     """Build the app in front of `store` (a `Store`, or any store URL `lab` takes).
 
     Why a factory: tests and ``lab serve`` build one app per store, and importing FastAPI
-    waits until a server is wanted.
+    waits until a server is wanted. `auth=False` lets every request read without a token
+    and `writes=False` leaves the write API out: what `lab ui` serves on loopback.
     """
     import fastapi
     import fastapi.security
@@ -330,14 +391,20 @@ def create_app(store: Store | str, *, max_body: int = MAX_BODY) -> Any:
         name, scope = request.state.token
         return {"name": name, "scope": scope}
 
-    app.include_router(ingest.router, prefix=API, dependencies=[fastapi.Depends(scoped("write"))])
+    if writes:
+        app.include_router(
+            ingest.router, prefix=API, dependencies=[fastapi.Depends(scoped("write"))]
+        )
     app.include_router(read.router, prefix=API, dependencies=[fastapi.Depends(scoped("read"))])
     app.include_router(
         dashboard.router, prefix=f"{API}/dashboard", dependencies=[fastapi.Depends(scoped("read"))]
     )
-    ui.mount(app)
+    ui.mount(app, auth=auth)
     app.add_middleware(BodyLimit, max_body=max_body)
-    app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
+    if auth:
+        app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
+    else:
+        app.add_middleware(LocalReader)
     return app
 
 
@@ -436,3 +503,66 @@ def serve(
         flush=True,
     )
     uvicorn.Server(config).run()
+
+
+#: The port `lab ui` listens on unless told otherwise (one above `lab serve`'s, so both run).
+UI_PORT = PORT + 1
+
+
+def serve_ui(
+    store: str | None = None,
+    *,
+    port: int = UI_PORT,
+    open_browser: bool = True,
+    log_level: str = "warning",
+) -> None:
+    """Run `lab ui`: the dashboard over `store`, on 127.0.0.1 only, until it is stopped.
+
+    The store is opened read-only (as ``lab show`` opens it: nothing is written, a dead
+    run reads as crashed), without the write API and without tokens, which is safe only
+    because nobody but this machine's users can reach loopback. With `open_browser`, the
+    default browser opens the page once the server answers.
+    """
+    require("uvicorn", "server", "lab ui")
+    import threading
+    import time
+    import webbrowser
+
+    import uvicorn
+
+    from lab.store.engine import resolve_url
+
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
+    url = resolve_url(store)
+    if url.backend not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"lab ui --store {url.shown}: the dashboard reads a database; give it a "
+            "sqlite:/// or postgresql:// URL (a lab serve server has the dashboard at its /)"
+        )
+    the_store = Store(url, readonly=True)
+    try:
+        app = create_app(the_store, auth=False, writes=False)
+    except BaseException:
+        the_store.close()
+        raise
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level=log_level, server_header=False
+    )
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger(name)
+    server = uvicorn.Server(config)
+    page = f"http://127.0.0.1:{port}/"
+
+    def open_when_up() -> None:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            webbrowser.open(page)
+
+    print(f"lab ui: {url.shown} at {page} (read-only, this machine only)", file=sys.stderr,
+          flush=True)  # fmt: skip
+    if open_browser:
+        threading.Thread(target=open_when_up, daemon=True).start()
+    server.run()
