@@ -1,8 +1,662 @@
 """The dashboard's read API: the JSON the web UI (`lab.server.ui`) draws, under
-``/api/v1/dashboard``, behind a read token like the rest of the read API."""
+``/api/v1/dashboard``, behind a read token like the rest of the read API.
+
+Each endpoint answers one page of the UI in one request, so a page costs one round trip:
+the experiments list (paged in SQL), an experiment (its arm summary, runs and chains), its
+learning curves (cut into buckets in the database: min, max, mean and last value per run
+and bucket, then the mean and 95% t interval across repeats per arm), one run (metrics,
+evals, checkpoints, media), one of its images, and the paired disagreements and per-slice
+breakdowns of an eval.
+
+The analysis numbers are `lab.inspect`'s own: the summary, the disagreements and the
+breakdown are computed by `lab.inspect.summary`, `lab.inspect.disagreements` and
+`lab.inspect.breakdown` on a DuckDB connection that attaches the store read-only, opened
+once per app (each request reads through its own cursor of it). JSON is the read API's
+(`LabJSON`): NaN and ±inf as strings, timestamps as ISO 8601 (naive UTC); a rejection is
+``{"detail": "<one line>", "field": ...}``.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
 import fastapi
+import sqlalchemy as sa
+from fastapi.responses import Response
+
+from lab._stats import t_ppf
+from lab.analysis import CONFIDENCE, COUNTED_STATUSES
+from lab.errors import NoRun
+from lab.server.app import Rejected
+from lab.server.read import LabJSON, StoreDep, bucket_bounds
+from lab.store import Store
+from lab.store.engine import connect
+from lab.store.schema import (
+    SqlArm,
+    SqlCheckpoint,
+    SqlEval,
+    SqlExperiment,
+    SqlGroup,
+    SqlHistogram,
+    SqlImage,
+    SqlPrediction,
+    SqlRun,
+    SqlSummary,
+)
 
 router = fastapi.APIRouter(tags=["dashboard"])
+
+#: The most experiments one page of the list holds.
+MAX_EXPERIMENTS = 500
+#: The most buckets a metric's curves are cut into (per run: the answer grows with both).
+MAX_CURVE_BUCKETS = 10_000
+#: The most disagreement rows one answer holds.
+MAX_DISAGREEMENTS = 10_000
+#: The metrics an experiment is ranked by when its config names none, in order of
+#: preference: the validation loss `lab quickstart` ranks by, else the training loss
+#: `ExperimentResult.summary` ranks by; `lab show` shows both by default.
+RANKED_BY = ("val/loss", "loss")
+#: The statuses of the runs an arm's curves are drawn from: those `lab.inspect` counts, and
+#: the running ones, so a live experiment's curves grow as it runs.
+CURVE_STATUSES = (*COUNTED_STATUSES, "running")
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    return (end - start).total_seconds() if start is not None and end is not None else None
+
+
+def _nan(value: float | None) -> float:
+    """A metric value as read back: SQLite keeps NaN as NULL, and a metric is never
+    missing."""
+    return math.nan if value is None else value
+
+
+def _ranking(config: Any, keys: set[str] | list[str]) -> tuple[str | None, str]:
+    """The metric and mode an experiment's arms are ranked by: its config's
+    ``summary: {metric, mode}`` when it records one, else the first of `RANKED_BY` that
+    it logged (lower is better), else none."""
+    wanted = (config or {}).get("summary") if isinstance(config, dict) else None
+    mode = "min"
+    if isinstance(wanted, dict):
+        if wanted.get("mode") in ("min", "max"):
+            mode = wanted["mode"]
+        if isinstance(wanted.get("metric"), str) and wanted["metric"] in keys:
+            return wanted["metric"], mode
+    return next((k for k in RANKED_BY if k in keys), None), mode
+
+
+def _check_mode(mode: str | None) -> None:
+    if mode is not None and mode not in ("min", "max"):
+        raise Rejected(400, f"mode={mode!r}: use min (lower is better) or max", "mode")
+
+
+def _gone(store: Store) -> dict[int, str]:
+    """Runs whose process is gone, with why: the read-only store shows them as crashed, as
+    ``lab show`` does (and never writes it)."""
+    if not store.readonly:
+        return {}
+    return {run_id: why for run_id, _key, why, _same in store._gone_runs()}
+
+
+# -- the experiments list ---------------------------------------------------------------------
+
+
+@router.get("/experiments", response_class=LabJSON)
+def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = StoreDep) -> Any:
+    """One page of experiments, newest first, those whose name holds `q` (any case) if
+    asked: status, runs done and planned, the best arm by the ranking metric, start, end
+    and duration. Paged in SQL, so a store of thousands of experiments answers as fast
+    as one of ten."""
+    if offset < 0:
+        raise Rejected(400, f"offset={offset}: give 0 or more", "offset")
+    if not 1 <= limit <= MAX_EXPERIMENTS:
+        raise Rejected(400, f"limit={limit}: a page holds 1 to {MAX_EXPERIMENTS} rows", "limit")
+    where = sa.true()
+    if q:
+        where = sa.func.lower(SqlExperiment.name).contains(q.lower(), autoescape=True)
+    current = SqlRun.superseded_at.is_(None)
+    with connect(store.engine) as conn:
+        total = conn.execute(sa.select(sa.func.count()).where(where)
+                             .select_from(SqlExperiment)).scalar_one()  # fmt: skip
+        page = conn.execute(
+            sa.select(SqlExperiment.experiment_id, SqlExperiment.name, SqlExperiment.status,
+                      SqlExperiment.repeats, SqlExperiment.config, SqlExperiment.created_at,
+                      SqlExperiment.ended_at)
+            .where(where).order_by(SqlExperiment.experiment_id.desc())
+            .offset(offset).limit(limit)
+        ).mappings().all()  # fmt: skip
+        ids = [e["experiment_id"] for e in page]
+        in_page = SqlRun.experiment_id.in_(ids)
+        runs = conn.execute(
+            sa.select(SqlRun.run_id, SqlRun.experiment_id, SqlRun.arm_id, SqlRun.stage,
+                      SqlRun.status).where(in_page, current)
+        ).all()  # fmt: skip
+        arms = dict(conn.execute(
+            sa.select(SqlArm.experiment_id, sa.func.count())
+            .where(SqlArm.experiment_id.in_(ids)).group_by(SqlArm.experiment_id)
+        ).all())  # fmt: skip
+        keys: dict[int, set[str]] = {}
+        for exp_id, key in conn.execute(
+            sa.select(SqlRun.experiment_id, SqlSummary.key).distinct()
+            .join(SqlSummary, SqlSummary.run_id == SqlRun.run_id).where(in_page, current)
+        ):  # fmt: skip
+            keys.setdefault(exp_id, set()).add(key)
+        ranking = {e["experiment_id"]: _ranking(e["config"], keys.get(e["experiment_id"], set()))
+                   for e in page}  # fmt: skip
+        wanted = {metric for metric, _mode in ranking.values() if metric is not None}
+        finals = {
+            (run_id, key): _nan(value)
+            for run_id, key, value in conn.execute(
+                sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_value)
+                .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
+                .where(in_page, current, SqlSummary.key.in_(wanted),
+                       SqlRun.status.in_(COUNTED_STATUSES))
+            )
+        }  # fmt: skip
+        arm_order = {arm_id: (exp_id, name) for arm_id, exp_id, name in conn.execute(
+            sa.select(SqlArm.arm_id, SqlArm.experiment_id, SqlArm.name)
+            .where(SqlArm.experiment_id.in_(ids)).order_by(SqlArm.arm_id)
+        )}  # fmt: skip
+    gone = _gone(store)
+    per_exp: dict[int, list[Any]] = {}
+    for run in runs:
+        per_exp.setdefault(run.experiment_id, []).append(run)
+    rows = []
+    for e in page:
+        exp_id = e["experiment_id"]
+        mine = per_exp.get(exp_id, [])
+        metric, mode = ranking[exp_id]
+        best = _best_arm(mine, metric, mode, finals, arm_order) if metric else None
+        done = sum(1 for r in mine if r.status != "running" or r.run_id in gone)
+        rows.append({
+            "name": e["name"], "status": e["status"], "runs_done": done,
+            "runs_total": max(len(mine), arms.get(exp_id, 0) * e["repeats"]),
+            "best_arm": best, "metric": metric, "mode": mode,
+            "started_at": e["created_at"], "ended_at": e["ended_at"],
+            "duration_s": _seconds(e["created_at"], e["ended_at"]),
+        })  # fmt: skip
+    return LabJSON({"total": total, "offset": offset, "limit": limit, "rows": rows})
+
+
+def _best_arm(
+    runs: list[Any],
+    metric: str,
+    mode: str,
+    finals: dict[tuple[int, str], float],
+    arm_order: dict[int, tuple[int, str]],
+) -> str | None:
+    """The arm `lab.inspect.summary` marks best by `metric`: over the completed and stopped
+    runs of each arm's last stage, the lowest (`mode` min) or highest mean final value,
+    ties to the earlier arm; none when some of those runs lack the metric (the summary
+    refuses to rank then) or no arm has a number."""
+    last_stage: dict[int | None, int] = {}
+    for r in runs:
+        last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
+    counted = [r for r in runs if r.status in COUNTED_STATUSES and r.stage == last_stage[r.arm_id]]
+    if not counted or any((r.run_id, metric) not in finals for r in counted):
+        return None
+    values: dict[int | None, list[float]] = {}
+    for r in counted:
+        values.setdefault(r.arm_id, []).append(finals[(r.run_id, metric)])
+    means = {arm_id: math.fsum(v) / len(v) for arm_id, v in values.items()}
+    ranked = sorted(
+        (a for a, m in means.items() if not math.isnan(m)),
+        key=lambda a: (-means[a] if mode == "max" else means[a], a is None, a or 0),
+    )
+    if not ranked or ranked[0] is None:
+        return None
+    return arm_order[ranked[0]][1]
+
+
+# -- one experiment ---------------------------------------------------------------------------
+
+
+def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An experiment (`Store.get_experiment`: crashed runs shown as crashed) and its current
+    runs as the runs table shows them, with their configs."""
+    exp = store.get_experiment(name)
+    with connect(store.engine) as conn:
+        configs = dict(conn.execute(
+            sa.select(SqlRun.run_id, SqlRun.config)
+            .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+            .where(SqlExperiment.name == name, SqlRun.superseded_at.is_(None))
+        ).all())  # fmt: skip
+    runs = [
+        {
+            "run_id": r["run_id"], "run_key": r["run_key"], "arm": r["arm"],
+            "repeat": r["repeat"], "stage": r["stage"], "seed": r["seed"],
+            "status": r["status"], "config": configs.get(r["run_id"]) or {},
+            "final": r["summary"], "started_at": r["started_at"], "ended_at": r["ended_at"],
+            "duration_s": _seconds(r["started_at"], r["ended_at"]), "error": r["error"],
+        }
+        for r in exp["runs"]
+    ]  # fmt: skip
+    return exp, runs
+
+
+@router.get("/experiments/{name:path}/runs", response_class=LabJSON)
+def experiment_runs(name: str, store: Store = StoreDep) -> Any:
+    """An experiment's runs table: each current run's arm, repeat, stage, seed, status
+    (crashed when its process is gone), config, final metrics, times and error. The UI
+    polls it while the experiment is live."""
+    return LabJSON({"runs": _run_rows(store, name)[1]})
+
+
+_DUCK_LOCK = threading.Lock()
+
+
+def analysis(request: fastapi.Request) -> Any:
+    """A DuckDB cursor on the app's `lab.inspect` connection, for `lab.inspect`'s analysis
+    functions. The connection attaches the store read-only and is opened once per app (its
+    views cost tens of milliseconds to build); each request reads through a cursor of its
+    own, since one DuckDB connection must not be used by two threads at once."""
+    import lab.inspect
+
+    state = request.app.state
+    con = getattr(state, "inspect", None)
+    if con is None:
+        with _DUCK_LOCK:
+            con = getattr(state, "inspect", None)
+            if con is None:
+                served: Store = state.store
+                con = lab.inspect.connect(served.url, mode="attach")
+                state.inspect = con
+    return con.cursor()
+
+
+AnalysisDep = fastapi.Depends(analysis)
+
+
+def _relation_rows(relation: Any) -> list[dict[str, Any]]:
+    return [dict(zip(relation.columns, row, strict=True)) for row in relation.fetchall()]
+
+
+@router.get("/experiments/{name:path}/curves", response_class=LabJSON)
+def curves(
+    name: str, metric: str, buckets: int = 600, runs: bool = False, store: Store = StoreDep
+) -> Any:
+    """Learning curves of `metric`: the experiment's steps of it cut into `buckets` equal
+    ranges (`bucket_bounds`), and per arm and bucket the mean across its runs of each run's
+    mean there, with the 95% t interval across repeats (`n` runs had a value), and the
+    lowest and highest point of any of its runs (NaN left out). With `runs`, each run's
+    own min, max and last value per bucket too, every run of the experiment included.
+
+    An arm's curves are drawn from the runs `lab.inspect` counts (completed and stopped, at
+    the arm's last stage) and its running ones. One grouped query over the metrics'
+    (run, key, step) key computes every run's buckets in the database, so the answer costs
+    one pass over the metric's points and a few thousand numbers, never every point.
+    """
+    if not 1 <= buckets <= MAX_CURVE_BUCKETS:
+        raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_CURVE_BUCKETS} buckets", "buckets")
+    gone = _gone(store)
+    with connect(store.engine) as conn:
+        experiment_id = store._experiment_id(conn, name)
+        members = conn.execute(
+            sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.arm_id, SqlArm.name, SqlRun.repeat,
+                      SqlRun.stage, SqlRun.status)
+            .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
+            .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
+            .order_by(SqlRun.arm_id, SqlRun.repeat, SqlRun.stage, SqlRun.run_id)
+        ).all()  # fmt: skip
+        ids = [r.run_id for r in members]
+        lo, hi = conn.execute(
+            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step))
+            .where(SqlSummary.run_id.in_(ids), SqlSummary.key == metric)
+        ).one()  # fmt: skip
+        if lo is None:
+            known = conn.execute(
+                sa.select(SqlSummary.key).distinct().where(SqlSummary.run_id.in_(ids))
+                .order_by(SqlSummary.key)
+            ).scalars().all()  # fmt: skip
+            raise Rejected(
+                404,
+                f"experiment {name!r} has no metric {metric!r}; it has: "
+                f"{', '.join(known) or 'none'}",
+                "metric",
+            )
+        cut = _cut(conn, store.dialect, ids, metric, lo, hi, buckets)
+    bounds = bucket_bounds(lo, hi, buckets)
+    last_stage: dict[int | None, int] = {}
+    for r in members:
+        last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
+    arms: dict[int | None, tuple[str | None, list[int]]] = {}
+    for r in members:
+        status = "crashed" if r.run_id in gone else r.status
+        if status in CURVE_STATUSES and r.stage == last_stage[r.arm_id]:
+            arms.setdefault(r.arm_id, (r.name, []))[1].append(r.run_id)
+    answer_arms = [
+        _arm_curve(arm, [cut.get(run_id, {}) for run_id in run_ids], bounds)
+        for arm, run_ids in arms.values()
+    ]
+    answer_runs = []
+    if runs:
+        for r in members:
+            per = cut.get(r.run_id, {})
+            order = sorted(per)
+            answer_runs.append({
+                "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
+                "step": [bounds[b][2] - 1 for b in order],
+                "min": [per[b][0] for b in order], "max": [per[b][1] for b in order],
+                "last": [per[b][3] for b in order],
+            })  # fmt: skip
+    return LabJSON({"metric": metric, "buckets": buckets, "arms": answer_arms,
+                    "runs": answer_runs})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _t(df: int) -> float:
+    return t_ppf(0.5 + CONFIDENCE / 2.0, df)
+
+
+def _arm_curve(
+    arm: str | None,
+    per_run: list[dict[int, tuple[Any, ...]]],
+    bounds: list[tuple[int, int, int]],
+) -> dict[str, Any]:
+    """One arm's curve from its runs' buckets: per bucket that any of its runs reached, the
+    mean of the runs' means with its t interval (`lab._stats.spread`'s numbers; the t
+    quantile looked up once per df), and the envelope of their points."""
+    out: dict[str, Any] = {"arm": arm, "step": [], "n": [], "mean": [], "ci_low": [],
+                           "ci_high": [], "min": [], "max": []}  # fmt: skip
+    reached = sorted({b for per in per_run for b in per})
+    for b in reached:
+        cells = [per[b] for per in per_run if b in per]
+        means = [c[2] for c in cells if c[2] is not None]
+        lows = [c[0] for c in cells if c[0] is not None]
+        highs = [c[1] for c in cells if c[1] is not None]
+        n = len(means)
+        mean = math.fsum(means) / n if n else None
+        low = high = None
+        if n >= 2 and mean is not None:
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in means) / (n - 1))
+            half = _t(n - 1) * std / math.sqrt(n)
+            low, high = mean - half, mean + half
+        out["step"].append(bounds[b][2] - 1)
+        out["n"].append(n)
+        out["mean"].append(mean)
+        out["ci_low"].append(low)
+        out["ci_high"].append(high)
+        out["min"].append(min(lows) if lows else None)
+        out["max"].append(max(highs) if highs else None)
+    return out
+
+
+def _cut(
+    conn: sa.Connection, dialect: str, run_ids: list[int], key: str, lo: int, hi: int, n: int
+) -> dict[int, dict[int, tuple[Any, ...]]]:
+    """Per run and non-empty bucket of `key`: (min, max, mean, last value), min, max and
+    mean without NaN (None when the bucket held NaN only), the last value as logged.
+
+    One grouped query over the metrics' (run_id, key, step) key: bucket i of a run holds
+    its steps s with ``(s - lo) * n // (hi - lo + 1) == i`` (`bucket_bounds`); the last
+    value is one key lookup per bucket at its last step."""
+    if not run_ids:
+        return {}
+    value = "m.value" if dialect == "sqlite" else "NULLIF(m.value, 'NaN'::double precision)"
+    sql = sa.text(f"""
+        SELECT g.run_id, g.b, g.lo_value, g.hi_value, g.mean, (
+            SELECT l.value FROM metrics l
+            WHERE l.run_id = g.run_id AND l."key" = :key AND l.step = g.last_step
+        ) AS last_value
+        FROM (
+            SELECT m.run_id, (m.step - :lo) * :n / :width AS b, min({value}) AS lo_value,
+                   max({value}) AS hi_value, avg({value}) AS mean, max(m.step) AS last_step
+            FROM metrics m
+            WHERE m.run_id IN :run_ids AND m."key" = :key
+            GROUP BY 1, 2
+        ) g
+    """).bindparams(sa.bindparam("run_ids", expanding=True))
+    args = {"run_ids": run_ids, "key": key, "lo": lo, "n": n, "width": hi - lo + 1}
+    out: dict[int, dict[int, tuple[Any, ...]]] = {}
+    for run_id, b, low, high, mean, last in conn.execute(sql, args):
+        out.setdefault(run_id, {})[int(b)] = (low, high, mean, _nan(last))
+    return out
+
+
+# -- predictions: disagreements and breakdowns ------------------------------------------------
+
+
+def _check_eval(conn: sa.Connection, experiment_id: int, name: str, eval: str) -> None:
+    known = conn.execute(
+        sa.select(SqlEval.name).distinct().join(SqlRun, SqlRun.run_id == SqlEval.run_id)
+        .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
+        .order_by(SqlEval.name)
+    ).scalars().all()  # fmt: skip
+    if eval not in known:
+        raise Rejected(
+            404, f"experiment {name!r} has no eval {eval!r}; it has: {', '.join(known) or 'none'}",
+            "eval",
+        )  # fmt: skip
+
+
+@router.get("/experiments/{name:path}/disagreements", response_class=LabJSON)
+def disagreements(
+    name: str,
+    eval: str,
+    arm_a: str,
+    arm_b: str,
+    limit: int = 20,
+    store: Store = StoreDep,
+    duck: Any = AnalysisDep,
+) -> Any:
+    """The examples of eval `eval` on which arms `arm_a` and `arm_b` differ most:
+    `lab.inspect.disagreements`, its columns and rows as they are."""
+    import lab.inspect
+
+    if not 1 <= limit <= MAX_DISAGREEMENTS:
+        raise Rejected(400, f"limit={limit}: give 1 to {MAX_DISAGREEMENTS} rows", "limit")
+    with connect(store.engine) as conn:
+        experiment_id = store._experiment_id(conn, name)
+        arms = conn.execute(
+            sa.select(SqlArm.name).where(SqlArm.experiment_id == experiment_id)
+            .order_by(SqlArm.arm_id)
+        ).scalars().all()  # fmt: skip
+        for field, arm in (("arm_a", arm_a), ("arm_b", arm_b)):
+            if arm not in arms:
+                raise Rejected(404, f"experiment {name!r} has no arm {arm!r}; arms: "
+                                    f"{', '.join(arms) or 'none'}", field)  # fmt: skip
+        _check_eval(conn, experiment_id, name, eval)
+    rows = _relation_rows(lab.inspect.disagreements(duck, name, eval, arm_a, arm_b, limit))
+    return LabJSON({"rows": rows})
+
+
+@router.get("/experiments/{name:path}/breakdown", response_class=LabJSON)
+def breakdown(name: str, eval: str, store: Store = StoreDep, duck: Any = AnalysisDep) -> Any:
+    """Per arm, slice and metric of eval `eval`'s breakdowns, the mean across repeats and
+    its 95% interval: `lab.inspect.breakdown`, its columns and rows as they are."""
+    import lab.inspect
+
+    with connect(store.engine) as conn:
+        _check_eval(conn, store._experiment_id(conn, name), name, eval)
+    return LabJSON({"rows": _relation_rows(lab.inspect.breakdown(duck, name, eval))})
+
+
+@router.get("/experiments/{name:path}", response_class=LabJSON)
+def experiment(
+    name: str,
+    metric: str | None = None,
+    mode: str | None = None,
+    store: Store = StoreDep,
+    duck: Any = AnalysisDep,
+) -> Any:
+    """An experiment page's data in one answer: its config, tags, notes and times, arms,
+    metric keys and eval names, the arm summary of `metric` (`lab.inspect.summary`'s
+    numbers; the ranking metric by default), the runs table and the chains. Registered
+    last: a name may hold ``/`` (sent as ``%2F``), so the routes under an experiment are
+    tried first."""
+    import lab.inspect
+
+    _check_mode(mode)
+    exp, runs = _run_rows(store, name)
+    ids = [r["run_id"] for r in runs]
+    with connect(store.engine) as conn:
+        keys = conn.execute(
+            sa.select(SqlSummary.key).distinct().where(SqlSummary.run_id.in_(ids))
+            .order_by(SqlSummary.key)
+        ).scalars().all()  # fmt: skip
+        evals = conn.execute(
+            sa.select(SqlEval.name).distinct().where(SqlEval.run_id.in_(ids))
+            .order_by(SqlEval.name)
+        ).scalars().all()  # fmt: skip
+        chained = conn.execute(
+            sa.select(SqlGroup.name, SqlArm.name, SqlRun.run_id)
+            .join(SqlRun, SqlRun.group_id == SqlGroup.group_id)
+            .join(SqlArm, SqlArm.arm_id == SqlGroup.arm_id, isouter=True)
+            .where(SqlGroup.kind == "chain", SqlRun.run_id.in_(ids))
+            .order_by(SqlGroup.group_id, SqlRun.stage, SqlRun.run_id)
+        ).all()  # fmt: skip
+    ranked, ranked_mode = _ranking(exp["config"], keys)
+    if metric is not None and metric not in keys:
+        raise Rejected(
+            404, f"experiment {name!r} has no metric {metric!r}; it has: "
+                 f"{', '.join(keys) or 'none'}", "metric",
+        )  # fmt: skip
+    chosen = metric or ranked or (keys[0] if keys else None)
+    chosen_mode = mode or (ranked_mode if chosen == ranked else "min")
+    summary: list[dict[str, Any]] = []
+    why = None
+    if chosen is not None:
+        from lab.errors import ConfigError
+
+        try:
+            summary = _relation_rows(lab.inspect.summary(duck, name, chosen, chosen_mode))
+        except ConfigError as exc:  # nothing finished yet, or runs lack the metric
+            why = str(exc)
+    chains: list[dict[str, Any]] = []
+    for group, arm, run_id in chained:
+        if not chains or chains[-1]["group"] != group:
+            chains.append({"group": group, "arm": arm, "runs": []})
+        chains[-1]["runs"].append(run_id)
+    last_end = exp["ended_at"]
+    return LabJSON({
+        "name": exp["name"], "status": exp["status"], "config": exp["config"],
+        "tags": exp["tags"], "notes": exp["notes"], "started_at": exp["created_at"],
+        "ended_at": last_end, "duration_s": _seconds(exp["created_at"], last_end),
+        "repeats": exp["repeats"], "live": any(r["status"] == "running" for r in runs),
+        "arms": [{"name": a["name"], "overrides": a["overrides"]} for a in exp["arms"]],
+        "metrics": keys, "metric": chosen, "mode": chosen_mode, "evals": evals,
+        "summary": summary, "summary_error": why, "runs": runs, "chains": chains,
+    })  # fmt: skip
+
+
+# -- one run ----------------------------------------------------------------------------------
+
+
+def _run(conn: sa.Connection, run_id: int) -> Any:
+    found = conn.execute(
+        sa.select(*SqlRun.__table__.columns, SqlExperiment.name.label("experiment"),
+                  SqlArm.name.label("arm"))
+        .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
+        .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
+        .where(SqlRun.run_id == run_id)
+    ).mappings().first()  # fmt: skip
+    if found is None:
+        raise NoRun(f"no run with id {run_id} in the store; list them: GET "
+                    "/api/v1/dashboard/experiments/NAME/runs")  # fmt: skip
+    return found
+
+
+@router.get("/runs/{run_id}", response_class=LabJSON)
+def run(run_id: int, store: Store = StoreDep) -> Any:
+    """A run page's data in one answer: the run (config, status, error and traceback,
+    callback errors, times, its chain's parent), a summary of each metric series, its
+    evals with their prediction counts, its checkpoint manifest (saves and removals, with
+    the reasons), the newest histogram of each key, and its images with the URL of each
+    (`image`). A run whose process is gone shows as crashed."""
+    with connect(store.engine) as conn:
+        r = _run(conn, run_id)
+        metrics = conn.execute(
+            sa.select(SqlSummary.key, SqlSummary.count, SqlSummary.first_step,
+                      SqlSummary.last_step, SqlSummary.last_value.label("last"),
+                      SqlSummary.min_value.label("min"), SqlSummary.max_value.label("max"))
+            .where(SqlSummary.run_id == run_id).order_by(SqlSummary.key)
+        ).mappings().all()  # fmt: skip
+        counts = (
+            sa.select(SqlPrediction.eval_id, sa.func.count().label("n"))
+            .join(SqlEval, SqlEval.eval_id == SqlPrediction.eval_id)
+            .where(SqlEval.run_id == run_id).group_by(SqlPrediction.eval_id).subquery()
+        )  # fmt: skip
+        evals = conn.execute(
+            sa.select(SqlEval.eval_id, SqlEval.name, SqlEval.step, SqlEval.metrics,
+                      SqlEval.breakdowns, SqlEval.tags, SqlEval.seconds, SqlEval.error,
+                      sa.func.coalesce(counts.c.n, 0).label("predictions"))
+            .join(counts, counts.c.eval_id == SqlEval.eval_id, isouter=True)
+            .where(SqlEval.run_id == run_id).order_by(SqlEval.eval_id)
+        ).mappings().all()  # fmt: skip
+        checkpoints = conn.execute(
+            sa.select(SqlCheckpoint.step, SqlCheckpoint.path, SqlCheckpoint.event,
+                      SqlCheckpoint.metrics, SqlCheckpoint.reason, SqlCheckpoint.created_at)
+            .where(SqlCheckpoint.run_id == run_id).order_by(SqlCheckpoint.checkpoint_id)
+        ).mappings().all()  # fmt: skip
+        newest = (
+            sa.select(SqlHistogram.key, sa.func.max(SqlHistogram.step).label("step"))
+            .where(SqlHistogram.run_id == run_id)
+            .group_by(SqlHistogram.key)
+            .subquery()
+        )
+        histograms = conn.execute(
+            sa.select(SqlHistogram.key, SqlHistogram.step, SqlHistogram.edges,
+                      SqlHistogram.counts, SqlHistogram.nan, SqlHistogram.posinf,
+                      SqlHistogram.neginf)
+            .join(newest, sa.and_(newest.c.key == SqlHistogram.key,
+                                  newest.c.step == SqlHistogram.step))
+            .where(SqlHistogram.run_id == run_id).order_by(SqlHistogram.key)
+        ).mappings().all()  # fmt: skip
+        images = conn.execute(
+            sa.select(SqlImage.key, SqlImage.step, SqlImage.width, SqlImage.height)
+            .where(SqlImage.run_id == run_id).order_by(SqlImage.key, SqlImage.step)
+        ).mappings().all()  # fmt: skip
+    status, error = r["status"], r["error"]
+    why = _gone(store).get(run_id) if status == "running" else None
+    if why is not None:
+        status, error = "crashed", why
+    from urllib.parse import urlencode
+
+    base = f"/api/v1/dashboard/runs/{run_id}/image?"
+    return LabJSON({
+        "run_id": r["run_id"], "experiment": r["experiment"], "run_key": r["run_key"],
+        "arm": r["arm"], "repeat": r["repeat"], "stage": r["stage"], "seed": r["seed"],
+        "status": status, "config": r["config"] or {}, "error": error, "traceback": r["traceback"],
+        "callback_errors": r["callback_errors"] or [], "started_at": r["started_at"],
+        "ended_at": r["ended_at"], "duration_s": _seconds(r["started_at"], r["ended_at"]),
+        "parent_run_id": r["parent_run_id"], "live": status == "running",
+        "metrics": [{**m, "last": _nan(m["last"])} for m in metrics],
+        "evals": [dict(e) for e in evals],
+        "checkpoints": [dict(c) for c in checkpoints],
+        "histograms": [dict(h) for h in histograms],
+        "images": [{**i, "url": base + urlencode({"key": i["key"], "step": i["step"]})}
+                   for i in images],
+    })  # fmt: skip
+
+
+@router.get("/runs/{run_id}/image", response_class=Response)
+def image(run_id: int, key: str, step: int, store: Store = StoreDep) -> Any:
+    """The PNG of one image row of a run, read from the run's folder. Only a file inside
+    that folder is served: a row whose path leads anywhere else (an absolute path, ``..``,
+    a link out of it) is answered 404 like a missing one, so a store's rows can never make
+    the server read other files."""
+    with connect(store.engine) as conn:
+        found = _run(conn, run_id)
+        path = conn.execute(
+            sa.select(SqlImage.path).where(
+                SqlImage.run_id == run_id, SqlImage.key == key, SqlImage.step == step
+            )
+        ).scalar_one_or_none()
+    folder = found["output_dir"]
+    missing = Rejected(404, f"run {run_id} has no image {key!r} at step {step} in its folder",
+                       "key")  # fmt: skip
+    if path is None or folder is None:
+        raise missing
+    root = Path(folder).resolve()
+    try:
+        file = (root / path).resolve()
+    except (OSError, ValueError):
+        raise missing from None
+    if not file.is_relative_to(root) or not file.is_file():
+        raise missing
+    return Response(file.read_bytes(), media_type="image/png")
