@@ -8,7 +8,9 @@ the database (SQLite: INSERT ... SELECT from a recursive CTE; PostgreSQL: genera
     server      GET /api/v1/runs/{id}/series?key=y&buckets=2000 through the app in-process
                 (Starlette's TestClient: the handler, its SQL and its JSON; no socket)
     loopback    the same GET to a real `lab serve` (uvicorn subprocess) on 127.0.0.1
-    sql         the bucketing alone (`lab.server.read.downsample`), on the store's engine
+    sql         the bucketing alone on one connection (`lab.server.read.downsample`)
+    sql_split   the same cut on one connection per core (`downsample_split`), as the server
+                cuts a SQLite series of 100,000 points or more
     floor       for scale: the min and max of the whole series in one query, the least one
                 exact pass over a million values costs on that database
     all_points  for scale: every point of the series, fetched by the same store (the
@@ -140,6 +142,14 @@ def measure(url: str, rounds: int, points: int) -> dict[str, Any]:
             return conn.execute(sa.text(_FLOOR), {"run_id": run}).all()
 
     out["sql"], rows = timed(rounds, query)
+    if store.dialect == "sqlite":
+        from lab.server.read import SPLIT_PARTS, downsample_split
+
+        def split() -> list[Any]:
+            return downsample_split(store.engine, run, "y", 0, points - 1, BUCKETS, SPLIT_PARTS)
+
+        out["sql_split"], halves = timed(rounds, split)
+        assert len(halves) == len(rows)
     out["floor"], _ = timed(rounds, floor)
     out["all_points"], _ = timed(max(1, rounds // 3), every)
     store.close()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +52,10 @@ NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 #: The most predictions one page holds, and the most buckets one series is cut into.
 MAX_PAGE = 10_000
 MAX_BUCKETS = 100_000
+#: A SQLite series of at least this many points is cut on several connections at once.
+SPLIT_POINTS = 100_000
+#: How many connections share one such cut: one per core, at most 4.
+SPLIT_PARTS = max(1, min(4, os.cpu_count() or 1))
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 PARQUET = "application/vnd.apache.parquet"
 
@@ -257,6 +263,8 @@ def series(
             values = [math.nan if v is None else v for _, v in rows]
             finite = [None if math.isnan(v) else v for v in values]
             cut = list(zip(steps, steps, finite, finite, values, strict=True))
+        elif count >= SPLIT_POINTS and SPLIT_PARTS > 1 and _splittable(store.engine):
+            cut = downsample_split(store.engine, run_id, key, lo, hi, buckets, SPLIT_PARTS)
         else:
             cut = downsample(conn, store.dialect, run_id, key, lo, hi, buckets)
     return LabJSON(
@@ -292,13 +300,51 @@ def downsample(
     no sort of the points; the first and last step and the last value are index seeks.
     PostgreSQL scans each bucket's range of the index in a LATERAL subquery.
     """
-    args = {"run_id": run_id, "key": key, "lo": lo, "width": hi - lo + 1, "n": n}
     if dialect != "sqlite":
+        args = {"run_id": run_id, "key": key, "lo": lo, "width": hi - lo + 1, "n": n}
         rows = conn.execute(sa.text(_PG_BUCKETS), args).all()
         return [(a, b, c, d, e) for a, b, c, d, e in rows]
+    return _sqlite_cut(conn, run_id, key, bucket_bounds(lo, hi, n))
+
+
+def _splittable(engine: sa.Engine) -> bool:
+    """Whether a cut may run on several connections: a SQLite file (one in memory lives in
+    a single connection that threads must not share)."""
+    return engine.dialect.name == "sqlite" and not isinstance(engine.pool, sa.pool.StaticPool)
+
+
+# One pool for every split cut: its threads wait in SQLite, which runs without the GIL.
+_splitters = ThreadPoolExecutor(max_workers=SPLIT_PARTS, thread_name_prefix="lab-series")
+
+
+def downsample_split(
+    engine: sa.Engine, run_id: int, key: str, lo: int, hi: int, n: int, parts: int
+) -> list[tuple[int, int, float | None, float | None, float]]:
+    """`downsample` on SQLite, cut on `parts` connections at once: SQLite runs a statement
+    on one core, so a series of a million points otherwise waits on one core's pass.
+
+    Each connection takes a contiguous share of the buckets, every bucket whole in one
+    share, so the answer is `downsample`'s. Each share reads its own snapshot of a store
+    that is being written: a bucket is always consistent in itself.
+    """
+    bounds = bucket_bounds(lo, hi, n)
+    parts = min(parts, n)  # every share holds at least one bucket
+    shares = [bounds[k * n // parts : (k + 1) * n // parts] for k in range(parts)]
+
+    def cut(share: list[tuple[int, int, int]]) -> list[Any]:
+        with connect(engine) as conn:
+            return _sqlite_cut(conn, run_id, key, share)
+
+    return [row for rows in _splitters.map(cut, shares) for row in rows]
+
+
+def _sqlite_cut(
+    conn: sa.Connection, run_id: int, key: str, bounds: list[tuple[int, int, int]]
+) -> list[tuple[int, int, float | None, float | None, float]]:
+    args = {"run_id": run_id, "key": key}
     conn.exec_driver_sql(_SQLITE_BUCKET_TABLE)
     conn.exec_driver_sql("DELETE FROM temp.lab_buckets")
-    conn.exec_driver_sql("INSERT INTO temp.lab_buckets VALUES (?, ?, ?)", bucket_bounds(lo, hi, n))
+    conn.exec_driver_sql("INSERT INTO temp.lab_buckets VALUES (?, ?, ?)", bounds)
     envelope = {i: (low, high) for i, low, high in conn.execute(sa.text(_SQLITE_ENVELOPE), args)}
     ends = conn.execute(sa.text(_SQLITE_ENDS), args).all()
     return [
