@@ -604,11 +604,24 @@ def test_hostile_names_and_malformed_bodies_on_the_write_api(served: Served) -> 
         body = _rejected(client.post("/api/v1/experiments", json=begin(5)), 400, 422)
         assert body["field"] and "name" in body["field"]
         for name in ("", "x\x00y", "n" * 10_000):  # the Store's own name check, one line
-            _rejected(client.post("/api/v1/experiments", json=begin(name)), 400, 422)
+            body = _rejected(client.post("/api/v1/experiments", json=begin(name)), 400, 422)
+            assert body["field"] in ("body", "body.name"), body
         seq = {"X-Lab-Client": "f" * 32, "X-Lab-Seq": "1"}
         for junk in (b"", b"not arrow at all", b"\xff" * 64):
             answer = client.post("/api/v1/batches/metrics", content=junk, headers=seq)
-            assert _rejected(answer, 400, 422)["detail"].startswith("the body is not")
+            body = _rejected(answer, 400, 422)
+            assert body["detail"].startswith("the body is not") and body["field"] == "body"
+        bad_seq = {"X-Lab-Client": "f" * 32, "X-Lab-Seq": "0"}
+        body = _rejected(client.post("/api/v1/batches/metrics", content=b"", headers=bad_seq), 400)
+        assert body == {"detail": "X-Lab-seq must be a whole number >= 1",
+                        "field": "header.x-lab-seq"}  # fmt: skip
+        ops = {"client_id": "c", "seq": 1, "ops": [{"op": "nope", "args": {}}]}
+        assert _rejected(client.post("/api/v1/batches/ops", json=ops), 400)["field"] == (
+            "body.ops.0"
+        )
+        arm = {"name": "a", "overrides": {}, "config": {}}
+        missing = client.post("/api/v1/experiments/999999/arms", json=arm)
+        assert _rejected(missing, 404)["field"] == "path.experiment_id"
         assert sorted(e["name"] for e in client.get("/api/v1/experiments").json()) == sorted(
             hostile
         )

@@ -35,6 +35,7 @@ from lab._metrics import check_key
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
 from lab.records import EvalResult, ManifestRow
+from lab.server.app import Rejected
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
@@ -126,27 +127,24 @@ def _json(value: Any) -> fastapi.Response:
     return fastapi.Response(json.dumps(jsonable_encoder(value)), media_type="application/json")
 
 
-def _bad(status: int, detail: str) -> fastapi.HTTPException:
-    return fastapi.HTTPException(status, detail)
-
-
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a store call, its refusals as 4xx answers with the store's one line."""
+def _call(where: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a store call, its refusals as 4xx answers with the store's one line, naming
+    `where` (the request's field the call was about: ``path.run_id``, ``body``...)."""
     try:
         return fn(*args, **kwargs)
     except RunBusy as exc:
-        raise _bad(409, str(exc)) from None
+        raise Rejected(409, str(exc), where) from None
     except (NoExperiment, NoRun) as exc:
-        raise _bad(404, str(exc)) from None
+        raise Rejected(404, str(exc), where) from None
     except LabError as exc:
-        raise _bad(400, str(exc)) from None
+        raise Rejected(400, str(exc), getattr(exc, "field", None) or where) from None
     except sa_exc.IntegrityError:
-        raise _bad(
-            404, "an experiment, group, arm or run id in the request is not in the store"
+        raise Rejected(
+            404, "an experiment, group, arm or run id in the request is not in the store", where
         ) from None
     except (sa_exc.DataError, ValueError, TypeError, KeyError) as exc:
         why = _first_line(exc)
-        raise _bad(400, f"the store cannot hold this request's values: {why}") from None
+        raise Rejected(400, f"the store cannot hold this request's values: {why}", where) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -169,6 +167,7 @@ def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> dict[str, 
     """Create the experiment, or reopen the one of that name (`Store.begin_experiment`)."""
     store = _store(request)
     exp_id = _call(
+        "body",
         store.begin_experiment,
         body.name,
         config=body.config,
@@ -185,7 +184,12 @@ def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[s
     """Record an arm of an experiment (`Store.add_arm`)."""
     store = _store(request)
     arm_id = _call(
-        store.add_arm, experiment_id, body.name, overrides=body.overrides, config=body.config
+        "path.experiment_id",
+        store.add_arm,
+        experiment_id,
+        body.name,
+        overrides=body.overrides,
+        config=body.config,
     )
     return {"arm_id": arm_id}
 
@@ -194,7 +198,14 @@ def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[s
 def add_group(experiment_id: int, body: GroupIn, request: fastapi.Request) -> dict[str, int]:
     """Record a group of runs (`Store.add_group`)."""
     store = _store(request)
-    group_id = _call(store.add_group, experiment_id, body.name, kind=body.kind, arm_id=body.arm_id)
+    group_id = _call(
+        "path.experiment_id",
+        store.add_group,
+        experiment_id,
+        body.name,
+        kind=body.kind,
+        arm_id=body.arm_id,
+    )
     return {"group_id": group_id}
 
 
@@ -205,7 +216,11 @@ def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fast
     store = _store(request)
     fields = body.model_dump(exclude={"owner"})
     run_id, finished = _call(
-        store.claim_run, experiment_id, owner=_owner(body.owner) or {}, **fields
+        "path.experiment_id",
+        store.claim_run,
+        experiment_id,
+        owner=_owner(body.owner) or {},
+        **fields,
     )
     if run_id is not None:
         _HELD.discard((store.url, run_id))
@@ -217,7 +232,13 @@ def start_run(experiment_id: int, body: StartIn, request: fastapi.Request) -> di
     """Record a run as `running` under the client's process (`Store.start_run`)."""
     store = _store(request)
     fields = body.model_dump(exclude={"owner"})
-    run_id = _call(store.start_run, experiment_id, owner=_owner(body.owner) or {}, **fields)
+    run_id = _call(
+        "path.experiment_id",
+        store.start_run,
+        experiment_id,
+        owner=_owner(body.owner) or {},
+        **fields,
+    )
     # The client's batches keep the run's heartbeat, not this server: a client that dies
     # leaves a run that goes stale and is marked crashed, as a local one would.
     store._active.discard(run_id)
@@ -232,6 +253,7 @@ def finish_experiment(
     """Record an experiment's final status (`Store.finish_experiment`)."""
     store = _store(request)
     _call(
+        "path.experiment_id",
         store.finish_experiment,
         experiment_id,
         status=body.status,
@@ -243,21 +265,21 @@ def finish_experiment(
 @router.post("/runs/{run_id}/release")
 def release_run(run_id: int, body: ReleaseIn, request: fastapi.Request) -> dict[str, bool]:
     """Record a claimed run that never started as failed (`Store.release_run`)."""
-    _call(_store(request).release_run, run_id, body.error, _owner(body.owner) or {})
+    _call("path.run_id", _store(request).release_run, run_id, body.error, _owner(body.owner) or {})
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/supersede")
 def supersede_run(run_id: int, body: SupersedeIn, request: fastapi.Request) -> dict[str, bool]:
     """Set a run aside under a new key (`Store.supersede_run`)."""
-    _call(_store(request).supersede_run, run_id, body.run_key, body.output_dir)
+    _call("path.run_id", _store(request).supersede_run, run_id, body.run_key, body.output_dir)
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/truncate")
 def truncate_run(run_id: int, body: TruncateIn, request: fastapi.Request) -> dict[str, bool]:
     """Drop a run's rows after a step, or all of them (`Store.truncate_run`)."""
-    _call(_store(request).truncate_run, run_id, body.after_step)
+    _call("path.run_id", _store(request).truncate_run, run_id, body.after_step)
     return {"ok": True}
 
 
@@ -265,37 +287,39 @@ def truncate_run(run_id: int, body: TruncateIn, request: fastapi.Request) -> dic
 @router.post("/records/mark_crashed")
 def mark_crashed(request: fastapi.Request) -> dict[str, list[str]]:
     """Mark the runs whose process is gone `crashed` (`Store.mark_crashed`)."""
-    return {"run_keys": _call(_store(request).mark_crashed)}
+    return {"run_keys": _call("body", _store(request).mark_crashed)}
 
 
 @router.get("/records/experiments/{name}/previous_runs")
 def previous_runs(name: str, request: fastapi.Request) -> fastapi.Response:
     """The current runs of an experiment, by run key (`Store.previous_runs`)."""
-    return _json(_call(_store(request).previous_runs, name))
+    return _json(_call("path.name", _store(request).previous_runs, name))
 
 
 @router.get("/records/experiments/{name}/current_runs")
 def current_runs(name: str, request: fastapi.Request) -> fastapi.Response:
     """The current runs of an experiment, as rows (`Store.current_runs`)."""
-    return _json(_call(_store(request).current_runs, name))
+    return _json(_call("path.name", _store(request).current_runs, name))
 
 
 @router.get("/records/experiments/{name}/run_keys")
 def run_keys(name: str, request: fastapi.Request) -> list[str]:
     """Every run key an experiment recorded (`Store.run_keys`)."""
-    return _call(_store(request).run_keys, name)
+    return _call("path.name", _store(request).run_keys, name)
 
 
 @router.get("/records/runs")
 def find_run(experiment_id: int, run_key: str, request: fastapi.Request) -> dict[str, int | None]:
     """The id of an experiment's run by key, or null (`Store.find_run`)."""
-    return {"run_id": _call(_store(request).find_run, experiment_id, run_key)}
+    return {
+        "run_id": _call("query.experiment_id", _store(request).find_run, experiment_id, run_key)
+    }
 
 
 @router.get("/records/runs/{run_id}/last_step")
 def last_step(run_id: int, request: fastapi.Request) -> dict[str, int | None]:
     """A run's last metric step, or null (`Store.last_step`)."""
-    return {"last_step": _call(_store(request).last_step, run_id)}
+    return {"last_step": _call("path.run_id", _store(request).last_step, run_id)}
 
 
 # -- ordered, idempotent batches --------------------------------------------------------------
@@ -306,17 +330,24 @@ def check_write() -> dict[str, str]:
     return {"scope": "write"}
 
 
+def _field(where: str, name: str) -> str:
+    """The field a batch id came in: an X-Lab- header of a metrics batch, or the body."""
+    return f"header.x-lab-{name.replace('_id', '')}" if where else f"body.{name}"
+
+
 def _batch_id(client_id: str | None, seq: Any, where: str) -> tuple[str, int]:
     if client_id is None or not CLIENT_ID.fullmatch(client_id):
-        raise fastapi.HTTPException(
-            400, f"{where}client_id must be 1 to 64 letters, digits, '_', '.' or '-'"
+        raise Rejected(
+            400,
+            f"{where}client_id must be 1 to 64 letters, digits, '_', '.' or '-'",
+            _field(where, "client_id"),
         )
     try:
         number = int(seq)
     except (TypeError, ValueError):
         number = 0
     if isinstance(seq, bool) or number < 1 or number >= 2**63:
-        raise fastapi.HTTPException(400, f"{where}seq must be a whole number >= 1")
+        raise Rejected(400, f"{where}seq must be a whole number >= 1", _field(where, "seq"))
     return client_id, number
 
 
@@ -361,8 +392,8 @@ def _metric_columns(body: bytes) -> dict[str, list[Any]]:
     try:
         table = pa.ipc.open_stream(body).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-        raise fastapi.HTTPException(
-            400, f"the body is not an Arrow IPC stream ({_first_line(exc)})"
+        raise Rejected(
+            400, f"the body is not an Arrow IPC stream ({_first_line(exc)})", "body"
         ) from None
     columns: dict[str, list[Any]] = {}
     for name, kind in {**METRIC_COLUMNS, "wall_time": "double"}.items():
@@ -370,22 +401,22 @@ def _metric_columns(body: bytes) -> dict[str, list[Any]]:
             if name == "wall_time":
                 columns[name] = [datetime.now(UTC).timestamp()] * table.num_rows
                 continue
-            raise fastapi.HTTPException(400, f"the Arrow body has no column {name!r} ({kind})")
+            raise Rejected(400, f"the Arrow body has no column {name!r} ({kind})", f"body.{name}")
         column = table.column(name)
         if column.null_count:
-            raise fastapi.HTTPException(400, f"the Arrow column {name!r} holds nulls")
+            raise Rejected(400, f"the Arrow column {name!r} holds nulls", f"body.{name}")
         try:
             column = column.cast(kind)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise fastapi.HTTPException(
-                400, f"the Arrow column {name!r} is {column.type}; send {kind}"
+            raise Rejected(
+                400, f"the Arrow column {name!r} is {column.type}; send {kind}", f"body.{name}"
             ) from None
         if name == "key":
             for key in column.unique().to_pylist():
                 try:
                     check_key(key, 0)
                 except LabError as exc:
-                    raise fastapi.HTTPException(400, str(exc)) from None
+                    raise Rejected(400, str(exc), "body.key") from None
         columns[name] = column.to_pylist()
     return columns
 
@@ -405,7 +436,7 @@ def _store_metrics(
             )  # fmt: skip
             return True
 
-    fresh = _call(write)
+    fresh = _call("body", write)
     return {"client_id": client_id, "seq": seq, "rows": rows if fresh else 0}
 
 
@@ -419,16 +450,18 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as exc:
-        raise fastapi.HTTPException(400, f"the body is not JSON ({_first_line(exc)})") from None
+        raise Rejected(400, f"the body is not JSON ({_first_line(exc)})", "body") from None
     if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
-        raise fastapi.HTTPException(400, 'the body must be {"client_id", "seq", "ops": [...]}')
+        raise Rejected(400, 'the body must be {"client_id", "seq", "ops": [...]}', "body")
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
     for i, op in enumerate(ops):
         known = isinstance(op, dict) and op.get("op") in OPS
         if not known or not isinstance(op.get("args"), dict):
-            raise fastapi.HTTPException(
-                400, f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}'
+            raise Rejected(
+                400,
+                f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}',
+                f"body.ops.{i}",
             )
     return await run_in_threadpool(_apply_ops, _store(request), client_id, seq, ops)
 
@@ -445,7 +478,7 @@ def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]
                     raise ConfigError(f"ops.{i} ({op['op']}): {exc}") from None
             return True
 
-    fresh = _call(write)
+    fresh = _call("body", write)
     return {"client_id": client_id, "seq": seq, "rows": len(ops) if fresh else 0}
 
 
