@@ -452,7 +452,8 @@
       const data = state.curves;
       if (!data || !window.uPlot) return;
       const arms = data.arms.filter((a) => !state.only || a.arm === state.only);
-      const runs = state.runs ? data.runs.filter((r) => !state.only || r.arm === state.only) : [];
+      const runs = state.runs ? data.runs.filter((r) => r.step.length &&
+        (!state.only || r.arm === state.only)) : [];
       const steps = new Set();
       for (const a of arms) a.step.forEach((s) => steps.add(s));
       for (const r of runs) r.step.forEach((s) => steps.add(s));
@@ -912,17 +913,30 @@
         history.replaceState(null, '', `${expUrl(name)}/predictions?${query}`);
       }
 
+      /** Empty `box` but its title, once the newest of its loads has its answer. */
+      const turns = new Map();
+      function turn(box) {
+        const mine = (turns.get(box) || 0) + 1;
+        turns.set(box, mine);
+        return () => {
+          if (turns.get(box) !== mine) return false;
+          while (box.childNodes.length > 1) box.removeChild(box.lastChild);
+          return true;
+        };
+      }
+
       async function disagreements() {
         const box = disagreeBox;
-        while (box.childNodes.length > 1) box.removeChild(box.lastChild);
+        const mine = turn(box);
         if (!state.a || !state.b || state.a === state.b) {
-          box.append(el('p', { class: 'muted', text: 'Choose two different arms.' }));
+          if (mine()) box.append(el('p', { class: 'muted', text: 'Choose two different arms.' }));
           return;
         }
         try {
           const q = new URLSearchParams({ eval: state.eval, arm_a: state.a, arm_b: state.b,
             limit: 20 });
           const data = await api(`${base}/disagreements?${q}`);
+          if (!mine()) return;
           const cols = ['example_id', 'input', 'target', 'output_a', 'output_b', 'score_a',
             'score_b', 'correct_a', 'correct_b', 'diff'];
           box.append(el('p', { class: 'muted', text: `A = ${state.a}, B = ${state.b}; ` +
@@ -930,15 +944,16 @@
           data.rows.length ? table('disagreements-table', cols.map((c) => ({ label: c, key: c })),
             data.rows) : el('p', { class: 'muted', text: 'No example that both arms scored.' }));
         } catch (err) {
-          box.append(el('p', { class: 'error', text: err.message }));
+          if (mine()) box.append(el('p', { class: 'error', text: err.message }));
         }
       }
 
       async function breakdown() {
         const box = breakdownBox;
-        while (box.childNodes.length > 1) box.removeChild(box.lastChild);
+        const mine = turn(box);
         try {
           const data = await api(`${base}/breakdown?${new URLSearchParams({ eval: state.eval })}`);
+          if (!mine()) return;
           box.append(data.rows.length ? table('breakdown-table', [
             { label: 'arm', key: 'arm' }, { label: 'tag', key: 'slice' },
             { label: 'metric', key: 'metric' }, { label: 'n', key: 'n' },
@@ -947,28 +962,32 @@
               '–' : `${fmt(r.ci_low)} … ${fmt(r.ci_high)}` }) },
           ], data.rows) : el('p', { class: 'muted', text: 'This eval recorded no breakdowns.' }));
         } catch (err) {
-          box.append(el('p', { class: 'error', text: err.message }));
+          if (mine()) box.append(el('p', { class: 'error', text: err.message }));
         }
       }
 
       async function rows() {
         const box = rowsBox;
-        while (box.childNodes.length > 1) box.removeChild(box.lastChild);
+        const mine = turn(box);
         const select = el('select', { id: 'rows-run', 'aria-label': 'run' },
           runsOf.map((r) => el('option', { value: r.run_id, text: `${r.run_key} (${r.arm})`,
             selected: r.run_id === state.run })));
         select.addEventListener('change', () => {
           state.run = +select.value; state.cursors = [null]; state.page = 0; rows();
         });
-        box.append(el('div', { class: 'controls' }, el('label', {}, 'run ', select)));
-        if (state.run === null) return;
+        const controls = el('div', { class: 'controls' }, el('label', {}, 'run ', select));
+        if (state.run === null) {
+          if (mine()) box.append(controls);
+          return;
+        }
         const q = new URLSearchParams({ eval: state.eval, limit: 25 });
         const after = state.cursors[state.page];
         if (after) q.set('after', after);
         try {
           const data = await api(`/api/v1/runs/${enc(state.run)}/predictions?${q}`);
+          if (!mine()) return;
           state.cursors[state.page + 1] = data.next;
-          box.append(data.predictions.length ? table('rows-table', [
+          box.append(controls, data.predictions.length ? table('rows-table', [
             { label: 'step', cell: (p) => el('td', { class: 'num',
               text: p.step === null ? 'final' : String(p.step) }) },
             ...['idx', 'example_id', 'input', 'output', 'target', 'score', 'extras'].map((c) => ({
@@ -981,7 +1000,7 @@
             el('button', { type: 'button', text: 'Next →', disabled: !data.next,
               onclick: () => { state.page += 1; rows(); } })));
         } catch (err) {
-          box.append(el('p', { class: 'error', text: err.message }));
+          if (mine()) box.append(controls, el('p', { class: 'error', text: err.message }));
         }
       }
 
