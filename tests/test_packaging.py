@@ -34,6 +34,11 @@ def test_db_upgrade_from_a_non_editable_install(tmp_path: Path) -> None:
     # the notebook that `lab quickstart` names ships inside, for `lab quickstart --notebook`
     shipped = target / "lab" / "_notebooks" / "quickstart.ipynb"
     assert shipped.read_bytes() == (ROOT / "notebooks" / "quickstart.ipynb").read_bytes()
+    # the dashboard's files ship inside: the pages, and uPlot with its licence
+    static = target / "lab" / "server" / "ui" / "static"
+    for name in ("index.html", "app.js", "app.css", "vendor/uPlot.iife.min.js",
+                 "vendor/uPlot.min.css", "vendor/uPlot.LICENSE"):  # fmt: skip
+        assert (static / name).read_bytes() == (ROOT / "lab/server/ui/static" / name).read_bytes()
     # Run from an unrelated folder, with the installed copy first on the path: no source tree.
     env = {**os.environ, "PYTHONPATH": str(target)}
     work = tmp_path / "elsewhere"
