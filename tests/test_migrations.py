@@ -53,23 +53,8 @@ def _schema_diff(engine: sa.Engine) -> list:
         return compare_metadata(context, Base.metadata)
 
 
-def _without_rowid(engine: sa.Engine) -> set[str]:
-    """The tables SQLite keeps WITHOUT ROWID (a layout autogenerate does not compare)."""
-    with engine.connect() as conn:
-        rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
-        return {name for name, sql in rows if sql.rstrip().upper().endswith("WITHOUT ROWID")}
-
-
 def _assert_matches_models(engine: sa.Engine) -> None:
     diff = _schema_diff(engine)
-    if engine.dialect.name == "sqlite":
-        declared = {
-            t.name
-            for t in Base.metadata.tables.values()
-            if t.dialect_options["sqlite"]["with_rowid"] is False
-        }
-        if _without_rowid(engine) != declared:
-            diff.append(("without_rowid", sorted(_without_rowid(engine)), sorted(declared)))
     assert diff == [], (
         f"the migrations do not build the schema of lab/store/schema.py on "
         f"{engine.dialect.name}; differences (database -> models):\n{pformat(diff)}\n"
@@ -848,63 +833,6 @@ def test_0005_adds_tokens_and_ingest_batches_and_keeps_every_row_both_ways(
             assert conn.exec_driver_sql("SELECT count(*) FROM tokens").scalar() == 0
         assert token_scope(engine, token) is None  # the token went with its table
         upgrade(engine)  # on to head, whatever revisions come after 0005
-        _assert_matches_models(engine)
-    finally:
-        engine.dispose()
-    capsys.readouterr()
-
-
-def test_0006_clusters_metrics_by_series_on_sqlite_and_keeps_every_row_both_ways(
-    store_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """0005 with data -> 0006 -> 0005 -> 0006: every row of every table kept (NaN and inf
-    among the metric values), `metrics` WITHOUT ROWID on SQLite at 0006 and a rowid table
-    at 0005, its primary key and foreign key (cascade) intact; PostgreSQL unchanged."""
-    engine = make_engine(resolve_url(store_url))
-    sqlite = engine.dialect.name == "sqlite"
-    try:
-        _at_0001_with_data(engine)
-        assert upgrade(engine, "0005") == ("0001", "0005")
-        columns = _columns(engine)
-        with engine.connect() as conn:
-            rows = _dump(conn, columns)
-        assert rows["metrics"], "the fixture has metric rows"
-        if sqlite:
-            assert "metrics" not in _without_rowid(engine)
-
-        assert upgrade(engine, "0006") == ("0005", "0006")
-        with engine.connect() as conn:
-            assert _dump(conn, columns) == rows
-        if sqlite:
-            assert _without_rowid(engine) == {"metrics"}
-        inspector = sa.inspect(engine)
-        pk = inspector.get_pk_constraint("metrics")
-        assert (pk["name"], pk["constrained_columns"]) == ("pk_metrics", ["run_id", "key", "step"])
-        [fk] = inspector.get_foreign_keys("metrics")
-        assert (fk["name"], fk["referred_table"], fk["options"].get("ondelete")) == (
-            "fk_metrics_run_id_runs",
-            "runs",
-            "CASCADE",
-        )
-
-        with transaction(engine) as conn:
-            command.downgrade(alembic_config(conn), "0005")
-        assert current_revision(engine) == "0005"
-        with engine.connect() as conn:
-            assert _dump(conn, columns) == rows
-        if sqlite:
-            assert "metrics" not in _without_rowid(engine)
-            with pytest.raises(AssertionError, match="without_rowid"):
-                _assert_matches_models(engine)  # the layout check can fail
-
-        assert upgrade(engine, "0006") == ("0005", "0006")
-        with engine.connect() as conn:
-            assert _dump(conn, columns) == rows
-        with transaction(engine) as conn:  # the cascade still removes a run's points
-            conn.exec_driver_sql("DELETE FROM runs")
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("SELECT count(*) FROM metrics").scalar() == 0
-        upgrade(engine)
         _assert_matches_models(engine)
     finally:
         engine.dispose()

@@ -166,10 +166,6 @@ class SqlMetric(Base):
     value: Mapped[float | None] = mapped_column(sa.Double)  # NULL is NaN on SQLite
     wall_time: Mapped[float] = mapped_column(sa.Double)
 
-    # SQLite: the rows live in the primary key's b-tree, so a series is one contiguous range
-    # with its values (revision 0006); PostgreSQL ignores it.
-    __table_args__ = {"sqlite_with_rowid": False}
-
 
 class SqlSummary(Base):
     """One row per (run, key), kept up to date by every metric flush, so that listing runs
