@@ -575,3 +575,22 @@ def test_a_real_lab_serve_answers_the_curl_line_of_docs_serve(filled: Filled) ->
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == filled.get("/experiments/dash/curves", metric="loss",
                                                  buckets=4)  # fmt: skip
+
+
+def test_curves_cut_on_several_connections_are_the_same_cut(filled: Filled) -> None:
+    """A SQLite metric of many points is cut on one connection per core, each taking whole
+    runs (`_cut_split`): the same answer as one connection, for any number of shares."""
+    from lab.server.dashboard import _cut, _cut_split
+    from lab.server.read import bucket_bounds
+
+    if filled.store.dialect != "sqlite":
+        pytest.skip("PostgreSQL cuts on one connection")
+    ids = [r["run_id"] for r in filled.store.get_experiment("dash")["runs"]]
+    for n in (1, 3, 12, 50):
+        bounds = bucket_bounds(1, STEPS, n)
+        with filled.store.engine.connect() as conn:
+            one = _cut(conn, "sqlite", ids, "noisy", bounds, last=True)
+        assert sorted(one) == sorted(ids)  # failed runs logged some steps too
+        for parts in (2, 3, 16):
+            split = _cut_split(filled.store.engine, ids, "noisy", bounds, last=True, parts=parts)
+            assert _as_json(split) == _as_json(one)

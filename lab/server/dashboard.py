@@ -19,6 +19,7 @@ once per app (each request reads through its own cursor of it). JSON is the read
 from __future__ import annotations
 
 import functools
+import json
 import math
 import threading
 from datetime import datetime
@@ -33,7 +34,15 @@ from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE, COUNTED_STATUSES
 from lab.errors import NoRun
 from lab.server.app import Rejected
-from lab.server.read import LabJSON, StoreDep, bucket_bounds
+from lab.server.read import (
+    SPLIT_PARTS,
+    SPLIT_POINTS,
+    LabJSON,
+    StoreDep,
+    _splittable,
+    _splitters,
+    bucket_bounds,
+)
 from lab.store import Store
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -304,8 +313,9 @@ def curves(
             .order_by(SqlRun.arm_id, SqlRun.repeat, SqlRun.stage, SqlRun.run_id)
         ).all()  # fmt: skip
         ids = [r.run_id for r in members]
-        lo, hi = conn.execute(
-            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step))
+        lo, hi, points = conn.execute(
+            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step),
+                      sa.func.sum(SqlSummary.count))
             .where(SqlSummary.run_id.in_(ids), SqlSummary.key == metric)
         ).one()  # fmt: skip
         if lo is None:
@@ -319,8 +329,11 @@ def curves(
                 f"{', '.join(known) or 'none'}",
                 "metric",
             )
-        cut = _cut(conn, store.dialect, ids, metric, lo, hi, buckets)
-    bounds = bucket_bounds(lo, hi, buckets)
+        bounds = bucket_bounds(lo, hi, buckets)
+        if points >= SPLIT_POINTS and SPLIT_PARTS > 1 and _splittable(store.engine):
+            cut = _cut_split(store.engine, ids, metric, bounds, last=runs, parts=SPLIT_PARTS)
+        else:
+            cut = _cut(conn, store.dialect, ids, metric, bounds, last=runs)
     last_stage: dict[int | None, int] = {}
     for r in members:
         last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
@@ -387,35 +400,109 @@ def _arm_curve(
 
 
 def _cut(
-    conn: sa.Connection, dialect: str, run_ids: list[int], key: str, lo: int, hi: int, n: int
+    conn: sa.Connection,
+    dialect: str,
+    run_ids: list[int],
+    key: str,
+    bounds: list[tuple[int, int, int]],
+    *,
+    last: bool,
 ) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """Per run and non-empty bucket of `key`: (min, max, mean, last value), min, max and
-    mean without NaN (None when the bucket held NaN only), the last value as logged.
+    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): (min, max,
+    mean, last value), min, max and mean without NaN (None when the bucket held NaN only),
+    the last value as logged (with `last`; else None), in one grouped query over the
+    metrics' (run_id, key, step) key.
 
-    One grouped query over the metrics' (run_id, key, step) key: bucket i of a run holds
-    its steps s with ``(s - lo) * n // (hi - lo + 1) == i`` (`bucket_bounds`); the last
-    value is one key lookup per bucket at its last step."""
+    SQLite: the runs' buckets go into a temporary table in (run, bucket) order, joined to
+    each bucket's range of the key, so the grouping follows the key and never sorts the
+    points. PostgreSQL: one hash aggregate over the runs' range of the key, bucket i
+    holding the steps s with ``(s - lo) * n // (hi - lo + 1) == i``. The last value is a
+    key lookup per bucket at its last step."""
     if not run_ids:
         return {}
-    value = "m.value" if dialect == "sqlite" else "NULLIF(m.value, 'NaN'::double precision)"
-    sql = sa.text(f"""
-        SELECT g.run_id, g.b, g.lo_value, g.hi_value, g.mean, (
-            SELECT l.value FROM metrics l
-            WHERE l.run_id = g.run_id AND l."key" = :key AND l.step = g.last_step
-        ) AS last_value
-        FROM (
-            SELECT m.run_id, (m.step - :lo) * :n / :width AS b, min({value}) AS lo_value,
-                   max({value}) AS hi_value, avg({value}) AS mean, max(m.step) AS last_step
-            FROM metrics m
-            WHERE m.run_id IN :run_ids AND m."key" = :key
-            GROUP BY 1, 2
-        ) g
-    """).bindparams(sa.bindparam("run_ids", expanding=True))
-    args = {"run_ids": run_ids, "key": key, "lo": lo, "n": n, "width": hi - lo + 1}
+    lookup = (
+        'SELECT l.value FROM metrics l WHERE l.run_id = g.run_id AND l."key" = :key '
+        "AND l.step = g.last_step"
+    )
+    args: dict[str, Any] = {"key": key}
+    if dialect == "sqlite":
+        conn.exec_driver_sql(_SQLITE_CURVE_BOUNDS)
+        conn.exec_driver_sql(_SQLITE_CURVE_BUCKETS)
+        conn.exec_driver_sql("DELETE FROM temp.lab_curve_bounds")
+        conn.exec_driver_sql("DELETE FROM temp.lab_curve_buckets")
+        conn.exec_driver_sql("INSERT INTO temp.lab_curve_bounds VALUES (?, ?, ?)", bounds)
+        conn.exec_driver_sql(
+            "INSERT INTO temp.lab_curve_buckets SELECT r.value, b.i, b.lo, b.hi "
+            "FROM json_each(?) r, temp.lab_curve_bounds b ORDER BY 1, 2",
+            (json.dumps(run_ids),),
+        )
+        grouped = _SQLITE_CURVE_CUT
+    else:
+        lo, hi = bounds[0][1], bounds[-1][2] - 1
+        args.update(run_ids=run_ids, lo=lo, n=len(bounds), width=hi - lo + 1)
+        grouped = _PG_CURVE_CUT
+    sql = sa.text(
+        f"SELECT g.run_id, g.i, g.lo_value, g.hi_value, g.mean, "
+        f"{f'({lookup})' if last else 'NULL'} FROM ({grouped}) g"
+    )
+    if dialect != "sqlite":
+        sql = sql.bindparams(sa.bindparam("run_ids", expanding=True))
     out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for run_id, b, low, high, mean, last in conn.execute(sql, args):
-        out.setdefault(run_id, {})[int(b)] = (low, high, mean, _nan(last))
+    for run_id, i, low, high, mean, value in conn.execute(sql, args):
+        out.setdefault(run_id, {})[int(i)] = (low, high, mean, _nan(value) if last else None)
     return out
+
+
+def _cut_split(
+    engine: sa.Engine,
+    run_ids: list[int],
+    key: str,
+    bounds: list[tuple[int, int, int]],
+    *,
+    last: bool,
+    parts: int,
+) -> dict[int, dict[int, tuple[Any, ...]]]:
+    """`_cut` on SQLite, its runs shared out to `parts` connections at once (SQLite runs a
+    statement on one core): the same answer, each run read whole on one connection."""
+    shares = [run_ids[k::parts] for k in range(parts) if run_ids[k::parts]]
+
+    def cut(share: list[int]) -> dict[int, dict[int, tuple[Any, ...]]]:
+        with connect(engine) as conn:
+            return _cut(conn, "sqlite", share, key, bounds, last=last)
+
+    out: dict[int, dict[int, tuple[Any, ...]]] = {}
+    for part in _splitters.map(cut, shares):
+        out.update(part)
+    return out
+
+
+_SQLITE_CURVE_BOUNDS = (
+    "CREATE TEMP TABLE IF NOT EXISTS lab_curve_bounds "
+    "(i INTEGER PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
+)
+_SQLITE_CURVE_BUCKETS = (
+    "CREATE TEMP TABLE IF NOT EXISTS lab_curve_buckets (run_id INTEGER NOT NULL, "
+    "i INTEGER NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL, PRIMARY KEY (run_id, i)) "
+    "WITHOUT ROWID"
+)
+# SQLite keeps NaN as NULL, which min, max and avg skip.
+_SQLITE_CURVE_CUT = """
+SELECT b.run_id, b.i, min(m.value) AS lo_value, max(m.value) AS hi_value,
+       avg(m.value) AS mean, max(m.step) AS last_step
+FROM temp.lab_curve_buckets b
+JOIN metrics m ON m.run_id = b.run_id AND m."key" = :key AND m.step >= b.lo AND m.step < b.hi
+GROUP BY b.run_id, b.i
+"""
+# PostgreSQL keeps NaN, which it orders above every number: left out of min, max and avg.
+_PG_CURVE_CUT = """
+SELECT m.run_id, (m.step - :lo) * :n / :width AS i,
+       min(NULLIF(m.value, 'NaN'::double precision)) AS lo_value,
+       max(NULLIF(m.value, 'NaN'::double precision)) AS hi_value,
+       avg(NULLIF(m.value, 'NaN'::double precision)) AS mean, max(m.step) AS last_step
+FROM metrics m
+WHERE m.run_id IN :run_ids AND m."key" = :key
+GROUP BY 1, 2
+"""
 
 
 # -- predictions: disagreements and breakdowns ------------------------------------------------
