@@ -416,14 +416,11 @@ def _cut(
     SQLite: the runs' buckets go into a temporary table in (run, bucket) order, joined to
     each bucket's range of the key, so the grouping follows the key and never sorts the
     points. PostgreSQL: one hash aggregate over the runs' range of the key, bucket i
-    holding the steps s with ``(s - lo) * n // (hi - lo + 1) == i``. The last value is a
-    key lookup per bucket at its last step."""
+    holding the steps s with ``(s - lo) * n // (hi - lo + 1) == i``, the last value taken
+    in the same pass. On SQLite the last value is a key lookup per bucket at its last
+    step."""
     if not run_ids:
         return {}
-    lookup = (
-        'SELECT l.value FROM metrics l WHERE l.run_id = g.run_id AND l."key" = :key '
-        "AND l.step = g.last_step"
-    )
     args: dict[str, Any] = {"key": key}
     if dialect == "sqlite":
         conn.exec_driver_sql(_SQLITE_CURVE_BOUNDS)
@@ -436,19 +433,22 @@ def _cut(
             "FROM json_each(?) r, temp.lab_curve_bounds b ORDER BY 1, 2",
             (json.dumps(run_ids),),
         )
-        grouped = _SQLITE_CURVE_CUT
+        lookup = (
+            '(SELECT l.value FROM metrics l WHERE l.run_id = g.run_id AND l."key" = :key '
+            "AND l.step = g.last_step)"
+        )
+        sql = sa.text(f"SELECT g.*, {lookup if last else 'NULL'} FROM ({_SQLITE_CURVE_CUT}) g")
     else:
         lo, hi = bounds[0][1], bounds[-1][2] - 1
         args.update(run_ids=run_ids, lo=lo, n=len(bounds), width=hi - lo + 1)
-        grouped = _PG_CURVE_CUT
-    sql = sa.text(
-        f"SELECT g.run_id, g.i, g.lo_value, g.hi_value, g.mean, "
-        f"{f'({lookup})' if last else 'NULL'} FROM ({grouped}) g"
-    )
-    if dialect != "sqlite":
-        sql = sql.bindparams(sa.bindparam("run_ids", expanding=True))
+        # The groups' hash table in memory (a few MB per 100,000 buckets), not spilled to
+        # disk as the default work_mem would; no JIT, which costs more than it saves here.
+        conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        conn.exec_driver_sql("SET LOCAL jit = off")
+        grouped = _PG_CURVE_CUT.format(last=_PG_LAST if last else "NULL")
+        sql = sa.text(grouped).bindparams(sa.bindparam("run_ids", expanding=True))
     out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for run_id, i, low, high, mean, value in conn.execute(sql, args):
+    for run_id, i, low, high, mean, _step, value in conn.execute(sql, args):
         out.setdefault(run_id, {})[int(i)] = (low, high, mean, _nan(value) if last else None)
     return out
 
@@ -476,6 +476,7 @@ def _cut_split(
     return out
 
 
+_PG_LAST = "(max(ARRAY[m.step::double precision, m.value]))[2]"
 _SQLITE_CURVE_BOUNDS = (
     "CREATE TEMP TABLE IF NOT EXISTS lab_curve_bounds "
     "(i INTEGER PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
@@ -494,11 +495,13 @@ JOIN metrics m ON m.run_id = b.run_id AND m."key" = :key AND m.step >= b.lo AND 
 GROUP BY b.run_id, b.i
 """
 # PostgreSQL keeps NaN, which it orders above every number: left out of min, max and avg.
+# The last value is taken in the same pass: the greatest (step, value) pair's value.
 _PG_CURVE_CUT = """
 SELECT m.run_id, (m.step - :lo) * :n / :width AS i,
        min(NULLIF(m.value, 'NaN'::double precision)) AS lo_value,
        max(NULLIF(m.value, 'NaN'::double precision)) AS hi_value,
-       avg(NULLIF(m.value, 'NaN'::double precision)) AS mean, max(m.step) AS last_step
+       avg(NULLIF(m.value, 'NaN'::double precision)) AS mean, max(m.step) AS last_step,
+       {last} AS last_value
 FROM metrics m
 WHERE m.run_id IN :run_ids AND m."key" = :key
 GROUP BY 1, 2
