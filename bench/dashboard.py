@@ -27,6 +27,8 @@ Prints one JSON line per backend.
     python bench/dashboard.py                  # SQLite (builds the store once: minutes)
     python bench/dashboard.py --quick          # 10 runs x 1,000 steps x 10 keys
     python bench/dashboard.py --postgres URL   # and PostgreSQL (default $LAB_BENCH_POSTGRES_URL)
+    python bench/dashboard.py --postgres-store URL  # PostgreSQL in a store kept between runs:
+                                               # built there the first time, reused after
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10 runs x 1,000 steps x 10 keys")
     parser.add_argument("--cache-dir", type=Path, default=CACHE, help=f"default: {CACHE}")
     add_postgres_option(parser)
+    parser.add_argument("--postgres-store", help="a PostgreSQL store URL kept between runs")
     args = parser.parse_args()
     if args.quick:
         args.arms, args.repeats, args.steps, args.rounds = 2, 5, 1000, 3
@@ -223,7 +226,19 @@ def main() -> None:
     head = {"bench": "dashboard", "points": points, "steps": args.steps, "rounds": args.rounds}
     result = measure(url, args.rounds, path, None)
     print(json.dumps({**head, "backend": "sqlite", **result, "machine": machine()}))
-    if args.postgres:
+    if args.postgres_store:
+        kept = sa.engine.make_url(args.postgres_store)
+        store = Store(args.postgres_store)
+        try:
+            built = NAME in {e["name"] for e in store.list_experiments()}
+        finally:
+            store.close()
+        if not built:
+            build_postgres(args.postgres_store, *shape)
+        libpq = kept.set(drivername="postgresql").render_as_string(hide_password=False)
+        result = measure(args.postgres_store, args.rounds, None, libpq)
+        print(json.dumps({**head, "backend": "postgresql", **result, "machine": machine()}))
+    elif args.postgres:
         with scratch_database(args.postgres, "dashboard") as (pg_url, libpq):
             build_postgres(pg_url, *shape)
             result = measure(pg_url, args.rounds, None, libpq)

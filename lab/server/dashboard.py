@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import fastapi
+import numpy as np
 import sqlalchemy as sa
 from fastapi.responses import Response
 
@@ -372,31 +373,45 @@ def _arm_curve(
     bounds: list[tuple[int, int, int]],
 ) -> dict[str, Any]:
     """One arm's curve from its runs' buckets: per bucket that any of its runs reached, the
-    mean of the runs' means with its t interval (`lab._stats.spread`'s numbers; the t
-    quantile looked up once per df), and the envelope of their points."""
-    out: dict[str, Any] = {"arm": arm, "step": [], "n": [], "mean": [], "ci_low": [],
-                           "ci_high": [], "min": [], "max": []}  # fmt: skip
+    mean of the runs' means with `lab._stats.spread`'s t interval (sample std, the t
+    quantile looked up once per df), and the envelope of their points; vectorized over the
+    buckets, since an arm of 10 runs at 1,000 buckets is 10,000 cells."""
     reached = sorted({b for per in per_run for b in per})
-    for b in reached:
-        cells = [per[b] for per in per_run if b in per]
-        means = [c[2] for c in cells if c[2] is not None]
-        lows = [c[0] for c in cells if c[0] is not None]
-        highs = [c[1] for c in cells if c[1] is not None]
-        n = len(means)
-        mean = math.fsum(means) / n if n else None
-        low = high = None
-        if n >= 2 and mean is not None:
-            std = math.sqrt(math.fsum((v - mean) ** 2 for v in means) / (n - 1))
-            half = _t(n - 1) * std / math.sqrt(n)
-            low, high = mean - half, mean + half
-        out["step"].append(bounds[b][2] - 1)
-        out["n"].append(n)
-        out["mean"].append(mean)
-        out["ci_low"].append(low)
-        out["ci_high"].append(high)
-        out["min"].append(min(lows) if lows else None)
-        out["max"].append(max(highs) if highs else None)
-    return out
+    where = {b: j for j, b in enumerate(reached)}
+    shape = (len(per_run), len(reached))
+    means, has = np.zeros(shape), np.zeros(shape, dtype=bool)
+    lows, highs = np.full(shape, np.inf), np.full(shape, -np.inf)
+    seen = np.zeros(shape, dtype=bool)  # a point that is not NaN
+    for r, per in enumerate(per_run):
+        for b, (low, high, mean, _last) in per.items():
+            j = where[b]
+            if mean is not None:
+                means[r, j], has[r, j] = mean, True
+            if low is not None:
+                lows[r, j], highs[r, j], seen[r, j] = low, high, True
+    with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf is NaN, as in spread
+        n = has.sum(axis=0)
+        mean = np.where(has, means, 0.0).sum(axis=0) / n
+        spread = np.where(has, means - mean, 0.0)
+        std = np.sqrt((spread * spread).sum(axis=0) / (n - 1))
+        quantile = np.array([_t(int(k) - 1) if k >= 2 else math.nan for k in n])
+        half = quantile * std / np.sqrt(n)
+    points = seen.any(axis=0)
+    return {
+        "arm": arm,
+        "step": [bounds[b][2] - 1 for b in reached],
+        "n": n.tolist(),
+        "mean": _listed(mean, n >= 1),
+        "ci_low": _listed(mean - half, n >= 2),
+        "ci_high": _listed(mean + half, n >= 2),
+        "min": _listed(lows.min(axis=0, initial=np.inf), points),
+        "max": _listed(highs.max(axis=0, initial=-np.inf), points),
+    }
+
+
+def _listed(values: Any, known: Any) -> list[float | None]:
+    """An array as a list of floats, None where it is not `known`."""
+    return [v if k else None for v, k in zip(values.tolist(), known.tolist(), strict=True)]
 
 
 def _cut(
