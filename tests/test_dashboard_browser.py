@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ import torch
 import lab.inspect
 from lab import Arm, Evaluator, Experiment, LoopArtifacts, TrainingLoop
 from lab.records import EvalResult, RunSpec
+from lab.store import Store
 from tests.served import Served, free_port, serve
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,7 +56,10 @@ if shutil.which(CHROMIUM) is None or shutil.which(CHROMEDRIVER) is None:
     pytest.skip("Chromium and its driver are not installed", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -127,9 +132,25 @@ def train(run: RunSpec) -> LoopArtifacts:
     return loop.fit(run)
 
 
+_CRASH = """
+import os, signal, sys
+from lab.store import Store
+store = Store(sys.argv[1])
+exp = store.begin_experiment("crashy", config={}, seed=0, repeats=1)
+arm = store.add_arm(exp, "a", overrides={}, config={})
+group = store.add_group(exp, "a", arm_id=arm)
+run = store.start_run(exp, group, run_key="a-r0", arm_id=arm, repeat=0, stage=0, seed=0,
+                      config={}, output_dir=None)
+store.log_metrics(run, 1, {"y": 1.0})
+store.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The experiment recorded into a SQLite store, and a real `lab serve` in front of it."""
+    """The experiment recorded into a SQLite store, and a run whose process was killed
+    (SIGKILL) while it ran, and a real `lab serve` in front of them."""
     folder = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{folder / 'lab.db'}"
     Experiment(
@@ -143,6 +164,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         benchmarks=[Evaluator("holdout", holdout)],
         strict=False,
     ).run()
+    done = subprocess.run([sys.executable, "-c", _CRASH, url], timeout=120)
+    assert done.returncode == -signal.SIGKILL
     server = serve(url)
     try:
         yield server
@@ -185,7 +208,7 @@ def browser() -> Iterator[Any]:
 
 def wait_for(driver: Any, css: str, timeout: float = 20.0) -> Any:
     """The first element matching `css`, once it is there and shown."""
-    WebDriverWait(driver, timeout).until(
+    WebDriverWait(driver, timeout, ignored_exceptions=[StaleElementReferenceException]).until(
         lambda d: any(e.is_displayed() for e in d.find_elements(By.CSS_SELECTOR, css))
     )
     return next(e for e in driver.find_elements(By.CSS_SELECTOR, css) if e.is_displayed())
@@ -535,7 +558,8 @@ def test_pages_open_without_a_token_the_api_does_not_and_the_cookie_only_reads(
             assert "HttpOnly" in set_cookie and "SameSite=strict" in set_cookie
             with httpx.Client(base_url=site.url, timeout=30, cookies={"lab_token": token}) as c:
                 listed = c.get("/api/v1/dashboard/experiments")
-                assert listed.status_code == 200 and listed.json()["rows"][0]["name"] == NAME
+                assert listed.status_code == 200
+                assert NAME in [r["name"] for r in listed.json()["rows"]]
                 assert 'data-signed-in="1"' in c.get("/").text
                 assert c.get("/api/v1/token").json()["scope"] == "read"
                 # a write never takes the cookie, even a write token's
@@ -566,7 +590,7 @@ def test_lab_ui_serves_the_dashboard_read_only_on_loopback_without_tokens(
                 time.sleep(0.05)
         assert 'data-auth="0"' in page.text and 'data-signed-in="1"' in page.text
         listed = httpx.get(url + "/api/v1/dashboard/experiments", timeout=30)
-        assert listed.status_code == 200 and listed.json()["rows"][0]["name"] == NAME
+        assert listed.status_code == 200 and NAME in [r["name"] for r in listed.json()["rows"]]
         assert httpx.get(url + "/runs/999999", timeout=30).status_code == 404
         write = httpx.post(url + "/api/v1/experiments", json={}, timeout=30)
         assert write.status_code in (404, 405)  # no write API at all
@@ -578,3 +602,62 @@ def test_lab_ui_serves_the_dashboard_read_only_on_loopback_without_tokens(
         proc.terminate()
         _, err = proc.communicate(timeout=15)
     assert f"at http://127.0.0.1:{port}/ (read-only, this machine only)" in err
+
+
+def test_a_live_experiment_updates_without_a_reload_and_a_dead_run_shows_crashed(
+    browser: Any, site: Served, shots: list[Path]
+) -> None:
+    signed_in(browser, site)
+    store = Store(site.store_url)
+    try:
+        exp = store.begin_experiment("live", config={}, seed=0, repeats=1)
+        arm = store.add_arm(exp, "a", overrides={}, config={})
+        group = store.add_group(exp, "a", arm_id=arm)
+        run = store.start_run(exp, group, run_key="a-r0", arm_id=arm, repeat=0, stage=0,
+                              seed=0, config={}, output_dir=None)  # fmt: skip
+        store.log_metrics(run, 1, {"y": 1.0})
+        store.flush()
+        browser.get(f"{site.url}/experiments/live")
+        wait_for(browser, "#exp-header .live")
+        row = wait_for(browser, "#runs-table tbody tr")
+        assert row.get_attribute("data-status") == "running"
+        browser.execute_script("window.__same_page = true")
+        for step in range(2, 6):
+            store.log_metrics(run, step, {"y": 1.0 / step})
+        store.flush()
+        WebDriverWait(browser, 30).until(  # the next poll draws them
+            lambda d: (
+                d.execute_script(
+                    "return document.getElementById('curve-chart').uplot.data[0].length"
+                )
+                == 5
+            )
+        )
+        failure = {"callback": "Boom", "hook": "on_step_end", "error": "ValueError: <i>x</i>",
+                   "traceback": "Traceback (most recent call last):\nValueError: <i>x</i>",
+                   "count": 3}  # fmt: skip
+        store.finish_run(run, status="completed", callback_errors=[failure])
+        store.finish_experiment(exp, status="completed")
+        WebDriverWait(browser, 30).until(
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, "#runs-table tbody tr").get_attribute("data-status")
+                == "completed"
+            )
+        )
+        assert browser.execute_script("return window.__same_page") is True  # no reload
+        assert not browser.find_elements(By.CSS_SELECTOR, "#exp-header .live")
+    finally:
+        store.close()
+    browser.find_element(By.LINK_TEXT, "a-r0").click()
+    box = wait_for(browser, "#callback-errors")
+    assert "Boom.on_step_end: ValueError: <i>x</i> (3 times)" in box.text
+    trace = box.find_element(By.CSS_SELECTOR, ".traceback").get_attribute("textContent")
+    assert trace == failure["traceback"]
+    browser.get(f"{site.url}/experiments/crashy")
+    row = wait_for(browser, "#runs-table tbody tr")
+    assert row.get_attribute("data-status") == "crashed"
+    assert row.find_element(By.CSS_SELECTOR, ".status").text == "crashed"
+    assert not browser.find_elements(By.CSS_SELECTOR, "#exp-header .live")
+    check_page(browser, "crashed", shots)
+    row.find_element(By.LINK_TEXT, "a-r0").click()
+    assert "This run crashed" in wait_for(browser, "#run-error").text

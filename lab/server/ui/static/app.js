@@ -390,7 +390,7 @@
       summary.querySelector('.table-wrap, p')?.remove();
       summary.append(rows.length ? table('arm-table', columns, rows, (r) => ({
         class: r.is_best ? 'best' : null, dataset: { arm: r.arm } })) :
-        el('p', { class: 'muted', text: 'No finished run has this metric yet.' }));
+        el('p', { class: 'muted', text: exp.summary_error || 'No finished run has this metric yet.' }));
     }
 
     function armColor(arm) {
