@@ -33,7 +33,8 @@ import pytest
 import torch
 
 import lab.inspect
-from lab import Arm, Evaluator, Experiment, LoopArtifacts, TrainingLoop
+from lab import Arm, Evaluator, Experiment, LoopArtifacts, RunHandle
+from lab.loop import CheckpointConfig
 from lab.records import EvalResult, RunSpec
 from lab.store import Store
 from tests.served import Served, free_port, serve
@@ -55,7 +56,10 @@ if shutil.which(CHROMIUM) is None or shutil.which(CHROMEDRIVER) is None:
                     "chromium and chromium-driver", pytrace=False)  # fmt: skip
     pytest.skip("Chromium and its driver are not installed", allow_module_level=True)
 
-webdriver = pytest.importorskip("selenium.webdriver")
+if os.environ.get("CI", "").lower() == "true":
+    from selenium import webdriver  # under CI a missing selenium fails, never skips
+else:
+    webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import (  # noqa: E402
     NoAlertPresentException,
     StaleElementReferenceException,
@@ -115,21 +119,31 @@ def holdout(model: torch.nn.Module) -> EvalResult:
 
 
 def train(run: RunSpec) -> LoopArtifacts:
+    """Forty SGD steps with a val eval every ten, a checkpoint every ten (the newest kept),
+    and a histogram and an image of the weights at steps 20 and 40."""
     if run.run_key == FAILED:
         raise FloatingPointError(ERROR)
     cfg: Config = run.config
     x, y = _data(run.seed)
     torch.manual_seed(run.seed)
     model = torch.nn.Linear(4, 1)
-    loop = TrainingLoop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=cfg.lr),
-        data=[(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)],
-        loss_fn=_mse,
-        num_steps=cfg.steps,
-        evaluators=[Evaluator("val", lambda m: {"loss": _mse(m, (x, y)).item()}, every=10)],
-    )
-    return loop.fit(run)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    val = Evaluator("val", lambda m: {"loss": _mse(m, (x, y)).item()}, every=10)
+    with RunHandle(
+        run, model, opt, num_steps=cfg.steps, evaluators=[val],
+        checkpoint=CheckpointConfig(every=10, keep_last=1),
+    ) as loop:  # fmt: skip
+        for step in loop.steps():
+            i = (step - 1) % 4 * 16
+            loss = _mse(model, (x[i : i + 16], y[i : i + 16]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loop.end_step({"loss": loss.item()})
+            if step % 20 == 0:
+                loop.log_histogram("weights", model.weight, bins=8, range=(-2, 2))
+                loop.log_image("weights/image", (model.weight.detach().clamp(-1, 1) + 1) / 2)
+    return loop.artifacts
 
 
 _CRASH = """
@@ -457,6 +471,20 @@ def test_run_page_shows_config_metrics_evals_and_links_to_predictions(
     evals = browser.find_elements(By.CSS_SELECTOR, "#evals-table tbody tr")
     assert [e.find_element(By.TAG_NAME, "td").text for e in evals] == ["val"] * 4 + ["holdout"]
     assert "positive: acc=" in evals[-1].text and "examples=12" in evals[-1].text
+    saves = browser.find_elements(By.CSS_SELECTOR, "#checkpoints-table tbody tr")
+    events = [r.find_elements(By.TAG_NAME, "td")[1].text for r in saves]
+    assert events == ["save", "save", "remove", "save", "remove", "save", "remove"]
+    removed = next(r for r in saves if "remove" in r.get_attribute("class"))
+    assert removed.find_elements(By.TAG_NAME, "td")[4].text  # its reason
+    hist = browser.find_element(By.CSS_SELECTOR, "#histograms figure[data-key='weights']")
+    assert "step 40" in hist.text
+    image = wait_for(browser, "#images img")
+    WebDriverWait(browser, 10).until(
+        lambda d: (
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image)
+            == 4
+        )
+    )
     check_page(browser, "run", shots)
     evals[-1].find_element(By.LINK_TEXT, "holdout").click()
     wait_for(browser, "#disagreements-table")

@@ -797,10 +797,15 @@
       }
       if ((run.images || []).length) {
         parts.push(section('images', 'Images', el('div', { class: 'image-grid' },
-          run.images.filter((m) => String(m.url).startsWith('/api/v1/dashboard/')).map((m) =>
-            el('figure', {}, el('img', { src: m.url, alt: `${m.key} at step ${m.step}`,
-              width: m.width, height: m.height, loading: 'lazy' }),
-            el('figcaption', { text: `${m.key} · step ${m.step}` }))))));
+          run.images.filter((m) => String(m.url).startsWith('/api/v1/dashboard/')).map((m) => {
+            // small images (a weight matrix) drawn large, pixels kept square; big ones fit 300 px
+            const side = Math.max(1, m.width || 1, m.height || 1);
+            const scale = Math.min(300 / side, Math.max(1, 160 / side));
+            return el('figure', {}, el('img', { src: m.url, alt: `${m.key} at step ${m.step}`,
+              width: Math.round((m.width || 1) * scale), height: Math.round((m.height || 1) * scale),
+              loading: 'lazy' }),
+            el('figcaption', { text: `${m.key} · step ${m.step}` }));
+          }))));
       }
       for (const chart of charts.values()) chart.destroy();
       charts.clear();
