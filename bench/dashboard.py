@@ -125,19 +125,20 @@ def timed(rounds: int, fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def baselines(url: str, path: Path | None, libpq: str | None) -> dict[str, Callable[[], Any]]:
-    """The bare-driver reads the endpoints are compared with."""
+    """The bare-driver reads the endpoints are compared with. The points are read by the
+    runs' ids, through the metrics' (run_id, key, step) key, as the server reads them."""
     runs = "SELECT * FROM runs r JOIN experiments e USING (experiment_id) WHERE e.name = %s"
     sums = ("SELECT s.* FROM summaries s JOIN runs r USING (run_id) JOIN experiments e "
             "USING (experiment_id) WHERE e.name = %s")  # fmt: skip
-    points = ('SELECT m.run_id, m.step, m.value FROM metrics m JOIN runs r USING (run_id) '
-              "JOIN experiments e USING (experiment_id) "
-              'WHERE e.name = %s AND m."key" = %s')  # fmt: skip
-    floor = points.replace("m.run_id, m.step, m.value", "count(*), min(m.value), max(m.value)")
+    ids = "SELECT r.run_id FROM runs r JOIN experiments e USING (experiment_id) WHERE e.name = %s"
     if path is not None:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
 
         def run(sql: str, *args: Any) -> Any:
             return con.execute(sql.replace("%s", "?"), args).fetchall()
+
+        run_ids = [i for (i,) in run(ids, NAME)]
+        among = f"m.run_id IN ({', '.join('?' * len(run_ids))})"
     else:
         import psycopg
 
@@ -146,10 +147,15 @@ def baselines(url: str, path: Path | None, libpq: str | None) -> dict[str, Calla
         def run(sql: str, *args: Any) -> Any:
             return pg.execute(sql, args).fetchall()  # type: ignore[arg-type]
 
+        run_ids = [i for (i,) in run(ids, NAME)]
+        among = "m.run_id = ANY(%s)"
+    points = f'SELECT m.run_id, m.step, m.value FROM metrics m WHERE {among} AND m."key" = %s'
+    floor = points.replace("m.run_id, m.step, m.value", "count(*), min(m.value), max(m.value)")
+    every = (*run_ids,) if path is not None else (run_ids,)
     return {
         "runs_raw": lambda: (run(runs, NAME), run(sums, NAME)),
-        "curves_raw": lambda: run(points, NAME, "loss"),
-        "curves_floor": lambda: run(floor, NAME, "loss"),
+        "curves_raw": lambda: run(points, *every, "loss"),
+        "curves_floor": lambda: run(floor, *every, "loss"),
     }
 
 
