@@ -64,6 +64,7 @@ from selenium.common.exceptions import (  # noqa: E402
     NoAlertPresentException,
     StaleElementReferenceException,
 )
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -163,8 +164,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The experiment recorded into a SQLite store, and a run whose process was killed
-    (SIGKILL) while it ran, and a real `lab serve` in front of them."""
+    """The experiment recorded into a SQLite store, a chain of two stages, a run whose
+    process was killed (SIGKILL) while it ran, and a real `lab serve` in front of them."""
     folder = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{folder / 'lab.db'}"
     Experiment(
@@ -177,6 +178,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         output_dir=folder / "runs",
         benchmarks=[Evaluator("holdout", holdout)],
         strict=False,
+    ).run()
+    Experiment(
+        "chain",
+        train,
+        base_config=Config(steps=10),
+        arms=[Arm("staged", stages=[{"lr": 0.05}, {"lr": 0.1}])],
+        store=url,
+        output_dir=folder / "runs",
     ).run()
     done = subprocess.run([sys.executable, "-c", _CRASH, url], timeout=120)
     assert done.returncode == -signal.SIGKILL
@@ -377,6 +386,29 @@ def test_experiment_page_arm_table_equals_the_summary_and_draws_one_curve_per_ar
     )
     assert labels == list(ARMS)  # one series per arm, in the arms' order
     assert chart.get_attribute("data-metric") == "holdout/acc"
+    Select(browser.find_element(By.ID, "metric")).select_by_value("val/loss")
+    WebDriverWait(browser, 20).until(
+        lambda d: d.find_element(By.ID, "curve-chart").get_attribute("data-metric") == "val/loss"
+    )
+    over = browser.find_element(By.CSS_SELECTOR, "#curve-chart .u-over")
+    ActionChains(browser).move_to_element_with_offset(over, 0, 0).perform()  # hover: values
+    WebDriverWait(browser, 10).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#curve-legend .legend-step").text
+    )
+    readouts = [
+        e.text for e in browser.find_elements(By.CSS_SELECTOR, "#curve-legend .legend-value")
+    ]
+    assert len(readouts) == 2 and all(readouts), readouts
+    zoom = (
+        "const u = document.getElementById('curve-chart').uplot; "
+        "return [u.scales.x.min, u.scales.x.max]"
+    )
+    before = browser.execute_script(zoom)
+    ActionChains(browser).move_to_element_with_offset(
+        over, -200, 0
+    ).click_and_hold().move_by_offset(150, 0).release().perform()  # drag: zoom in on the steps
+    after = browser.execute_script(zoom)
+    assert before[0] <= after[0] < after[1] <= before[1] and after != before
     # the arm table picks an arm: the chart shows it alone, and a second click shows both
     browser.find_element(By.CSS_SELECTOR, "#arm-table .arm-pick").click()
     WebDriverWait(browser, 10).until(
@@ -689,3 +721,22 @@ def test_a_live_experiment_updates_without_a_reload_and_a_dead_run_shows_crashed
     check_page(browser, "crashed", shots)
     row.find_element(By.LINK_TEXT, "a-r0").click()
     assert "This run crashed" in wait_for(browser, "#run-error").text
+
+
+def test_a_chain_shows_its_stages_in_order(browser: Any, site: Served, shots: list[Path]) -> None:
+    signed_in(browser, site)
+    browser.get(f"{site.url}/experiments/chain")
+    chain = wait_for(browser, "#chain-list li")
+    assert chain.text.startswith("staged-r0 (staged): stage 0")
+    assert chain.text == "staged-r0 (staged): stage 0 completed → stage 1 completed"
+    first, second = chain.find_elements(By.TAG_NAME, "a")
+    ids = [r.get_attribute("data-run-id")
+           for r in browser.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")]  # fmt: skip
+    assert [first.get_attribute("href"), second.get_attribute("href")] == [
+        f"{site.url}/runs/{i}" for i in ids
+    ]
+    check_page(browser, "chain", shots)
+    second.click()
+    assert wait_for(browser, "#run-key").text == "staged-r0-s1"
+    parent = browser.find_element(By.CSS_SELECTOR, "#run-header .meta a[href^='/runs/']")
+    assert parent.get_attribute("href") == f"{site.url}/runs/{ids[0]}"
