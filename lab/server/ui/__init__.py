@@ -27,9 +27,9 @@ STATIC = Path(__file__).resolve().parent / "static"
 #: The session cookie that holds the token the prompt was given.
 COOKIE = "lab_token"
 #: What a page may load and run: its own scripts and styles, images from the server, nothing
-#: inline, nothing from elsewhere (the charts set styles through the CSSOM).
+#: inline, nothing from elsewhere (the charts set styles through the CSSOM, which it allows).
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
 )

@@ -26,6 +26,7 @@
       if (key === 'text') node.textContent = String(value);
       else if (key === 'class') node.className = value;
       else if (key === 'dataset') Object.assign(node.dataset, value);
+      else if (key === 'style') node.style.cssText = value;  // CSSOM: allowed by the CSP
       else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
       else if (value === true) node.setAttribute(key, '');
       else node.setAttribute(key, String(value));
