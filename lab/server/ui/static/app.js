@@ -477,7 +477,7 @@
         columns.push(shape(a.step, a.mean));
         // a short curve (a few evals) shows its points: one point alone draws no line
         series.push({ label: a.arm, role: 'mean', stroke: color, width: 2, spanGaps: true,
-          points: { show: a.step.length <= 40, size: 5, fill: color } });
+          points: { show: a.step.length <= 12, size: 5, fill: color } });
         const mean = series.length - 1;
         columns.push(shape(a.step, a.ci_low), shape(a.step, a.ci_high));
         series.push({ label: `${a.arm} 95% CI low`, role: 'ci', stroke: `${color}55`, width: 1,
