@@ -409,6 +409,11 @@ def test_experiment_page_arm_table_equals_the_summary_and_draws_one_curve_per_ar
     ).click_and_hold().move_by_offset(150, 0).release().perform()  # drag: zoom in on the steps
     after = browser.execute_script(zoom)
     assert before[0] <= after[0] < after[1] <= before[1] and after != before
+    browser.find_element(By.ID, "log-scale").click()  # a redraw keeps the zoom
+    assert browser.execute_script(zoom) == after
+    browser.find_element(By.ID, "log-scale").click()
+    browser.find_element(By.ID, "reset-zoom").click()
+    assert browser.execute_script(zoom) == before
     # the arm table picks an arm: the chart shows it alone, and a second click shows both
     browser.find_element(By.CSS_SELECTOR, "#arm-table .arm-pick").click()
     WebDriverWait(browser, 10).until(

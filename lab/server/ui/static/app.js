@@ -416,7 +416,7 @@
       const each = el('input', { id: 'show-runs', type: 'checkbox' });
       each.addEventListener('change', () => { state.runs = each.checked; loadCurves(); });
       const reset = el('button', { id: 'reset-zoom', type: 'button', text: 'Reset zoom',
-        onclick: () => { state.only = null; drawCurves(); } });
+        onclick: () => { state.only = null; state.zoom = null; drawCurves(); } });
       chartBox = el('div', { id: 'curve-chart', class: 'chart' });
       legend = el('div', { id: 'curve-legend', class: 'legend' });
       curves.append(el('div', { class: 'controls' },
@@ -491,6 +491,7 @@
         series.push({ label: r.run_key, role: 'run', stroke: `${armColor(r.arm)}88`, width: 1,
           spanGaps: true, points: { show: false } });
       }
+      const zoom = state.zoom;  // a redraw (a poll, the log scale, smoothing) keeps the zoom
       if (state.chart) { state.chart.destroy(); state.chart = null; }
       clear(chartBox);
       clear(legend);
@@ -528,6 +529,12 @@
                 fmt(nearest(u.data[j], i));
             });
           }],
+          setScale: [(u, key) => {
+            if (key !== 'x' || !restored) return;
+            const lo = u.scales.x.min;
+            const hi = u.scales.x.max;
+            state.zoom = lo > xs[0] || hi < xs[xs.length - 1] ? [lo, hi] : null;
+          }],
           draw: [() => {
             if (measured) return;
             measured = true;
@@ -535,7 +542,11 @@
           }],
         },
       };
+      let restored = false;
       state.chart = new window.uPlot(opts, columns, chartBox);
+      if (zoom) state.chart.setScale('x', { min: zoom[0], max: zoom[1] });
+      state.zoom = zoom;
+      restored = true;
       chartBox.uplot = state.chart;
       chartBox.dataset.arms = String(arms.length);
       chartBox.dataset.metric = data.metric;
