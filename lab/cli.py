@@ -15,6 +15,7 @@ import typer
 from lab._secrets import mask
 from lab._table import plural, render
 from lab.errors import ConfigError, LabError, Terminated
+from lab.records import FAILED
 
 if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` never load torch
     from lab.experiment import Experiment
@@ -245,7 +246,7 @@ def run_file(
         return
     again = ["lab", "run", str(file)] + (["--store", _shown(store)] if store is not None else [])
     result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))
-    failed = [r for r in result.runs if r.status == "failed"]
+    failed = [r for r in result.runs if r.status in FAILED]
     if failed:
         first = mask((failed[0].error or "failed").splitlines()[0])
         hint = ""

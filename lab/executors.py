@@ -13,9 +13,15 @@ What runs where, with ``executor="processes"``::
              -> sends back the RunResult (artifacts=None: the model stays in the worker)
     parent:  on_experiment_end, close
 
+``Experiment(executor="ray")`` hands each run to `RayPool` instead: one Ray task per run,
+with the CPUs and GPUs its arm asks for, on a local ``ray.init()`` or on a cluster. The
+same hooks fire in the same places (the parent is the Ray driver, the worker a Ray worker
+process, which Ray reuses from one run to the next); see docs/ray.md.
+
 This module only starts processes and brings their answers back; `lab.experiment` decides
-what a run is and which hooks fire. A worker that dies (SIGKILL, ``os._exit``, an OOM kill)
-comes back as an `Outcome` whose `died` says how, and the other workers go on.
+what a run is and which hooks fire. A worker that dies (SIGKILL, ``os._exit``, an OOM kill,
+its node lost) comes back as an `Outcome` whose `died` says how, and the other workers go on.
+Both pools offer the same calls (`Pool`), so one loop in `lab.experiment` drives either.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from lab.errors import LabError
+from lab._imports import require
+from lab.errors import ConfigError, LabError
 
 #: The start method of every worker process; ``fork`` would copy torch's threads and locks.
 START_METHOD = "spawn"
@@ -66,6 +75,34 @@ class Outcome:
     def ok(self) -> bool:
         """Whether the call returned a value."""
         return self.error is None and self.died is None and self.unloadable is None
+
+
+class Pool(Protocol):
+    """Where an experiment's runs execute, one call per run: `ProcessPool` or `RayPool`."""
+
+    @property
+    def free(self) -> int:
+        """How many more calls can start now."""
+        ...
+
+    @property
+    def running(self) -> int:
+        """How many calls are running."""
+        ...
+
+    def submit(
+        self, key: Any, fn: Callable[..., Any], *args: Any, resources: Mapping[str, float] = ...
+    ) -> None:
+        """Start ``fn(*args, progress=...)``; its `Outcome` carries `key`."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> list[Outcome]:
+        """Block until at least one call ended (or `timeout` passed); return what ended."""
+        ...
+
+    def stop(self, grace_s: float = 30.0) -> list[Outcome]:
+        """Interrupt every running call and return their outcomes."""
+        ...
 
 
 @dataclass
@@ -107,8 +144,16 @@ class ProcessPool:
         """How many calls are running."""
         return len(self._running)
 
-    def submit(self, key: Any, fn: Callable[..., Any], *args: Any) -> None:
+    def submit(
+        self,
+        key: Any,
+        fn: Callable[..., Any],
+        *args: Any,
+        resources: Mapping[str, float] | None = None,
+    ) -> None:
         """Start ``fn(*args, progress=...)`` in a new process; its `Outcome` carries `key`.
+        `resources` (what a Ray task would ask for) mean nothing here: every worker shares
+        this machine.
 
         Raises `pickle.PicklingError` (or whatever pickling raised) when `fn` or `args`
         cannot be sent; nothing is started then.
@@ -245,6 +290,231 @@ def _signal(process: Any, signum: int) -> None:
         os.kill(process.pid, signum)
 
 
+#: The environment variable that names the Ray cluster of ``executor="ray"`` (``ray://...``
+#: or ``host:port``); unset, a local cluster starts (or the one this process joined is used).
+RAY_ADDRESS_ENV = "LAB_RAY_ADDRESS"
+#: What a run asks of Ray when neither its experiment nor its arm says otherwise.
+DEFAULT_RESOURCES: dict[str, float] = {"num_cpus": 1.0}
+#: The resources a run may ask for, as `ray.remote` names them (memory in bytes).
+RESOURCE_NAMES = ("num_cpus", "num_gpus", "memory")
+_KV_NAMESPACE = "lab"
+
+
+def check_resources(resources: Mapping[str, float] | None, who: str) -> dict[str, float]:
+    """`resources` as Ray task options, checked now: a typo must not reach a cluster that
+    would queue the run forever for a resource no node has."""
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ConfigError(f"{who}: resources={resources!r}; use a dict such as "
+                          "{'num_cpus': 2, 'num_gpus': 1}")  # fmt: skip
+    checked: dict[str, float] = {}
+    for name, value in resources.items():
+        if name not in RESOURCE_NAMES:
+            raise ConfigError(f"{who}: resources has {name!r}; use {', '.join(RESOURCE_NAMES)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigError(f"{who}: resources[{name!r}]={value!r}; use a number >= 0")
+        checked[name] = float(value) if name != "memory" else int(value)
+    return checked
+
+
+def check_shared_store(url: str | None, nodes: int) -> None:
+    """Refuse a SQLite store for runs spread over several machines.
+
+    Each node would open its own file at that path (or one file over a network filesystem,
+    whose locks SQLite cannot trust): the runs would be recorded apart, or the file
+    corrupted. One node (a local ``ray.init()``) shares one file safely.
+    """
+    if url is None or nodes <= 1 or not str(url).startswith("sqlite"):
+        return
+    raise ConfigError(
+        f"executor='ray' on a cluster of {nodes} nodes cannot record into the SQLite store "
+        f"{url}: each node would write a file of its own; use a PostgreSQL URL "
+        "(postgresql://user:password@host/db) or a lab serve URL (http://host:port) as store"
+    )
+
+
+def connect_ray(address: str | None = None) -> Any:
+    """The `ray` module, joined to a cluster: the one this process joined already, else
+    `address`, else ``LAB_RAY_ADDRESS``, else a local cluster that ``ray.init()`` starts."""
+    require("ray", "ray", "executor='ray'")
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get(RAY_ADDRESS_ENV) or None
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    return ray
+
+
+def ray_nodes(ray: Any) -> int:
+    """How many live nodes the cluster has."""
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+@dataclass
+class _RayCall:
+    key: Any
+    ref: Any  # the ObjectRef of the task's answer
+    started: float
+    progress_key: str
+
+
+class RayPool:
+    """Runs calls ``fn(*args, progress=send)``, each as one Ray task, on a Ray cluster.
+
+    The calls go to Ray as soon as they are submitted (with `workers`, at most that many at
+    once); Ray starts each when a node has the resources it asks for. `fn` and `args` are
+    pickled here (cloudpickle: a `train` defined in a script or a notebook travels by value)
+    with this process's ``sys.path`` and working folder, as a ``spawn`` worker would get
+    them. Ray never retries a task itself (``max_retries=0``): a run whose worker died is
+    the experiment's to record and resubmit (``Experiment(max_retries=N)``), so its store
+    row goes through `crashed` and the retry resumes from its newest checkpoint.
+
+    `progress` messages travel through Ray's key-value store in the cluster's GCS, so the
+    driver still knows what a run had recorded when its worker dies.
+    """
+
+    def __init__(self, workers: int | None = None, address: str | None = None) -> None:
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers={workers}: use an int >= 1, or None")
+        self.ray = connect_ray(address)
+        self.workers = workers
+        self.nodes = ray_nodes(self.ray)
+        self._token = uuid.uuid4().hex
+        self._task: Any = None
+        self._running: dict[Any, _RayCall] = {}
+
+    @property
+    def free(self) -> int:
+        """How many more calls can start now (Ray queues what the cluster cannot start)."""
+        if self.workers is None:
+            return sys.maxsize
+        return self.workers - len(self._running)
+
+    @property
+    def running(self) -> int:
+        """How many calls are submitted and not ended."""
+        return len(self._running)
+
+    def submit(
+        self,
+        key: Any,
+        fn: Callable[..., Any],
+        *args: Any,
+        resources: Mapping[str, float] | None = None,
+    ) -> None:
+        """Submit ``fn(*args, progress=...)`` as a Ray task that asks for `resources`
+        (``num_cpus``, ``num_gpus``, ``memory``); its `Outcome` carries `key`.
+
+        Raises what pickling raised when `fn` or `args` cannot be sent; nothing is
+        submitted then.
+        """
+        if key in self._running:
+            raise ValueError(f"{key!r} is running already")
+        from ray import cloudpickle
+
+        payload = cloudpickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        if self._task is None:
+            self._task = self.ray.remote(_ray_child)
+        progress_key = f"{self._token}/{uuid.uuid4().hex}"
+        options = {**DEFAULT_RESOURCES, **(resources or {})}
+        ref = self._task.options(
+            **options, max_retries=0, retry_exceptions=False, name=f"lab-run-{key}"
+        ).remote(payload, list(sys.path), os.getcwd(), progress_key)
+        self._running[key] = _RayCall(key, ref, time.perf_counter(), progress_key)
+
+    def wait(self, timeout: float | None = None) -> list[Outcome]:
+        """Block until at least one call ended (or `timeout` passed); return what ended."""
+        if not self._running:
+            return []
+        refs = {call.ref: call for call in self._running.values()}
+        ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=timeout)
+        if ready:  # and whatever else has ended by now
+            ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        return [self._finish(refs[ref]) for ref in ready]
+
+    def stop(self, grace_s: float = 30.0) -> list[Outcome]:
+        """Interrupt every running call, wait up to `grace_s` for them to answer, then kill
+        what is left; returns the outcomes of every call that was running.
+
+        ``ray.cancel`` raises `KeyboardInterrupt` in a task that runs (it records its run as
+        interrupted and answers) and drops one that waits for resources. A second Ctrl-C
+        while waiting kills the workers at once.
+        """
+        for call in self._running.values():
+            self.ray.cancel(call.ref, force=False)
+        ended: list[Outcome] = []
+        deadline = time.monotonic() + grace_s
+        try:
+            while self._running and time.monotonic() < deadline:
+                ended += self.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass
+        for call in list(self._running.values()):
+            with contextlib.suppress(Exception):
+                self.ray.cancel(call.ref, force=True)
+            outcome = self._finish(call, answer=("died", "killed: it did not answer the interrupt"))
+            ended.append(outcome)
+        return ended
+
+    # ------------------------------------------------------------------------------------
+    def _finish(self, call: _RayCall, answer: tuple[Any, ...] | None = None) -> Outcome:
+        del self._running[call.key]
+        if answer is None:
+            answer = self._answer(call)
+        pid, progress = self._progress(call)
+        outcome = Outcome(
+            call.key, pid, progress=progress, seconds=time.perf_counter() - call.started
+        )
+        if answer[0] == "returned":
+            outcome.value = answer[1]
+        elif answer[0] == "raised":
+            outcome.error, outcome.traceback = answer[1], answer[2]
+        elif answer[0] == "unloadable":
+            outcome.unloadable = answer[1]
+        else:
+            outcome.died = answer[1]
+        with contextlib.suppress(Exception):
+            from ray.experimental.internal_kv import _internal_kv_del
+
+            _internal_kv_del(call.progress_key, namespace=_KV_NAMESPACE)
+        return outcome
+
+    def _answer(self, call: _RayCall) -> tuple[Any, ...]:
+        """What the task answered, or how Ray says it ended without an answer."""
+        from ray import exceptions
+
+        try:
+            return self.ray.get(call.ref)
+        except exceptions.TaskCancelledError:  # cancelled before it started
+            return ("raised", KeyboardInterrupt("cancelled"), None)
+        except exceptions.RayTaskError as exc:  # raised outside fn: its answer did not travel
+            return ("raised", RuntimeError(str(exc).splitlines()[-1]), str(exc))
+        except exceptions.RayError as exc:  # the worker process or its node died
+            return ("died", _ray_death(exc))
+
+    def _progress(self, call: _RayCall) -> tuple[int | None, Any]:
+        """(pid, last progress message) the task left in the cluster's key-value store."""
+        try:
+            from ray.experimental.internal_kv import _internal_kv_get
+
+            raw = _internal_kv_get(call.progress_key, namespace=_KV_NAMESPACE)
+        except Exception:
+            return None, None
+        if raw is None:
+            return None, None
+        try:
+            return pickle.loads(raw)
+        except Exception:
+            return None, None
+
+
+def _ray_death(exc: BaseException) -> str:
+    """How Ray says a task's worker ended, in a few words."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
 # -- inside the worker process -----------------------------------------------------------------
 def _interrupt_once(signum: int, frame: Any) -> None:
     """The worker's SIGINT handler: one `KeyboardInterrupt`, later ones ignored.
@@ -291,3 +561,36 @@ def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads:
         conn.send(("raised", error, traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _ray_child(payload: bytes, sys_path: list[str], cwd: str, progress_key: str) -> tuple:
+    """A Ray task: load the call where the driver's paths lead, run it, answer how it ended.
+
+    The driver's ``sys.path`` entries join this worker's and its working folder becomes this
+    worker's (when the node has them), so a run finds its modules and relative paths as a
+    ``spawn`` worker would. Progress (with this worker's pid) goes to the cluster's
+    key-value store, where the driver reads it if this process dies.
+    """
+    from ray import cloudpickle
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    for path in sys_path:
+        if path not in sys.path:
+            sys.path.append(path)
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    pid = os.getpid()
+
+    def progress(message: Any) -> None:
+        data = pickle.dumps((pid, message), protocol=pickle.HIGHEST_PROTOCOL)
+        _internal_kv_put(progress_key, data, overwrite=True, namespace=_KV_NAMESPACE)
+
+    try:
+        progress(None)  # begun: the driver knows the pid from here on
+        try:
+            fn, args = cloudpickle.loads(payload)
+        except Exception as exc:  # e.g. a module this node cannot import
+            return ("unloadable", f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return ("returned", fn(*args, progress=progress))
+    except BaseException as exc:
+        return ("raised", _portable(exc), traceback.format_exc())

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import pydantic
 
 from lab._distributed import launcher_rank
+from lab._imports import require
 from lab._names import MAX_NAME, check_name, check_tags, safe_name
 from lab._reuse import (
     Fingerprint,
@@ -37,7 +38,15 @@ from lab._secrets import logger
 from lab._signals import unwind_on_sigterm
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, ConfigError, RunBusy
-from lab.executors import Outcome, ProcessPool, WorkerDied
+from lab.executors import (
+    Outcome,
+    Pool,
+    ProcessPool,
+    RayPool,
+    WorkerDied,
+    check_resources,
+    check_shared_store,
+)
 from lab.hooks import (
     EXECUTOR,
     FINISHED_BEFORE,
@@ -50,6 +59,7 @@ from lab.hooks import (
 from lab.loggers import store_sink
 from lab.loop.evals import Evaluator
 from lab.records import (
+    FAILED,
     FINISHED,
     ROUTINE_METRICS,
     ROUTINE_PREFIXES,
@@ -106,8 +116,8 @@ __all__ = [  # the results are defined in lab.records, runs execute in lab.runs
 log = logger("lab.experiment")
 
 
-Executor = Literal["serial", "processes"]
-EXECUTORS: tuple[str, ...] = ("serial", "processes")
+Executor = Literal["serial", "processes", "ray"]
+EXECUTORS: tuple[str, ...] = ("serial", "processes", "ray")
 
 
 class Arm:
@@ -115,6 +125,10 @@ class Arm:
 
     Keys name fields of the base config; a dotted key reaches into a nested model:
     ``Arm("wide", **{"model.width": 256})``.
+
+    `resources` (``num_cpus``, ``num_gpus``, ``memory``) is what each of its runs asks of
+    Ray under ``executor="ray"``, over the experiment's `resources`, key by key:
+    ``Arm("big", resources={"num_gpus": 1}, width=1024)``. The other executors ignore it.
 
     With `stages`, each repeat of the arm is a continual chain, a group of its own: stage k
     runs with the arm's overrides plus ``stages[k]``, and starts from stage k-1's final
@@ -137,6 +151,7 @@ class Arm:
         *,
         stages: Sequence[dict[str, Any]] | None = None,
         carry: Literal["weights", "full"] = "weights",
+        resources: dict[str, float] | None = None,
         **overrides: Any,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -155,6 +170,7 @@ class Arm:
         self.overrides = overrides
         self.stages = list(stages) if stages is not None else None
         self.carry = carry
+        self.resources = check_resources(resources, f"arm {name!r}")
 
     def stage_configs(self, base: pydantic.BaseModel | None) -> list[pydantic.BaseModel | None]:
         """One validated config per stage (one in all for an arm without stages)."""
@@ -252,6 +268,20 @@ class Experiment:
     must be importable (defined at module top level). See `lab.executors` for what fires
     where; a run's `RunResult.artifacts` is None there.
 
+    ``executor="ray"`` runs each run as a Ray task (``pip install 'lab[ray]'``): on the
+    cluster this process joined already, else at `ray_address`, else at
+    ``LAB_RAY_ADDRESS``, else on a local cluster that ``ray.init()`` starts. Each run asks
+    for `resources` (default ``{"num_cpus": 1}``), overridden key by key by its arm's; Ray
+    queues the runs until a node has room, or at most `workers` at once when it is given.
+    The hooks fire where they do with ``executor="processes"``; a SQLite store is refused
+    on a cluster of several nodes (use PostgreSQL or a ``lab serve`` URL). See docs/ray.md.
+
+    With ``max_retries=N`` (``executor="processes"`` or ``"ray"``), a run whose worker
+    process died (a SIGKILL, an OOM kill, a lost node) is recorded `crashed` and started
+    again, up to N times, in a new worker; its loop resumes from its newest checkpoint, so
+    it ends as an uninterrupted run would. A run that raised is not retried: it would raise
+    again.
+
     `callbacks` holds callbacks that every run shares (they get every hook), and factories:
     callables that receive a run's `RunSpec` and return a callback or a list of them, built
     for that run alone and given its run hooks only (``on_run_start`` to ``on_run_end``,
@@ -284,6 +314,9 @@ class Experiment:
         tags: Sequence[str] = (),
         notes: str | None = None,
         fresh: bool = False,
+        resources: dict[str, float] | None = None,
+        ray_address: str | None = None,
+        max_retries: int = 0,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
@@ -293,7 +326,16 @@ class Experiment:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
         if not isinstance(executor, str) or executor not in EXECUTORS:
-            raise ConfigError(f"executor={executor!r}: use 'serial' or 'processes'")
+            raise ConfigError(f"executor={executor!r}: use 'serial', 'processes' or 'ray'")
+        if executor == "ray":  # the pip line now, not an ImportError when it runs
+            require("ray", "ray", "executor='ray'")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries={max_retries!r}: use an int >= 0")
+        if max_retries and executor == "serial":
+            raise ConfigError(
+                "max_retries needs executor='processes' or 'ray': a run that dies in this "
+                "process takes the experiment with it"
+            )
         if workers is not None and (
             isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
         ):
@@ -341,7 +383,14 @@ class Experiment:
         self.executor: Executor = executor
         n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
         self.n_runs = n_runs  # every run of every arm, stages included
-        self.workers = min(workers or os.cpu_count() or 1, n_runs)
+        self.workers: int | None = min(workers or os.cpu_count() or 1, n_runs)
+        if executor == "ray":  # Ray places the runs; `workers` caps them only when given
+            self.workers = min(workers, n_runs) if workers is not None else None
+        #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
+        self.resources = check_resources(resources, "Experiment")
+        self.ray_address = ray_address
+        self.max_retries = max_retries
+        self._pool: Pool | None = None
         self.tags = check_tags(tags)  # added to the experiment's tags in the store
         if notes is not None and not isinstance(notes, str):
             raise ConfigError(f"notes={notes!r}: use a string")
@@ -382,8 +431,8 @@ class Experiment:
         try:
             hooks.fire("on_experiment_start", ctx)
             try:
-                if self.executor == "processes":
-                    self._run_processes(hooks, ctx, result, list(hooks.callbacks))
+                if self._pool is not None:
+                    self._run_pool(self._pool, hooks, ctx, result, list(hooks.callbacks))
                 else:
                     self._run_serial(hooks, ctx, result)
             except CallbackError:
@@ -404,14 +453,21 @@ class Experiment:
         process died marked `crashed`), earlier runs superseded with `fresh`, the reuse
         check, and the dispatcher, context and result the hooks share."""
         callbacks = self._callbacks()
-        if self.executor == "processes":
+        self._pool = None
+        if self.executor != "serial":
             self._check_sendable(callbacks)
+        if self.executor == "ray":  # joined now: a bad address fails before any hook
+            self._pool = RayPool(self.workers, self.ray_address)
+        elif self.executor == "processes":
+            self._pool = ProcessPool(self.workers or 1)
         self._prior, self._sink = {}, None
         folder = self.output_dir / safe_name(self.name)
         for cb in callbacks:
             if isinstance(cb, StoreSink):  # opening marks runs whose process died `crashed`
                 self._sink = cb
                 store = cb.open()
+                if isinstance(self._pool, RayPool):
+                    check_shared_store(getattr(store, "url", None), self._pool.nodes)
                 store.mark_crashed()  # the store may have been open a while
                 if self.fresh:
                     supersede_runs(store, self.name, folder, [key for key, *_ in self._plan()])
@@ -463,7 +519,7 @@ class Experiment:
                 parent = None
                 for stage in range(len(arm.stages)):
                     run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
-                    if run.status == "failed":
+                    if run.status in FAILED:
                         log.error("%s: %s failed; its chain stops", self.name, run.run_key)
                         break  # a failed stage stops its chain; other chains go on
                     parent = run
@@ -478,14 +534,16 @@ class Experiment:
         ctx.arm = arm.name
         return ctx.group_name
 
-    def _run_processes(
+    def _run_pool(
         self,
+        pool: Pool,
         hooks: Dispatcher,
         ctx: LogContext,
         result: ExperimentResult,
         callbacks: list[Callback],
     ) -> None:
-        """Every run in a worker process, up to `workers` at once.
+        """Every run in a worker process of `pool` (a `ProcessPool`, or a `RayPool`'s tasks),
+        as many at once as the pool has room for.
 
         Each repeat of an arm is a chain of one run, each repeat of an arm with stages a
         chain of its stages. Chains run in parallel; a stage starts once the stage before it
@@ -493,6 +551,8 @@ class Experiment:
         lifecycle's order, and `result` lists them in it too, whatever order they end in.
         If this process is interrupted (Ctrl-C, SIGTERM, an exception), nothing more starts,
         the running workers are interrupted and their runs recorded, and it propagates.
+        A run whose worker died is recorded `crashed`; with `max_retries` left, it is
+        claimed again and submitted again, and resumes from its newest checkpoint.
         """
         chains = [(index, arm, repeat) for index, arm in enumerate(self.arms)
                   for repeat in range(self.repeats)]  # fmt: skip
@@ -502,7 +562,7 @@ class Experiment:
         groups: set[str] = set()
         jobs: dict[tuple[int, int, int], tuple[int, RunJob]] = {}  # running, by key
         done: dict[tuple[int, int, int], RunResult] = {}  # key: (arm index, repeat, stage)
-        pool = ProcessPool(self.workers)
+        retries: dict[str, int] = {}  # run key -> times it was started again
         # what shows progress in this process hears of each run as its result arrives
         watchers = hooks.sibling(cb for cb in callbacks if cb.run_end_in_parent)
 
@@ -526,13 +586,15 @@ class Experiment:
             job.ctx = dataclasses.replace(ctx, ids=dict(ctx.ids), extras=dict(ctx.extras))
             key = (index, repeat, job.stage)
             jobs[key] = (chain, job)
+            resources = {**self.resources, **arm.resources}
             try:
-                pool.submit(key, run_in_worker, job, callbacks, self.strict, arm_so_far(index))
+                pool.submit(key, run_in_worker, job, callbacks, self.strict, arm_so_far(index),
+                            resources=resources)  # fmt: skip
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise ConfigError(
-                    f"executor='processes' cannot send run {job.run_key} to a worker process "
-                    f"({reason}); keep ctx.ids and ctx.extras to plain values"
+                    f"executor={self.executor!r} cannot send run {job.run_key} to a worker "
+                    f"process ({reason}); keep ctx.ids and ctx.extras to plain values"
                 ) from None
 
         def finished(chain: int, run: RunResult) -> None:
@@ -540,7 +602,7 @@ class Experiment:
             done[(index, repeat, run.stage)] = run
             if arm.stages is None:
                 return
-            if run.status == "failed":
+            if run.status in FAILED:
                 log.error("%s: %s failed; its chain stops", self.name, run.run_key)
             elif run.stage + 1 < len(arm.stages):
                 next_stage[chain], parents[chain] = run.stage + 1, run
@@ -548,6 +610,16 @@ class Experiment:
 
         def collect(outcome: Outcome, interrupted: bool = False) -> None:
             chain, job = jobs.pop(outcome.key)
+            if outcome.died is not None and not interrupted:
+                tries = retries.get(job.run_key, 0)
+                if tries < self.max_retries:  # recorded crashed, then claimed again
+                    self._record_lost(hooks, outcome, job, arm_so_far(chains[chain][0]))
+                    retries[job.run_key] = tries + 1
+                    log.warning("%s: run %s crashed; starting it again (retry %d of %d)",
+                                self.name, job.run_key, tries + 1, self.max_retries)  # fmt: skip
+                    self._prior[job.run_key] = {"status": "crashed", "summary": {}}
+                    heapq.heappush(ready, chain)
+                    return
             if outcome.ok:
                 finished(chain, outcome.value)
                 if watchers.listens("on_run_end"):
@@ -595,10 +667,13 @@ class Experiment:
 
         The worker sent `ctx.ids` once `on_run_start` had fired there (the run's record
         exists then); without them, `on_run_start` fires here first. Then `on_error` and
-        `on_run_end` fire here, so the run is recorded as failed with how its worker ended.
+        `on_run_end` fire here, so the run is recorded with how its worker ended: `crashed`
+        when the worker process died, `failed` otherwise.
         """
         ctx = job.ctx
+        status: RunStatus = "failed"
         if outcome.died is not None:
+            status = "crashed"
             error = f"worker process died ({outcome.died}, pid {outcome.pid}) before the run ended"
             exc: BaseException = WorkerDied(error)
         elif outcome.unloadable is not None:
@@ -627,11 +702,11 @@ class Experiment:
                 ctx.ids.update(outcome.progress)
             hooks.fire("on_error", ctx, exc)
             run_result = job.result(
-                hooks, status="failed", metrics={}, seconds=outcome.seconds, error=error,
+                hooks, status=status, metrics={}, seconds=outcome.seconds, error=error,
                 traceback=outcome.traceback,
             )  # fmt: skip
-            log.error("run %s of %s failed; the other runs go on: %s", job.run_key, self.name,
-                      error)  # fmt: skip
+            log.error("run %s of %s %s; the other runs go on: %s", job.run_key, self.name,
+                      status, error)  # fmt: skip
             arm_result.runs.append(run_result)
             _end_run(hooks, ctx, run_result, arm_result)
             run_result.callback_errors = _failures(hooks, job.run_key)
@@ -664,17 +739,24 @@ class Experiment:
                 for name, cfgs in self.stage_configs.items()
             ],
         ]  # fmt: skip
-        interactive = not hasattr(sys.modules["__main__"], "__file__")  # a notebook, a REPL
+        dumps = pickle.dumps
+        # a notebook, a REPL; Ray's cloudpickle sends what they define by value
+        interactive = not hasattr(sys.modules["__main__"], "__file__")
+        if self.executor == "ray":
+            from ray import cloudpickle
+
+            dumps, interactive = cloudpickle.dumps, False
         for what, obj, fix in items:
             try:
-                pickle.dumps(obj)
+                dumps(obj)
                 if interactive and getattr(obj, "__module__", None) == "__main__":
                     raise TypeError("it is defined in an interactive session, which a worker "
                                     "process cannot import")  # fmt: skip
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise ConfigError(
-                    f"executor='processes' cannot send {what} to a worker process ({reason}); {fix}"
+                    f"executor={self.executor!r} cannot send {what} to a worker process "
+                    f"({reason}); {fix}"
                 ) from None
 
     def _end(

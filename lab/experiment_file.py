@@ -55,7 +55,7 @@ from lab.hooks import Callback
 from lab.loggers import store_sink
 from lab.loop.evals import Evaluator
 from lab.loop.metric_names import LOOP_METRICS, close_matches, logged_by, needed_by
-from lab.records import ExperimentResult, Summary
+from lab.records import FAILED, ExperimentResult, Summary
 from lab.sinks import StoreSink
 from lab.store.engine import resolve_url
 
@@ -232,7 +232,7 @@ class ExperimentFile(pydantic.BaseModel):
         When every run failed there are no metrics to rank by; the summary then only counts
         the runs, rather than calling the file's metric unknown.
         """
-        if all(r.status == "failed" for r in result.runs):
+        if all(r.status in FAILED for r in result.runs):
             return result.summary(all_metrics=all_metrics)
         try:
             return result.summary(

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from lab.hooks import LogContext
 
 __all__ = [
+    "FAILED",
     "FINISHED",
     "ArmResult",
     "Episodes",
@@ -53,11 +54,14 @@ __all__ = [
     "TrainingBatch",
 ]
 
-RunStatus = Literal["completed", "failed", "stopped"]
+#: `crashed`: the process that trained the run died (``executor="processes"`` or ``"ray"``).
+RunStatus = Literal["completed", "failed", "stopped", "crashed"]
 
 
 #: The statuses of a run that ended on its own terms: running the experiment again skips it.
 FINISHED: tuple[RunStatus, ...] = ("completed", "stopped")
+#: The statuses of a run that did not finish: it raised, or its process died.
+FAILED: tuple[RunStatus, ...] = ("failed", "crashed")
 
 
 @dataclass
@@ -135,7 +139,7 @@ class ArmResult:
     def values(self, metric: str) -> list[float]:
         """The final `metric` of every run that finished (completed or stopped)."""
         return [
-            r.metrics[metric] for r in self.runs if r.status != "failed" and metric in r.metrics
+            r.metrics[metric] for r in self.runs if r.status not in FAILED and metric in r.metrics
         ]
 
 
@@ -294,7 +298,7 @@ class ExperimentResult:
     @property
     def status(self) -> Literal["completed", "failed"]:
         """`failed` if it was interrupted or any run failed, else `completed`."""
-        if self.error is not None or any(r.status == "failed" for r in self.runs):
+        if self.error is not None or any(r.status in FAILED for r in self.runs):
             return "failed"
         return "completed"
 
@@ -328,7 +332,7 @@ class ExperimentResult:
                 "bounds={'holdout/acc': (0, 1)}"
             )
         ranges = {k: check_bounds(v, k) for k, v in (bounds or {}).items()}
-        known = sorted({k for r in self.runs if r.status != "failed" for k in r.metrics})
+        known = sorted({k for r in self.runs if r.status not in FAILED for k in r.metrics})
         named = ([metric] if metric is not None else []) + list(keys or []) + list(ranges)
         for name in named:
             if name not in known:

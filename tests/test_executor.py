@@ -182,7 +182,9 @@ def _experiment(name: str, out: Path, store: Any, repeats: int = 2, **kwargs: An
 
 
 def test_executor_and_workers_are_validated() -> None:
-    with pytest.raises(ConfigError, match=r"^executor='threads': use 'serial' or 'processes'$"):
+    with pytest.raises(
+        ConfigError, match=r"^executor='threads': use 'serial', 'processes' or 'ray'$"
+    ):
         Experiment("x", train, executor="threads", store=False)  # type: ignore[arg-type]
     for workers in (0, -1, 1.5, True, "2"):
         with pytest.raises(ConfigError) as info:
@@ -403,7 +405,7 @@ def test_a_chain_stage_starts_once_its_parent_completed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_dead_worker_fails_its_run_and_the_others_go_on(tmp_path: Path) -> None:
+def test_a_dead_worker_crashes_its_run_and_the_others_go_on(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     witness = Witness()
     arms = [Arm("ok", loop=False), Arm("exit", die="exit"), Arm("kill", die="kill")]
@@ -412,8 +414,8 @@ def test_a_dead_worker_fails_its_run_and_the_others_go_on(tmp_path: Path) -> Non
     result = exp.run()
     assert [(r.run_key, r.status) for r in result.runs] == [
         ("ok-r0", "completed"),
-        ("exit-r0", "failed"),
-        ("kill-r0", "failed"),
+        ("exit-r0", "crashed"),
+        ("kill-r0", "crashed"),
     ]
     errors = {r.run_key: r.error for r in result.runs}
     assert errors["exit-r0"].startswith("worker process died (exit code 3, pid ")
@@ -426,7 +428,7 @@ def test_a_dead_worker_fails_its_run_and_the_others_go_on(tmp_path: Path) -> Non
     # the parent recorded the dead runs: on_error and on_run_end fired here for them
     for key in ("exit-r0", "kill-r0"):
         assert f"on_error:{key}:WorkerDied" in witness.calls
-        assert f"on_run_end:{key}:failed" in witness.calls
+        assert f"on_run_end:{key}:crashed" in witness.calls
     assert "on_run_end:ok-r0:completed" not in witness.calls  # that one ended in its worker
 
 

@@ -25,6 +25,7 @@ from lab._secrets import logger
 from lab.callbacks.params import FileName, NonNegativeInt, PositiveInt
 from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext, LoopState
+from lab.records import FAILED
 
 if TYPE_CHECKING:
     from lab.records import ArmResult, LoopArtifacts, ManifestRow, RunResult, TrainingBatch
@@ -203,6 +204,6 @@ class MetricSaver(Callback):
         self._write(state.ctx, artifacts.step, self._latest, final=True, status=status)
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
-        metrics = run_result.metrics if run_result.status != "failed" else self._latest
+        metrics = run_result.metrics if run_result.status not in FAILED else self._latest
         self._write(ctx, self._step, metrics, final=True, status=run_result.status)
         self._reset()

@@ -20,6 +20,7 @@ from lab._table import plural
 from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
 from lab.hooks import Callback, LogContext
+from lab.records import FAILED
 
 if TYPE_CHECKING:
     from lab.records import ArmResult, ExperimentResult, RunResult
@@ -73,7 +74,7 @@ class Notifier(Callback):
 
     # -- hooks ---------------------------------------------------------------------------
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
-        if self.on == "end" or run_result.status != "failed":
+        if self.on == "end" or run_result.status not in FAILED:
             return
         where = f" (arm {run_result.arm}, repeat {run_result.repeat})"
         self.post(
@@ -125,7 +126,7 @@ def experiment_message(result: ExperimentResult) -> str:
     ]
     if result.error:
         lines.append(f"interrupted: {result.error}")
-    lines += [f"- {r.run_key}: {r.error}" for r in runs if r.status == "failed"]
+    lines += [f"- {r.run_key}: {r.error}" for r in runs if r.status in FAILED]
     return "\n".join(lines)
 
 

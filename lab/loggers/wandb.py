@@ -41,6 +41,7 @@ from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import register
 from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.media import Histogram
+from lab.records import FAILED
 
 if TYPE_CHECKING:
     from lab.media import Media
@@ -189,7 +190,7 @@ class WandbLogger(Callback):
         if run_result.error:
             summary["lab/error"] = run_result.error
         self._send(run.summary.update, summary)
-        self._finish(failed=run_result.status == "failed")
+        self._finish(failed=run_result.status in FAILED)
 
     def on_experiment_end(self, ctx: LogContext, result: ExperimentResult) -> None:
         self._finish(failed=True)  # only if a run was left open (an interrupt)
