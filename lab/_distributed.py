@@ -1,14 +1,34 @@
-"""Where this process sits under a launcher such as `torchrun`: its rank, from the environment.
+"""Where this process sits among the ranks of a run, and the few collectives lab makes.
 
-Until runs train across ranks (DDP), an Experiment under ``torchrun`` runs every run on
-rank 0 alone; the other ranks return at once, so no run is trained or recorded twice.
+Inside a run, ranks share one run row: every rank trains and fires the loop's hooks, rank 0
+alone writes (the callbacks that declare `Callback.rank_zero_only` are left out elsewhere),
+and each step's metrics are reduced across ranks in one collective of one packed tensor
+(`MetricReducer`). The ranks come from an initialised `torch.distributed` process group,
+else from a launcher's environment (``torchrun`` sets ``RANK`` and ``WORLD_SIZE``).
 """
 
 from __future__ import annotations
 
+import datetime
+import fnmatch
+import math
 import os
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from lab.errors import ConfigError
+from lab.errors import ConfigError, MetricError
+
+if TYPE_CHECKING:
+    from lab.hooks import Callback
+
+T = TypeVar("T")
+
+#: The reductions a metric may name (``reduce={"tokens": "sum"}``); the default is the mean.
+REDUCTIONS: tuple[str, ...] = ("mean", "sum", "max", "min")
+#: Seconds a collective waits for the other ranks before it fails (a hung rank, not a dead
+#: one: a dead rank's closed connection fails the collective at once).
+TIMEOUT_ENV = "LAB_DDP_TIMEOUT_S"
 
 
 def _env_int(name: str) -> int | None:
@@ -41,3 +61,242 @@ def launcher_rank() -> tuple[int, int] | None:
     if rank >= world:
         raise ConfigError(f"RANK={rank} must be below WORLD_SIZE={world}")
     return rank, world
+
+
+def _dist() -> Any:
+    """`torch.distributed` when it is initialised, else None."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of this process: from the process group when there is one,
+    else from the launcher's environment, else ``(0, 1)``."""
+    dist = _dist()
+    if dist is not None:
+        return dist.get_rank(), dist.get_world_size()
+    return launcher_rank() or (0, 1)
+
+
+def default_backend() -> str:
+    """gloo on CPU; with CUDA, NCCL for CUDA tensors and gloo for CPU ones (lab's own
+    collectives pack host values, so they never need a device sync)."""
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def timeout() -> datetime.timedelta:
+    """How long a collective waits for the others: ``LAB_DDP_TIMEOUT_S``, else 600 s."""
+    seconds = _env_int(TIMEOUT_ENV)
+    return datetime.timedelta(seconds=seconds if seconds else 600)
+
+
+def init_from_launcher() -> bool:
+    """Initialise the default process group from a launcher's environment (``torchrun``,
+    or `Experiment(processes_per_run=N)`'s own processes) unless one exists; True when this
+    call made it. Why here: a `train(run)` that wraps its model in DDP finds the group ready,
+    and lab's collectives (metrics, checkpoints) use the same one."""
+    ranks = launcher_rank()
+    if ranks is None or _dist() is not None:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    backend = default_backend()
+    if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend=backend, timeout=timeout())
+    return True
+
+
+def for_rank(callbacks: Iterable[Callback], rank: int | None = None) -> list[Callback]:
+    """The callbacks that run on this rank: all on rank 0, elsewhere those that do not
+    declare `rank_zero_only` (sinks that write rows, files or lines once per run)."""
+    if rank is None:
+        rank = rank_and_world()[0]
+    if rank == 0:
+        return list(callbacks)
+    return [cb for cb in callbacks if not getattr(cb, "rank_zero_only", False)]
+
+
+def broadcast(value: T) -> T:
+    """Rank 0's `value` on every rank (one collective); `value` itself without a group."""
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=_object_device(dist))
+    return box[0]
+
+
+def gather_to_zero(value: T) -> list[T] | None:
+    """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, out, dst=0)
+    return out
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (nothing without a group)."""
+    dist = _dist()
+    if dist is not None and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def agreed(fn: Callable[[], T]) -> T:
+    """Call `fn` on every rank, and make rank 0's failure everyone's: when `fn` raised on
+    rank 0, every rank raises it (so no rank waits in a collective the others never reach).
+    Rank 0's own error propagates as it is."""
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return fn()
+    error: BaseException | None = None
+    try:
+        value = fn()
+    except Exception as exc:
+        error = exc
+    mine = error if dist.get_rank() == 0 else None
+    theirs = broadcast(_portable(mine) if mine is not None else None)
+    if error is not None and dist.get_rank() == 0:
+        raise error
+    if theirs is not None:
+        raise theirs
+    if error is not None:
+        raise error
+    return value
+
+
+def _portable(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _object_device(dist: Any) -> Any:
+    """Where object collectives stage their bytes: CPU under gloo (or a mixed backend), the
+    current CUDA device under NCCL alone."""
+    import torch
+
+    backend = str(dist.get_backend())
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_reductions(reduce: Mapping[str, str] | None) -> dict[str, str]:
+    """`reduce` as a checked dict of metric name (or glob pattern) -> reduction."""
+    if reduce is None:
+        return {}
+    if not isinstance(reduce, Mapping):
+        raise ConfigError(
+            f"reduce={reduce!r}: give a dict of metric -> 'mean', 'sum', 'max' or 'min'"
+        )
+    out = {}
+    for key, how in reduce.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"reduce: metric names must be non-empty strings, got {key!r}")
+        if how not in REDUCTIONS:
+            raise ConfigError(
+                f"reduce[{key!r}]={how!r}: use one of {', '.join(map(repr, REDUCTIONS))}"
+            )
+        out[key] = how
+    return out
+
+
+class MetricReducer:
+    """Reduce a step's metrics across ranks in one collective of one packed float64 tensor.
+
+    Why one: a collective per metric costs a round trip each (and a host sync each on a
+    GPU); the step's values are packed in key order, with a fingerprint of the key names,
+    and reduced together. Mean and sum (the usual case) go through one ``all_reduce``; a
+    step with a max or min metric gathers the packed rows instead (``all_gather``), still
+    once. The fingerprint catches ranks that logged different keys: every rank sees it, so
+    every rank raises the same `MetricError` instead of reducing values that do not match.
+
+    The layout of a key set is worked out once and reused while the keys stay the same,
+    so a step costs the packing, the collective and the unpacking.
+    """
+
+    def __init__(self, reduce: Mapping[str, str] | None = None) -> None:
+        import torch
+
+        dist = _dist()
+        if dist is None:
+            raise ConfigError("MetricReducer needs an initialised torch.distributed group")
+        self._dist = dist
+        self.world = dist.get_world_size()
+        self.rules = check_reductions(reduce)
+        self.device = _object_device(dist)
+        self._keys: tuple[str, ...] | None = None
+        self._plan: tuple[list[str], bool, float] = ([], False, 0.0)
+        self._torch = torch
+
+    def _layout(self, keys: tuple[str, ...]) -> tuple[list[str], bool, float]:
+        hows = [self._how(key) for key in keys]
+        gather = any(how in ("max", "min") for how in hows)
+        # small enough that its square, summed over ranks, stays exact in a float64
+        print_ = float(zlib.crc32("\x00".join(keys).encode()) % (1 << 20))
+        return hows, gather, print_
+
+    def _how(self, key: str) -> str:
+        rules = self.rules
+        if key in rules:
+            return rules[key]
+        for pattern, how in rules.items():
+            if fnmatch.fnmatchcase(key, pattern):
+                return how
+        return "mean"
+
+    def reduce(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """The step's metrics reduced over every rank (the same dict on each)."""
+        keys = tuple(metrics)
+        if keys != self._keys:
+            self._keys, self._plan = keys, self._layout(keys)
+        hows, gather, print_ = self._plan
+        torch, dist, world, n = self._torch, self._dist, self.world, len(keys)
+        packed = torch.tensor(
+            [*metrics.values(), print_, print_ * print_], dtype=torch.float64, device=self.device
+        )
+        if gather:
+            rows = torch.empty(world * (n + 2), dtype=torch.float64, device=self.device)
+            dist.all_gather_single(rows, packed)
+            table = rows.view(world, n + 2).tolist()
+            prints = [row[n] for row in table]
+            if len(set(prints)) != 1:
+                raise self._mismatch(keys, step)
+            return {key: _reduce(how, [row[i] for row in table], world)
+                    for i, (key, how) in enumerate(zip(keys, hows, strict=True))}  # fmt: skip
+        dist.all_reduce(packed)
+        values = packed.tolist()
+        total, squares = values[n], values[n + 1]
+        if total * total != world * squares:  # equal only when every rank's print is equal
+            raise self._mismatch(keys, step)
+        return {key: value / world if how == "mean" else value
+                for key, how, value in zip(keys, hows, values, strict=False)}  # fmt: skip
+
+    def _mismatch(self, keys: tuple[str, ...], step: int) -> MetricError:
+        rank = self._dist.get_rank()
+        return MetricError(
+            f"step {step}: the ranks logged different metric keys (rank {rank}: "
+            f"{', '.join(keys)}); log the same keys on every rank (a value every rank has, "
+            "or NaN where a rank has none)"
+        )
+
+
+def _reduce(how: str, values: list[float], world: int) -> float:
+    if how == "sum":
+        return math.fsum(values)
+    if how == "max":
+        return max(values)
+    if how == "min":
+        return min(values)
+    return math.fsum(values) / world

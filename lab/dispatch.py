@@ -12,6 +12,9 @@ numbers, so that every consumer (the SQL logger that stores the step, a console,
 stopping) sees the step's metrics whole; priority orders each group. This is resolved once,
 when the listener tuples are built, never per step.
 
+Under DDP a dispatcher on a rank other than 0 leaves out the callbacks whose class sets
+`Callback.rank_zero_only` (`lab._distributed.for_rank`), once, when it is built.
+
 Environment knobs: ``LAB_STRICT=1`` re-raises callback errors, ``LAB_DEBUG_HOOKS=1`` logs every
 dispatch, ``LAB_CALLBACK_MAX_FAILURES`` sets how many failures in a row disable a callback.
 """
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lab._distributed import for_rank
 from lab._metrics import as_number, check_key
 from lab._secrets import logger
 from lab.errors import CallbackError, ConfigError, MetricError, RefusedMetric
@@ -317,7 +321,8 @@ class Dispatcher:
         max_failures: int | Literal["env"] | None = "env",
         _policy: _FailurePolicy | None = None,
     ) -> None:
-        attached = list(callbacks)
+        # under DDP, the callbacks that declare rank_zero_only fire on rank 0 alone
+        attached = for_rank(callbacks)
         for cb in attached:
             if not isinstance(cb, Callback):
                 raise ConfigError(

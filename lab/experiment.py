@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import heapq
 import json
 import os
@@ -23,9 +24,10 @@ from typing import Any, Literal
 
 import pydantic
 
-from lab._distributed import launcher_rank
+from lab._distributed import agreed, broadcast, for_rank, init_from_launcher, launcher_rank
 from lab._imports import require
 from lab._names import MAX_NAME, check_name, check_tags, safe_name
+from lab._rank_processes import run_on_ranks
 from lab._reuse import (
     Fingerprint,
     busy_message,
@@ -288,6 +290,12 @@ class Experiment:
     then ``close``), e.g. ``lambda run: ConsoleLogger(every=run.config.log_every)``; under
     ``executor="processes"`` a factory is called in the worker.
 
+    With ``processes_per_run=N`` each run trains on N local processes, the ranks of one DDP
+    group (gloo on CPU, NCCL on GPUs), started by the experiment itself: every rank runs
+    `train(run)`, rank 0 records the run (see docs/ddp.md). The runs still go one at a time
+    (``executor="serial"``) or `workers` at a time (``executor="processes"``). Under
+    ``torchrun`` instead, every rank runs the experiment, and each run trains on all ranks.
+
     `tags` (plain strings, W&B style) and `notes` describe the experiment in the store: the
     tags join those it has (``lab tag`` adds more), the notes replace its notes. A run tags
     itself from `train` with ``run.tag(...)`` and ``run.notes = ...``. Every run records its
@@ -314,6 +322,7 @@ class Experiment:
         tags: Sequence[str] = (),
         notes: str | None = None,
         fresh: bool = False,
+        processes_per_run: int = 1,
         resources: dict[str, float] | None = None,
         ray_address: str | None = None,
         max_retries: int = 0,
@@ -396,6 +405,17 @@ class Experiment:
             raise ConfigError(f"notes={notes!r}: use a string")
         self.notes = notes
         self.fresh = bool(fresh)
+        if (
+            isinstance(processes_per_run, bool)
+            or not isinstance(processes_per_run, int)
+            or processes_per_run < 1
+        ):
+            raise ConfigError(
+                f"processes_per_run={processes_per_run!r}: use an int >= 1 (the ranks of each "
+                "run's DDP group)"
+            )
+        #: Local processes (DDP ranks) each run trains on; 1: the run's own process alone.
+        self.processes_per_run = processes_per_run
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
@@ -412,20 +432,24 @@ class Experiment:
         then propagates. With ``executor="processes"``, what cannot be sent to a worker
         process fails here first, as a `ConfigError`, before anything runs.
 
-        Under ``torchrun`` (``WORLD_SIZE`` > 1), only rank 0 runs the experiment; every other
-        rank logs one WARNING and returns an empty result (no runs, nothing recorded), so no
-        run is trained or recorded twice. Runs do not train across ranks yet.
+        Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank runs the experiment, and each run
+        trains on every rank (DDP: the process group is made here, unless `train` finds one
+        already): the hooks fire on each rank, and rank 0 alone records (callbacks that
+        declare `rank_zero_only`, the store's among them, are left out elsewhere), so the
+        experiment, group and run rows are written once. Rank 0 decides which runs to skip
+        (finished before), and its failure to open the store or claim a run is every rank's.
         """
         ranks = launcher_rank()
-        if ranks is not None and ranks[0] != 0:
-            log.warning(
-                "%s: rank %d of %d skips the experiment; under torchrun only rank 0 runs it "
-                "(runs do not train across ranks yet)",
-                self.name,
-                *ranks,
-            )
-            return ExperimentResult(self.name, [ArmResult(a.name, a.overrides) for a in self.arms])
-        hooks, ctx, result = self._open()
+        if ranks is not None:
+            if self.executor != "serial" or self.processes_per_run > 1:
+                raise ConfigError(
+                    f"executor={self.executor!r}, processes_per_run={self.processes_per_run} "
+                    "under torchrun: the ranks torchrun started are each run's processes; "
+                    "use executor='serial' and processes_per_run=1, or drop torchrun"
+                )
+            _check_launcher_env()
+            init_from_launcher()
+        hooks, ctx, result = agreed(self._open)
         started = time.perf_counter()
         unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
         try:
@@ -454,12 +478,14 @@ class Experiment:
         check, and the dispatcher, context and result the hooks share."""
         callbacks = self._callbacks()
         self._pool = None
-        if self.executor != "serial":
+        if self.executor != "serial" or self.processes_per_run > 1:
             self._check_sendable(callbacks)
         if self.executor == "ray":  # joined now: a bad address fails before any hook
             self._pool = RayPool(self.workers, self.ray_address)
         elif self.executor == "processes":
             self._pool = ProcessPool(self.workers or 1)
+        elif self.processes_per_run > 1:  # each run's ranks start in a worker, one at a time
+            self._pool = ProcessPool(1)
         self._prior, self._sink = {}, None
         folder = self.output_dir / safe_name(self.name)
         for cb in callbacks:
@@ -473,7 +499,7 @@ class Experiment:
                     supersede_runs(store, self.name, folder, [key for key, *_ in self._plan()])
                 self._prior = store.previous_runs(self.name)
                 break
-        if self._sink is None and self.fresh:  # no store: only the folders move aside
+        if self._sink is None and self.fresh and _rank_zero():  # only the folders move aside
             supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
         self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
@@ -588,8 +614,8 @@ class Experiment:
             jobs[key] = (chain, job)
             resources = {**self.resources, **arm.resources}
             try:
-                pool.submit(key, run_in_worker, job, callbacks, self.strict, arm_so_far(index),
-                            resources=resources)  # fmt: skip
+                pool.submit(key, self._worker(), job, callbacks, self.strict,
+                            arm_so_far(index), resources=resources)  # fmt: skip
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise ConfigError(
@@ -714,6 +740,13 @@ class Experiment:
             hooks.run_key = None
         return run_result
 
+    def _worker(self) -> Any:
+        """What executes a run in a worker process: `run_in_worker`, or with
+        `processes_per_run` > 1, `run_on_ranks` (the worker is rank 0 and starts the others)."""
+        if self.processes_per_run == 1:
+            return run_in_worker
+        return functools.partial(run_on_ranks, processes=self.processes_per_run)
+
     def _check_sendable(self, callbacks: list[Callback]) -> None:
         """Fail now, in one line, if a worker process could not get what a run needs."""
         lambdas = "(a lambda or local function cannot cross to a worker process)"
@@ -772,7 +805,7 @@ class Experiment:
         callbacks = list(self.callbacks)
         if self.store is not False and not any(isinstance(cb, StoreSink) for cb in callbacks):
             callbacks.append(store_sink(self.store))  # type: ignore[arg-type]
-        return callbacks
+        return for_rank(callbacks)  # under torchrun, rank 0 alone records
 
     def _experiment_config(self) -> dict[str, Any]:
         base = self.base_config.model_dump(mode="json") if self.base_config is not None else {}
@@ -853,7 +886,10 @@ class Experiment:
         parent: RunResult | None = None,
     ) -> RunResult:
         """One run in this process: skipped if it finished before, else `execute_run`."""
-        job = self._job(ctx, arm, repeat, stage, parent)
+        job = agreed(lambda: self._job(ctx, arm, repeat, stage, parent))
+        if launcher_rank() is not None:  # rank 0 claimed the run: skip it everywhere, or none
+            skipped = broadcast(job if isinstance(job, RunResult) else None)
+            job = skipped if skipped is not None else job
         if isinstance(job, RunResult):
             arm_result.runs.append(job)
             return job
@@ -923,6 +959,25 @@ def _split_callbacks(
         else:
             shared.append(item)  # type: ignore[arg-type]  # (not a Callback: Dispatcher says so)
     return shared, factories
+
+
+def _rank_zero() -> bool:
+    ranks = launcher_rank()
+    return ranks is None or ranks[0] == 0
+
+
+def _check_launcher_env() -> None:
+    """Under a launcher's RANK and WORLD_SIZE, the address of rank 0 must be set too."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not; launch with "
+            "torchrun (which sets all four), or init the process group before Experiment.run()"
+        )
 
 
 def _run_key(arm: Arm, repeat: int, stage: int) -> str:

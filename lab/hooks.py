@@ -79,6 +79,12 @@ priority numbers, and priority orders each group. So a monitor that adds
 the console or early stopping: they all consume the step whole. A producer may add only
 numbers: a tensor or another non-number it adds is refused (see `lab.dispatch.Dispatcher`).
 
+Inside a run trained on several ranks (DDP, under ``torchrun`` or
+``Experiment(processes_per_run=N)``) every rank fires the hooks above, with `state.rank` and
+`state.world_size` set and each step's metrics already reduced across ranks (the mean, or the
+reduction a metric names); a callback whose class sets `rank_zero_only` gets them on rank 0
+alone, so the experiment, group and run rows are written once.
+
 `step_idx` is the number of the optimizer step: steps are numbered 1..num_steps, and
 `state.step` counts the steps completed, so after `on_step_end(state, 7, ...)` the state
 holds `step == 7`, and a metric logged there is stored at step 7.
@@ -238,6 +244,10 @@ class LoopState:
     checkpoint_due: bool = False
     # The in-loop eval being reported, while on_eval fires (its wall time, tags); else None.
     current_eval: EvalResult | None = None
+    #: This process's rank among the run's ranks (0 without DDP), and how many there are:
+    #: every rank fires the loop's hooks, with the step's metrics reduced across them.
+    rank: int = 0
+    world_size: int = 1
     # The owners that block ephemeral saves now (see the class docstring); empty: none.
     _ephemeral_blockers: set[object] = field(default_factory=set, init=False, repr=False)
 
@@ -317,6 +327,11 @@ class Callback:
     #: as each run's result arrives from its worker (its copy in the worker gets it too).
     #: For a display that counts runs done; a sink that records runs must leave it False.
     run_end_in_parent: ClassVar[bool] = False
+    #: Inside a run trained on several ranks (DDP), get hooks on rank 0 only. Sinks that
+    #: write a run's rows, files or lines set it, so a run is recorded once; a callback
+    #: that reads the (reduced) metrics to act on training (early stopping, a schedule)
+    #: must run on every rank, so every rank acts alike.
+    rank_zero_only: ClassVar[bool] = False
     #: The keys this callback adds to a step's metrics (exact, or glob patterns such as
     #: ``"throughput/*"``), so a name that something needs is known before the first step.
     #: Declaring any makes the callback a producer: its `on_step_end` runs before that of

@@ -1,5 +1,5 @@
-"""Under torchrun only rank 0 runs an experiment: real processes with RANK and WORLD_SIZE set,
-and a real `python -m torch.distributed.run`."""
+"""Under torchrun every rank runs the experiment and rank 0 alone records it: a real
+`python -m torch.distributed.run`; malformed launcher variables are one line."""
 
 from __future__ import annotations
 
@@ -25,11 +25,6 @@ def train(run):
 result = Experiment("ranks", train, repeats=2, store=sys.argv[1], output_dir=sys.argv[2]).run()
 print(json.dumps({"rank": os.environ.get("RANK"), "runs": len(result.runs), "pid": os.getpid()}))
 """
-
-SKIP_LINE = (
-    "ranks: rank 1 of 2 skips the experiment; under torchrun only rank 0 runs it (runs do "
-    "not train across ranks yet)"
-)
 
 
 def _reports(stdout: str) -> dict[str, dict]:
@@ -60,25 +55,10 @@ def _run(script: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
-def test_a_rank_other_than_0_runs_and_records_nothing(script: Path, tmp_path: Path) -> None:
-    out = _run(script, tmp_path, RANK="1", WORLD_SIZE="2")
-    assert out.returncode == 0, out.stderr
-    (report,) = _reports(out.stdout).values()
-    assert (report["rank"], report["runs"]) == ("1", 0)
-    assert out.stderr.strip() == SKIP_LINE
-    assert not (tmp_path / "lab.db").exists()  # the store was never opened
-    assert not (tmp_path / "runs").exists()
-
-    zero = _run(script, tmp_path, RANK="0", WORLD_SIZE="2")
-    assert zero.returncode == 0, zero.stderr
-    assert _reports(zero.stdout)["0"]["runs"] == 2
-    pid = _reports(zero.stdout)["0"]["pid"]
-    assert _runs(tmp_path / "lab.db") == [("base-r0", "completed", pid),
-                                          ("base-r1", "completed", pid)]  # fmt: skip
-
-
 @pytest.mark.slow
-def test_under_torchrun_rank_0_alone_records_the_runs(script: Path, tmp_path: Path) -> None:
+def test_under_torchrun_every_rank_runs_and_rank_0_alone_records(
+    script: Path, tmp_path: Path
+) -> None:
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -88,8 +68,7 @@ def test_under_torchrun_rank_0_alone_records_the_runs(script: Path, tmp_path: Pa
     assert out.returncode == 0, out.stderr
     reports = _reports(out.stdout)
     assert sorted(reports) == ["0", "1"]
-    assert (reports["0"]["runs"], reports["1"]["runs"]) == (2, 0)
-    assert SKIP_LINE in out.stderr.splitlines()
+    assert (reports["0"]["runs"], reports["1"]["runs"]) == (2, 2)
     pid = reports["0"]["pid"]
     assert _runs(tmp_path / "lab.db") == [("base-r0", "completed", pid),
                                           ("base-r1", "completed", pid)]  # fmt: skip
@@ -106,17 +85,36 @@ def test_under_torchrun_rank_0_alone_records_the_runs(script: Path, tmp_path: Pa
         ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 must be below WORLD_SIZE=2"),
         ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK='-1' must be >= 0; unset it, or launch with "
                                             "torchrun"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "RANK and WORLD_SIZE are set but MASTER_ADDR and "
+                                           "MASTER_PORT not; launch with torchrun (which sets "
+                                           "all four), or init the process group before "
+                                           "Experiment.run()"),
     ],
 )  # fmt: skip
 def test_malformed_rank_variables_are_one_line(
     env: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("RANK", raising=False)
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as err:
         Experiment("bad-rank", lambda run: {}, store=False).run()
     assert str(err.value) == message
+
+
+def test_torchrun_with_an_executor_of_its_own_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29999"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        Experiment("two-ways", lambda run: {}, store=False, processes_per_run=2).run()
+    assert str(err.value) == (
+        "executor='serial', processes_per_run=2 under torchrun: the ranks torchrun started are "
+        "each run's processes; use executor='serial' and processes_per_run=1, or drop torchrun"
+    )
 
 
 def test_world_size_1_runs_as_usual(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,6 +89,7 @@ class ConsoleLogger(Callback):
     """
 
     priority = -10  # after the loggers that record: the run-end line can show their ids
+    rank_zero_only = True  # under DDP: one display per run, on rank 0
     run_end_in_parent = True  # under a process pool, the parent counts the runs as they end
 
     def __init__(

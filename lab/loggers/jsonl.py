@@ -95,6 +95,7 @@ class JsonlLogger(Callback):
     """
 
     priority = -100  # after the others: a line records what they already saw
+    rank_zero_only = True  # under DDP: one file per run, written by rank 0
 
     def __init__(self, path: str | None = None, experiment_path: str | None = None) -> None:
         self.path = path

@@ -85,6 +85,7 @@ class SqlLogger(Callback):
     """
 
     priority = 100
+    rank_zero_only = True  # under DDP: the experiment, group and run rows are written once
     critical = True  # a run whose record cannot be written fails, with the reason
 
     def __init__(self, store: Store | HttpStore | str | None = None) -> None:

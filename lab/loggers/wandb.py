@@ -113,6 +113,7 @@ class WandbLogger(Callback):
     """
 
     priority = 10  # after the SqlLogger (100): what wandb shows is already in the store
+    rank_zero_only = True  # under DDP: one wandb run per lab run, opened by rank 0
 
     def __init__(
         self,

@@ -125,6 +125,10 @@ class CheckpointConfig:
     `every` (else no save would be ephemeral). `async_save=True` makes the loop's saves
     asynchronous: the training thread waits only while the state is copied to CPU memory,
     and one background thread writes and commits it (see `CheckpointManager.save_async`).
+    `sharded=True` writes the model and optimizer states through Distributed Checkpoint
+    (``torch.distributed.checkpoint``): under DDP every rank writes its share into the folder
+    being saved before it commits, and the checkpoint loads on any number of ranks (see
+    `lab.loop.sharded`); the rest of the state stays in ``state.pt``.
     """
 
     every: int | None = None
@@ -137,6 +141,7 @@ class CheckpointConfig:
     save_at_end: bool = True
     save_at_start: bool = False
     async_save: bool = False
+    sharded: bool = False
 
     def __post_init__(self) -> None:
         for name in ("every", "ephemeral_every"):
@@ -157,11 +162,16 @@ class CheckpointConfig:
                 f"CheckpointConfig(keep_top_k={self.keep_top_k}) would keep nothing; "
                 "use a value >= 1, or None to rank nothing"
             )
-        for name in ("save_at_end", "save_at_start", "async_save"):
+        for name in ("save_at_end", "save_at_start", "async_save", "sharded"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"CheckpointConfig({name}={getattr(self, name)!r}): use True or False"
                 )
+        if self.sharded and self.async_save:
+            raise ConfigError(
+                "CheckpointConfig(sharded=True, async_save=True): sharded saves are synchronous "
+                "for now; drop one of the two"
+            )
         given = self.fixed_steps
         listed = isinstance(given, Iterable) and not isinstance(given, (str, bytes))
         steps = tuple(given) if listed else ()
@@ -761,6 +771,7 @@ class CheckpointManager:
         final: bool = False,
         writers: Sequence[Callable[[Path, int], Any]] = (),
         kind: Kind | None = None,
+        begun: bool = False,
         _waits: Sequence[Any] | None = None,
     ) -> list[ManifestRow]:
         """Write `state` for `step`, commit it, then drop what retention no longer keeps.
@@ -777,8 +788,11 @@ class CheckpointManager:
         (sharded weights, an export); what it returns is waited for (`wait_for`) before the
         folder commits, so those files commit with it. Returns the save row, then one row per
         removal. A failed save raises CheckpointError and leaves the earlier checkpoints, the
-        manifest and `latest` as they were.
+        manifest and `latest` as they were. `begun=True` commits the folder `begin(step)` made,
+        with what other processes wrote into it (a sharded save's shards) kept.
         """
+        if begun and _waits is None:
+            _waits = ()
         if not _is_int(step) or step < 0:
             raise CheckpointError(f"save(step={step!r}): give the step as an int >= 0")
         metrics = self._metrics(step, info)
@@ -850,6 +864,24 @@ class CheckpointManager:
         if final:
             self._warn_if_never_ranked(step)
         return [row, *self._apply_retention()]
+
+    def begin(self, step: int) -> Path:
+        """Make the empty folder that `save(step, ..., begun=True)` will commit, and return
+        it: for files written by several processes (each rank's shard of a sharded save)
+        before one of them commits the save. Debris of an interrupted save is removed first."""
+        tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
+        try:
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        except OSError as exc:
+            full = _disk_full(step, exc, tmp, self.root)
+            if full is not None:
+                raise full from exc
+            raise CheckpointError(
+                f"cannot save step {step}: cannot create {tmp}: {_one_line(exc)}"
+            ) from exc
+        return tmp
 
     def _warn_if_never_ranked(self, step: int) -> None:
         """At a run's last save, say so when no save had a value for the ranking metric."""

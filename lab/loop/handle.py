@@ -34,6 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lab._distributed import (
+    MetricReducer,
+    agreed,
+    broadcast,
+    check_reductions,
+    gather_to_zero,
+    init_from_launcher,
+    rank_and_world,
+)
 from lab._metrics import as_number
 from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
@@ -46,6 +55,7 @@ from lab.loop.evals import Evaluator
 from lab.loop.feed import Feed
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
 from lab.loop.payload import callback_states
+from lab.loop.sharded import SHARDED_MARK, load_shards, save_shards
 from lab.loop.steps import check_no_epoch_settings, positive_int
 from lab.records import EvalResult, LoopArtifacts, ManifestRow, TrainingBatch
 
@@ -103,6 +113,12 @@ class RunHandle:
     step (see `lab.loop.metric_names`); `more_metrics=True` says the loop may log others too
     (they are then looked for at the first step instead).
 
+    Under DDP (``torchrun``, or ``Experiment(processes_per_run=N)``) every rank drives its
+    own handle: the hooks fire on every rank (`state.rank`, `state.world_size`), each step's
+    metrics are reduced across ranks in one collective before `on_step_end` (the mean, or
+    what `reduce` names per metric or glob pattern: ``{"tokens": "sum", "mem/*": "max"}``),
+    and checkpoints are saved by rank 0, or by every rank with ``CheckpointConfig(sharded=True)``.
+
     Misuse is one `HookOrderError` line: a step that goes backwards, a step logged before
     the handle started or after it ended, a step begun twice, or a step never ended.
     """
@@ -126,6 +142,7 @@ class RunHandle:
         more_metrics: bool = False,
         stateful: Mapping[str, Any] | None = None,
         steps_per_epoch: int | None = None,
+        reduce: Mapping[str, str] | None = None,
     ) -> None:
         if num_steps is not None and (
             isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
@@ -178,6 +195,9 @@ class RunHandle:
         self.resume = resume
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.declared = tuple(metrics) if metrics is not None else None
+        #: How each step metric is reduced across ranks under DDP (default: the mean).
+        self.reduce = check_reductions(reduce)
+        self._reducer: MetricReducer | None = None  # set under DDP, when the handle starts
         self._open = metrics is None or more_metrics
         #: Plain values (numbers, strings, lists, dicts, tensors) kept in each checkpoint and
         #: given back on resume.
@@ -275,17 +295,30 @@ class RunHandle:
         if self.device is not None:
             self.model.to(self.device)
         first = next(iter(self.optimizers.values()), None)
+        init_from_launcher()  # a bare fit under torchrun; an Experiment has made the group
+        rank, world = rank_and_world()
         self.state = state = LoopState(
-            ctx=self.ctx, model=self.model, optimizer=first, num_steps=self.num_steps or 0
+            ctx=self.ctx,
+            model=self.model,
+            optimizer=first,
+            num_steps=self.num_steps or 0,
+            rank=rank,
+            world_size=world,
         )
-        self.checkpoints = self._checkpoint_manager(folder, fresh=self.resume is False)
-        if self.checkpoints is not None:
-            self.checkpoints.remove_stale_tmp()
-            path = self._resume_path(self.checkpoints, self.resume)
-            if path is not None:
-                self._restore(self.checkpoints, path)
-                self.resumed_from = path
-                hooks.fire("post_checkpoint_loaded", state, path)
+        if world > 1:
+            self._reducer = MetricReducer(self.reduce)
+            # rank 0 moves earlier saves aside, clears debris and picks the checkpoint; its
+            # failure fails every rank, and the others open the folder once it is done
+            self.checkpoints, path = agreed(self._open_checkpoints)
+            path = broadcast(path)
+            if rank != 0:
+                self.checkpoints = self._checkpoint_manager(folder, fresh=False)
+        else:
+            self.checkpoints, path = self._open_checkpoints()
+        if self.checkpoints is not None and path is not None:
+            self._restore(self.checkpoints, path)
+            self.resumed_from = path
+            hooks.fire("post_checkpoint_loaded", state, path)
         parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
         if self.resumed_from is None and parent[0] is not None:  # a chain's stage k
             self._start_from(parent[0], parent[1] == "full")
@@ -298,6 +331,18 @@ class RunHandle:
                     self._run_eval(evaluator, 0)
             if self.checkpoints is not None and self.checkpoint.due(0, self.num_steps):
                 self._save_now()
+
+    def _open_checkpoints(self) -> tuple[CheckpointManager | None, Path | None]:
+        """The run's checkpoint manager (earlier saves moved aside for a fresh start, the
+        debris of interrupted saves removed) and the checkpoint to resume from; under DDP,
+        rank 0's alone (the others get None)."""
+        if self.state.rank != 0:
+            return None, None
+        manager = self._checkpoint_manager(self._folder, fresh=self.resume is False)
+        if manager is None:
+            return None, None
+        manager.remove_stale_tmp()
+        return manager, self._resume_path(manager, self.resume)
 
     def finish(self) -> LoopArtifacts:
         """End the run cleanly: a final save if one is due, the wait for a save in flight,
@@ -315,8 +360,10 @@ class RunHandle:
                 and self._last_saved != state.step
             ):
                 self._save_now(final=True)
-            if self.checkpoints is not None and self.checkpoints.in_flight:
-                for row in self.checkpoints.wait():  # the final save is durable first
+            manager = self.checkpoints
+            if manager is not None and (manager.in_flight or self._reducer is not None):
+                # the final save is durable first (under DDP: rank 0's, its rows to all)
+                for row in self._from_zero(manager.wait):
                     self._saved.append(row)
                     self.hooks.fire("on_checkpoint", state, row)
             self.artifacts = LoopArtifacts(
@@ -454,6 +501,8 @@ class RunHandle:
                 f"end_step(step={step}) past num_steps={self.num_steps}; stop at the last step"
             )
         clean = _floats(metrics, step)
+        if self._reducer is not None:  # one collective for the whole step
+            clean = self._reducer.reduce(clean, step)
         self._begun = 0
         state.step, state.metrics = step, clean
         config, checkpoints = self.checkpoint, self.checkpoints
@@ -673,12 +722,19 @@ class RunHandle:
         save's rows come from the next save or from the wait in `finish`, so `on_checkpoint`
         fires for every row, in save order, on the training thread.
         """
-        manager, state = self.checkpoints, self.state
+        manager = self.checkpoints
         assert manager is not None
         fresh = self._fresh_metrics()
         self._check_ranked(fresh)
+        if self._reducer is not None:
+            return self._save_across_ranks(manager, fresh, final)
         rows = manager.wait() if manager.in_flight else []
-        payload = {
+        payload = self._payload(manager)
+        return rows + self._commit(manager, payload, fresh, final)
+
+    def _payload(self, manager: CheckpointManager) -> dict[str, Any]:
+        state = self.state
+        return {
             "model": self.model.state_dict(),
             **_states("optimizer", self.optimizers),
             **_states("scheduler", self.schedulers),
@@ -698,20 +754,77 @@ class RunHandle:
             "user": dict(self.user_state),
             **self.loop_state,
         }
+
+    def _commit(
+        self,
+        manager: CheckpointManager,
+        payload: dict[str, Any],
+        fresh: dict[str, float],
+        final: bool,
+        *,
+        begun: bool = False,
+    ) -> list[ManifestRow]:
+        state = self.state
         info = {"metrics": fresh}
         self._last_saved = state.step
         writers = tuple(self._writers)
         kind = self.save_kind(state.step, final) if self.save_kind is not None else None
         if not manager.config.async_save:
-            return manager.save(state.step, payload, info, final=final, writers=writers, kind=kind)
-        return rows + manager.save_async(
+            return manager.save(
+                state.step, payload, info, final=final, writers=writers, kind=kind, begun=begun
+            )
+        return manager.save_async(
             state.step, payload, info, final=final, writers=writers, kind=kind
         )
+
+    def _save_across_ranks(
+        self, manager: CheckpointManager, fresh: dict[str, float], final: bool
+    ) -> list[ManifestRow]:
+        """A save under DDP. Rank 0 writes ``state.pt`` with every rank's RNG states (each
+        rank resumes its own draws); with ``sharded=True`` every rank first writes its shard
+        of the model and optimizers into the folder rank 0 made (DCP's closing collective
+        is the barrier: all shards are on disk before rank 0 commits). Rank 0's manifest
+        rows, or its failure, reach every rank, so `on_checkpoint` fires everywhere."""
+        state = self.state
+        zero = state.rank == 0
+        self._last_saved = state.step
+        ranks = gather_to_zero((rng_state(), self._epoch_rng))
+        sharded = manager.config.sharded
+        if sharded:
+            folder = self._from_zero(lambda: manager.begin(state.step))
+            save_shards(folder, self.model, list(self.optimizers.values()))
+
+        def commit() -> list[ManifestRow]:
+            if not zero:
+                return []
+            rows = manager.wait() if manager.in_flight else []
+            payload = self._payload(manager)
+            assert ranks is not None
+            payload["ranks"] = {
+                "world_size": state.world_size,
+                "rng": [rng for rng, _ in ranks],
+                "epoch_rng": [epoch_rng for _, epoch_rng in ranks],
+            }
+            if sharded:
+                payload["model"] = SHARDED_MARK
+                payload.update(_states("optimizer", {}))
+                payload.pop("optimizers", None)
+            return rows + self._commit(manager, payload, fresh, final, begun=sharded)
+
+        return self._from_zero(commit)
+
+    def _from_zero(self, fn: Callable[[], Any]) -> Any:
+        """Rank 0's `fn()` on every rank (each rank calls `fn`; rank 0's error raises on
+        all); `fn()` itself without DDP."""
+        if self._reducer is None:
+            return fn()
+        zero = self.state.rank == 0
+        return broadcast(agreed(fn if zero else lambda: None))
 
     def _restore(self, manager: CheckpointManager, path: Path) -> None:
         """Load `path` into the model, optimizers, schedulers, objects, loop state and
         callbacks; the RNG comes back in `batches` (or here, when the loop never asks)."""
-        payload = manager.load(path)
+        payload = self._for_this_rank(manager.load(path))
         state = self.state
         self._load_training_state(payload, path)
         _load_callback_states(payload.get("callbacks") or {}, path, self.hooks)
@@ -735,6 +848,16 @@ class RunHandle:
         self._restored = payload
         set_rng_state(payload["rng"])  # `batches` re-draws an epoch's order first, if used
 
+    def _for_this_rank(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The payload with this rank's own RNG states, when it was saved on as many ranks
+        as run now (else rank 0's, which every rank then draws from alike)."""
+        ranks = payload.get("ranks")
+        state = self.state
+        if not ranks or ranks.get("world_size") != state.world_size:
+            return payload
+        rank = state.rank
+        return {**payload, "rng": ranks["rng"][rank], "epoch_rng": ranks["epoch_rng"][rank]}
+
     def _start_from(self, path: Path, full: bool) -> None:
         """Start at step 0 from another run's checkpoint: its weights, or its whole state.
 
@@ -748,13 +871,18 @@ class RunHandle:
         payload = CheckpointManager(path.parent).load(path)
         if full:
             self._load_training_state(payload, path)
+        elif payload.get("model") == SHARDED_MARK:
+            load_shards(path, self.model, [])
         else:
             _load_model(self.model, payload, path)
 
     def _load_training_state(self, payload: dict[str, Any], path: Path) -> None:
         """Load the model, optimizers, schedulers and grad scaler; callbacks are the caller's."""
-        _load_model(self.model, payload, path)
-        _load_states("optimizer", self.optimizers, payload, path)
+        if payload.get("model") == SHARDED_MARK:  # resharded onto the ranks that run now
+            load_shards(path, self.model, list(self.optimizers.values()))
+        else:
+            _load_model(self.model, payload, path)
+            _load_states("optimizer", self.optimizers, payload, path)
         _load_states("scheduler", self.schedulers, payload, path)
         if self.scaler is not None and payload.get("scaler") is not None:
             self.scaler.load_state_dict(payload["scaler"])

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lab._distributed import check_reductions
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
 from lab.hooks import Callback, LoopState
@@ -60,6 +61,11 @@ class TrainingLoop:
     `scheduler` is one scheduler, a list, or `Schedule` wrappers (per step, per epoch, or
     driven by a metric: `lab.loop.schedules`).
 
+    Under DDP (``torchrun``, or ``Experiment(processes_per_run=N)``; wrap `model` in
+    ``DistributedDataParallel`` and give each rank its share of `data`) every rank fits, the
+    hooks fire on each, and each step's metrics are the mean over ranks, or what `reduce`
+    names for a metric (``{"tokens": "sum"}``; see `lab.loop.handle.RunHandle`).
+
     >>> import torch
     >>> model = torch.nn.Linear(2, 1)
     >>> data = [(torch.ones(4, 2), torch.zeros(4, 1))]
@@ -89,6 +95,7 @@ class TrainingLoop:
         checkpoint: CheckpointConfig | None = None,
         callbacks: Sequence[Callback] = (),
         loss_metrics: Sequence[str] | None = None,
+        reduce: Mapping[str, str] | None = None,
     ) -> None:
         if num_steps is not None and num_epochs is not None:
             raise ConfigError(
@@ -162,6 +169,7 @@ class TrainingLoop:
         if isinstance(loss_metrics, str):
             raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
         self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
+        self.reduce = check_reductions(reduce)
         self.handle: RunHandle | None = None  # the run handle of the fit under way
         self.state: LoopState | None = None  # its state, for a custom train_step
 
@@ -222,6 +230,7 @@ class TrainingLoop:
             run_dir=run_dir,
             metrics=[*LOOP_METRICS, *(self.loss_metrics or ())],
             more_metrics=self.loss_metrics is None,
+            reduce=self.reduce,
         )
         self.handle = handle
         try:

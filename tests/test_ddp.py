@@ -1,0 +1,322 @@
+"""DDP inside a run: real ranks (gloo, 2 processes), under torchrun and with
+``Experiment(processes_per_run=2)``, a real SQLite store, a real SIGKILL of one rank, and real
+Distributed Checkpoint folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lab import Callback, CheckpointConfig, LoopState, TrainingLoop
+from lab.errors import ConfigError
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lab import Callback, CheckpointConfig, Experiment, TrainingLoop
+
+    OUT = Path(os.environ["DDP_OUT"])
+    STEPS = int(os.environ.get("DDP_STEPS", "6"))
+
+
+    def rank():
+        return dist.get_rank() if dist.is_initialized() else 0
+
+
+    class Seen(Callback):
+        '''On every rank: what the hooks saw, one JSON line per step.'''
+
+        def on_train_start(self, state):
+            self.file = open(OUT / f"seen-{state.ctx.run_key}-{state.rank}.jsonl", "a")
+
+        def on_step_end(self, state, step, batch, metrics):
+            line = {"rank": state.rank, "world": state.world_size, "step": step, **metrics}
+            self.file.write(json.dumps(line) + "\\n")
+            self.file.flush()
+
+        def post_checkpoint_loaded(self, state, path):
+            weights = {k: v.tolist() for k, v in _plain(state.model).state_dict().items()}
+            (OUT / f"loaded-{state.rank}-{state.world_size}.json").write_text(json.dumps(weights))
+
+        def on_train_end(self, state, artifacts):
+            weights = {k: v.tolist() for k, v in _plain(state.model).state_dict().items()}
+            name = f"end-{state.ctx.run_key}-{state.rank}-{state.world_size}.json"
+            (OUT / name).write_text(json.dumps({"step": state.step, "weights": weights}))
+
+
+    class CrashAt(Callback):
+        '''Fails the run on every rank after step N (a save sits before it).'''
+
+        critical = True
+
+        def __init__(self, at):
+            self.at = at
+
+        def on_step_end(self, state, step, batch, metrics):
+            if step == self.at:
+                raise RuntimeError(f"crash at step {step}")
+
+
+    def _plain(model):
+        return model.module if isinstance(model, DDP) else model
+
+
+    def train(run):
+        r = rank()
+        torch.manual_seed(0)  # the same initial weights on every rank
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        if dist.is_initialized():
+            model = DDP(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(100 + r)  # each rank its own share of the data
+        data = [(torch.randn(8, 4, generator=gen), torch.randn(8, 1, generator=gen))
+                for _ in range(4)]
+        locals_ = OUT / f"local-{run.run_key}-{r}.jsonl"
+        kill_at = int(os.environ.get("DDP_KILL_AT", "0"))
+
+        def loss_fn(m, b):
+            x, y = b
+            x = x + 0.01 * torch.randn_like(x)  # draws from each rank's own RNG
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            with open(locals_, "a") as fh:
+                fh.write(json.dumps({"loss": loss.item()}) + "\\n")
+            step = len(locals_.read_text().splitlines())
+            if kill_at and r == 1 and step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return loss, {"rank_id": float(r), "tokens": 8.0 * (r + 1), "peak": float(r)}
+
+        callbacks = [Seen()]
+        crash = int(os.environ.get("DDP_CRASH_AT", "0"))
+        if crash:
+            callbacks.append(CrashAt(crash))
+        sharded = os.environ.get("DDP_SHARDED") == "1"
+        loop = TrainingLoop(model, opt, data, loss_fn, STEPS, callbacks=callbacks,
+                            checkpoint=CheckpointConfig(every=3, sharded=sharded),
+                            reduce=json.loads(os.environ.get("DDP_REDUCE", "{}")))
+        return loop.fit(run)
+
+
+    if __name__ == "__main__":
+        result = Experiment(
+            "ddp", train, repeats=int(os.environ.get("DDP_REPEATS", "1")), store=sys.argv[1],
+            output_dir=str(OUT / "runs"),
+            processes_per_run=int(os.environ.get("DDP_PROCESSES", "1")),
+        ).run()
+        print(json.dumps({"rank": rank(), "runs": [[r.run_key, r.status, r.error]
+                                                  for r in result.runs]}))
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "ddp_train.py"
+    path.write_text(SCRIPT)
+    (tmp_path / "out").mkdir()
+    return path
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    launcher = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    clean = {k: v for k, v in os.environ.items() if k not in launcher}
+    return {**clean, "DDP_OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1", **extra}
+
+
+def _torchrun(script: Path, tmp_path: Path, nproc: int = 2, **env: str) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(nproc), str(script), f"sqlite:///{tmp_path / 'lab.db'}"],
+        capture_output=True, text=True, timeout=120, env=_env(tmp_path, **env),
+    )  # fmt: skip
+
+
+def _python(script: Path, tmp_path: Path, **env: str) -> Any:
+    return subprocess.run(
+        [sys.executable, str(script), f"sqlite:///{tmp_path / 'lab.db'}"],
+        capture_output=True, text=True, timeout=120, env=_env(tmp_path, **env),
+    )  # fmt: skip
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _reports(stdout: str) -> dict[int, dict]:
+    found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return {r["rank"]: r for r in found}
+
+
+def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks(
+    script: Path, tmp_path: Path
+) -> None:
+    out = _torchrun(script, tmp_path, DDP_REDUCE='{"tokens": "sum"}')
+    assert out.returncode == 0, out.stderr[-3000:]
+    reports = _reports(out.stdout)
+    assert reports[0]["runs"] == reports[1]["runs"] == [["base-r0", "completed", None]]
+    db = tmp_path / "lab.db"
+    assert _rows(db, "SELECT count(*) FROM experiments") == [(1,)]
+    assert _rows(db, "SELECT count(*) FROM groups") == [(1,)]
+    assert _rows(db, "SELECT run_key, status FROM runs") == [("base-r0", "completed")]
+    stored = dict(
+        ((key, step), value)
+        for key, step, value in _rows(db, "SELECT key, step, value FROM metrics")
+    )
+    local = {r: _lines(tmp_path / "out" / f"local-base-r0-{r}.jsonl") for r in (0, 1)}
+    seen = {r: _lines(tmp_path / "out" / f"seen-base-r0-{r}.jsonl") for r in (0, 1)}
+    for step in range(1, 7):
+        loss = (local[0][step - 1]["loss"] + local[1][step - 1]["loss"]) / 2
+        assert stored[("loss", step)] == loss
+        assert stored[("rank_id", step)] == 0.5  # the mean of 0 and 1
+        assert stored[("tokens", step)] == 8.0 + 16.0  # named "sum"
+        for r in (0, 1):  # every rank's hooks saw the reduced values, with its rank
+            line = seen[r][step - 1]
+            assert (line["rank"], line["world"], line["step"]) == (r, 2, step)
+            assert (line["loss"], line["rank_id"], line["tokens"]) == (loss, 0.5, 24.0)
+    assert local[0][0]["loss"] != local[1][0]["loss"]  # the ranks did see different data
+    assert _rows(db, "SELECT count(*) FROM checkpoints WHERE event = 'save'") == [(2,)]
+
+
+def test_processes_per_run_trains_each_run_on_two_ranks_and_records_it_once(
+    script: Path, tmp_path: Path
+) -> None:
+    out = _python(script, tmp_path, DDP_PROCESSES="2", DDP_REPEATS="2", DDP_STEPS="3",
+                  DDP_REDUCE='{"peak": "max"}')  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _reports(out.stdout)[0]["runs"] == [["base-r0", "completed", None],
+                                               ["base-r1", "completed", None]]  # fmt: skip
+    db = tmp_path / "lab.db"
+    assert _rows(db, "SELECT run_key, status FROM runs ORDER BY run_key") == [
+        ("base-r0", "completed"), ("base-r1", "completed")]  # fmt: skip
+    for key in ("base-r0", "base-r1"):
+        run_id = _rows(db, f"SELECT run_id FROM runs WHERE run_key = '{key}'")[0][0]
+        peak = _rows(db, f"SELECT step, value FROM metrics WHERE run_id = {run_id} "
+                         "AND key = 'peak' ORDER BY step")  # fmt: skip
+        assert peak == [(1, 1.0), (2, 1.0), (3, 1.0)]  # the max over ranks
+        rank_id = _rows(db, f"SELECT value FROM metrics WHERE run_id = {run_id} "
+                            "AND key = 'rank_id'")  # fmt: skip
+        assert rank_id == [(0.5,)] * 3
+        for r in (0, 1):
+            assert len(_lines(tmp_path / "out" / f"seen-{key}-{r}.jsonl")) == 3
+
+
+def test_a_sigkilled_rank_fails_the_run_cleanly(script: Path, tmp_path: Path) -> None:
+    out = _python(script, tmp_path, DDP_PROCESSES="2", DDP_KILL_AT="2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    ((run_key, status, error),) = _reports(out.stdout)[0]["runs"]
+    assert (run_key, status) == ("base-r0", "failed")
+    db = tmp_path / "lab.db"
+    ((stored_status, stored_error),) = _rows(db, "SELECT status, error FROM runs")
+    assert stored_status == "failed"
+    assert stored_error == error
+    # rank 0 stopped in the collective of step 2: step 1 is recorded, step 2 never is
+    assert _rows(db, "SELECT step FROM metrics WHERE key = 'loss'") == [(1,)]
+
+
+@pytest.mark.parametrize("sharded", ["0", "1"])
+def test_resume_under_ddp_equals_a_run_that_never_stopped(
+    script: Path, tmp_path: Path, sharded: str
+) -> None:
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "out").mkdir()
+    (whole / "ddp_train.py").write_text(SCRIPT)
+    out = _torchrun(whole / "ddp_train.py", whole, DDP_SHARDED=sharded)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    crashed = _torchrun(script, tmp_path, DDP_SHARDED=sharded, DDP_CRASH_AT="4")
+    assert crashed.returncode == 0, crashed.stderr[-3000:]
+    assert _reports(crashed.stdout)[0]["runs"][0][1] == "failed"
+    resumed = _torchrun(script, tmp_path, DDP_SHARDED=sharded)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _reports(resumed.stdout)[0]["runs"] == [["base-r0", "completed", None]]
+    for r in (0, 1):
+        a = json.loads((whole / "out" / f"end-base-r0-{r}-2.json").read_text())
+        b = json.loads((tmp_path / "out" / f"end-base-r0-{r}-2.json").read_text())
+        assert a["step"] == b["step"] == 6
+        for name in a["weights"]:
+            torch.testing.assert_close(
+                torch.tensor(b["weights"][name]), torch.tensor(a["weights"][name]),
+                rtol=0, atol=0,
+            )  # fmt: skip
+        # each rank drew the same noise after the resume as it did without one
+        assert (
+            _lines(tmp_path / "out" / f"local-base-r0-{r}.jsonl")[-3:]
+            == _lines(whole / "out" / f"local-base-r0-{r}.jsonl")[-3:]
+        )
+    if sharded == "1":
+        step3 = tmp_path / "out" / "runs" / "ddp" / "base-r0" / "checkpoints" / "step_000003"
+        assert sorted(p.name for p in (step3 / "dcp").iterdir()) == [
+            ".metadata", "__0_0.distcp", "__1_0.distcp"]  # fmt: skip
+
+
+def test_a_dcp_checkpoint_saved_on_two_ranks_loads_on_one(script: Path, tmp_path: Path) -> None:
+    saved = _torchrun(script, tmp_path, DDP_SHARDED="1", DDP_STEPS="3")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    end = json.loads((tmp_path / "out" / "end-base-r0-0-2.json").read_text())
+    assert end["step"] == 3
+    run_dir = tmp_path / "out" / "runs" / "ddp" / "base-r0"
+    assert (run_dir / "checkpoints" / "step_000003" / "dcp" / "__1_0.distcp").is_file()
+
+    # here, in one process without DDP: the same model resumes from the 2-rank save
+    torch.manual_seed(1)  # other initial weights: what it ends with comes from the save
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loaded: dict[str, Any] = {}
+
+    class Loaded(Callback):
+        def post_checkpoint_loaded(self, state: LoopState, path: Path) -> None:
+            loaded.update(step=state.step, world=state.world_size, path=path.name,
+                          weights={k: v.clone() for k, v in model.state_dict().items()},
+                          momentum=[opt.state[p]["momentum_buffer"].clone()
+                                    for p in model.parameters()])  # fmt: skip
+
+    data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+    loop = TrainingLoop(model, opt, data, lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+                        6, callbacks=[Loaded()],
+                        checkpoint=CheckpointConfig(every=3, sharded=True))  # fmt: skip
+    artifacts = loop.fit(run_dir=run_dir)
+    assert (loaded["step"], loaded["world"], loaded["path"]) == (3, 1, "step_000003")
+    for name, value in end["weights"].items():
+        torch.testing.assert_close(loaded["weights"][name], torch.tensor(value), rtol=0, atol=0)
+    assert all(m.abs().sum() > 0 for m in loaded["momentum"])  # the optimizer state came too
+    assert artifacts.step == 6
+    assert [c.path for c in artifacts.checkpoints] == ["step_000006"]
+
+
+def test_sharded_and_async_together_is_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        CheckpointConfig(every=3, sharded=True, async_save=True)
+    assert str(err.value) == (
+        "CheckpointConfig(sharded=True, async_save=True): sharded saves are synchronous for "
+        "now; drop one of the two"
+    )
+
+
+def test_an_unknown_reduction_is_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainingLoop(torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters()),
+                     [], lambda m, b: m(b), 1, reduce={"loss": "median"})  # fmt: skip
+    assert str(err.value) == "reduce['loss']='median': use one of 'mean', 'sum', 'max', 'min'"
