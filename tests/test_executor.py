@@ -433,6 +433,22 @@ def test_a_dead_worker_crashes_its_run_and_the_others_go_on(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_a_run_whose_worker_keeps_dying_is_retried_then_left_crashed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    witness = Witness()
+    exp = _experiment("retry", tmp_path / "runs", url, arms=[Arm("kill", die="kill")],
+                      callbacks=[witness], executor="processes", repeats=1,
+                      max_retries=2)  # fmt: skip
+    result = exp.run()
+    assert [(r.run_key, r.status) for r in result.runs] == [("kill-r0", "crashed")]
+    assert result.runs[0].error.startswith("worker process died (killed by SIGKILL, pid ")
+    # the first try and two retries, each recorded crashed here; one row in the store
+    assert witness.calls.count("on_run_end:kill-r0:crashed") == 3
+    assert _rows(url, "SELECT run_key, status FROM runs") == [("kill-r0", "crashed")]
+    assert _rows(url, "SELECT status FROM experiments") == [("failed",)]
+
+
+@pytest.mark.slow
 def test_an_interrupt_in_the_parent_stops_the_workers_and_records_them(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     runs = tmp_path / "runs" / "ctrl-c"
