@@ -228,3 +228,61 @@ def test_sixteen_processes_write_one_postgres_store_and_lose_nothing(
     args = [(pg_url, i, steps, keys) for i in range(writers)]
     _assert_all_clean(_run_together(write_one_run, args, tmp_path))
     _assert_every_row_written(pg_url, writers, steps, keys)
+
+
+# -- a second store in one process ------------------------------------------------------------
+
+_WRITE_AND_CLOSE = """
+import sys
+from lab.store import Store
+store = Store(sys.argv[1])
+store.begin_experiment(sys.argv[2], config={}, seed=0, repeats=1)
+store.close()
+"""
+
+
+def _names(store: Any) -> list[str]:
+    return sorted(e["name"] for e in store.list_experiments())
+
+
+def test_a_second_store_on_the_file_keeps_the_first_ones_reads_fresh_and_writes_kept(
+    tmp_path: Path,
+) -> None:
+    """A process with a store open opens the same file again (read-only, as `lab serve`'s
+    reads do, and read-write); then another process writes and closes its store, the last
+    connection it can see. Reading a file's header had dropped this process's SQLite locks,
+    so that closing process deleted the WAL under ours: the first store then read an old
+    snapshot forever and its next write was lost. Both stores see every experiment, and a
+    fresh process finds the first store's later write."""
+    import subprocess
+
+    from lab.store import Store
+
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def elsewhere(code: str, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code, url, *args], env=env,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = Store(url)
+    reader = None
+    try:
+        first.begin_experiment("one", config={}, seed=0, repeats=1)
+        reader = Store(url, readonly=True)
+        Store(url).close()
+        assert _names(reader) == ["one"]
+        elsewhere(_WRITE_AND_CLOSE, "two")
+        assert _names(first) == _names(reader) == ["one", "two"]
+        first.begin_experiment("three", config={}, seed=0, repeats=1)
+    finally:
+        first.close()
+        if reader is not None:
+            reader.close()
+    shown = elsewhere(
+        "import sys; from lab.store import Store; "
+        "print(sorted(e['name'] for e in Store(sys.argv[1], readonly=True).list_experiments()))"
+    )
+    assert shown.strip() == "['one', 'three', 'two']"

@@ -199,6 +199,7 @@ def _sqlite_engine(url: StoreURL, database: str | None, *, readonly: bool, creat
         **options,
     )
     sa.event.listen(engine, "connect", _sqlite_reader_pragmas if readonly else _sqlite_pragmas)
+    sa.event.listen(engine, "connect", _remember_file)
     # SQLAlchemy's pysqlite BEGIN handling: let us issue BEGIN ourselves.
     sa.event.listen(engine, "begin", _sqlite_begin)
     return engine
@@ -218,13 +219,49 @@ def _no_store(path: Path, url: str, why: str) -> NoStore:
     )
 
 
+#: The SQLite files, as (device, inode), that this process has checked or connected to.
+#: Reading a file's header means opening and closing it, and closing any descriptor of a
+#: file drops every POSIX lock this process holds on it: among them the SHARED lock that
+#: each of its SQLite connections in WAL mode holds on the database. Without that lock,
+#: another process that closes what it takes for the last connection checkpoints and
+#: deletes the WAL and its -shm file under ours, and our connections then read a stale
+#: snapshot forever and write into a deleted WAL: their writes are lost. So a file is read
+#: by `_check_sqlite_file` at most once per process, before any connection to it.
+_SEEN_FILES: set[tuple[int, int]] = set()
+_SEEN_LOCK = threading.Lock()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()  # a stat opens nothing: no lock is dropped
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _remember_file(dbapi_conn: Any, _record: Any) -> None:
+    """On each new connection: remember its database file, so that no later check in this
+    process opens (and so unlocks) it. See `_SEEN_FILES`."""
+    cur = dbapi_conn.cursor()
+    try:
+        files = [row[2] for row in cur.execute("PRAGMA database_list") if row[2]]
+    finally:
+        cur.close()
+    for name in files:
+        seen = _file_id(Path(name))
+        if seen is not None:
+            with _SEEN_LOCK:
+                _SEEN_FILES.add(seen)
+
+
 def _check_sqlite_file(path: Path, url: str) -> None:
     """Refuse a path that holds no SQLite database, before SQLite opens (or creates) it.
 
-    Reads the 100-byte header only. A lab store is in WAL mode; when no ``-wal`` file is
-    beside it (so no connection has it open), the header's page count must fit in the
-    file: a copy cut short is refused here, before a reader leaves ``-wal``/``-shm`` files
-    next to a file that cannot be read anyway.
+    Reads the 100-byte header only, and only of a file this process has not checked or
+    connected to yet (see `_SEEN_FILES`): checked once, a file stays checked. A lab store
+    is in WAL mode; when no ``-wal`` file is beside it (so no connection has it open), the
+    header's page count must fit in the file: a copy cut short is refused here, before a
+    reader leaves ``-wal``/``-shm`` files next to a file that cannot be read anyway.
     """
     if not path.exists():
         raise _no_store(path, url, "commands that only read never create one")
@@ -233,6 +270,10 @@ def _check_sqlite_file(path: Path, url: str) -> None:
             f"{path} is a folder, not a store; point --store / LAB_STORE_URL at a "
             "SQLite file, e.g. sqlite:///lab.db"
         )
+    seen = _file_id(path)
+    with _SEEN_LOCK:
+        if seen in _SEEN_FILES:
+            return
     try:
         with path.open("rb") as f:
             header = f.read(100)
@@ -243,6 +284,8 @@ def _check_sqlite_file(path: Path, url: str) -> None:
         ) from None
     if not header:
         return  # an empty file is an empty database
+    with _SEEN_LOCK:
+        _SEEN_FILES.add(seen)
     if header[: len(_MAGIC)] != _MAGIC[: len(header)]:
         raise NotADatabase(
             f"{path} is not a SQLite database (its first bytes are not the SQLite header); "
