@@ -36,6 +36,7 @@ import lab.inspect
 from lab import Arm, Evaluator, Experiment, LoopArtifacts, RunHandle
 from lab.loop import CheckpointConfig
 from lab.records import EvalResult, RunSpec
+from lab.server.app import LOCAL_ONLY
 from lab.store import Store
 from tests.served import Served, free_port, serve
 
@@ -663,6 +664,12 @@ def test_lab_ui_serves_the_dashboard_read_only_on_loopback_without_tokens(
             404,
             405,
         )
+        for host in ("attacker.example", "attacker.example:80", "127.0.0.1.attacker.example"):
+            rebound = httpx.get(url + "/api/v1/dashboard/experiments", timeout=30,
+                                headers={"Host": host})  # fmt: skip
+            assert rebound.status_code == 421  # a page that rebinds its name to loopback
+            assert rebound.json() == {"detail": LOCAL_ONLY, "field": "header.host"}
+        assert httpx.get(url + "/", headers={"Host": f"localhost:{port}"}).status_code == 200
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=15)

@@ -256,15 +256,31 @@ class TokenGate:
         await self.app(scope, receive, send)
 
 
+#: The Host headers a server without tokens answers: its loopback names, with any port.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+LOCAL_ONLY = "lab ui answers only requests to 127.0.0.1 or localhost; open http://127.0.0.1:PORT/"
+
+
 class LocalReader:
     """Pure ASGI middleware of a server without tokens (`lab ui`, on loopback only): every
-    request reads as the token ``local`` with read scope."""
+    request reads as the token ``local`` with read scope.
+
+    Only a request addressed to a loopback name (its Host header) is answered: a web page
+    from elsewhere that rebinds its own domain name to 127.0.0.1 (DNS rebinding) sends its
+    domain as the Host, and is refused before it can read a thing."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            host = ""
+            for name, value in scope.get("headers", ()):
+                if name == b"host":
+                    host = value.decode("latin-1").strip().lower()
+            if host.rsplit(":", 1)[0] not in LOCAL_HOSTS:
+                await _send_json(send, 421, LOCAL_ONLY, "header.host")
+                return
             scope.setdefault("state", {})["token"] = ("local", "read")
         await self.app(scope, receive, send)
 
