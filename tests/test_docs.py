@@ -157,6 +157,14 @@ def _check_serve_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_ray_page(out: str, namespace: dict[str, object]) -> None:
+    assert out.splitlines()[-2:] == [
+        "[('slow-r0', 'completed'), ('slow-r1', 'completed'), ('fast-r0', 'completed'), "
+        "('fast-r1', 'completed')]",
+        "fast",
+    ]
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -170,6 +178,7 @@ PAGES = {
     "rl-rlhf.md": _check_rl_rlhf_page,
     "rl-cartpole.md": _check_rl_cartpole_page,
     "serve.md": _check_serve_page,
+    "ray.md": _check_ray_page,
 }
 
 
