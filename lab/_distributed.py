@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lab.errors import ConfigError, MetricError
+from lab.errors import ConfigError, LabError, MetricError
 
 if TYPE_CHECKING:
     from lab.hooks import Callback
@@ -29,6 +29,10 @@ REDUCTIONS: tuple[str, ...] = ("mean", "sum", "max", "min")
 #: Seconds a collective waits for the other ranks before it fails (a hung rank, not a dead
 #: one: a dead rank's closed connection fails the collective at once).
 TIMEOUT_ENV = "LAB_DDP_TIMEOUT_S"
+
+
+class RankLost(LabError):
+    """A collective of the run failed: another rank died or stopped answering."""
 
 
 def _env_int(name: str) -> int | None:
@@ -268,14 +272,20 @@ class MetricReducer:
         )
         if gather:
             rows = torch.empty(world * (n + 2), dtype=torch.float64, device=self.device)
-            dist.all_gather_single(rows, packed)
+            try:
+                dist.all_gather_single(rows, packed)
+            except RuntimeError as exc:
+                raise _lost(step, exc) from exc
             table = rows.view(world, n + 2).tolist()
             prints = [row[n] for row in table]
             if len(set(prints)) != 1:
                 raise self._mismatch(keys, step)
             return {key: _reduce(how, [row[i] for row in table], world)
                     for i, (key, how) in enumerate(zip(keys, hows, strict=True))}  # fmt: skip
-        dist.all_reduce(packed)
+        try:
+            dist.all_reduce(packed)
+        except RuntimeError as exc:
+            raise _lost(step, exc) from exc
         values = packed.tolist()
         total, squares = values[n], values[n + 1]
         if total * total != world * squares:  # equal only when every rank's print is equal
@@ -290,6 +300,15 @@ class MetricReducer:
             f"{', '.join(keys)}); log the same keys on every rank (a value every rank has, "
             "or NaN where a rank has none)"
         )
+
+
+def _lost(step: int, exc: RuntimeError) -> RankLost:
+    reason = " ".join(str(exc).split())
+    reason = reason.split("] ", 1)[-1][:160]  # without gloo's source path
+    return RankLost(
+        f"step {step}: the metrics collective failed ({reason}); another rank of this run "
+        "died or hung: its own log says why"
+    )
 
 
 def _reduce(how: str, values: list[float], world: int) -> float:

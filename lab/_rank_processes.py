@@ -1,7 +1,8 @@
 """One run on N local processes: ``Experiment(processes_per_run=N)``.
 
 The run's worker process (see `lab.executors.ProcessPool`) becomes rank 0: it starts ranks
-1..N-1 as fresh ``spawn`` processes with the environment ``torchrun`` would give them
+1..N-1 (forked on Linux, before any thread, store or process group exists in it, so they skip
+importing torch again; spawned elsewhere) with the environment ``torchrun`` would give them
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), joins the
 process group, and executes the run as any worker does (`lab.runs.run_in_worker`): every
 rank trains and fires the loop's hooks, and rank 0 alone records (the callbacks that declare
@@ -120,7 +121,10 @@ def run_on_ranks(
 
     port = _free_port()
     payload = pickle.dumps((job, callbacks, strict, arm_result), protocol=pickle.HIGHEST_PROTOCOL)
-    mp = multiprocessing.get_context("spawn")
+    # fork: the worker has imported torch and lab but started nothing yet (no process group,
+    # no store, no training thread), so a forked rank is as clean as a spawned one, and
+    # starts seconds sooner
+    mp = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     others = []
     for rank in range(1, processes):
         proc = mp.Process(

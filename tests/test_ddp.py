@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -42,20 +43,17 @@ SCRIPT = textwrap.dedent(
         '''On every rank: what the hooks saw, one JSON line per step.'''
 
         def on_train_start(self, state):
-            self.file = open(OUT / f"seen-{state.ctx.run_key}-{state.rank}.jsonl", "a")
+            name = f"seen-{state.ctx.experiment}-{state.ctx.run_key}-{state.rank}.jsonl"
+            self.file = open(OUT / name, "a")
 
         def on_step_end(self, state, step, batch, metrics):
             line = {"rank": state.rank, "world": state.world_size, "step": step, **metrics}
             self.file.write(json.dumps(line) + "\\n")
             self.file.flush()
 
-        def post_checkpoint_loaded(self, state, path):
-            weights = {k: v.tolist() for k, v in _plain(state.model).state_dict().items()}
-            (OUT / f"loaded-{state.rank}-{state.world_size}.json").write_text(json.dumps(weights))
-
         def on_train_end(self, state, artifacts):
             weights = {k: v.tolist() for k, v in _plain(state.model).state_dict().items()}
-            name = f"end-{state.ctx.run_key}-{state.rank}-{state.world_size}.json"
+            name = f"end-{state.ctx.experiment}-{state.ctx.run_key}-{state.rank}.json"
             (OUT / name).write_text(json.dumps({"step": state.step, "weights": weights}))
 
 
@@ -86,8 +84,8 @@ SCRIPT = textwrap.dedent(
         gen = torch.Generator().manual_seed(100 + r)  # each rank its own share of the data
         data = [(torch.randn(8, 4, generator=gen), torch.randn(8, 1, generator=gen))
                 for _ in range(4)]
-        locals_ = OUT / f"local-{run.run_key}-{r}.jsonl"
-        kill_at = int(os.environ.get("DDP_KILL_AT", "0"))
+        locals_ = OUT / f"local-{run.experiment}-{run.run_key}-{r}.jsonl"
+        kill_at = int(os.environ.get("DDP_KILL_AT", "0"))  # rank 1 of repeat 1, at that step
 
         def loss_fn(m, b):
             x, y = b
@@ -96,7 +94,7 @@ SCRIPT = textwrap.dedent(
             with open(locals_, "a") as fh:
                 fh.write(json.dumps({"loss": loss.item()}) + "\\n")
             step = len(locals_.read_text().splitlines())
-            if kill_at and r == 1 and step == kill_at:
+            if kill_at and r == 1 and run.repeat == 1 and step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             return loss, {"rank_id": float(r), "tokens": 8.0 * (r + 1), "peak": float(r)}
 
@@ -111,14 +109,23 @@ SCRIPT = textwrap.dedent(
         return loop.fit(run)
 
 
-    if __name__ == "__main__":
+    def experiment(name):
         result = Experiment(
-            "ddp", train, repeats=int(os.environ.get("DDP_REPEATS", "1")), store=sys.argv[1],
+            name, train, repeats=int(os.environ.get("DDP_REPEATS", "1")), store=sys.argv[1],
             output_dir=str(OUT / "runs"),
             processes_per_run=int(os.environ.get("DDP_PROCESSES", "1")),
         ).run()
-        print(json.dumps({"rank": rank(), "runs": [[r.run_key, r.status, r.error]
-                                                  for r in result.runs]}))
+        print(json.dumps({"rank": rank(), "experiment": name,
+                          "runs": [[r.run_key, r.status, r.error] for r in result.runs]}))
+
+
+    if __name__ == "__main__":
+        if os.environ.get("DDP_RESUME") == "1":  # one never stopped; one crashed, then resumed
+            experiment("whole")
+            os.environ["DDP_CRASH_AT"] = "4"
+            experiment("ddp")
+            del os.environ["DDP_CRASH_AT"]
+        experiment("ddp")
     """
 )
 
@@ -164,9 +171,13 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _reports(stdout: str) -> dict[int, dict]:
+def _reports(stdout: str) -> dict[int, list]:
+    """What each rank's experiments returned, by rank, in order."""
     found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return {r["rank"]: r for r in found}
+    reports: dict[int, list] = {}
+    for report in found:
+        reports.setdefault(report["rank"], []).append(report["runs"])
+    return reports
 
 
 def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks(
@@ -175,7 +186,7 @@ def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks
     out = _torchrun(script, tmp_path, DDP_REDUCE='{"tokens": "sum"}')
     assert out.returncode == 0, out.stderr[-3000:]
     reports = _reports(out.stdout)
-    assert reports[0]["runs"] == reports[1]["runs"] == [["base-r0", "completed", None]]
+    assert reports[0] == reports[1] == [[["base-r0", "completed", None]]]
     db = tmp_path / "lab.db"
     assert _rows(db, "SELECT count(*) FROM experiments") == [(1,)]
     assert _rows(db, "SELECT count(*) FROM groups") == [(1,)]
@@ -184,8 +195,8 @@ def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks
         ((key, step), value)
         for key, step, value in _rows(db, "SELECT key, step, value FROM metrics")
     )
-    local = {r: _lines(tmp_path / "out" / f"local-base-r0-{r}.jsonl") for r in (0, 1)}
-    seen = {r: _lines(tmp_path / "out" / f"seen-base-r0-{r}.jsonl") for r in (0, 1)}
+    local = {r: _lines(tmp_path / "out" / f"local-ddp-base-r0-{r}.jsonl") for r in (0, 1)}
+    seen = {r: _lines(tmp_path / "out" / f"seen-ddp-base-r0-{r}.jsonl") for r in (0, 1)}
     for step in range(1, 7):
         loss = (local[0][step - 1]["loss"] + local[1][step - 1]["loss"]) / 2
         assert stored[("loss", step)] == loss
@@ -199,75 +210,60 @@ def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks
     assert _rows(db, "SELECT count(*) FROM checkpoints WHERE event = 'save'") == [(2,)]
 
 
-def test_processes_per_run_trains_each_run_on_two_ranks_and_records_it_once(
+def test_processes_per_run_records_each_run_once_and_a_sigkilled_rank_fails_its_run(
     script: Path, tmp_path: Path
 ) -> None:
     out = _python(script, tmp_path, DDP_PROCESSES="2", DDP_REPEATS="2", DDP_STEPS="3",
-                  DDP_REDUCE='{"peak": "max"}')  # fmt: skip
+                  DDP_REDUCE='{"peak": "max"}', DDP_KILL_AT="2")  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert _reports(out.stdout)[0]["runs"] == [["base-r0", "completed", None],
-                                               ["base-r1", "completed", None]]  # fmt: skip
+    ((first, (key, status, error)),) = _reports(out.stdout)[0]
+    assert first == ["base-r0", "completed", None]
+    assert (key, status) == ("base-r1", "failed")  # its rank 1 was SIGKILLed at step 2
+    assert re.search(r"Connection (reset|closed) by peer", error), error  # at once, no hang
     db = tmp_path / "lab.db"
-    assert _rows(db, "SELECT run_key, status FROM runs ORDER BY run_key") == [
-        ("base-r0", "completed"), ("base-r1", "completed")]  # fmt: skip
-    for key in ("base-r0", "base-r1"):
-        run_id = _rows(db, f"SELECT run_id FROM runs WHERE run_key = '{key}'")[0][0]
-        peak = _rows(db, f"SELECT step, value FROM metrics WHERE run_id = {run_id} "
-                         "AND key = 'peak' ORDER BY step")  # fmt: skip
-        assert peak == [(1, 1.0), (2, 1.0), (3, 1.0)]  # the max over ranks
-        rank_id = _rows(db, f"SELECT value FROM metrics WHERE run_id = {run_id} "
-                            "AND key = 'rank_id'")  # fmt: skip
-        assert rank_id == [(0.5,)] * 3
-        for r in (0, 1):
-            assert len(_lines(tmp_path / "out" / f"seen-{key}-{r}.jsonl")) == 3
-
-
-def test_a_sigkilled_rank_fails_the_run_cleanly(script: Path, tmp_path: Path) -> None:
-    out = _python(script, tmp_path, DDP_PROCESSES="2", DDP_KILL_AT="2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    ((run_key, status, error),) = _reports(out.stdout)[0]["runs"]
-    assert (run_key, status) == ("base-r0", "failed")
-    db = tmp_path / "lab.db"
-    ((stored_status, stored_error),) = _rows(db, "SELECT status, error FROM runs")
-    assert stored_status == "failed"
-    assert stored_error == error
-    # rank 0 stopped in the collective of step 2: step 1 is recorded, step 2 never is
-    assert _rows(db, "SELECT step FROM metrics WHERE key = 'loss'") == [(1,)]
+    assert _rows(db, "SELECT run_key, status, error FROM runs ORDER BY run_key") == [
+        ("base-r0", "completed", None), ("base-r1", "failed", error)]  # fmt: skip
+    ids = dict(_rows(db, "SELECT run_key, run_id FROM runs"))
+    peak = _rows(db, f"SELECT step, value FROM metrics WHERE run_id = {ids['base-r0']} "
+                     "AND key = 'peak' ORDER BY step")  # fmt: skip
+    assert peak == [(1, 1.0), (2, 1.0), (3, 1.0)]  # the max over ranks
+    rank_id = _rows(db, f"SELECT value FROM metrics WHERE run_id = {ids['base-r0']} "
+                        "AND key = 'rank_id'")  # fmt: skip
+    assert rank_id == [(0.5,)] * 3
+    for r in (0, 1):
+        assert len(_lines(tmp_path / "out" / f"seen-ddp-base-r0-{r}.jsonl")) == 3
+    # rank 0 of the killed run failed in the collective of step 2: step 1 alone is recorded
+    killed = _rows(db, f"SELECT step FROM metrics WHERE run_id = {ids['base-r1']} "
+                       "AND key = 'loss'")  # fmt: skip
+    assert killed == [(1,)]
 
 
 @pytest.mark.parametrize("sharded", ["0", "1"])
 def test_resume_under_ddp_equals_a_run_that_never_stopped(
     script: Path, tmp_path: Path, sharded: str
 ) -> None:
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    (whole / "out").mkdir()
-    (whole / "ddp_train.py").write_text(SCRIPT)
-    out = _torchrun(whole / "ddp_train.py", whole, DDP_SHARDED=sharded)
+    out = _torchrun(script, tmp_path, DDP_SHARDED=sharded, DDP_RESUME="1")
     assert out.returncode == 0, out.stderr[-3000:]
-
-    crashed = _torchrun(script, tmp_path, DDP_SHARDED=sharded, DDP_CRASH_AT="4")
-    assert crashed.returncode == 0, crashed.stderr[-3000:]
-    assert _reports(crashed.stdout)[0]["runs"][0][1] == "failed"
-    resumed = _torchrun(script, tmp_path, DDP_SHARDED=sharded)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _reports(resumed.stdout)[0]["runs"] == [["base-r0", "completed", None]]
+    whole, crashed, resumed = _reports(out.stdout)[0]
+    assert whole == resumed == [["base-r0", "completed", None]]
+    assert crashed[0][:2] == ["base-r0", "failed"]
+    folder = tmp_path / "out"
     for r in (0, 1):
-        a = json.loads((whole / "out" / f"end-base-r0-{r}-2.json").read_text())
-        b = json.loads((tmp_path / "out" / f"end-base-r0-{r}-2.json").read_text())
+        a = json.loads((folder / f"end-whole-base-r0-{r}.json").read_text())
+        b = json.loads((folder / f"end-ddp-base-r0-{r}.json").read_text())
         assert a["step"] == b["step"] == 6
         for name in a["weights"]:
             torch.testing.assert_close(
                 torch.tensor(b["weights"][name]), torch.tensor(a["weights"][name]),
                 rtol=0, atol=0,
             )  # fmt: skip
-        # each rank drew the same noise after the resume as it did without one
+        # after the resume each rank drew the same noise as the run that never stopped
         assert (
-            _lines(tmp_path / "out" / f"local-base-r0-{r}.jsonl")[-3:]
-            == _lines(whole / "out" / f"local-base-r0-{r}.jsonl")[-3:]
+            _lines(folder / f"local-ddp-base-r0-{r}.jsonl")[-3:]
+            == _lines(folder / f"local-whole-base-r0-{r}.jsonl")[-3:]
         )
     if sharded == "1":
-        step3 = tmp_path / "out" / "runs" / "ddp" / "base-r0" / "checkpoints" / "step_000003"
+        step3 = folder / "runs" / "ddp" / "base-r0" / "checkpoints" / "step_000003"
         assert sorted(p.name for p in (step3 / "dcp").iterdir()) == [
             ".metadata", "__0_0.distcp", "__1_0.distcp"]  # fmt: skip
 
@@ -275,7 +271,7 @@ def test_resume_under_ddp_equals_a_run_that_never_stopped(
 def test_a_dcp_checkpoint_saved_on_two_ranks_loads_on_one(script: Path, tmp_path: Path) -> None:
     saved = _torchrun(script, tmp_path, DDP_SHARDED="1", DDP_STEPS="3")
     assert saved.returncode == 0, saved.stderr[-3000:]
-    end = json.loads((tmp_path / "out" / "end-base-r0-0-2.json").read_text())
+    end = json.loads((tmp_path / "out" / "end-ddp-base-r0-0.json").read_text())
     assert end["step"] == 3
     run_dir = tmp_path / "out" / "runs" / "ddp" / "base-r0"
     assert (run_dir / "checkpoints" / "step_000003" / "dcp" / "__1_0.distcp").is_file()
@@ -320,3 +316,21 @@ def test_an_unknown_reduction_is_one_line() -> None:
         TrainingLoop(torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters()),
                      [], lambda m, b: m(b), 1, reduce={"loss": "median"})  # fmt: skip
     assert str(err.value) == "reduce['loss']='median': use one of 'mean', 'sum', 'max', 'min'"
+
+
+def test_the_docs_example_trains_each_repeat_on_two_ranks(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parent.parent / "docs" / "ddp.md"
+    (block,) = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    (tmp_path / "ddp_example.py").write_text(block)
+    out = subprocess.run(
+        [sys.executable, "ddp_example.py", "2"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=180, env=_env(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "[('sgd-r0', 'completed'), ('sgd-r1', 'completed')]"
+    db = tmp_path / "lab.db"
+    assert _rows(db, "SELECT count(*) FROM experiments") == [(1,)]
+    assert _rows(db, "SELECT count(*), min(value), max(value) FROM metrics "
+                     "WHERE key = 'samples'") == [(40, 32.0, 32.0)]  # fmt: skip
+    saved = _rows(db, "SELECT count(*) FROM checkpoints WHERE event = 'save'")
+    assert saved == [(4,)]  # steps 10 and 20 of each repeat, sharded
