@@ -123,8 +123,11 @@ def run_on_ranks(
     payload = pickle.dumps((job, callbacks, strict, arm_result), protocol=pickle.HIGHEST_PROTOCOL)
     # fork: the worker has imported torch and lab but started nothing yet (no process group,
     # no store, no training thread), so a forked rank is as clean as a spawned one, and
-    # starts seconds sooner
-    mp = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    # starts seconds sooner; CUDA, once initialised, does not survive a fork: spawn then
+    import torch
+
+    fork = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+    mp = multiprocessing.get_context("fork" if fork else "spawn")
     others = []
     for rank in range(1, processes):
         proc = mp.Process(

@@ -78,8 +78,12 @@ SCRIPT = textwrap.dedent(
         r = rank()
         torch.manual_seed(0)  # the same initial weights on every rank
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        device = None
+        if os.environ.get("DDP_CUDA") == "1":  # NCCL: one GPU per rank
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            model = model.to(device)
         if dist.is_initialized():
-            model = DDP(model)
+            model = DDP(model, device_ids=[device.index] if device is not None else None)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         gen = torch.Generator().manual_seed(100 + r)  # each rank its own share of the data
         data = [(torch.randn(8, 4, generator=gen), torch.randn(8, 1, generator=gen))
@@ -103,7 +107,7 @@ SCRIPT = textwrap.dedent(
         if crash:
             callbacks.append(CrashAt(crash))
         sharded = os.environ.get("DDP_SHARDED") == "1"
-        loop = TrainingLoop(model, opt, data, loss_fn, STEPS, callbacks=callbacks,
+        loop = TrainingLoop(model, opt, data, loss_fn, STEPS, callbacks=callbacks, device=device,
                             checkpoint=CheckpointConfig(every=3, sharded=sharded),
                             reduce=json.loads(os.environ.get("DDP_REDUCE", "{}")))
         return loop.fit(run)
@@ -300,6 +304,8 @@ def test_a_dcp_checkpoint_saved_on_two_ranks_loads_on_one(script: Path, tmp_path
     assert all(m.abs().sum() > 0 for m in loaded["momentum"])  # the optimizer state came too
     assert artifacts.step == 6
     assert [c.path for c in artifacts.checkpoints] == ["step_000006"]
+    step6 = run_dir / "checkpoints" / "step_000006"
+    assert sorted(p.name for p in (step6 / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
 
 
 def test_sharded_and_async_together_is_one_line() -> None:
@@ -334,3 +340,15 @@ def test_the_docs_example_trains_each_repeat_on_two_ranks(tmp_path: Path) -> Non
                      "WHERE key = 'samples'") == [(40, 32.0, 32.0)]  # fmt: skip
     saved = _rows(db, "SELECT count(*) FROM checkpoints WHERE event = 'save'")
     assert saved == [(4,)]  # steps 10 and 20 of each repeat, sharded
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_under_torchrun_with_nccl_the_values_are_the_mean_over_ranks(
+    script: Path, tmp_path: Path
+) -> None:
+    out = _torchrun(script, tmp_path, DDP_CUDA="1", DDP_SHARDED="1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _reports(out.stdout)[0] == [[["base-r0", "completed", None]]]
+    stored = _rows(tmp_path / "lab.db", "SELECT value FROM metrics WHERE key = 'rank_id'")
+    assert stored == [(0.5,)] * 6

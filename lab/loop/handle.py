@@ -726,7 +726,7 @@ class RunHandle:
         assert manager is not None
         fresh = self._fresh_metrics()
         self._check_ranked(fresh)
-        if self._reducer is not None:
+        if self._reducer is not None or manager.config.sharded:  # one process: one shard
             return self._save_across_ranks(manager, fresh, final)
         rows = manager.wait() if manager.in_flight else []
         payload = self._payload(manager)
