@@ -81,7 +81,7 @@ Ref = Annotated[str, pydantic.AfterValidator(_check_ref)]
 class ArmEntry(pydantic.BaseModel):
     """One arm: its name, its overrides of the base config, and optionally continual stages.
 
-    Every key besides `name`, `stages` and `carry` is an override, as in
+    Every key besides `name`, `stages`, `carry` and `resources` is an override, as in
     ``Arm(name, **overrides)``; the config's own model checks them, naming its valid fields.
     """
 
@@ -90,10 +90,11 @@ class ArmEntry(pydantic.BaseModel):
     name: str = pydantic.Field(min_length=1)
     stages: list[dict[str, Any]] | None = None
     carry: Literal["weights", "full"] = "weights"
+    resources: dict[str, float] | None = None
 
     @property
     def overrides(self) -> dict[str, Any]:
-        """The arm's overrides: its keys other than name, stages and carry."""
+        """The arm's overrides: its keys other than name, stages, carry and resources."""
         return dict(self.model_extra or {})
 
 
@@ -125,8 +126,11 @@ class ExperimentFile(pydantic.BaseModel):
     seed: int = pydantic.Field(default=0, strict=True)
     store: Any = None
     output_dir: str = "runs"
-    executor: Literal["serial", "processes"] = "serial"
+    executor: Literal["serial", "processes", "ray"] = "serial"
     workers: int | None = pydantic.Field(default=None, ge=1, strict=True)
+    resources: dict[str, float] | None = None
+    ray_address: str | None = None
+    max_retries: int = pydantic.Field(default=0, ge=0, strict=True)
     strict: bool | None = None
     callbacks: list[Any] = pydantic.Field(default_factory=list)
     benchmarks: dict[str, Ref] = pydantic.Field(default_factory=dict)
@@ -209,14 +213,15 @@ class ExperimentFile(pydantic.BaseModel):
             callbacks.append(SummaryMetric(metric, f"{label}: summary.metric {metric!r}"))
         try:
             benchmarks = [Evaluator(name, fn) for name, fn in functions.items()]
-            arms = [Arm(a.name, stages=a.stages, carry=a.carry, **a.overrides)
-                    for a in self.arms or []]  # fmt: skip
+            arms = [Arm(a.name, stages=a.stages, carry=a.carry, resources=a.resources,
+                        **a.overrides) for a in self.arms or []]  # fmt: skip
             return Experiment(
                 self.name, train, arms=arms, repeats=self.repeats, base_config=base,
                 callbacks=callbacks, store=store if store is not None else self.store,
                 output_dir=self.output_dir, seed=self.seed, benchmarks=benchmarks,
                 strict=self.strict, executor=self.executor, workers=self.workers,
-                tags=self.tags, notes=self.notes, fresh=fresh,
+                tags=self.tags, notes=self.notes, fresh=fresh, resources=self.resources,
+                ray_address=self.ray_address, max_retries=self.max_retries,
             )  # fmt: skip
         except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
             raise ConfigError(f"{label}: {exc}") from None
@@ -337,7 +342,11 @@ def plan(exp: Experiment) -> str:
     writing a file: what ``lab run --dry-run`` prints, to check a study before it costs hours.
     """
     runs = exp.repeats * sum(len(arm.stages or [None]) for arm in exp.arms)
-    where = exp.executor if exp.executor == "serial" else f"processes, {exp.workers} at a time"
+    where = {
+        "serial": "serial",
+        "processes": f"processes, {exp.workers} at a time",
+        "ray": "ray" if exp.workers is None else f"ray, {exp.workers} at a time",
+    }[exp.executor]
     lines = [f"{exp.name}: {plural(len(exp.arms), 'arm')} x {plural(exp.repeats, 'repeat')} = "
              f"{plural(runs, 'run')} ({where})"]  # fmt: skip
     module = getattr(exp.train, "__module__", None)

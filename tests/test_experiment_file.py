@@ -278,8 +278,8 @@ def _known_kinds() -> str:
         pytest.param(
             spec(reapeats=3),
             "{file}: unknown field 'reapeats'; valid: name, train, config, base_config, arms, "
-            "repeats, seed, store, output_dir, executor, workers, strict, callbacks, "
-            "benchmarks, summary, tags, notes",
+            "repeats, seed, store, output_dir, executor, workers, resources, ray_address, "
+            "max_retries, strict, callbacks, benchmarks, summary, tags, notes",
             id="unknown-field",
         ),
         pytest.param(
@@ -437,6 +437,21 @@ def test_arms_with_stages_and_processes_show_in_the_plan(tmp_path: Path) -> None
 
 
 @pytest.mark.usefixtures("restore_imports")
+def test_a_file_runs_on_ray_with_resources_per_experiment_and_arm(tmp_path: Path) -> None:
+    arms = [{"name": "small", "lr": 0.1}, {"name": "big", "lr": 0.01, "resources": {"num_gpus": 1}}]
+    content = spec(arms=arms, executor="ray", resources={"num_cpus": 2}, max_retries=1,
+                   ray_address="ray://head:10001")  # fmt: skip
+    exp = load_experiment(write(tmp_path, "ray.yaml", content), store="sqlite:///x.db")
+    assert (exp.executor, exp.resources, exp.max_retries) == ("ray", {"num_cpus": 2.0}, 1)
+    assert exp.ray_address == "ray://head:10001"
+    assert [(a.name, a.resources, a.overrides) for a in exp.arms] == [
+        ("small", {}, {"lr": 0.1}),
+        ("big", {"num_gpus": 1.0}, {"lr": 0.01}),
+    ]
+    assert plan(exp).splitlines()[0] == "lr-sweep: 2 arms x 2 repeats = 4 runs (ray)"
+
+
+@pytest.mark.usefixtures("restore_imports")
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
@@ -469,7 +484,7 @@ def test_arms_with_stages_and_processes_show_in_the_plan(tmp_path: Path) -> None
         ("x.yaml", spec(repeats=0),
          "{file}: repeats: Input should be greater than or equal to 1, got 0"),
         ("x.yaml", spec(executor="threads"),
-         "{file}: executor: Input should be 'serial' or 'processes', got 'threads'"),
+         "{file}: executor: Input should be 'serial', 'processes' or 'ray', got 'threads'"),
         ("x.yaml", spec(store=5),
          "{file}: store: 5 is not a store; write a URL such as sqlite:///lab.db, or false to "
          "record nothing"),
@@ -585,7 +600,8 @@ def test_overrides_from_python_change_the_values_before_they_are_checked(tmp_pat
                               "repeats=5"),
         ("seeed=1", "override 'seeed=1': unknown field 'seeed'; valid: name, train, config, "
                     "base_config, arms, repeats, seed, store, output_dir, executor, workers, "
-                    "strict, callbacks, benchmarks, summary, tags, notes"),
+                    "resources, ray_address, max_retries, strict, callbacks, benchmarks, "
+                    "summary, tags, notes"),
         ("summary.metrc=x", "override 'summary.metrc=x': summary: unknown field 'metrc'; "
                             "valid: metric, mode, keys"),
         ("arms.5.lr=1", "override 'arms.5.lr=1': arms has no item '5'; give an index 0..1 or "
