@@ -801,21 +801,10 @@ class CheckpointManager:
         if kind is None:
             kind = self.config.kind(step, final=final)
         final_dir = self._inside(step_dirname(step))  # a link that leads out is refused
-        tmp = self.root / f"{TMP_PREFIX}{final_dir.name}"
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
         info["metrics"] = metrics
-        try:
-            if _waits is None:  # else save_async made the folder and ran the writers
-                if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
-                    shutil.rmtree(tmp)
-                tmp.mkdir()
-        except OSError as exc:
-            full = _disk_full(step, exc, tmp, self.root)
-            if full is not None:
-                raise full from exc
-            raise CheckpointError(
-                f"cannot save step {step}: cannot create {tmp}: {_one_line(exc)}"
-            ) from exc
+        # with `_waits`, save_async or the caller's `begin` made the folder and filled it
+        tmp = self.begin(step) if _waits is None else self.root / f"{TMP_PREFIX}{final_dir.name}"
         renamed = False
         writing = tmp / STATE_FILE  # the file being written, for a full disk's message
         out: _Recording | None = None
@@ -871,7 +860,7 @@ class CheckpointManager:
         before one of them commits the save. Debris of an interrupted save is removed first."""
         tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
         try:
-            if tmp.is_dir() and not tmp.is_symlink():
+            if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
                 shutil.rmtree(tmp)
             tmp.mkdir()
         except OSError as exc:
