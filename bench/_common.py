@@ -8,6 +8,7 @@ import argparse
 import os
 import platform
 import sqlite3
+import statistics
 import sys
 import time
 import uuid
@@ -136,3 +137,14 @@ class StepClockEnd(Callback):
 
     def on_step_end(self, state, step_idx, batch, metrics) -> None:  # type: ignore[no-untyped-def]
         self.ends.append((time.perf_counter(), time.thread_time()))
+
+
+def timed(rounds: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """The median seconds of `fn` over `rounds` (after one warm-up call), and its answer."""
+    answer = fn()
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), answer

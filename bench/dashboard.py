@@ -36,14 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from _common import add_postgres_option, log, machine, scratch_database
+from _common import add_postgres_option, log, machine, scratch_database, timed
 from query import CACHE, KEYS, cached_store
 
 from lab.server.auth import create_token
@@ -111,17 +110,6 @@ def build_postgres(url: str, arms: int, repeats: int, steps: int, keys: int) -> 
     log(
         f"built {len(runs) * steps * keys} points on PostgreSQL in {time.perf_counter() - t0:.1f} s"
     )
-
-
-def timed(rounds: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """The median seconds of `fn` over `rounds` (after one warm-up call), and its answer."""
-    answer = fn()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), answer
 
 
 def baselines(url: str, path: Path | None, libpq: str | None) -> dict[str, Callable[[], Any]]:

@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from _common import add_postgres_option, log, machine, scratch_database
+from _common import add_postgres_option, log, machine, scratch_database, timed
 
 from lab.server.auth import create_token
 from lab.store import Store
@@ -90,17 +88,6 @@ def build(url: str, points: int) -> int:
         return run
     finally:
         store.close()
-
-
-def timed(rounds: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """The median seconds of `fn` over `rounds` (after one warm-up call), and its answer."""
-    answer = fn()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), answer
 
 
 def measure(url: str, rounds: int, points: int) -> dict[str, Any]:
