@@ -674,6 +674,9 @@ def ui(
     no_open: Annotated[bool, typer.Option("--no-open", help="Do not open a browser")] = False,
 ) -> None:
     """Open the dashboard over a store on this machine: read-only, 127.0.0.1 only, no token."""
+    from lab._imports import require
+
+    require("fastapi", "server", "lab ui")  # named as the command the user typed
     from lab.server.app import serve_ui
 
     serve_ui(store, port=port, open_browser=not no_open)

@@ -326,3 +326,21 @@ def test_quickstart_prints_the_holdout_acc_that_lab_inspect_reads(demo_db: Path)
     }
     assert printed == expected
     assert all(0 <= low <= high <= 1 for *_, low, high, _r, _b, _m in rel.fetchall())
+
+
+@pytest.mark.parametrize(("command", "who"), [("ui", "lab ui"), ("serve", "lab serve")])
+def test_without_the_server_extra_the_command_names_itself_and_the_pip_line(
+    tmp_path: Path, command: str, who: str
+) -> None:
+    """`lab ui` and `lab serve` without FastAPI installed: one line, naming the command the
+    user typed and the extra that brings it."""
+    code = "import sys; sys.modules['fastapi'] = None; from lab.cli import main; main()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, command, "--store", f"sqlite:///{tmp_path / 'lab.db'}"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"error: {who} needs the fastapi package: pip install 'lab[server]'"
+    ]
