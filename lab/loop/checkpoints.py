@@ -128,7 +128,9 @@ class CheckpointConfig:
     `sharded=True` writes the model and optimizer states through Distributed Checkpoint
     (``torch.distributed.checkpoint``): under DDP every rank writes its share into the folder
     being saved before it commits, and the checkpoint loads on any number of ranks (see
-    `lab.loop.sharded`); the rest of the state stays in ``state.pt``.
+    `lab.loop.sharded`); the rest of the state stays in ``state.pt``. With `async_save` too,
+    the shards are written in the background (DCP's `async_save`) and the save commits at
+    the next save or at the end of the fit.
     """
 
     every: int | None = None
@@ -167,11 +169,6 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"CheckpointConfig({name}={getattr(self, name)!r}): use True or False"
                 )
-        if self.sharded and self.async_save:
-            raise ConfigError(
-                "CheckpointConfig(sharded=True, async_save=True): sharded saves are synchronous "
-                "for now; drop one of the two"
-            )
         given = self.fixed_steps
         listed = isinstance(given, Iterable) and not isinstance(given, (str, bytes))
         steps = tuple(given) if listed else ()
@@ -335,7 +332,7 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def _snapshot_to_cpu(state: Any) -> Any:
+def snapshot_to_cpu(state: Any) -> Any:
     """A deep copy of `state` whose tensors are detached copies in CPU memory.
 
     Tensors are copied first and handed to `copy.deepcopy` through its memo, so containers
@@ -911,7 +908,7 @@ class CheckpointManager:
         # made here are what the background thread writes
         info = {**json_info(step, info), "metrics": self._metrics(step, info)}
         check_safe(step, state)
-        snapshot = _snapshot_to_cpu(state)
+        snapshot = snapshot_to_cpu(state)
         waits: list[Any] | None = None
         if writers:  # the loop's files are written (or started) now, on its own thread
             tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"

@@ -50,12 +50,12 @@ from lab.dispatch import Dispatcher
 from lab.errors import CheckpointError, ConfigError, HookOrderError
 from lab.hooks import Callback, LoopState
 from lab.loop.bare import BareRun
-from lab.loop.checkpoints import CheckpointConfig, CheckpointManager
+from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, snapshot_to_cpu
 from lab.loop.evals import Evaluator
 from lab.loop.feed import Feed
 from lab.loop.metric_names import MetricWatch, check_metric_names, logged_by, needed_by
 from lab.loop.payload import callback_states
-from lab.loop.sharded import SHARDED_MARK, load_shards, save_shards
+from lab.loop.sharded import SHARDED_MARK, load_shards, save_shards, save_shards_async
 from lab.loop.steps import check_no_epoch_settings, positive_int
 from lab.records import EvalResult, LoopArtifacts, ManifestRow, TrainingBatch
 
@@ -235,6 +235,10 @@ class RunHandle:
         self._ranking_open = checkpoint is not None and checkpoint.metric is not None
         self._last_saved = -1
         self._watch: MetricWatch | None = None
+        # an asynchronous sharded save whose shards are being written: (future, step, rank
+        # 0's payload, its metrics, final, kind); committed by the next save or `finish`
+        self._pending_shards: tuple[Any, ...] | None = None
+        self._shard_group: Any = None  # the process group asynchronous shards are saved on
         self._watch_step = False
 
     # ------------------------------------------------------------------------------------
@@ -307,6 +311,13 @@ class RunHandle:
         )
         if world > 1:
             self._reducer = MetricReducer(self.reduce)
+            config = self.checkpoint
+            if config is not None and config.sharded and config.async_save:
+                import torch.distributed as dist
+
+                # the background writes' collectives on a group of their own, never mixed
+                # with the training thread's
+                self._shard_group = dist.new_group(backend="gloo")
             # rank 0 moves earlier saves aside, clears debris and picks the checkpoint; its
             # failure fails every rank, and the others open the folder once it is done
             self.checkpoints, path = agreed(self._open_checkpoints)
@@ -361,6 +372,10 @@ class RunHandle:
             ):
                 self._save_now(final=True)
             manager = self.checkpoints
+            if self._pending_shards is not None:  # an asynchronous sharded save commits
+                for row in self._commit_shards():
+                    self._saved.append(row)
+                    self.hooks.fire("on_checkpoint", state, row)
             if manager is not None and (manager.in_flight or self._reducer is not None):
                 # the final save is durable first (under DDP: rank 0's, its rows to all)
                 for row in self._from_zero(manager.wait):
@@ -397,6 +412,12 @@ class RunHandle:
         if self._phase == _ENDED:
             return
         self._phase = _ENDED
+        pending, self._pending_shards = self._pending_shards, None
+        if pending is not None:  # its shards are finished, never committed: a tmp_ folder
+            try:
+                pending[0].result()
+            except Exception as error:
+                log.error("the sharded checkpoint save in flight also failed: %s", error)
         manager = self.checkpoints
         if manager is not None and manager.in_flight:
             try:
@@ -790,14 +811,19 @@ class RunHandle:
         self._last_saved = state.step
         ranks = gather_to_zero((rng_state(), self._epoch_rng))
         sharded = manager.config.sharded
+        background = sharded and manager.config.async_save
+        before = self._commit_shards() if background else []
+        future = None
         if sharded:
             folder = self._from_zero(lambda: manager.begin(state.step))
-            save_shards(folder, self.model, list(self.optimizers.values()))
+            optimizers = list(self.optimizers.values())
+            if background:
+                future = save_shards_async(folder, self.model, optimizers, self._shard_group)
+            else:
+                save_shards(folder, self.model, optimizers)
 
-        def commit() -> list[ManifestRow]:
-            if not zero:
-                return []
-            rows = manager.wait() if manager.in_flight else []
+        def zero_payload() -> dict[str, Any]:
+            """Rank 0's payload: every rank's RNG states; the shards' mark for sharded saves."""
             payload = self._payload(manager)
             assert ranks is not None
             payload["ranks"] = {
@@ -809,7 +835,49 @@ class RunHandle:
                 payload["model"] = SHARDED_MARK
                 payload.update(_states("optimizer", {}))
                 payload.pop("optimizers", None)
-            return rows + self._commit(manager, payload, fresh, final, begun=sharded)
+            return payload
+
+        def commit() -> list[ManifestRow]:
+            if not zero:
+                return []
+            rows = manager.wait() if manager.in_flight else []
+            if background:  # committed once the shards are written: by the next save
+                return rows
+            return rows + self._commit(manager, zero_payload(), fresh, final, begun=sharded)
+
+        if background:
+            kind = self.save_kind(state.step, final) if self.save_kind is not None else None
+            # rank 0's state as it is now, whatever training changes after
+            payload = snapshot_to_cpu(zero_payload()) if zero else None
+            self._pending_shards = (future, state.step, payload, dict(fresh), final, kind)
+        return before + self._from_zero(commit)
+
+    def _commit_shards(self) -> list[ManifestRow]:
+        """Wait for the asynchronous sharded save in flight (every rank its shard; DCP's
+        closing collective tells each rank when all are written), then commit it on rank 0
+        through the usual protocol; its rows, or its failure, on every rank."""
+        pending, self._pending_shards = self._pending_shards, None
+        if pending is None:
+            return []
+        future, step, payload, fresh, final, kind = pending
+        error: BaseException | None = None
+        try:
+            future.result()
+        except Exception as exc:
+            error = exc
+        manager = self.checkpoints
+        assert manager is not None
+
+        def commit() -> list[ManifestRow]:
+            if self.state.rank != 0:
+                return []
+            if error is not None:
+                raise CheckpointError(
+                    f"background sharded save of step {step} failed: {error}"
+                ) from error
+            return manager.save(
+                step, payload, {"metrics": fresh}, final=final, kind=kind, begun=True
+            )
 
         return self._from_zero(commit)
 

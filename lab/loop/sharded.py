@@ -66,6 +66,22 @@ def save_shards(folder: Path, model: torch.nn.Module, optimizers: list[Any]) -> 
         dcp.save(state, checkpoint_id=folder / SHARDS, no_dist=_no_dist())
 
 
+def save_shards_async(
+    folder: Path, model: torch.nn.Module, optimizers: list[Any], group: Any
+) -> Any:
+    """Start writing this rank's share in the background (DCP's `async_save`: the states are
+    copied to CPU memory first, so training may go on); returns the Future to wait for
+    before the save commits. A collective, like `save_shards`, on `group`."""
+    import torch.distributed.checkpoint as dcp
+
+    model_state, optim_state = _states(model, optimizers)
+    state = {"model": model_state, "optim": optim_state} if optimizers else {"model": model_state}
+    with _quiet_single_process():
+        return dcp.async_save(
+            state, checkpoint_id=folder / SHARDS, process_group=group, no_dist=_no_dist()
+        )
+
+
 def load_shards(folder: Path, model: torch.nn.Module, optimizers: list[Any]) -> None:
     """Load `folder`/dcp into the model and optimizers, on however many ranks run now."""
     import torch.distributed.checkpoint as dcp
