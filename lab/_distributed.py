@@ -227,7 +227,9 @@ class MetricReducer:
     every rank raises the same `MetricError` instead of reducing values that do not match.
 
     The layout of a key set is worked out once and reused while the keys stay the same,
-    so a step costs the packing, the collective and the unpacking.
+    so a step costs the packing, the collective and the unpacking. With ``log_every > 1``
+    the steps held since the last materialisation are packed together (`reduce_steps`):
+    still one collective, now per materialisation rather than per step.
     """
 
     def __init__(self, reduce: Mapping[str, str] | None = None) -> None:
@@ -262,36 +264,58 @@ class MetricReducer:
 
     def reduce(self, metrics: dict[str, float], step: int) -> dict[str, float]:
         """The step's metrics reduced over every rank (the same dict on each)."""
-        keys = tuple(metrics)
-        if keys != self._keys:
-            self._keys, self._plan = keys, self._layout(keys)
-        hows, gather, print_ = self._plan
-        torch, dist, world, n = self._torch, self._dist, self.world, len(keys)
-        packed = torch.tensor(
-            [*metrics.values(), print_, print_ * print_], dtype=torch.float64, device=self.device
-        )
-        if gather:
-            rows = torch.empty(world * (n + 2), dtype=torch.float64, device=self.device)
+        return self.reduce_steps([metrics], [step])[0]
+
+    def reduce_steps(
+        self, rows: list[dict[str, float]], steps: list[int]
+    ) -> list[dict[str, float]]:
+        """Several steps' metrics (the steps a ``log_every`` window held) reduced in one
+        collective: each step's values packed after the previous step's, each with its own
+        fingerprint, so a window costs what one step did."""
+        plans = []
+        flat: list[float] = []
+        for row in rows:
+            keys = tuple(row)
+            if keys != self._keys:
+                self._keys, self._plan = keys, self._layout(keys)
+            plans.append((keys, *self._plan))
+            print_ = self._plan[2]
+            flat += [*row.values(), print_, print_ * print_]
+        torch, dist, world, size = self._torch, self._dist, self.world, len(flat)
+        packed = torch.tensor(flat, dtype=torch.float64, device=self.device)
+        out: list[dict[str, float]] = []
+        at = 0  # where each step's values start in the packed row
+        if any(gather for _, _, gather, _ in plans):
+            gathered = torch.empty(world * size, dtype=torch.float64, device=self.device)
             try:
-                dist.all_gather_single(rows, packed)
+                dist.all_gather_single(gathered, packed)
             except RuntimeError as exc:
-                raise _lost(step, exc) from exc
-            table = rows.view(world, n + 2).tolist()
-            prints = [row[n] for row in table]
-            if len(set(prints)) != 1:
-                raise self._mismatch(keys, step)
-            return {key: _reduce(how, [row[i] for row in table], world)
-                    for i, (key, how) in enumerate(zip(keys, hows, strict=True))}  # fmt: skip
+                raise _lost(steps[-1], exc) from exc
+            table = gathered.view(world, size).tolist()
+            for (keys, hows, _, _), step in zip(plans, steps, strict=True):
+                n = len(keys)
+                if len({row[at + n] for row in table}) != 1:
+                    raise self._mismatch(keys, step)
+                pairs = enumerate(zip(keys, hows, strict=True))
+                out.append({key: _reduce(how, [row[at + i] for row in table], world)
+                            for i, (key, how) in pairs})  # fmt: skip
+                at += n + 2
+            return out
         try:
             dist.all_reduce(packed)
         except RuntimeError as exc:
-            raise _lost(step, exc) from exc
+            raise _lost(steps[-1], exc) from exc
         values = packed.tolist()
-        total, squares = values[n], values[n + 1]
-        if total * total != world * squares:  # equal only when every rank's print is equal
-            raise self._mismatch(keys, step)
-        return {key: value / world if how == "mean" else value
-                for key, how, value in zip(keys, hows, values, strict=False)}  # fmt: skip
+        for (keys, hows, _, _), step in zip(plans, steps, strict=True):
+            n = len(keys)
+            total, squares = values[at + n], values[at + n + 1]
+            if total * total != world * squares:  # equal only when every rank's print is equal
+                raise self._mismatch(keys, step)
+            mine = zip(keys, hows, values[at : at + n], strict=True)
+            out.append({key: value / world if how == "mean" else value
+                        for key, how, value in mine})  # fmt: skip
+            at += n + 2
+        return out
 
     def _mismatch(self, keys: tuple[str, ...], step: int) -> MetricError:
         rank = self._dist.get_rank()

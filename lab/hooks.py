@@ -85,6 +85,14 @@ Inside a run trained on several ranks (DDP, under ``torchrun`` or
 reduction a metric names); a callback whose class sets `rank_zero_only` gets them on rank 0
 alone, so the experiment, group and run rows are written once.
 
+With ``TrainingLoop(log_every=N)`` (or ``RunHandle(log_every=N)``) `pre_step` still fires
+live, but a step whose metrics are held on the device gets its `on_step_end` at the next
+materialisation: every N steps, at the last step, and before an eval, a save, an epoch's
+end, a stop, the end of the fit or `on_error`. The held steps' `on_step_end` fire there in
+step order, each with its own `step_idx`, `state.step` and metrics (`batch.data` is None
+for them), then the materialising step's hooks as above. A callback that must see each
+step live (the model, the gradients, the clock) sets `Callback.live_steps`.
+
 `step_idx` is the number of the optimizer step: steps are numbered 1..num_steps, and
 `state.step` counts the steps completed, so after `on_step_end(state, 7, ...)` the state
 holds `step == 7`, and a metric logged there is stored at step 7.
@@ -340,6 +348,12 @@ class Callback:
     #: The metric names this callback reads, as the store names them (``"val/loss"``), each
     #: with who needs it: checked when a fit starts (see `lab.loop.metric_names`).
     metrics_needed: Mapping[str, str] = MappingProxyType({})
+    #: Its `on_step_end` must fire at the step it ends, because it reads what only that
+    #: moment holds: the model's weights, the gradients, the clock, the profiler's step.
+    #: With ``TrainingLoop(log_every=N)`` the other steps' `on_step_end` fire late, at the
+    #: next materialisation of the step metrics; a callback that sets this makes every step
+    #: materialise (one INFO line says so), which costs a host sync per step on a GPU.
+    live_steps: ClassVar[bool] = False
 
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:

@@ -101,6 +101,7 @@ def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
     assert lines[1] == "['COMPLETE', 'export.pt', 'state.pt', 'training_info.json']"
     assert lines[2:5] == ["experiment True", "run loop loop None", "run end completed"]
     assert lines[5] == "[('main-r0', 'completed', 0)]"
+    assert lines[6] == "10 float"  # log_every=5: the held tensors read as floats
 
 
 def _check_media_page(out: str, namespace: dict[str, object]) -> None:

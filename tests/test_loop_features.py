@@ -731,6 +731,7 @@ def test_the_loop_page_examples_run_in_order(capsys: pytest.CaptureFixture[str])
         "train_step=fn, where fn(loop, batch) does its own backward and optimizer steps",
         "True",
         "2 4",
+        "pre1 pre2 end1 end2 pre3 pre4 end3 end4 pre5 end5",
     ]
 
 

@@ -131,6 +131,8 @@ class ModelAverager(Callback):
     state from the previous stage at all.)
     """
 
+    live_steps = True  # the weights after each step
+
     def __init__(
         self,
         *,

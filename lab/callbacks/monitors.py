@@ -67,6 +67,8 @@ class SpeedMonitor(Callback):
     fraction) when both are given.
     """
 
+    live_steps = True  # the clock at each step's end
+
     metrics_logged = (
         "throughput/steps_per_s",
         "throughput/samples_per_s",
@@ -177,6 +179,8 @@ class GPUMemoryMonitor(Callback):
     When CUDA is unavailable or the model's parameters are not on a CUDA device it does
     nothing, and says so once (per instance) in the log at INFO.
     """
+
+    live_steps = True  # the device's memory at the step
 
     metrics_logged = (
         "gpu_memory/allocated_mb",
@@ -556,6 +560,8 @@ class GradientMonitor(Callback):
     computed on the device and copied to the host in one transfer.
     """
 
+    live_steps = True  # the step's gradients, zeroed by the next
+
     metrics_logged = ("grad_norm/*", "param_norm/*")
 
     def __init__(self, every: PositiveInt = 10) -> None:
@@ -623,6 +629,8 @@ class ProfilerCallback(Callback):
     readable by TensorBoard, chrome://tracing and Perfetto. CUDA activity is traced when
     CUDA is available. The profiler stops at `on_train_end`, and on error or close.
     """
+
+    live_steps = True  # the profiler's schedule counts live steps
 
     def __init__(
         self,

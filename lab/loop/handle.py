@@ -119,6 +119,13 @@ class RunHandle:
     what `reduce` names per metric or glob pattern: ``{"tokens": "sum", "mem/*": "max"}``),
     and checkpoints are saved by rank 0, or by every rank with ``CheckpointConfig(sharded=True)``.
 
+    `log_every=N` lets `end_step` hold a step's metrics, tensors on their device, instead of
+    reading them: they are read (materialised) for all the steps held in one transfer per
+    device, and one collective under DDP, at each multiple of N, and at any step after
+    which something reads them (see `end_step`); the held steps' `on_step_end` fire then,
+    in order, before the materialising step's. N is 1 in effect while a callback that sets
+    `Callback.live_steps` is attached.
+
     Misuse is one `HookOrderError` line: a step that goes backwards, a step logged before
     the handle started or after it ended, a step begun twice, or a step never ended.
     """
@@ -143,6 +150,7 @@ class RunHandle:
         stateful: Mapping[str, Any] | None = None,
         steps_per_epoch: int | None = None,
         reduce: Mapping[str, str] | None = None,
+        log_every: int = 1,
     ) -> None:
         if num_steps is not None and (
             isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
@@ -156,6 +164,11 @@ class RunHandle:
             raise ConfigError(f"evaluator names must be unique, got {names}")
         if isinstance(metrics, str):
             raise ConfigError(f"metrics={metrics!r}: give a list of keys, e.g. ['loss', 'acc']")
+        if not positive_int(log_every):
+            raise ConfigError(
+                f"log_every={log_every!r}: give how many steps pass between two "
+                "materialisations of the step metrics, an int >= 1 (1: every step)"
+            )
         if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
             raise ConfigError(
                 f"checkpoint={checkpoint!r}: pass a CheckpointConfig(...), or None for no saves"
@@ -198,6 +211,13 @@ class RunHandle:
         #: How each step metric is reduced across ranks under DDP (default: the mean).
         self.reduce = check_reductions(reduce)
         self._reducer: MetricReducer | None = None  # set under DDP, when the handle starts
+        #: Steps between two materialisations of the step metrics (see `end_step`).
+        self.log_every = log_every
+        self._every = log_every  # in effect: 1 while a `live_steps` callback is attached
+        # the steps ended since the last materialisation: (step, metrics with their tensors
+        # still on the device, the batch's epoch, its index)
+        self._held: list[tuple[int, dict[str, Any], int, int]] = []
+        self._past = TrainingBatch()  # the batch a held step's on_step_end sees: no data
         self._open = metrics is None or more_metrics
         #: Plain values (numbers, strings, lists, dicts, tensors) kept in each checkpoint and
         #: given back on resume.
@@ -283,6 +303,7 @@ class RunHandle:
         # what the settings get wrong fails here, before any hook (a bare fit records nothing)
         self._watch = self._check_metric_names()
         self._watch_step = self._watch is not None and bool(self._watch.at_step)
+        self._every = self._every_in_effect()
         if self.checkpoint is not None:
             if folder is None:
                 raise ConfigError(
@@ -311,6 +332,10 @@ class RunHandle:
         )
         if world > 1:
             self._reducer = MetricReducer(self.reduce)
+            if self.log_every > 1:
+                # rank 0 has every callback (rank_zero_only ones too): its choice holds for
+                # all, so every rank materialises, and reduces, at the same steps
+                self._every = broadcast(self._every)
             config = self.checkpoint
             if config is not None and config.sharded and config.async_save:
                 import torch.distributed as dist
@@ -361,6 +386,7 @@ class RunHandle:
         self._check_running("finish")
         try:
             state = self.state
+            self._materialise()  # the steps held since the last one, before what ends the run
             if self._epoch_open is True:
                 self.end_epoch()
             config = self.checkpoint
@@ -412,6 +438,7 @@ class RunHandle:
         if self._phase == _ENDED:
             return
         self._phase = _ENDED
+        self._materialise_on_error()
         pending, self._pending_shards = self._pending_shards, None
         if pending is not None:  # its shards are finished, never committed: a tmp_ folder
             try:
@@ -434,6 +461,27 @@ class RunHandle:
             own.fire("on_error", self.ctx, exc)
         finally:
             own.fire("close")
+
+    def _materialise_on_error(self) -> None:
+        """Record the steps held since the last materialisation, before `on_error`: they
+        were trained. Not under DDP, where reading them takes a collective that a failing
+        group may never complete: they are named in a WARNING instead."""
+        held = self._held
+        if not held:
+            return
+        steps = f"steps {held[0][0]}-{held[-1][0]}" if len(held) > 1 else f"step {held[0][0]}"
+        if self._reducer is not None:
+            self._held = []
+            log.warning(
+                "%s: not recorded, their metrics were held (log_every) when the run failed, "
+                "and reducing them across ranks needs every rank",
+                steps,
+            )
+            return
+        try:
+            self._materialise()
+        except Exception as error:
+            log.error("%s: their held metrics could not be read: %s", steps, error)
 
     # ------------------------------------------------------------------------------------
     # steps
@@ -505,6 +553,16 @@ class RunHandle:
         fall only at boundaries of its own (an RL loop's episodes): True saves after it
         (`state.checkpoint_due` is set for the sinks), False does not save (not even at
         `num_steps`: `finish` makes the final save); None lets `CheckpointConfig` decide.
+
+        `metrics` may hold one-element tensors: read on the host here with ``log_every=1``
+        (one transfer for all of them), else held on their device while nothing follows the
+        step that reads them. A step materialises (reads the held steps and this one, fires
+        their `on_step_end` in order, then this step's) when it is a multiple of
+        `log_every`, the last step, a stop was asked for, or an eval, a save or an epoch's
+        end follows it; `finish`, `evaluate`, `log_eval`, `save`, `log_histogram`,
+        `log_image`, `start_epoch` and `end_epoch` materialise first, and so does a failure
+        (not under DDP). Until then `state.step` counts the held step as ended, and
+        `state.metrics` stays the last materialised step's.
         """
         state = self.state if self._phase == _RUNNING else None
         if state is None:
@@ -521,9 +579,15 @@ class RunHandle:
             raise HookOrderError(
                 f"end_step(step={step}) past num_steps={self.num_steps}; stop at the last step"
             )
-        clean = _floats(metrics, step)
-        if self._reducer is not None:  # one collective for the whole step
-            clean = self._reducer.reduce(clean, step)
+        if self._every == 1:  # each step read as it ends (one collective under DDP)
+            clean = _floats(metrics, step)
+            if self._reducer is not None:
+                clean = self._reducer.reduce(clean, step)
+        elif self._logs_at(step, save):
+            clean = self._materialise(step, metrics)  # the held steps' on_step_end first
+        else:
+            self._hold(step, metrics, batch)  # nothing of it is read on the host yet
+            return
         self._begun = 0
         state.step, state.metrics = step, clean
         config, checkpoints = self.checkpoint, self.checkpoints
@@ -541,18 +605,7 @@ class RunHandle:
             )
         else:
             state.checkpoint_due = save and checkpoints is not None
-        hooks = self.hooks
-        if hooks.listens("on_step_end"):
-            hb = self._batch if batch is None else self._wrap(batch)
-            hooks.fire("on_step_end", state, step, hb, clean)
-        if self._ranking_open:  # step metric names (producers' keys too), for the check
-            self._seen.update(clean)  # at saves, until the ranking metric shows up
-            self._ranking_open = (
-                self.checkpoint.metric not in clean and len(self._seen) < 64  # type: ignore[union-attr]
-            )
-        if self._watch_step:  # needed names no source declared: looked for once
-            self._watch_step = False
-            self._watch.after_step(step, clean)  # type: ignore[union-attr]
+        self._fire_step_end(step, clean, batch)
         if self.evaluators:  # no list is built: a step with nothing due allocates nothing
             spe = self.steps_per_epoch
             epoch_end = step // spe if spe is not None and step % spe == 0 else None
@@ -566,6 +619,113 @@ class RunHandle:
             self._save_now(final=last)
         if state.stop_requested and last:
             log.info("stopping after step %d: %s", step, state.stop_reason)
+
+    def _fire_step_end(self, step: int, clean: dict[str, float], batch: Any) -> None:
+        """`on_step_end` for an ended step whose metrics are floats now, and the checks of
+        metric names that read them."""
+        hooks = self.hooks
+        if hooks.listens("on_step_end"):
+            hb = self._batch if batch is None else self._wrap(batch)
+            hooks.fire("on_step_end", self.state, step, hb, clean)
+        if self._ranking_open:  # step metric names (producers' keys too), for the check
+            self._seen.update(clean)  # at saves, until the ranking metric shows up
+            self._ranking_open = (
+                self.checkpoint.metric not in clean and len(self._seen) < 64  # type: ignore[union-attr]
+            )
+        if self._watch_step:  # needed names no source declared: looked for once
+            self._watch_step = False
+            self._watch.after_step(step, clean)  # type: ignore[union-attr]
+
+    def _logs_at(self, step: int, save: bool | None) -> bool:
+        """Whether ending `step` materialises the step metrics (with ``log_every > 1``): at a
+        multiple of `log_every`, the last step, a stop asked for, and wherever something
+        after `on_step_end` reads them on the host (a save, an eval, an epoch's end, the
+        first step's lookup of needed names). Step numbers, not a count since the last
+        materialisation, so a resumed run materialises where one that never stopped does."""
+        num_steps, spe = self.num_steps, self.steps_per_epoch
+        if (
+            step % self._every == 0
+            or step == num_steps
+            or self.state.stop_requested
+            or self._watch_step
+            or save
+            or (spe is not None and step % spe == 0)
+        ):
+            return True
+        if save is None and self.checkpoints is not None and self.checkpoint.due(step, num_steps):  # type: ignore[union-attr]
+            return True
+        if self.evaluators:
+            return any(ev.due(step, num_steps=num_steps or 0) for ev in self.evaluators)
+        return False
+
+    def _hold(self, step: int, metrics: Mapping[str, Any], batch: Any) -> None:
+        """End `step` without reading its metrics: its tensors stay on their device until
+        the next materialisation, so the host never waits for the device here. Only the
+        batch's epoch and index are kept: its data is not held alive (`log_every` batches
+        on a GPU could fill it)."""
+        held = dict(metrics)
+        for key, value in held.items():
+            if type(value) is float:
+                continue
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:  # the same error as at a materialised step, now
+                    as_number(str(key), step, value)
+                held[key] = value.detach()
+            else:
+                held[key] = as_number(str(key), step, value)
+        source = self._batch if batch is None else batch
+        if isinstance(source, TrainingBatch):
+            epoch, index = source.epoch, source.index
+        else:
+            epoch, index = self.state.epoch, self.state.batch_in_epoch - 1
+        self._held.append((step, held, epoch, index))
+        self._begun = 0
+        self.state.step = step
+
+    def _materialise(
+        self, step: int | None = None, metrics: Mapping[str, Any] | None = None
+    ) -> dict[str, float] | None:
+        """Read the held steps' metrics, and `metrics` of `step` (the step being ended), on
+        the host in one transfer per device, reduce them across ranks in one collective,
+        and fire each held step's `on_step_end` in step order, with `state.step` and
+        `state.metrics` set to that step's; returns `step`'s floats."""
+        held = self._held
+        if held:
+            self._held = []
+        elif metrics is None:
+            return None
+        steps = [entry[0] for entry in held]
+        rows = [entry[1] for entry in held]
+        if metrics is not None:
+            assert step is not None
+            steps.append(step)
+            rows.append(dict(metrics))
+        # one row (log_every=1, or a step right after a materialisation): the fast path
+        clean = _to_host(rows, steps) if held else [_floats(rows[0], step)]  # type: ignore[arg-type]
+        if self._reducer is not None:  # one collective for all of them
+            clean = self._reducer.reduce_steps(clean, steps)
+        state, past = self.state, self._past
+        ended = state.step
+        for (done, _, epoch, index), values in zip(held, clean, strict=False):
+            state.step, state.metrics, state.checkpoint_due = done, values, False
+            past.epoch, past.index = epoch, index
+            self._fire_step_end(done, values, past)
+        state.step = ended
+        return clean[-1] if metrics is not None else None
+
+    def _every_in_effect(self) -> int:
+        """`log_every`, or 1 while a callback whose `on_step_end` must see its own step live
+        (`Callback.live_steps`: the model, the gradients, the clock) is attached."""
+        if self.log_every == 1:
+            return 1
+        live = sorted({type(cb).__name__ for cb in self.hooks.callbacks if cb.live_steps})
+        if not live:
+            return self.log_every
+        log.info(
+            "log_every=%d: every step materialises its metrics, as %s must see each step "
+            "live (live_steps)", self.log_every, ", ".join(live),
+        )  # fmt: skip
+        return 1
 
     def _wrap(self, batch: Any) -> TrainingBatch:
         if isinstance(batch, TrainingBatch):
@@ -585,6 +745,7 @@ class RunHandle:
         epoch may end that epoch (`end_epoch`) or start the next one.
         """
         self._check_running("start_epoch")
+        self._materialise()
         if self._epoch_open is True:
             raise HookOrderError(
                 f"start_epoch({'' if epoch is None else epoch}) while epoch "
@@ -609,6 +770,7 @@ class RunHandle:
     def end_epoch(self) -> None:
         """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
         self._check_running("end_epoch")
+        self._materialise()  # on_epoch_end after the epoch's steps' on_step_end
         if not self._epoch_open:
             raise HookOrderError("end_epoch() with no epoch open; call loop.start_epoch() first")
         self._epoch_open = False
@@ -619,6 +781,7 @@ class RunHandle:
     def evaluate(self, evaluator: Evaluator) -> EvalResult:
         """Run `evaluator` now, at the current step, and fire its hooks."""
         self._check_running("evaluate")
+        self._materialise()
         return self._run_eval(evaluator, self.state.step)
 
     def log_eval(
@@ -631,6 +794,7 @@ class RunHandle:
         """Record an evaluation the loop ran itself, at the current step: fires `on_eval`,
         and `on_benchmark_eval` when it has per-example `predictions`."""
         self._check_running("log_eval")
+        self._materialise()
         preds = [dict(p) for p in predictions] if predictions is not None else []
         result = EvalResult(
             name, {str(k): v for k, v in metrics.items()}, predictions=preds, step=self.step
@@ -646,6 +810,7 @@ class RunHandle:
         from lab.media import histogram
 
         self._check_running("log_histogram")
+        self._materialise()
         record = histogram(values, bins=bins, range=range)
         step = self._media_step()
         self.hooks.fire("on_media", self.state, step, {key: record})
@@ -657,6 +822,7 @@ class RunHandle:
         from lab.media import write_image
 
         self._check_running("log_image")
+        self._materialise()
         step = self._media_step()
         record = write_image(self.ctx.folder, key, step, image)
         self.hooks.fire("on_media", self.state, step, {key: record})
@@ -684,6 +850,7 @@ class RunHandle:
     def save(self, *, final: bool = False) -> list[ManifestRow]:
         """Save a checkpoint now, at the current step, whatever the schedule says."""
         self._check_running("save")
+        self._materialise()
         if self.checkpoints is None:
             raise ConfigError("save() needs checkpoints: pass checkpoint=CheckpointConfig(...)")
         return self._save_now(final=final)
@@ -1048,12 +1215,44 @@ class RunHandle:
             )
 
 
+def _to_host(rows: list[dict[str, Any]], steps: list[int]) -> list[dict[str, float]]:
+    """Each step's metrics as floats. The tensors on an accelerator are read in one transfer
+    per device (stacked, as float64: exactly the values `.item()` gives), whose one sync is
+    the only wait for the device; a CPU tensor is read where it is, with nothing to wait
+    for. A float passes as it is; other numbers convert through `as_number`."""
+    out: list[dict[str, Any]] = []
+    found: dict[torch.device, list[tuple[int, str, torch.Tensor]]] = {}
+    for i, (row, step) in enumerate(zip(rows, steps, strict=True)):
+        for key, value in row.items():
+            if type(value) is float:  # most of them: a host value, one type test
+                continue
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                found.setdefault(value.device, []).append((i, key, value))
+            else:
+                row[key] = as_number(str(key), step, value)
+        out.append(row)
+    for entries in found.values():
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for j, (_, _, tensor) in enumerate(entries):
+            by_dtype.setdefault(tensor.dtype, []).append(j)
+        parts = [torch.stack([entries[j][2].reshape(()) for j in js]) for js in by_dtype.values()]
+        stacked = torch.cat([part.double() for part in parts])
+        order = [j for js in by_dtype.values() for j in js]
+        for j, value in zip(order, stacked.tolist(), strict=True):  # the one transfer
+            i, key, _ = entries[j]
+            out[i][key] = value
+    return out
+
+
 def _floats(metrics: Mapping[str, Any], step: int) -> dict[str, float]:
-    """The step's metrics as floats: a float passes as it is (the common case costs one type
-    test per metric); other numbers and one-element tensors are converted."""
+    """One step's metrics as floats: a float passes as it is (the common case costs one type
+    test per metric); other numbers and CPU tensors are converted; a tensor on an
+    accelerator sends the step through `_to_host`, for one transfer instead of one each."""
     out = dict(metrics)
     for key, value in out.items():
         if type(value) is not float:
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                return _to_host([out], [step])[0]
             out[key] = as_number(str(key), step, value)
     return out
 

@@ -178,6 +178,14 @@ class Schedules(Callback):
         """Whether some scheduler steps on an eval's metric (then attach this as a callback)."""
         return bool(self._eval_metric)
 
+    def step_metrics_read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The step metrics the schedulers read after every step, and after an epoch's
+        last step (those of every step too): the loop reads them on the host before
+        `after_step`, which makes those steps wait for the device."""
+        every = tuple(dict.fromkeys(metric for _, metric in self._step_metric))
+        at_end = tuple(dict.fromkeys([*every, *(metric for _, metric in self._epoch_metric)]))
+        return every, at_end
+
     def after_step(self, metrics: Mapping[str, float]) -> None:
         """Step the per-step schedulers, after the optimizer step."""
         for sched in self._per_step:

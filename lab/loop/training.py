@@ -66,6 +66,16 @@ class TrainingLoop:
     hooks fire on each, and each step's metrics are the mean over ranks, or what `reduce`
     names for a metric (``{"tokens": "sum"}``; see `lab.loop.handle.RunHandle`).
 
+    `log_every=N` (default 1: every step read as it ends, its hooks at once) keeps each
+    step's tensor metrics (the loss, the gradient norm, the loss function's one-element
+    tensors) on their device, and reads the held steps in one transfer every N steps, at
+    the last step, and before an eval, a save, an epoch's end, a stop, the end of the fit or
+    an error: the other steps never make the host wait for the device. Every step still
+    gets its own `on_step_end` with its own metrics (so its own row), but a held step's
+    fires at that materialisation, in step order; a scheduler on a step metric reads it
+    every step. docs/loop.md says what a hook sees then, and `Callback.live_steps` who
+    needs each step live.
+
     >>> import torch
     >>> model = torch.nn.Linear(2, 1)
     >>> data = [(torch.ones(4, 2), torch.zeros(4, 1))]
@@ -96,6 +106,7 @@ class TrainingLoop:
         callbacks: Sequence[Callback] = (),
         loss_metrics: Sequence[str] | None = None,
         reduce: Mapping[str, str] | None = None,
+        log_every: int = 1,
     ) -> None:
         if num_steps is not None and num_epochs is not None:
             raise ConfigError(
@@ -113,6 +124,11 @@ class TrainingLoop:
         if not positive_int(accumulate):
             raise ConfigError(
                 f"accumulate={accumulate!r}: give the micro-batches per step, an int >= 1"
+            )
+        if not positive_int(log_every):
+            raise ConfigError(
+                f"log_every={log_every!r}: give how many steps pass between two "
+                "materialisations of the step metrics, an int >= 1 (1: every step)"
             )
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip={grad_clip!r}: use a positive max norm, or None")
@@ -170,6 +186,7 @@ class TrainingLoop:
             raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
         self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
         self.reduce = check_reductions(reduce)
+        self.log_every = log_every
         self.handle: RunHandle | None = None  # the run handle of the fit under way
         self.state: LoopState | None = None  # its state, for a custom train_step
 
@@ -231,6 +248,7 @@ class TrainingLoop:
             metrics=[*LOOP_METRICS, *(self.loss_metrics or ())],
             more_metrics=self.loss_metrics is None,
             reduce=self.reduce,
+            log_every=self.log_every,
         )
         self.handle = handle
         try:
@@ -249,6 +267,9 @@ class TrainingLoop:
         grad_clip, accumulate, custom = self.grad_clip, self.accumulate, self._custom
         spe = self.steps_per_epoch  # None: the loop does not count epochs
         stepped = bool(scheduled)
+        # the step metrics a scheduler reads after each step and at an epoch's end: a host
+        # value each, so those steps wait for the device whatever `log_every` says
+        reads_step, reads_epoch = scheduled.step_metrics_read()
         feed = Feed(self.data, accumulate, spe, loop)
         batch = TrainingBatch()
         state = loop.state
@@ -298,17 +319,24 @@ class TrainingLoop:
                     lr = float(optimizer.param_groups[0]["lr"])
                     scaler.step(optimizer)  # skipped when the gradients overflowed
                     scaler.update()
+            # loss and grad_norm stay tensors on their device: the handle reads them on the
+            # host at the next materialisation, every `log_every` steps
             metrics = {
-                "loss": loss.item() if isinstance(loss, torch.Tensor) else loss,
+                "loss": loss.detach() if isinstance(loss, torch.Tensor) else loss,
                 "lr": lr,
-                "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                "grad_norm": grad_norm.detach() if grad_norm is not None else math.nan,
                 "step_time": time.perf_counter() - started,
             }
-            if extra:  # floats now: a scheduler on a step metric reads them before end_step
+            if extra:  # tensors kept as they are; other values numbers now (or one error)
                 for key, value in extra.items():
-                    metrics[str(key)] = as_number(str(key), step_idx, value)
+                    name = str(key)
+                    keep = isinstance(value, torch.Tensor) and value.numel() == 1
+                    metrics[name] = value.detach() if keep else as_number(name, step_idx, value)
             epoch_end = spe is not None and step_idx % spe == 0
             if stepped:
+                for key in reads_epoch if epoch_end else reads_step:
+                    if isinstance(metrics.get(key), torch.Tensor):  # read now, for the scheduler
+                        metrics[key] = as_number(key, step_idx, metrics[key])
                 scheduled.after_step(metrics)
                 if epoch_end:  # where a script steps its per-epoch schedulers
                     scheduled.after_epoch(metrics)
