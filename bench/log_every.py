@@ -1,0 +1,110 @@
+"""Per-step time of `TrainingLoop` with `log_every=1` against `log_every=50`.
+
+Why: `log_every=N` keeps each step's loss and gradient norm on the device and reads the
+held steps in one transfer every N steps, instead of two host syncs a step. On a GPU that
+sync drains the launch queue; on a CPU there is nothing to wait for, so what this measures
+there is what holding the metrics costs (or saves) the training thread.
+
+The step is bench/overhead.py's: an MLP 32->64->1, batch 32, SGD, 1 torch thread, and a
+loss function that returns 4 extra metrics. Each arm is one `fit()` of `--steps` steps, no
+callbacks, or with `SqlLogger` on a fresh SQLite store (``_sql``); the arms alternate over
+`--rounds` rounds (the order rotated each round), and the figure is the median over the
+rounds of each fit's wall time per step. `--device cuda` runs the same on a GPU.
+
+Prints one JSON line.
+
+    python bench/log_every.py [--steps 2000] [--rounds 5] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import alternate, machine
+
+from lab import SqlLogger, TrainingLoop
+from lab.store import Store
+
+EVERY = (1, 50)
+
+
+def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    return loss, {f"extra_{i}": float(i) for i in range(4)}
+
+
+def one_fit(every: int, steps: int, device: str, store_url: str | None) -> dict[str, float]:
+    """One fit's seconds per step (model and data made before the clock starts)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model.to(device)
+    data = [(torch.randn(32, 32, device=device), torch.randn(32, 1, device=device))
+            for _ in range(16)]  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    store = Store(store_url) if store_url is not None else None
+    callbacks = [SqlLogger(store)] if store is not None else []
+    try:
+        started = time.perf_counter()
+        TrainingLoop(model, opt, data, loss_fn, steps, log_every=every, callbacks=callbacks).fit()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    finally:
+        if store is not None:
+            store.close()
+    return {"s": seconds, "step_us": seconds / steps * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+
+        def arm(every: int, sql: bool) -> Any:
+            def run(i: int) -> dict[str, float]:
+                url = f"sqlite:///{folder / f'{every}-{i}.db'}" if sql else None
+                return one_fit(every, args.steps, args.device, url)
+
+            return run
+
+        arms = {
+            f"every_{n}{'_sql' if sql else ''}": arm(n, sql) for sql in (False, True) for n in EVERY
+        }
+        one_fit(1, 100, args.device, None)  # warm-up: first calls, allocator
+        results = alternate(args.rounds, arms)
+    step_us = {
+        name: statistics.median(r["step_us"] for r in runs) for name, runs in results.items()
+    }
+    print(
+        json.dumps(
+            {
+                "bench": "log_every",
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "device": args.device,
+                "step_us_median": {name: round(us, 1) for name, us in step_us.items()},
+                "every_50_over_every_1": round(step_us["every_50"] / step_us["every_1"], 3),
+                "every_50_over_every_1_sql": round(
+                    step_us["every_50_sql"] / step_us["every_1_sql"], 3
+                ),
+                "machine": machine(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
