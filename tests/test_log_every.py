@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, TrainingLoop
+from lab import Arm, Callback, CheckpointConfig, Evaluator, Experiment, RunHandle, TrainingLoop
 from lab.callbacks.monitors import SpeedMonitor
-from lab.errors import ConfigError
+from lab.errors import ConfigError, MetricError
 from lab.loop.schedules import Schedule
 from lab.store import Store
 
@@ -191,6 +191,48 @@ def test_log_every_must_be_a_positive_int() -> None:
         "log_every=0: give how many steps pass between two materialisations of the step "
         "metrics, an int >= 1 (1: every step)"
     )
+
+
+class StopAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: dict) -> None:
+        if step_idx == self.step:
+            state.request_stop("enough")
+
+
+def test_a_stop_asked_by_a_held_step_takes_effect_after_the_materialising_step(
+    tmp_path: Path,
+) -> None:
+    record = Record()
+    loop = _loop(10, 4, callbacks=[StopAt(2), record], checkpoint=CheckpointConfig(every=100))
+    artifacts = loop.fit(run_dir=tmp_path)
+    assert (artifacts.step, artifacts.stopped) == (4, True)  # 2's hook fired at step 4
+    assert [c for c in record.calls if c[0] != "pre_step"][-3:] == [
+        ("on_step_end", 4, 3, False), ("on_checkpoint", 4), ("on_train_end",)]  # fmt: skip
+
+
+def test_a_loop_of_ones_own_holds_tensors_until_something_reads_them() -> None:
+    record = Record()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with RunHandle(None, model, opt, num_steps=8, log_every=4, callbacks=[record]) as loop:
+        for step in loop.steps():
+            loss = model(torch.ones(2, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step in (6, 8):  # 6 would be held, 8 materialises: refused at once either way
+                with pytest.raises(MetricError, match=f"'bad' at step {step} is a tensor of"):
+                    loop.end_step({"bad": torch.ones(2)})  # and the held steps stay held
+            loop.end_step({"loss": loss.detach()})
+            if step == 6:  # an eval of its own: the held steps 5 and 6 end first
+                loop.log_eval("probe", {"x": 1.0})
+    ends = [c[:2] for c in record.calls if c[0] in ("on_step_end", "on_eval")]
+    assert ends == [("on_step_end", s) for s in range(1, 5)] + [
+        ("on_step_end", 5), ("on_step_end", 6), ("on_eval", 6),
+        ("on_step_end", 7), ("on_step_end", 8)]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -690,9 +690,7 @@ class RunHandle:
         and fire each held step's `on_step_end` in step order, with `state.step` and
         `state.metrics` set to that step's; returns `step`'s floats."""
         held = self._held
-        if held:
-            self._held = []
-        elif metrics is None:
+        if not held and metrics is None:
             return None
         steps = [entry[0] for entry in held]
         rows = [entry[1] for entry in held]
@@ -702,6 +700,8 @@ class RunHandle:
             rows.append(dict(metrics))
         # one row (log_every=1, or a step right after a materialisation): the fast path
         clean = _to_host(rows, steps) if held else [_floats(rows[0], step)]  # type: ignore[arg-type]
+        # read: a value that is no number (a MetricError) has left the held steps held
+        self._held = []
         if self._reducer is not None:  # one collective for all of them
             clean = self._reducer.reduce_steps(clean, steps)
         state, past = self.state, self._past
