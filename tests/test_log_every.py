@@ -42,8 +42,9 @@ def _data(n: int = 5, device: str = "cpu") -> list[tuple[torch.Tensor, torch.Ten
 def _loss(model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     x, y = batch
     out = model(x)
-    # a tensor metric (kept on the device like the loss) and a plain one
-    return torch.nn.functional.mse_loss(out, y), {"out_mean": out.mean(), "rows": len(x)}
+    # tensor metrics of two dtypes (kept on the device like the loss) and a plain one
+    extra = {"out_mean": out.mean(), "positive": (out > 0).sum(), "rows": len(x)}
+    return torch.nn.functional.mse_loss(out, y), extra
 
 
 def _loop(steps: int | None, log_every: int, **kw: Any) -> TrainingLoop:
@@ -120,7 +121,7 @@ def test_every_row_reaches_the_store_with_the_value_log_every_1_gives(sqlite_url
     assert [r.status for r in result.runs] == ["completed"] * 3
     store = Store(sqlite_url)
     try:
-        keys = ("loss", "grad_norm", "lr", "out_mean", "rows", "val/w")
+        keys = ("loss", "grad_norm", "lr", "out_mean", "positive", "rows", "val/w")
         got = {run_id: {key: store.metric_values(run_id, key) for key in keys}
                for run_id in (1, 2, 3)}  # fmt: skip
     finally:
@@ -358,7 +359,8 @@ def test_on_a_gpu_a_step_that_does_not_materialise_never_syncs() -> None:
     _loop(12, 1, callbacks=[cpu]).fit()
     for step, metrics in record.steps.items():
         for key in ("loss", "grad_norm", "out_mean"):
-            assert math.isclose(metrics[key], cpu.steps[step][key], rel_tol=1e-5), (step, key)
+            expected = cpu.steps[step][key]
+            assert math.isclose(metrics[key], expected, rel_tol=1e-5, abs_tol=1e-6), (step, key)
 
 
 # --------------------------------------------------------------------------------------------
