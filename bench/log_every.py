@@ -8,8 +8,10 @@ there is what holding the metrics costs (or saves) the training thread.
 The step is bench/overhead.py's: an MLP 32->64->1, batch 32, SGD, 1 torch thread, and a
 loss function that returns 4 extra metrics. Each arm is one `fit()` of `--steps` steps, no
 callbacks, or with `SqlLogger` on a fresh SQLite store (``_sql``); the arms alternate over
-`--rounds` rounds (the order rotated each round), and the figure is the median over the
-rounds of each fit's wall time per step. `--device cuda` runs the same on a GPU.
+`--rounds` rounds (the order rotated each round), and the figures are the medians over the
+rounds of each fit's wall time per step and of the training thread's CPU time per step
+(the steadier one on a loaded machine: other processes' time is not in it). `--device cuda`
+runs the same on a GPU, where the wall time is the figure.
 
 Prints one JSON line.
 
@@ -52,15 +54,15 @@ def one_fit(every: int, steps: int, device: str, store_url: str | None) -> dict[
     store = Store(store_url) if store_url is not None else None
     callbacks = [SqlLogger(store)] if store is not None else []
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         TrainingLoop(model, opt, data, loss_fn, steps, log_every=every, callbacks=callbacks).fit()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
     finally:
         if store is not None:
             store.close()
-    return {"s": seconds, "step_us": seconds / steps * 1e6}
+    return {"s": seconds, "step_us": seconds / steps * 1e6, "cpu_us": cpu / steps * 1e6}
 
 
 def main() -> None:
@@ -88,6 +90,7 @@ def main() -> None:
     step_us = {
         name: statistics.median(r["step_us"] for r in runs) for name, runs in results.items()
     }
+    cpu_us = {name: statistics.median(r["cpu_us"] for r in runs) for name, runs in results.items()}
     print(
         json.dumps(
             {
@@ -100,6 +103,8 @@ def main() -> None:
                 "every_50_over_every_1_sql": round(
                     step_us["every_50_sql"] / step_us["every_1_sql"], 3
                 ),
+                "cpu_us_median": {name: round(us, 1) for name, us in cpu_us.items()},
+                "cpu_every_50_over_every_1": round(cpu_us["every_50"] / cpu_us["every_1"], 3),
                 "machine": machine(),
             }
         )
