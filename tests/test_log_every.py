@@ -406,3 +406,40 @@ def test_under_ddp_the_held_steps_are_reduced_in_one_collective(tmp_path: Path) 
         assert per_step - per_window == 10 - 4  # 10 steps: materialised at 3, 6, 9, 10
     zero = torch.load(tmp_path / "rank0.pt")[3][0]
     assert zero == torch.load(tmp_path / "rank1.pt")[3][0]
+
+
+def _fail_on_a_rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lab.loop").addHandler(handler)
+    record = Record()
+    try:
+        _loop(10, 4, callbacks=[record, CrashAt(3)]).fit()
+    except RuntimeError as exc:
+        said.append(str(exc))
+    finally:
+        dist.destroy_process_group()
+    ended = [c[1] for c in record.calls if c[0] == "on_step_end"]
+    torch.save((ended, said), Path(out) / f"rank{rank}.pt")
+
+
+def test_under_ddp_a_failure_names_the_held_steps_instead_of_reducing_them(
+    tmp_path: Path,
+) -> None:
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_fail_on_a_rank, args=(2, init, str(tmp_path)), nprocs=2,
+                       start_method="fork")  # fmt: skip
+    for rank in (0, 1):
+        ended, said = torch.load(tmp_path / f"rank{rank}.pt")
+        assert ended == []  # steps 1 and 2 were held, and a collective could hang now
+        assert said == [
+            "steps 1-2: not recorded, their metrics were held (log_every) when the run failed, "
+            "and reducing them across ranks needs every rank",
+            "killed before step 3",
+        ]
