@@ -139,7 +139,7 @@ def test_processes_opening_a_fresh_store_at_once_create_the_schema_once(
     wait for its lock and find it done; none fails, and alembic_version has one row."""
     from lab.store.engine import make_engine, resolve_url
     from lab.store.migrations import head_revision
-    from lab.store.schema import PRIVATE_TABLES, TABLES
+    from lab.store.schema import DERIVED_TABLES, PRIVATE_TABLES, TABLES
 
     n = 4
     outs = [tmp_path / f"worker-{i}.json" for i in range(n)]
@@ -160,6 +160,7 @@ def test_processes_opening_a_fresh_store_at_once_create_the_schema_once(
         assert set(sa.inspect(engine).get_table_names()) == {
             *TABLES,
             *PRIVATE_TABLES,
+            *DERIVED_TABLES,
             "alembic_version",
         }
     finally:

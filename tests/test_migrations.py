@@ -42,7 +42,7 @@ from lab.store.migrations import (
     revisions,
     upgrade,
 )
-from lab.store.schema import NAMING, PRIVATE_TABLES, TABLES, Base
+from lab.store.schema import DERIVED_TABLES, NAMING, PRIVATE_TABLES, TABLES, Base
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,6 +92,7 @@ def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -
         assert set(sa.inspect(engine).get_table_names()) == {
             *TABLES,
             *PRIVATE_TABLES,
+            *DERIVED_TABLES,
             "alembic_version",
         }
         _assert_matches_models(engine)
@@ -225,6 +226,7 @@ EXPECTED_CONSTRAINTS = {
         "ck": {"ck_tokens_scope"},
     },
     "ingest_batches": {"uq": set(), "fk": set(), "ck": set()},
+    "metric_blocks": {"uq": set(), "fk": {"fk_metric_blocks_run_id_runs"}, "ck": set()},
 }
 EXPECTED_INDEXES = {
     "runs": {"ix_runs_experiment_id_status", "ix_runs_group_id"},
@@ -234,7 +236,7 @@ EXPECTED_INDEXES = {
 
 
 def test_every_constraint_has_its_conventional_name(store_url: str) -> None:
-    assert set(EXPECTED_CONSTRAINTS) == {*TABLES, *PRIVATE_TABLES}
+    assert set(EXPECTED_CONSTRAINTS) == {*TABLES, *PRIVATE_TABLES, *DERIVED_TABLES}
     assert NAMING["fk"] == "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"
     engine = make_engine(resolve_url(store_url))
     try:
@@ -833,6 +835,74 @@ def test_0005_adds_tokens_and_ingest_batches_and_keeps_every_row_both_ways(
             assert conn.exec_driver_sql("SELECT count(*) FROM tokens").scalar() == 0
         assert token_scope(engine, token) is None  # the token went with its table
         upgrade(engine)  # on to head, whatever revisions come after 0005
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def _metric_blocks(conn: sa.Connection) -> list[tuple]:
+    rows = conn.exec_driver_sql(
+        'SELECT run_id, "key", block, points, step_min, step_max, value_min, value_max, '
+        'value_sum, value_count FROM metric_blocks ORDER BY run_id, "key", block'
+    ).all()
+    # PostgreSQL keeps the NaN of inf + -inf, SQLite stores it as NULL
+    nan = [r for r in rows if r[8] is not None and math.isnan(r[8])]
+    return [(*r[:8], None, r[9]) if r in nan else tuple(r) for r in rows]
+
+
+def _blocks_of_seeded() -> list[tuple]:
+    """The blocks of `SEEDED` by their definition (32 steps each, NaN left out)."""
+    out = []
+    for (run_id, key), points in sorted(SEEDED.items()):
+        per: dict[int, list[tuple[int, float | None]]] = {}
+        for step, value in points:
+            per.setdefault(step // 32, []).append((step, value))
+        for block, inside in sorted(per.items()):
+            finite = [v for _, v in inside if v is not None]
+            total = sum(finite) if finite else None
+            if finite and math.inf in finite and -math.inf in finite:
+                total = None  # inf + -inf: NaN, which SQLite stores as NULL
+            out.append((run_id, key, block, len(inside), inside[0][0], inside[-1][0],
+                        min(finite) if finite else None, max(finite) if finite else None,
+                        total, len(finite)))  # fmt: skip
+    return out
+
+
+def test_0006_fills_metric_blocks_from_the_metrics_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0005 with data -> 0006 -> 0005 -> 0006: every earlier row kept; `metric_blocks`
+    appears holding exactly the blocks of the stored points, and goes with the downgrade."""
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0005") == ("0001", "0005")
+        at_0005 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0005 = _dump(conn, at_0005)
+        tables_0005 = set(sa.inspect(engine).get_table_names())
+        assert "metric_blocks" not in tables_0005
+
+        assert upgrade(engine, "0006") == ("0005", "0006")
+        assert set(sa.inspect(engine).get_table_names()) == tables_0005 | {"metric_blocks"}
+        want = _blocks_of_seeded()
+        with engine.connect() as conn:
+            assert _dump(conn, at_0005) == rows_0005
+            got = _metric_blocks(conn)
+        assert got == want
+        assert len(want) == 5 + 13  # one block per short series; run 3 fills blocks 0..12
+
+        with transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0005")
+        assert current_revision(engine) == "0005"
+        assert set(sa.inspect(engine).get_table_names()) == tables_0005
+        with engine.connect() as conn:
+            assert _dump(conn, at_0005) == rows_0005
+
+        upgrade(engine)
+        with engine.connect() as conn:
+            assert _metric_blocks(conn) == want
         _assert_matches_models(engine)
     finally:
         engine.dispose()

@@ -32,7 +32,7 @@ from lab.errors import (
 from lab.loop.checkpoints import ManifestRow
 from lab.store import DEFAULT_URL, Store, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import PRIVATE_TABLES, TABLES
+from lab.store.schema import DERIVED_TABLES, PRIVATE_TABLES, TABLES
 from lab.store.writer import MetricItem, MetricWriter
 
 WAIT_S = 10  # generous bound on waits that end as soon as the awaited thing happens
@@ -336,7 +336,7 @@ def test_an_empty_database_is_migrated_to_head_on_open(store_url: str) -> None:
     store = Store(store_url)
     try:
         tables = set(sa.inspect(store.engine).get_table_names())
-        assert tables == {*TABLES, *PRIVATE_TABLES, "alembic_version"}
+        assert tables == {*TABLES, *PRIVATE_TABLES, *DERIVED_TABLES, "alembic_version"}
         assert store.list_experiments() == []
     finally:
         store.close()
@@ -464,6 +464,7 @@ def test_other_tables_do_not_stop_lab_from_creating_its_own(store_url: str) -> N
     assert set(sa.inspect(engine).get_table_names()) == {
         *TABLES,
         *PRIVATE_TABLES,
+        *DERIVED_TABLES,
         "alembic_version",
         "users",
     }

@@ -87,6 +87,27 @@ def test_relogging_a_step_recomputes_its_summary(store: Store, store_url: str) -
     _assert_same(_summaries(store_url, run_id), _expected({"loss": {1: 1.0, 2: 0.0, 3: math.nan}}))
 
 
+def test_a_step_logged_twice_in_one_batch_is_counted_once(store: Store, store_url: str) -> None:
+    """Within one batch a step logged again replaces its value (one row), so the summary
+    counts it once and its first value leaves no trace in the min or max; steps out of
+    order in a batch are summarized from the rows too. The blocks agree."""
+    run_id = _new_run(store)
+    store.log_metrics(run_id, 1, {"loss": 1.0, "b": 3.0})
+    store.log_metrics(run_id, 2, {"loss": 5.0, "b": 1.0})
+    store.log_metrics(run_id, 2, {"loss": 2.0})  # before any flush: the same batch
+    store.log_metrics(run_id, 0, {"b": 2.0})  # out of order
+    store.flush()
+    want = {"loss": {1: 1.0, 2: 2.0}, "b": {0: 2.0, 1: 3.0, 2: 1.0}}
+    _assert_same(_summaries(store_url, run_id), _expected(want))
+    blocks = _rows(store_url, 'SELECT "key", points, step_min, step_max, value_min, value_max, '
+                   "value_sum, value_count FROM metric_blocks WHERE run_id = :r "
+                   'ORDER BY "key"', r=run_id)  # fmt: skip
+    assert [tuple(b.values()) for b in blocks] == [
+        ("b", 3, 0, 2, 1.0, 3.0, 6.0, 3),
+        ("loss", 2, 1, 2, 1.0, 2.0, 3.0, 2),
+    ]
+
+
 def test_a_resume_truncates_the_summaries_too(store: Store, store_url: str) -> None:
     run_id = _new_run(store)
     for step in range(1, 11):

@@ -4,7 +4,8 @@ It opens the store at a URL (migrating it to this version's schema) and composes
 that do the work, one module each: `lab.store.writes` (every write: metrics through the
 buffered `lab.store.writer`, every other write one short transaction), `lab.store.reads`
 (plain dicts: the ORM rows never leave this package), `lab.store.crashes` (runs whose
-process is gone) and `lab.store.summaries` (per-key summaries kept with the metrics);
+process is gone), `lab.store.summaries` (per-key summaries kept with the metrics) and
+`lab.store.blocks` (per-block envelopes kept with the metrics, for cutting series);
 histograms and images are queued by `lab.store.media`.
 """
 
@@ -18,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
+from lab.store.blocks import Blocks, block_merge, block_upsert
 from lab.store.crashes import HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
     check_reachable,
@@ -36,7 +38,7 @@ from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, Writes
 __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "Store", "check_tags"]
 
 
-class Store(Writes, Reads, Crashes, Summaries):
+class Store(Writes, Reads, Crashes, Summaries, Blocks):
     """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
 
     >>> store = Store("sqlite:///:memory:")
@@ -100,6 +102,8 @@ class Store(Writes, Reads, Crashes, Summaries):
         mark = "%s" if self.dialect == "postgresql" else "?"
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
         self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
+        self._block_upsert = block_upsert(self.dialect, mark)
+        self._block_merge = block_merge(mark)
         self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
         # Built once: the writer runs these with every batch, and building a statement
         # costs more than running it.

@@ -49,10 +49,13 @@ class Summaries:
     dialect: str
     _summary_upsert: str
 
-    def _summarize(self, conn: Connection, acc: dict[int, dict[str, list[Any]]]) -> None:
+    def _summarize(
+        self, conn: Connection, acc: dict[int, dict[str, list[Any]]]
+    ) -> set[tuple[int, str]]:
         """Fold a batch into `summaries`. A batch that only extends a series (its first step
-        after the stored last step) is merged in place; one that logs a step again, which
-        may replace a min, a max or the last value, is recomputed from `metrics`."""
+        after the stored last step, its steps increasing) is merged in place; one that logs
+        a step again (stored, or twice in the batch), which may replace a min, a max or the
+        last value, is recomputed from `metrics`. Returns the (run, key) recomputed."""
         known = {
             (run_id, key): last
             for run_id, key, last in conn.execute(self._last_steps, {"ids": list(acc)})
@@ -60,9 +63,9 @@ class Summaries:
         merge = []
         again: dict[int, list[str]] = {}
         for run_id, per in acc.items():
-            for key, (n, first, last, value, lo, hi, wall) in per.items():
+            for key, (n, first, last, value, lo, hi, wall, twice) in per.items():
                 stored = known.get((run_id, key))
-                if stored is not None and first <= stored:
+                if twice or (stored is not None and first <= stored):
                     again.setdefault(run_id, []).append(key)
                     continue
                 if lo > hi:  # every point was NaN
@@ -72,6 +75,7 @@ class Summaries:
             conn.exec_driver_sql(self._summary_upsert, merge)
         for run_id, keys in again.items():
             self._resummarize(conn, run_id, keys)
+        return {(run_id, key) for run_id, keys in again.items() for key in keys}
 
     def _resummarize(self, conn: Connection, run_id: int, keys: list[str] | None = None) -> None:
         """Rebuild a run's summaries (or some keys' of them) from its metrics."""

@@ -386,6 +386,7 @@ class Writes:
                     )
                 conn.execute(sa.delete(model).where(where))
             self._resummarize(conn, run_id)
+            self._reblock_run(conn, run_id, after_step)
 
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
@@ -412,9 +413,11 @@ class Writes:
         # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
         rows: list[tuple[Any, ...]] = []
         append = rows.append
-        # Per run and key: [count, first step, last step, last value, min, max, wall time].
-        # min and max start at +inf and -inf; NaN never compares, so it never enters them,
-        # and min > max at the end means every point was NaN.
+        # Per run and key: [count, first step, last step, last value, min, max, wall time,
+        # again]. min and max start at +inf and -inf; NaN never compares, so it never enters
+        # them, and min > max at the end means every point was NaN. `again`: a step came at
+        # or before the batch's last one (logged again, or out of order), so the folds in
+        # place (count, min, max, blocks) cannot be trusted: the key is recomputed from rows.
         acc: dict[int, dict[str, list[Any]]] = {}
         for run_id, step, metrics, wall_time in items:
             per = acc.get(run_id)
@@ -424,12 +427,12 @@ class Writes:
                 append((run_id, key, step, value, wall_time))
                 s = per.get(key)
                 if s is None:
-                    s = per[key] = [0, step, step, value, _INF, -_INF, wall_time]
+                    s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
                 s[0] += 1
-                if step >= s[2]:
+                if step > s[2]:
                     s[2], s[3], s[6] = step, value, wall_time
-                elif step < s[1]:
-                    s[1] = step
+                else:
+                    _again(s, step, value, wall_time)
                 if value < s[4]:
                     s[4] = value
                 if value > s[5]:
@@ -456,12 +459,12 @@ class Writes:
                 per = acc[run_id] = {}
             s = per.get(key)
             if s is None:
-                s = per[key] = [0, step, step, value, _INF, -_INF, wall_time]
+                s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
             s[0] += 1
-            if step >= s[2]:
+            if step > s[2]:
                 s[2], s[3], s[6] = step, value, wall_time
-            elif step < s[1]:
-                s[1] = step
+            else:
+                _again(s, step, value, wall_time)
             if value < s[4]:
                 s[4] = value
             if value > s[5]:
@@ -478,7 +481,8 @@ class Writes:
         with transaction(self.engine) as conn:
             if rows:
                 conn.exec_driver_sql(self._metric_upsert, rows)
-                self._summarize(conn, acc)
+                again = self._summarize(conn, acc)
+                self._block(conn, rows, acc, again)
             if beating:
                 conn.execute(self._beat, {"ids": sorted(beating), "now": _now()})
 
@@ -700,6 +704,16 @@ class Writes:
                 .where(SqlExperiment.experiment_id == exp_id)
                 .values(name=new)
             )
+
+
+def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
+    """A step at or before the batch's last one for its key: mark the key to be recomputed
+    from the rows (the row stored is the last one logged for its step)."""
+    s[7] = True
+    if step == s[2]:
+        s[3], s[6] = value, wall_time
+    elif step < s[1]:
+        s[1] = step
 
 
 def this_owner() -> dict[str, Any]:
