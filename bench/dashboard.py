@@ -96,6 +96,8 @@ def build_postgres(url: str, arms: int, repeats: int, steps: int, keys: int) -> 
         with store.engine.begin() as conn:
             conn.exec_driver_sql("DELETE FROM summaries")
             conn.exec_driver_sql(_PG_SUMMARIES)
+            for run_id, _a in runs:  # what the writer keeps with every batch
+                store._reblock_run(conn, run_id, None)
             finals: dict[int, dict[str, float]] = {}
             for run_id, key, value in conn.exec_driver_sql(
                 'SELECT run_id, "key", last_value FROM summaries'

@@ -3,14 +3,17 @@
 The store: one run with one metric of 1,000,000 steps (a noisy curve, a few NaN), written
 through the `Store` API for the experiment, arm, group and run, the points generated inside
 the database (SQLite: INSERT ... SELECT from a recursive CTE; PostgreSQL: generate_series),
-`summaries` filled from them. Timed, medians over rounds:
+`summaries` and `metric_blocks` filled from them. Timed, medians over rounds:
 
     server      GET /api/v1/runs/{id}/series?key=y&buckets=2000 through the app in-process
                 (Starlette's TestClient: the handler, its SQL and its JSON; no socket)
     loopback    the same GET to a real `lab serve` (uvicorn subprocess) on 127.0.0.1
-    sql         the bucketing alone on one connection (`lab.server.read.downsample`)
-    sql_split   the same cut on one connection per core (`downsample_split`), as the server
-                cuts a SQLite series of 100,000 points or more
+    sql         the bucketing alone (`lab.server.read.downsample`): whole blocks of 32
+                steps from `metric_blocks`, the points at each bucket's edges from `metrics`,
+                the buckets shared out to one connection per core (at most 4)
+    sql_points  the same cut from every point, on one connection
+                (`lab.store.blocks.cut(from_points=True)`): what a run whose blocks do not
+                add up costs
     floor       for scale: the min and max of the whole series in one query, the least one
                 exact pass over a million values costs on that database
     all_points  for scale: every point of the series, fetched by the same store (the
@@ -82,6 +85,7 @@ def build(url: str, points: int) -> int:
         with store.engine.begin() as conn:
             conn.execute(sa.text(fill), {"run_id": run, "n": points})
             conn.execute(sa.text(_SUMMARY), {"run_id": run})
+            store._reblock_run(conn, run, None)  # what the writer keeps with every batch
         if store.dialect == "postgresql":
             with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("VACUUM ANALYZE metrics")
@@ -94,7 +98,8 @@ def measure(url: str, rounds: int, points: int) -> dict[str, Any]:
     from fastapi.testclient import TestClient
 
     from lab.server import create_app
-    from lab.server.read import downsample
+    from lab.server.read import bucket_bounds, downsample
+    from lab.store import blocks
 
     sys_path = str(Path(__file__).resolve().parents[1])
     import sys
@@ -118,8 +123,12 @@ def measure(url: str, rounds: int, points: int) -> dict[str, Any]:
     assert answer.status_code == 200 and body["points"] == points, answer.text[:200]
 
     def query() -> list[Any]:
+        return downsample(store.engine, run, "y", 0, points - 1, BUCKETS)
+
+    def from_points() -> Any:
+        bounds = bucket_bounds(0, points - 1, BUCKETS)
         with store.engine.connect() as conn:
-            return downsample(conn, store.dialect, run, "y", 0, points - 1, BUCKETS)
+            return blocks.cut(conn, "y", [run], bounds, last=True, from_points=True)
 
     def every() -> list[Any]:
         return store.metric_values(run, "y")
@@ -129,14 +138,10 @@ def measure(url: str, rounds: int, points: int) -> dict[str, Any]:
             return conn.execute(sa.text(_FLOOR), {"run_id": run}).all()
 
     out["sql"], rows = timed(rounds, query)
-    if store.dialect == "sqlite":
-        from lab.server.read import SPLIT_PARTS, downsample_split
-
-        def split() -> list[Any]:
-            return downsample_split(store.engine, run, "y", 0, points - 1, BUCKETS, SPLIT_PARTS)
-
-        out["sql_split"], halves = timed(rounds, split)
-        assert len(halves) == len(rows)
+    out["sql_points"], cells = timed(rounds, from_points)
+    assert [(c[0], c[1], c[2], c[3]) for _, c in sorted(cells.items())] == [
+        r[:4] for r in rows
+    ]  # the same envelope either way
     out["floor"], _ = timed(rounds, floor)
     out["all_points"], _ = timed(max(1, rounds // 3), every)
     store.close()

@@ -577,20 +577,42 @@ def test_a_real_lab_serve_answers_the_curl_line_of_docs_serve(filled: Filled) ->
                                                  buckets=4)  # fmt: skip
 
 
-def test_curves_cut_on_several_connections_are_the_same_cut(filled: Filled) -> None:
-    """A SQLite metric of many points is cut on one connection per core, each taking whole
-    runs (`_cut_split`): the same answer as one connection, for any number of shares."""
-    from lab.server.dashboard import _cut, _cut_split
+def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> None:
+    """On SQLite every run's buckets cut from the metric blocks and the edge points, or in
+    one grouped pass shared out to connections (`_cut`), are the cut of every point: min,
+    max and last exactly, the mean to rounding (it adds block sums), at bucket widths below
+    and far above a block of 32 steps. (PostgreSQL's grouped pass is checked above.)"""
+    from lab.server.dashboard import _cut
     from lab.server.read import bucket_bounds
+    from lab.store import blocks
 
-    if filled.store.dialect != "sqlite":
-        pytest.skip("PostgreSQL cuts on one connection")
-    ids = [r["run_id"] for r in filled.store.get_experiment("dash")["runs"]]
-    for n in (1, 3, 12, 50):
-        bounds = bucket_bounds(1, STEPS, n)
-        with filled.store.engine.connect() as conn:
-            one = _cut(conn, "sqlite", ids, "noisy", bounds, last=True)
-        assert sorted(one) == sorted(ids)  # failed runs logged some steps too
-        for parts in (2, 3, 16):
-            split = _cut_split(filled.store.engine, ids, "noisy", bounds, last=True, parts=parts)
-            assert _as_json(split) == _as_json(one)
+    store = Store(sqlite_url)
+    try:
+        exp = store.begin_experiment("wide", config={}, seed=0, repeats=2)
+        arm = store.add_arm(exp, "a", overrides={}, config={})
+        group = store.add_group(exp, "a", arm_id=arm)
+        ids = []
+        for r in range(2):
+            run = store.start_run(exp, group, run_key=f"a-r{r}", arm_id=arm, repeat=r, stage=0,
+                                  seed=r, config={}, output_dir=None)  # fmt: skip
+            for step in range(r * 7, 6000, 1 + r):
+                value = math.nan if step % 501 == 0 else math.sin(step / (50 + r)) + step * 1e-4
+                store.log_metrics(run, step, {"noisy": value})
+            ids.append(run)
+        store.flush()
+        for n in (1, 3, 50, 600, 3000):
+            bounds = bucket_bounds(0, 5999, n)
+            got = _cut(store.engine, ids, "noisy", bounds, last=True)
+            with store.engine.connect() as conn:
+                points = blocks.cut(conn, "noisy", ids, bounds, last=True, from_points=True)
+            assert sorted((r, i) for r in got for i in got[r]) == sorted(points)
+            for (run_id, i), c in points.items():
+                low, high, mean, last = got[run_id][i]
+                assert (low, high) == (c[2], c[3])
+                if c[5]:
+                    assert mean == pytest.approx(c[4] / c[5], rel=1e-12)
+                else:
+                    assert mean is None and low is None
+                assert last == c[6] or (math.isnan(last) and math.isnan(c[6]))
+    finally:
+        store.close()

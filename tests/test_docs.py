@@ -38,7 +38,11 @@ def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert "arm names hold at most 512: shorten it" in out
     assert "['RuntimeError: bad\ufffdbyte']" in out
     assert out.splitlines()[-3:] == ["NoStore", "NotADatabase", "False True"]  # read-only
-    table = out.splitlines()[-7:-3]  # final_metrics: acc, grad, loss (any order), under a header
+    assert out.splitlines()[-4] == (  # metric blocks: a step logged again as NaN
+        "[(0, 32, 0, 31, 32, 1.0), (1, 32, 32, 63, 31, 0.0303), (2, 32, 64, 95, 32, 0.0154), "
+        "(3, 4, 96, 99, 4, 0.0103)]"
+    )
+    table = out.splitlines()[-8:-4]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 
 

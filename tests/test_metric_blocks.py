@@ -28,6 +28,16 @@ def store(store_url: str) -> Iterator[Store]:
         s.close()
 
 
+@pytest.fixture
+def sqlite_store(sqlite_url: str) -> Iterator[Store]:
+    """The cut reads the blocks on SQLite only (PostgreSQL's readers scan the points)."""
+    s = Store(sqlite_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 def _run(store: Store, name: str = "blocks") -> int:
     exp = store.begin_experiment(name, config={}, seed=0, repeats=1)
     arm = store.add_arm(exp, "a", overrides={}, config={})
@@ -217,53 +227,52 @@ def _cut(store: Store, run: int, lo: int, hi: int, n: int, **kw: Any) -> dict[in
         return {i: c for (_, i), c in blocks.cut(conn, "y", [run], bounds, last=True, **kw).items()}
 
 
-def test_the_cut_from_blocks_is_the_cut_of_the_points(store: Store) -> None:
+def test_the_cut_from_blocks_is_the_cut_of_the_points(sqlite_store: Store) -> None:
     """Bucket widths below, at and far above a block, edges off the block boundaries: the
     cut from the blocks and the edge points equals the definition (the sum to rounding)."""
-    run, steps, values = _series(store)
+    run, steps, values = _series(sqlite_store)
     lo, hi = steps[0], steps[-1]
     for n in (1, 2, 7, 100, 333, 1000, 5000, 40_000):
         want = _by_definition(steps, values, n)
         for kw in ({}, {"from_points": True}):
-            got = _cut(store, run, lo, hi, n, **kw)
+            got = _cut(sqlite_store, run, lo, hi, n, **kw)
             assert sorted(got) == sorted(want), (n, kw)
             for i, cell in want.items():
                 assert all(_same(a, b) for a, b in zip(got[i], cell, strict=True)), (n, i, kw)
 
 
-def test_blocks_that_do_not_add_up_are_not_trusted(store: Store) -> None:
+def test_blocks_that_do_not_add_up_are_not_trusted(sqlite_store: Store) -> None:
     """A block whose points are gone from `metric_blocks` (a store written by something
     that skipped them): the run's cut is read from its points, still right. The check is
     on the count: a block that is changed but still counts its points is read as it is,
     which shows that a trusted cut reads the blocks at all."""
-    run, steps, values = _series(store)
+    run, steps, values = _series(sqlite_store)
     lo, hi = steps[0], steps[-1]
-    want = _cut(store, run, lo, hi, 10, from_points=True)
+    want = _cut(sqlite_store, run, lo, hi, 10, from_points=True)
     low = min(v for v in values if not math.isnan(v) and not math.isinf(v))
     where = steps[values.index(low)] // B
-    with store.engine.begin() as conn:
+    with sqlite_store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE metric_blocks SET value_max = 1e300 WHERE block = :b"),
                      {"b": where})  # fmt: skip
-    doctored = _cut(store, run, lo, hi, 10)
+    doctored = _cut(sqlite_store, run, lo, hi, 10)
     assert 1e300 in [c[3] for c in doctored.values()]  # the blocks are what it reads
-    with store.engine.begin() as conn:
+    with sqlite_store.engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM metric_blocks WHERE block = :b"), {"b": where})
-    got = _cut(store, run, lo, hi, 10)  # read from the points: nothing lost
+    got = _cut(sqlite_store, run, lo, hi, 10)  # read from the points: nothing lost
     assert sorted(got) == sorted(want)
     assert all(_same(a, b) for i in want for a, b in zip(got[i], want[i], strict=True))
 
 
-def test_a_cut_shared_out_to_several_connections_is_the_same_cut(store: Store) -> None:
-    """`cut_on` shares a big cut out to several connections on a SQLite file (one on
-    PostgreSQL): the same cells as one `cut`, for any number of shares, more than there
-    are buckets included."""
-    run, steps, _ = _series(store)
+def test_a_cut_shared_out_to_several_connections_is_the_same_cut(sqlite_store: Store) -> None:
+    """`cut_on` shares a big cut out to several connections on a SQLite file: the same
+    cells as one `cut`, for any number of shares, more than there are buckets included."""
+    run, steps, _ = _series(sqlite_store)
     lo, hi = steps[0], steps[-1]
     for n in (1, 3, 1000, 2500):
         bounds = bucket_bounds(lo, hi, n)
-        with store.engine.connect() as conn:
+        with sqlite_store.engine.connect() as conn:
             one = blocks.cut(conn, "y", [run], bounds, last=True)
         for parts in (2, 3, 4, 5000):
-            split = blocks.cut_on(store.engine, "y", [run], bounds, last=True, parts=parts)
+            split = blocks.cut_on(sqlite_store.engine, "y", [run], bounds, last=True, parts=parts)
             assert sorted(split) == sorted(one)
             assert all(_same(a, b) for k in one for a, b in zip(split[k], one[k], strict=True))

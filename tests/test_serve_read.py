@@ -205,30 +205,23 @@ def test_series_downsampled_to_min_and_max_per_bucket(served: Served) -> None:
     assert zero.json() == {"detail": "buckets=0: give 1 to 100000 buckets", "field": "buckets"}
 
 
-def test_a_series_cut_on_several_connections_is_the_same_cut(tmp_path: Path) -> None:
-    """A big SQLite series is cut on one connection per core (`downsample_split`): the
-    answer equals the one-connection cut and the definition, for any number of shares,
-    including more shares than buckets."""
-    from lab.server.read import downsample, downsample_split
+def test_a_series_cut_from_its_blocks_is_the_cut_of_its_points(tmp_path: Path) -> None:
+    """`downsample` reads a wide bucket from the metric blocks and its edge points: the same
+    buckets as the definition, at widths below, near and far above a block of 32 steps."""
+    from lab.server.read import downsample
 
-    steps = list(range(5, 3005, 3))
+    steps = list(range(5, 30005, 3))
     values = [math.cos(s / 40) * s for s in steps]
     values[3], values[400], values[401] = math.nan, math.inf, -math.inf
-    store = Store(f"sqlite:///{tmp_path / 'split.db'}")
+    store = Store(f"sqlite:///{tmp_path / 'blocks.db'}")
     try:
         run = _series_run(store, steps, values)
-        for n in (1, 3, 10, 333):
-            with store.engine.connect() as conn:
-                one = downsample(conn, "sqlite", run, "y", steps[0], steps[-1], n)
+        for n in (1, 3, 10, 333, 1000, 4000):
+            got = downsample(store.engine, run, "y", steps[0], steps[-1], n)
             want = _expected(steps, values, n)
-            assert len(one) == len(want)
-            assert all(_same(x, y) for r, w in zip(one, want, strict=True)
+            assert len(got) == len(want)
+            assert all(_same(x, y) for r, w in zip(got, want, strict=True)
                        for x, y in zip(r, w, strict=True))  # fmt: skip
-            for parts in (2, 3, 4):
-                split = downsample_split(store.engine, run, "y", steps[0], steps[-1], n, parts)
-                assert len(split) == len(one)
-                assert all(_same(x, y) for r, w in zip(split, one, strict=True)
-                           for x, y in zip(r, w, strict=True))  # fmt: skip
     finally:
         store.close()
 

@@ -35,18 +35,11 @@ from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE, COUNTED_STATUSES
 from lab.errors import NoRun
 from lab.server.app import Rejected
-from lab.server.read import (
-    SPLIT_PARTS,
-    SPLIT_POINTS,
-    LabJSON,
-    StoreDep,
-    _splittable,
-    _splitters,
-    bucket_bounds,
-)
-from lab.store import Store
+from lab.server.read import LabJSON, StoreDep, bucket_bounds
+from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
+    BLOCK_STEPS,
     SqlArm,
     SqlCheckpoint,
     SqlEval,
@@ -297,9 +290,10 @@ def curves(
     own min, max and last value per bucket too, every run of the experiment included.
 
     An arm's curves are drawn from the runs `lab.inspect` counts (completed and stopped, at
-    the arm's last stage) and its running ones. One grouped query over the metrics'
-    (run, key, step) key computes every run's buckets in the database, so the answer costs
-    one pass over the metric's points and a few thousand numbers, never every point.
+    the arm's last stage) and its running ones. Every run's buckets are computed in the
+    database (`_cut`): wide ones from the metric's blocks and the points at their edges,
+    narrow ones in one grouped pass over the points. The answer is a few thousand numbers,
+    never every point.
     """
     if not 1 <= buckets <= MAX_CURVE_BUCKETS:
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_CURVE_BUCKETS} buckets", "buckets")
@@ -314,9 +308,8 @@ def curves(
             .order_by(SqlRun.arm_id, SqlRun.repeat, SqlRun.stage, SqlRun.run_id)
         ).all()  # fmt: skip
         ids = [r.run_id for r in members]
-        lo, hi, points = conn.execute(
-            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step),
-                      sa.func.sum(SqlSummary.count))
+        lo, hi = conn.execute(
+            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step))
             .where(SqlSummary.run_id.in_(ids), SqlSummary.key == metric)
         ).one()  # fmt: skip
         if lo is None:
@@ -331,10 +324,7 @@ def curves(
                 "metric",
             )
         bounds = bucket_bounds(lo, hi, buckets)
-        if points >= SPLIT_POINTS and SPLIT_PARTS > 1 and _splittable(store.engine):
-            cut = _cut_split(store.engine, ids, metric, bounds, last=runs, parts=SPLIT_PARTS)
-        else:
-            cut = _cut(conn, store.dialect, ids, metric, bounds, last=runs)
+    cut = _cut(store.engine, ids, metric, bounds, last=runs)
     last_stage: dict[int | None, int] = {}
     for r in members:
         last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
@@ -415,6 +405,39 @@ def _listed(values: Any, known: Any) -> list[float | None]:
 
 
 def _cut(
+    engine: sa.Engine,
+    run_ids: list[int],
+    key: str,
+    bounds: list[tuple[int, int, int]],
+    *,
+    last: bool,
+) -> dict[int, dict[int, tuple[Any, ...]]]:
+    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): (min, max,
+    mean, last value), min, max and mean without NaN (None when the bucket held NaN only),
+    the last value as logged (with `last`; else None).
+
+    On SQLite, buckets wider than two metric blocks are cut from the blocks and the points
+    at their edges (`lab.store.blocks.cut_on`); narrower ones, where blocks save nothing,
+    by one grouped pass over the points (`_cut_points`), shared out to one connection per
+    core. PostgreSQL always takes the grouped pass (its hash aggregate)."""
+    if not run_ids:
+        return {}
+    sqlite = engine.dialect.name == "sqlite"
+    if sqlite and any(hi - lo >= 2 * BLOCK_STEPS for _, lo, hi in bounds):
+        out: dict[int, dict[int, tuple[Any, ...]]] = {}
+        for (run_id, i), c in blocks.cut_on(engine, key, run_ids, bounds, last=last).items():
+            mean = c[4] / c[5] if c[5] else None
+            out.setdefault(run_id, {})[i] = (c[2], c[3], mean, c[6])
+        return out
+    parts = blocks.SPLIT_PARTS
+    many = len(run_ids) * len(bounds) >= blocks.SPLIT_BUCKETS
+    if sqlite and many and parts > 1 and blocks._splittable(engine):
+        return _cut_points_split(engine, run_ids, key, bounds, last=last, parts=parts)
+    with connect(engine) as conn:
+        return _cut_points(conn, engine.dialect.name, run_ids, key, bounds, last=last)
+
+
+def _cut_points(
     conn: sa.Connection,
     dialect: str,
     run_ids: list[int],
@@ -468,7 +491,7 @@ def _cut(
     return out
 
 
-def _cut_split(
+def _cut_points_split(
     engine: sa.Engine,
     run_ids: list[int],
     key: str,
@@ -477,16 +500,16 @@ def _cut_split(
     last: bool,
     parts: int,
 ) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """`_cut` on SQLite, its runs shared out to `parts` connections at once (SQLite runs a
+    """`_cut_points` on SQLite, its runs shared out to `parts` connections at once (SQLite runs a
     statement on one core): the same answer, each run read whole on one connection."""
     shares = [run_ids[k::parts] for k in range(parts) if run_ids[k::parts]]
 
     def cut(share: list[int]) -> dict[int, dict[int, tuple[Any, ...]]]:
         with connect(engine) as conn:
-            return _cut(conn, "sqlite", share, key, bounds, last=last)
+            return _cut_points(conn, "sqlite", share, key, bounds, last=last)
 
     out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for part in _splitters.map(cut, shares):
+    for part in blocks._splitters.map(cut, shares):
         out.update(part)
     return out
 

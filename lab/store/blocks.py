@@ -4,7 +4,9 @@ with the metrics, and the cut of series into buckets that reads them.
 A bucket of steps ``[lo, hi)`` is read as three disjoint parts: the points from ``lo`` up
 to the first block boundary, the whole blocks inside, and the points from the last block
 boundary up to ``hi``. Only the two edges touch `metrics`: a million points at 2,000
-buckets read ~31,000 blocks and ~64,000 points instead of a million.
+buckets read ~31,000 blocks and ~64,000 points instead of a million. The cut runs on
+SQLite; PostgreSQL keeps the blocks too, but its readers scan each bucket's points (a
+LATERAL subquery per part of a bucket measured slower there than the rows it saves).
 
 The transaction that writes a batch keeps its blocks (`Blocks._block`): a batch that only
 extends its keys is folded into them from the rows in hand; a step logged again, or a batch
@@ -182,7 +184,6 @@ Cell = tuple[int, int, float | None, float | None, float, int, float | None]
 
 _HAS_BLOCKS: weakref.WeakKeyDictionary[sa.Engine, bool] = weakref.WeakKeyDictionary()
 
-_BOUND_COLUMNS = ("i", "lo", "hi", "blo", "bhi", "lcut", "rcut")
 _SQLITE_BOUNDS_TABLE = (
     "CREATE TEMP TABLE IF NOT EXISTS lab_cut_bounds (i INTEGER PRIMARY KEY, "
     "lo INTEGER NOT NULL, hi INTEGER NOT NULL, blo INTEGER NOT NULL, bhi INTEGER NOT NULL, "
@@ -208,75 +209,33 @@ _SQLITE_LAST_TABLE = (
     "CREATE TEMP TABLE IF NOT EXISTS lab_cut_last (run_id INTEGER NOT NULL, "
     "i INTEGER NOT NULL, step INTEGER NOT NULL, PRIMARY KEY (run_id, i)) WITHOUT ROWID"
 )
-_PG_BOUNDS = (
-    "unnest(" + ", ".join(f"CAST(:{c} AS bigint[])" for c in _BOUND_COLUMNS) + ") "
-    f"AS b({', '.join(_BOUND_COLUMNS)})"
-)
-_PG_CUT = f"""(
-  SELECT r.run_id, b.i, b.lo, b.hi, b.blo, b.bhi, b.lcut, b.rcut
-  FROM unnest(CAST(:trusted AS bigint[])) AS r(run_id) CROSS JOIN {_PG_BOUNDS}
-  UNION ALL
-  SELECT r.run_id, b.i, b.lo, b.hi, 0, 0, b.hi, b.hi
-  FROM unnest(CAST(:plain AS bigint[])) AS r(run_id) CROSS JOIN {_PG_BOUNDS}
-) c"""
-_PG_LAST = "unnest(CAST(:run_id AS bigint[]), CAST(:i AS bigint[]), CAST(:step AS bigint[])) " \
-    "AS c(run_id, i, step)"  # fmt: skip
-
 # CROSS JOIN: SQLite then keeps the buckets as the outer loop, each bucket one range of an
 # index (a plan from the other side scans every point of the table per bucket).
 # A part of each bucket read from the points: [lo, lcut) or [rcut, hi).
 _POINTS = """
-SELECT c.run_id, c.i, min(m.step), max(m.step), min({v}), max({v}), sum({v}), count({v}), 0
-FROM {cut} CROSS JOIN metrics m
+SELECT c.run_id, c.i, min(m.step), max(m.step), min(m.value), max(m.value), sum(m.value),
+       count(m.value), 0
+FROM temp.lab_cut c CROSS JOIN metrics m
 WHERE c.{a} < c.{b}
   AND m.run_id = c.run_id AND m."key" = :key AND m.step >= c.{a} AND m.step < c.{b}
 GROUP BY c.run_id, c.i
 """
+_LEFT = _POINTS.format(a="lo", b="lcut")
+_RIGHT = _POINTS.format(a="rcut", b="hi")
 # The whole blocks of each bucket: [blo, bhi). The last column counts the blocks whose sum
 # is NaN (inf + -inf), which SQLite stores as NULL and `sum` would skip.
 _BLOCKS = """
 SELECT c.run_id, c.i, min(k.step_min), max(k.step_max), min(k.value_min), max(k.value_max),
        sum(k.value_sum), sum(k.value_count),
        sum(CASE WHEN k.value_sum IS NULL AND k.value_count > 0 THEN 1 ELSE 0 END)
-FROM {cut} CROSS JOIN metric_blocks k
+FROM temp.lab_cut c CROSS JOIN metric_blocks k
 WHERE c.blo < c.bhi
   AND k.run_id = c.run_id AND k."key" = :key AND k.block >= c.blo AND k.block < c.bhi
 GROUP BY c.run_id, c.i
 """
-# PostgreSQL: a LATERAL subquery per bucket, so each bucket is one range scan of the index
-# whatever the planner thinks of the table's size (a hash join filters every point against
-# every bucket); its aggregate answers for an empty range too, left out by `n`.
-_PG_POINTS = """
-SELECT c.run_id, c.i, x.first, x.final, x.low, x.high, x.total, x.count, 0
-FROM {cut} CROSS JOIN LATERAL (
-  SELECT min(m.step) AS first, max(m.step) AS final, min({v}) AS low, max({v}) AS high,
-         sum({v}) AS total, count({v}) AS count, count(*) AS n
-  FROM metrics m
-  WHERE m.run_id = c.run_id AND m."key" = :key AND m.step >= c.{a} AND m.step < c.{b}
-) x
-WHERE c.{a} < c.{b} AND x.n > 0
-"""
-_PG_BLOCKS = """
-SELECT c.run_id, c.i, x.first, x.final, x.low, x.high, x.total, x.count, 0
-FROM {cut} CROSS JOIN LATERAL (
-  SELECT min(k.step_min) AS first, max(k.step_max) AS final, min(k.value_min) AS low,
-         max(k.value_max) AS high, sum(k.value_sum) AS total, sum(k.value_count) AS count,
-         count(*) AS n
-  FROM metric_blocks k
-  WHERE k.run_id = c.run_id AND k."key" = :key AND k.block >= c.blo AND k.block < c.bhi
-) x
-WHERE c.blo < c.bhi AND x.n > 0
-"""
-_PG_LAST_VALUE = """
-SELECT c.run_id, c.i, x.value
-FROM {cut} CROSS JOIN LATERAL (
-  SELECT m.value FROM metrics m
-  WHERE m.run_id = c.run_id AND m."key" = :key AND m.step = c.step
-) x
-"""
 _LAST = """
 SELECT c.run_id, c.i, m.value
-FROM {cut} CROSS JOIN metrics m
+FROM temp.lab_cut_last c CROSS JOIN metrics m
 WHERE m.run_id = c.run_id AND m."key" = :key AND m.step = c.step
 """
 
@@ -358,9 +317,9 @@ def cut(
     last: bool,
     from_points: bool = False,
 ) -> dict[tuple[int, int], Cell]:
-    """Per run of `run_ids` and bucket of `bounds` ((i, first step, step after the last),
-    as `lab.server.read.bucket_bounds` gives them) that holds a point of `key`: its `Cell`,
-    under (run_id, i). Empty buckets are left out.
+    """On SQLite: per run of `run_ids` and bucket of `bounds` ((i, first step, step after
+    the last), as `lab.server.read.bucket_bounds` gives them) that holds a point of `key`:
+    its `Cell`, under (run_id, i). Empty buckets are left out.
 
     The same numbers as a pass over every point (the sum may differ in its last bits: it
     adds block sums), in grouped joins of the buckets to the indexes of `metrics` and
@@ -370,7 +329,6 @@ def cut(
     run_ids = list(dict.fromkeys(run_ids))
     if not run_ids or not bounds:
         return {}
-    dialect = conn.dialect.name
     wide = any(hi - lo >= 2 * B for _, lo, hi in bounds)
     use = set()
     if wide and not from_points and has_blocks(conn):
@@ -384,28 +342,18 @@ def cut(
             rows.append((i, lo, hi, 0, 0, hi, hi))
     trusted = [r for r in run_ids if r in use]
     plain = [r for r in run_ids if r not in use]
-    v = value_expression(dialect)
-    args: dict[str, Any] = {"key": key}
-    if dialect == "sqlite":
-        conn.exec_driver_sql(_SQLITE_BOUNDS_TABLE)
-        conn.exec_driver_sql(_SQLITE_CUT_TABLE)
-        conn.exec_driver_sql("DELETE FROM temp.lab_cut_bounds")
-        conn.exec_driver_sql("DELETE FROM temp.lab_cut")
-        conn.exec_driver_sql("INSERT INTO temp.lab_cut_bounds VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-        fill = {"trusted": json.dumps(trusted), "plain": json.dumps(plain)}
-        conn.execute(sa.text(_SQLITE_FILL), fill)
-        source, points, whole = "temp.lab_cut c", _POINTS, _BLOCKS
-    else:
-        args.update(_arrays(_BOUND_COLUMNS, rows), trusted=trusted, plain=plain)
-        source, points, whole = _PG_CUT, _PG_POINTS, _PG_BLOCKS
-    left = sa.text(points.format(v=v, cut=source, a="lo", b="lcut"))
-    out = _cells(conn.execute(left, args).all())
+    args = {"key": key}
+    conn.exec_driver_sql(_SQLITE_BOUNDS_TABLE)
+    conn.exec_driver_sql(_SQLITE_CUT_TABLE)
+    conn.exec_driver_sql("DELETE FROM temp.lab_cut_bounds")
+    conn.exec_driver_sql("DELETE FROM temp.lab_cut")
+    conn.exec_driver_sql("INSERT INTO temp.lab_cut_bounds VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    fill = {"trusted": json.dumps(trusted), "plain": json.dumps(plain)}
+    conn.execute(sa.text(_SQLITE_FILL), fill)
+    out = _cells(conn.execute(sa.text(_LEFT), args).all())
     if trusted:  # whole blocks, then the right edges, after the left edges in step order
-        for more in (
-            conn.execute(sa.text(whole.format(cut=source)), args).all(),
-            conn.execute(sa.text(points.format(v=v, cut=source, a="rcut", b="hi")), args).all(),
-        ):
-            _merge(out, more)
+        _merge(out, conn.execute(sa.text(_BLOCKS), args).all())
+        _merge(out, conn.execute(sa.text(_RIGHT), args).all())
     if last and out:
         _last_values(conn, key, out)
     return {k: tuple(cell) for k, cell in out.items()}  # type: ignore[misc]
@@ -447,20 +395,9 @@ def _merge(out: dict[tuple[int, int], list[Any]], rows: list[Any]) -> None:
 
 def _last_values(conn: Connection, key: str, out: dict[tuple[int, int], list[Any]]) -> None:
     """Fill each cell's last value: the value at its last step (NaN kept)."""
-    ends = [(run_id, i, cell[1]) for (run_id, i), cell in out.items()]
-    args: dict[str, Any] = {"key": key}
-    if conn.dialect.name == "sqlite":
-        conn.exec_driver_sql(_SQLITE_LAST_TABLE)
-        conn.exec_driver_sql("DELETE FROM temp.lab_cut_last")
-        conn.exec_driver_sql("INSERT INTO temp.lab_cut_last VALUES (?, ?, ?)", sorted(ends))
-        sql = _LAST.format(cut="temp.lab_cut_last c")
-    else:
-        args.update(_arrays(("run_id", "i", "step"), ends))
-        sql = _PG_LAST_VALUE.format(cut=_PG_LAST)
-    for run_id, i, value in conn.execute(sa.text(sql), args).all():
+    ends = sorted((run_id, i, cell[1]) for (run_id, i), cell in out.items())
+    conn.exec_driver_sql(_SQLITE_LAST_TABLE)
+    conn.exec_driver_sql("DELETE FROM temp.lab_cut_last")
+    conn.exec_driver_sql("INSERT INTO temp.lab_cut_last VALUES (?, ?, ?)", ends)
+    for run_id, i, value in conn.execute(sa.text(_LAST), {"key": key}).all():
         out[(run_id, i)][6] = math.nan if value is None else value
-
-
-def _arrays(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    """Rows as one array parameter per column, for PostgreSQL's unnest."""
-    return {name: [row[k] for row in rows] for k, name in enumerate(names)}
