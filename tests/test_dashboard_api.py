@@ -578,10 +578,10 @@ def test_a_real_lab_serve_answers_the_curl_line_of_docs_serve(filled: Filled) ->
 
 
 def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> None:
-    """On SQLite every run's buckets cut from the metric blocks and the edge points, or in
-    one grouped pass shared out to connections (`_cut`), are the cut of every point: min,
-    max and last exactly, the mean to rounding (it adds block sums), at bucket widths below
-    and far above a block of 32 steps. (PostgreSQL's grouped pass is checked above.)"""
+    """On SQLite every run's buckets cut from the metric blocks and the edge points, or
+    from the points packed in the blocks (`_cut`), are the cut of every point: min, max and
+    last exactly, the mean to rounding (it adds block sums), at bucket widths below and far
+    above a block of 32 steps. (PostgreSQL's is checked above.)"""
     from lab.server.dashboard import _cut
     from lab.server.read import bucket_bounds
     from lab.store import blocks
@@ -605,14 +605,17 @@ def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> No
             got = _cut(store.engine, ids, "noisy", bounds, last=True)
             with store.engine.connect() as conn:
                 points = blocks.cut(conn, "noisy", ids, bounds, last=True, from_points=True)
-            assert sorted((r, i) for r in got for i in got[r]) == sorted(points)
-            for (run_id, i), c in points.items():
-                low, high, mean, last = got[run_id][i]
-                assert (low, high) == (c[2], c[3])
+            cells = list(zip(got.run_id.tolist(), got.i.tolist(), strict=True))
+            assert cells == sorted(points)
+            for k, (run_id, i) in enumerate(cells):
+                c = points[(run_id, i)]
+                low, high, mean = got.low[k], got.high[k], got.mean[k]
                 if c[5]:
+                    assert got.counted[k] and (low, high) == (c[2], c[3])
                     assert mean == pytest.approx(c[4] / c[5], rel=1e-12)
                 else:
-                    assert mean is None and low is None
+                    assert not got.counted[k] and math.isnan(low) and math.isnan(mean)
+                last = got.last[k]
                 assert last == c[6] or (math.isnan(last) and math.isnan(c[6]))
     finally:
         store.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,9 +62,17 @@ def _blocks(store: Store, run: int) -> dict[tuple[str, int], tuple[Any, ...]]:
     with store.engine.connect() as conn:
         rows = conn.execute(
             sa.text('SELECT "key", block, points, step_min, step_max, value_min, value_max, '
-                    "value_sum, value_count FROM metric_blocks WHERE run_id = :r"), {"r": run},
+                    "value_sum, value_count, point_offsets, point_values FROM metric_blocks "
+                    "WHERE run_id = :r"), {"r": run},
         ).all()  # fmt: skip
-    return {(r[0], r[1]): tuple(r[2:]) for r in rows}
+    return {(r[0], r[1]): (*r[2:9], _unpacked(r[1], r[9], r[10])) for r in rows}
+
+
+def _unpacked(block: int, offsets: bytes, values: bytes) -> list[tuple[int, float]]:
+    """A block's packed points as (step, value), NaN compared as a string."""
+    assert len(values) == 8 * len(offsets)
+    numbers = struct.unpack(f"<{len(offsets)}d", values)
+    return [(block * B + o, repr(v)) for o, v in zip(bytes(offsets), numbers, strict=True)]
 
 
 def _want_blocks(store: Store, run: int, keys: list[str]) -> dict[tuple[str, int], tuple]:
@@ -78,6 +87,7 @@ def _want_blocks(store: Store, run: int, keys: list[str]) -> dict[tuple[str, int
         want[where] = (
             len(points), points[0][0], points[-1][0], min(finite) if finite else None,
             max(finite) if finite else None, _total(finite) if finite else None, len(finite),
+            [(step, repr(v)) for step, v in points],
         )  # fmt: skip
     return want
 
@@ -87,7 +97,7 @@ def _assert_blocks_are_the_points(store: Store, run: int, keys: list[str]) -> No
     assert sorted(got) == sorted(want)
     for where, row in want.items():
         assert got[where][:5] == row[:5], where
-        assert got[where][6] == row[6], where
+        assert got[where][6:] == row[6:], where  # the count, and the points packed in order
         if row[5] is None or math.isinf(row[5]) or math.isnan(row[5]):
             continue  # inf + -inf: compared through min and max
         assert got[where][5] == pytest.approx(row[5], rel=1e-12, abs=1e-12), where
@@ -133,7 +143,7 @@ def test_blocks_follow_every_write_rewrite_truncation_and_delete(store: Store) -
     assert _blocks(store, run) == {}
     store.log_metrics(run, 3, {"y": 2.0})
     store.flush()
-    assert _blocks(store, run) == {("y", 0): (1, 3, 3, 2.0, 2.0, 2.0, 1)}
+    assert _blocks(store, run) == {("y", 0): (1, 3, 3, 2.0, 2.0, 2.0, 1, [(3, "2.0")])}
 
     store.finish_run(run, status="completed")
     store.delete_experiment("blocks")
@@ -276,3 +286,54 @@ def test_a_cut_shared_out_to_several_connections_is_the_same_cut(sqlite_store: S
             split = blocks.cut_on(sqlite_store.engine, "y", [run], bounds, last=True, parts=parts)
             assert sorted(split) == sorted(one)
             assert all(_same(a, b) for k in one for a, b in zip(split[k], one[k], strict=True))
+
+
+def _packed(store: Store, run: int, lo: int, hi: int, n: int) -> tuple[dict[int, tuple], list]:
+    with store.engine.connect() as conn:
+        cells, rest = blocks.packed_cut(conn, "y", [run], bucket_bounds(lo, hi, n))
+    return {i: c for (_, i), c in cells.items()}, rest
+
+
+def test_the_cut_from_packed_points_is_the_cut_of_the_points(store: Store) -> None:
+    """The points packed in the blocks, cut in numpy (`packed_cut`), on SQLite and
+    PostgreSQL: the definition at every bucket width, NaN-only buckets, inf + -inf, gaps
+    and negative steps included; a range narrower than the run takes its part only."""
+    run, steps, values = _series(store)
+    lo, hi = steps[0], steps[-1]
+    for n in (1, 7, 333, 1000, 5000, 40_000):
+        want = _by_definition(steps, values, n)
+        got, rest = _packed(store, run, lo, hi, n)
+        assert rest == [] and sorted(got) == sorted(want), n
+        for i, cell in want.items():
+            assert all(_same(a, b) for a, b in zip(got[i], cell, strict=True)), (n, i)
+    inner = [(s, v) for s, v in zip(steps, values, strict=True) if 1000 <= s <= 2000]
+    got, _ = _packed(store, run, inner[0][0], inner[-1][0], 10)
+    want = _by_definition([s for s, _ in inner], [v for _, v in inner], 10)
+    assert sorted(got) == sorted(want)
+    assert all(_same(a, b) for i in want for a, b in zip(got[i], want[i], strict=True))
+
+
+def test_packed_points_that_do_not_add_up_are_not_trusted(store: Store) -> None:
+    """A block without its packed points, or whose two columns disagree, puts its run in
+    the runs left to cut another way; a value changed in place is read as it is, which
+    shows that a trusted cut reads the packed points."""
+    run, steps, _ = _series(store)
+    lo, hi = steps[0], steps[-1]
+    block = steps[100] // B
+    with store.engine.begin() as conn:
+        packed = conn.execute(
+            sa.text("SELECT point_values FROM metric_blocks WHERE block = :b"), {"b": block}
+        ).scalar_one()
+        doctored = struct.pack("<d", 1e300) + bytes(packed)[8:]
+        conn.execute(sa.text("UPDATE metric_blocks SET point_values = :v WHERE block = :b"),
+                     {"v": doctored, "b": block})  # fmt: skip
+    got, rest = _packed(store, run, lo, hi, 10)
+    assert rest == [] and 1e300 in [c[3] for c in got.values()]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE metric_blocks SET point_values = :v WHERE block = :b"),
+                     {"v": bytes(packed)[8:], "b": block})  # fmt: skip
+    assert _packed(store, run, lo, hi, 10) == ({}, [run])  # torn
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE metric_blocks SET point_offsets = NULL WHERE block = :b"),
+                     {"b": block})  # fmt: skip
+    assert _packed(store, run, lo, hi, 10) == ({}, [run])  # the count does not add up

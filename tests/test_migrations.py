@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
@@ -903,6 +904,61 @@ def test_0006_fills_metric_blocks_from_the_metrics_and_keeps_every_row_both_ways
         upgrade(engine)
         with engine.connect() as conn:
             assert _metric_blocks(conn) == want
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def _packed_points(conn: sa.Connection) -> dict[tuple, list[tuple[int, str]]]:
+    """Each block's packed points as (step, repr of the value): NaN compared as text."""
+    rows = conn.exec_driver_sql(
+        'SELECT run_id, "key", block, point_offsets, point_values FROM metric_blocks'
+    ).all()
+    out = {}
+    for run_id, key, block, offsets, values in rows:
+        numbers = struct.unpack(f"<{len(offsets)}d", bytes(values))
+        out[(run_id, key, block)] = [
+            (block * 32 + o, repr(v)) for o, v in zip(bytes(offsets), numbers, strict=True)
+        ]
+    return out
+
+
+def test_0007_packs_each_blocks_points_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0006 with data -> 0007 -> 0006 -> 0007: every earlier row kept; each block gets its
+    points packed in step order (NaN kept, as SQLite's NULL or PostgreSQL's NaN), and the
+    two columns go with the downgrade."""
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0006") == ("0001", "0006")
+        at_0006 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0006 = _dump(conn, at_0006)
+
+        assert upgrade(engine, "0007") == ("0006", "0007")
+        want = {}
+        for (run_id, key), points in SEEDED.items():
+            for step, value in points:
+                where = (run_id, key, step // 32)
+                want.setdefault(where, []).append((step, repr(math.nan if value is None
+                                                                else value)))  # fmt: skip
+        with engine.connect() as conn:
+            assert _dump(conn, at_0006) == rows_0006
+            assert _packed_points(conn) == want
+
+        with transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0006")
+        assert current_revision(engine) == "0006"
+        assert _columns(engine) == at_0006
+        with engine.connect() as conn:
+            assert _dump(conn, at_0006) == rows_0006
+
+        upgrade(engine)
+        with engine.connect() as conn:
+            assert _packed_points(conn) == want
         _assert_matches_models(engine)
     finally:
         engine.dispose()

@@ -3,8 +3,8 @@
 
 Each endpoint answers one page of the UI in one request, so a page costs one round trip:
 the experiments list (paged in SQL), an experiment (its arm summary, runs and chains), its
-learning curves (cut into buckets in the database: min, max, mean and last value per run
-and bucket, then the mean and 95% t interval across repeats per arm), one run (metrics,
+learning curves (cut into buckets from the metric blocks: min, max, mean and last value
+per run and bucket, then the mean and 95% t interval across repeats per arm), one run (metrics,
 evals, checkpoints, media), one of its images, and the paired disagreements and per-slice
 breakdowns of an eval.
 
@@ -290,10 +290,11 @@ def curves(
     own min, max and last value per bucket too, every run of the experiment included.
 
     An arm's curves are drawn from the runs `lab.inspect` counts (completed and stopped, at
-    the arm's last stage) and its running ones. Every run's buckets are computed in the
-    database (`_cut`): wide ones from the metric's blocks and the points at their edges,
-    narrow ones in one grouped pass over the points. The answer is a few thousand numbers,
-    never every point.
+    the arm's last stage) and its running ones. Every run's buckets are cut on the server
+    (`_cut`) from the metric blocks: wide ones from their envelopes and the points at
+    their edges, narrow ones from the points packed in them, then the arms' numbers are
+    taken over the cells in numpy. The answer is a few thousand numbers, never every
+    point.
     """
     if not 1 <= buckets <= MAX_CURVE_BUCKETS:
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_CURVE_BUCKETS} buckets", "buckets")
@@ -333,20 +334,19 @@ def curves(
         status = "crashed" if r.run_id in gone else r.status
         if status in CURVE_STATUSES and r.stage == last_stage[r.arm_id]:
             arms.setdefault(r.arm_id, (r.name, []))[1].append(r.run_id)
-    answer_arms = [
-        _arm_curve(arm, [cut.get(run_id, {}) for run_id in run_ids], bounds)
-        for arm, run_ids in arms.values()
-    ]
+    ends = np.fromiter((hi - 1 for _, _, hi in bounds), np.int64, len(bounds))
+    answer_arms = [_arm_curve(arm, cut, run_ids, ends) for arm, run_ids in arms.values()]
     answer_runs = []
     if runs:
-        for r in members:
-            per = cut.get(r.run_id, {})
-            order = sorted(per)
+        starts = np.searchsorted(cut.run_id, [r.run_id for r in members], side="left")
+        stops = np.searchsorted(cut.run_id, [r.run_id for r in members], side="right")
+        for r, a, b in zip(members, starts.tolist(), stops.tolist(), strict=True):
+            counted = cut.counted[a:b]
             answer_runs.append({
                 "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
-                "step": [bounds[b][2] - 1 for b in order],
-                "min": [per[b][0] for b in order], "max": [per[b][1] for b in order],
-                "last": [per[b][3] for b in order],
+                "step": ends[cut.i[a:b]].tolist(),
+                "min": _listed(cut.low[a:b], counted), "max": _listed(cut.high[a:b], counted),
+                "last": cut.last[a:b].tolist(),
             })  # fmt: skip
     return LabJSON({"metric": metric, "buckets": buckets, "arms": answer_arms,
                     "runs": answer_runs})  # fmt: skip
@@ -357,51 +357,90 @@ def _t(df: int) -> float:
     return t_ppf(0.5 + CONFIDENCE / 2.0, df)
 
 
-def _arm_curve(
-    arm: str | None,
-    per_run: list[dict[int, tuple[Any, ...]]],
-    bounds: list[tuple[int, int, int]],
-) -> dict[str, Any]:
-    """One arm's curve from its runs' buckets: per bucket that any of its runs reached, the
+def _arm_curve(arm: str | None, cut: _Cells, run_ids: list[int], ends: Any) -> dict[str, Any]:
+    """One arm's curve from its runs' cells: per bucket that any of its runs reached, the
     mean of the runs' means with `lab._stats.spread`'s t interval (sample std, the t
     quantile looked up once per df), and the envelope of their points; vectorized over the
-    buckets, since an arm of 10 runs at 1,000 buckets is 10,000 cells."""
-    reached = sorted({b for per in per_run for b in per})
-    where = {b: j for j, b in enumerate(reached)}
-    shape = (len(per_run), len(reached))
-    means, has = np.zeros(shape), np.zeros(shape, dtype=bool)
-    lows, highs = np.full(shape, np.inf), np.full(shape, -np.inf)
-    seen = np.zeros(shape, dtype=bool)  # a point that is not NaN
-    for r, per in enumerate(per_run):
-        for b, (low, high, mean, _last) in per.items():
-            j = where[b]
-            if mean is not None:
-                means[r, j], has[r, j] = mean, True
-            if low is not None:
-                lows[r, j], highs[r, j], seen[r, j] = low, high, True
+    cells (an arm of 10 runs at 1,000 buckets is 10,000 of them), each bucket's sums taken
+    in run order."""
+    mine = np.isin(cut.run_id, run_ids)
+    b = cut.i[mine]
+    reached = np.unique(b)
+    size = int(reached[-1]) + 1 if len(reached) else 0
+    has = cut.counted[mine]
+    means = np.where(has, cut.mean[mine], 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf is NaN, as in spread
-        n = has.sum(axis=0)
-        mean = np.where(has, means, 0.0).sum(axis=0) / n
-        spread = np.where(has, means - mean, 0.0)
-        std = np.sqrt((spread * spread).sum(axis=0) / (n - 1))
+        n = np.bincount(b, weights=has, minlength=size)
+        mean = np.bincount(b, weights=means, minlength=size) / n
+        spread = np.where(has, means - mean[b], 0.0)
+        std = np.sqrt(np.bincount(b, weights=spread * spread, minlength=size) / (n - 1))
+    lows, highs = np.full(size, np.inf), np.full(size, -np.inf)
+    np.minimum.at(lows, b[has], cut.low[mine][has])
+    np.maximum.at(highs, b[has], cut.high[mine][has])
+    points = np.zeros(size, dtype=bool)
+    points[b[has]] = True
+    n, mean, std, lows, highs, points = (x[reached] for x in (n, mean, std, lows, highs, points))
+    n = n.astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
         quantile = np.array([_t(int(k) - 1) if k >= 2 else math.nan for k in n])
         half = quantile * std / np.sqrt(n)
-    points = seen.any(axis=0)
     return {
         "arm": arm,
-        "step": [bounds[b][2] - 1 for b in reached],
+        "step": ends[reached].tolist(),
         "n": n.tolist(),
         "mean": _listed(mean, n >= 1),
         "ci_low": _listed(mean - half, n >= 2),
         "ci_high": _listed(mean + half, n >= 2),
-        "min": _listed(lows.min(axis=0, initial=np.inf), points),
-        "max": _listed(highs.max(axis=0, initial=-np.inf), points),
+        "min": _listed(lows, points),
+        "max": _listed(highs, points),
     }
 
 
 def _listed(values: Any, known: Any) -> list[float | None]:
     """An array as a list of floats, None where it is not `known`."""
     return [v if k else None for v, k in zip(values.tolist(), known.tolist(), strict=True)]
+
+
+class _Cells:
+    """A metric's cut, one entry per run and non-empty bucket, sorted by run then bucket,
+    as numpy columns: `run_id`, bucket `i`, `low`, `high` and `mean` of the numbers
+    (NaN where `counted` is False: the bucket held NaN only), and the `last` value as
+    logged (NaN kept; NaN throughout when it was not asked for)."""
+
+    __slots__ = ("counted", "high", "i", "last", "low", "mean", "run_id")
+
+    def __init__(self, cells: list[tuple[int, int, Any, Any, Any, Any]]) -> None:
+        cells.sort(key=lambda c: (c[0], c[1]))
+        nan = math.nan
+        self.run_id = np.array([c[0] for c in cells], dtype=np.int64)
+        self.i = np.array([c[1] for c in cells], dtype=np.int64)
+        self.low = np.array([nan if c[2] is None else c[2] for c in cells], dtype=float)
+        self.high = np.array([nan if c[3] is None else c[3] for c in cells], dtype=float)
+        self.mean = np.array([nan if c[4] is None else c[4] for c in cells], dtype=float)
+        self.counted = np.array([c[4] is not None for c in cells], dtype=bool)
+        self.last = np.array([nan if c[5] is None else c[5] for c in cells], dtype=float)
+
+    @classmethod
+    def of(cls, columns: blocks.Columns | None, rest: list[tuple[Any, ...]], last: bool) -> _Cells:
+        """The cells of a packed cut (`columns`), with `rest`'s (cut another way) added."""
+        cells = cls(rest)
+        if columns is None:
+            return cells
+        counted = columns.count > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(counted, columns.total / columns.count, np.nan)
+        parts = {
+            "run_id": columns.run_id, "i": columns.i, "low": columns.low,
+            "high": columns.high, "mean": mean, "counted": counted,
+            "last": columns.last if last else np.full(len(counted), np.nan),
+        }  # fmt: skip
+        order = None
+        if rest:
+            order = np.lexsort((np.r_[cells.i, columns.i], np.r_[cells.run_id, columns.run_id]))
+        for name, column in parts.items():
+            joined = np.concatenate([getattr(cells, name), column])
+            setattr(cells, name, joined if order is None else joined[order])
+        return cells
 
 
 def _cut(
@@ -411,27 +450,47 @@ def _cut(
     bounds: list[tuple[int, int, int]],
     *,
     last: bool,
-) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): (min, max,
-    mean, last value), min, max and mean without NaN (None when the bucket held NaN only),
-    the last value as logged (with `last`; else None).
+) -> _Cells:
+    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): min, max
+    and mean without NaN, the last value as logged (with `last`), as `_Cells`.
 
-    On SQLite, buckets wider than two metric blocks are cut from the blocks and the points
-    at their edges (`lab.store.blocks.cut_on`); narrower ones, where blocks save nothing,
-    by one grouped pass over the points (`_cut_points`), shared out to one connection per
-    core. PostgreSQL always takes the grouped pass (its hash aggregate)."""
+    Buckets narrower than two metric blocks, and every bucket on PostgreSQL (whose other
+    cut reads each point), are cut from the points packed in the blocks
+    (`lab.store.blocks.packed_columns`: a row per 32 points, cut in numpy). Wider ones on
+    SQLite are cut from the blocks' envelopes and the points at their edges
+    (`lab.store.blocks.cut_on`). A run whose blocks do not add up to its summary is cut
+    from its points (`_cut_by_points`): the same answer, read slower."""
     if not run_ids:
-        return {}
+        return _Cells([])
     sqlite = engine.dialect.name == "sqlite"
     if sqlite and any(hi - lo >= 2 * BLOCK_STEPS for _, lo, hi in bounds):
-        out: dict[int, dict[int, tuple[Any, ...]]] = {}
-        for (run_id, i), c in blocks.cut_on(engine, key, run_ids, bounds, last=last).items():
-            mean = c[4] / c[5] if c[5] else None
-            out.setdefault(run_id, {})[i] = (c[2], c[3], mean, c[6])
-        return out
+        cells = blocks.cut_on(engine, key, run_ids, bounds, last=last)
+        return _Cells([
+            (run_id, i, c[2], c[3], c[4] / c[5] if c[5] else None, c[6])
+            for (run_id, i), c in cells.items()
+        ])  # fmt: skip
+    with connect(engine) as conn:
+        columns, rest = blocks.packed_columns(conn, key, run_ids, bounds)
+    slow = []
+    if rest:
+        per_run = _cut_by_points(engine, rest, key, bounds, last=last)
+        slow = [(run_id, i, *c) for run_id, per in per_run.items() for i, c in per.items()]
+    return _Cells.of(columns, slow, last)
+
+
+def _cut_by_points(
+    engine: sa.Engine,
+    run_ids: list[int],
+    key: str,
+    bounds: list[tuple[int, int, int]],
+    *,
+    last: bool,
+) -> dict[int, dict[int, tuple[Any, ...]]]:
+    """`_cut` from every point of the runs: one grouped pass (`_cut_points`), shared out
+    to one connection per core on a SQLite file when the buckets are many."""
     parts = blocks.SPLIT_PARTS
     many = len(run_ids) * len(bounds) >= blocks.SPLIT_BUCKETS
-    if sqlite and many and parts > 1 and blocks._splittable(engine):
+    if engine.dialect.name == "sqlite" and many and parts > 1 and blocks._splittable(engine):
         return _cut_points_split(engine, run_ids, key, bounds, last=last, parts=parts)
     with connect(engine) as conn:
         return _cut_points(conn, engine.dialect.name, run_ids, key, bounds, last=last)

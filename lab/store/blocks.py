@@ -1,20 +1,24 @@
-"""Metric blocks: per (run, key) and `BLOCK_STEPS` steps, the envelope of the points, kept
-with the metrics, and the cut of series into buckets that reads them.
+"""Metric blocks: per (run, key) and `BLOCK_STEPS` steps, the envelope of the points and
+the points themselves packed, kept with the metrics, and the cuts of series into buckets
+that read them.
 
-A bucket of steps ``[lo, hi)`` is read as three disjoint parts: the points from ``lo`` up
-to the first block boundary, the whole blocks inside, and the points from the last block
-boundary up to ``hi``. Only the two edges touch `metrics`: a million points at 2,000
-buckets read ~31,000 blocks and ~64,000 points instead of a million. The cut runs on
-SQLite; PostgreSQL keeps the blocks too, but its readers scan each bucket's points (a
-LATERAL subquery per part of a bucket measured slower there than the rows it saves).
+`cut`: a bucket of steps ``[lo, hi)`` is read as three disjoint parts: the points from
+``lo`` up to the first block boundary, the whole blocks inside, and the points from the
+last block boundary up to ``hi``. Only the two edges touch `metrics`: a million points at
+2,000 buckets read ~31,000 blocks and ~64,000 points instead of a million. It runs on
+SQLite.
+
+`packed_columns`: for buckets narrower than a few blocks, where nearly every point lies in
+an edge, the points packed in the blocks (a byte of step offset and a float64 each) are
+read, a row per 32 points, and cut in numpy, on either database.
 
 The transaction that writes a batch keeps its blocks (`Blocks._block`): a batch that only
 extends its keys is folded into them from the rows in hand; a step logged again, or a batch
 replayed out of order, has its blocks recomputed from `metrics`. Either way they end as
-the rows say. A reader trusts a run's blocks only when their points add up to
-its summary's count (`_trusted`); otherwise that run is cut from its points, the same
-answer read slower. So a store written by anything that skipped the blocks is never read
-wrong.
+the rows say. A reader trusts a run's blocks only when their points add up to its
+summary's count (`_trusted`); otherwise that run is cut from its points,
+the same answer read slower. So a store written by anything that skipped the blocks is
+never read wrong.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import weakref
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,50 +40,68 @@ from lab.store.engine import connect
 from lab.store.schema import BLOCK_STEPS
 
 B = BLOCK_STEPS
+_COLUMNS = (
+    'run_id, "key", block, points, step_min, step_max, value_min, value_max, value_sum, '
+    "value_count, point_offsets, point_values"
+)
+_BLOCK_PUT = f"INSERT INTO metric_blocks ({_COLUMNS}) VALUES ({{marks}})"
 _INF = math.inf
-# floor(step / B) on SQLite and PostgreSQL alike (both truncate integer division toward zero).
-_BLOCK_OF = f"((step - ((step % {B}) + {B}) % {B}) / {B})"
-
-_BLOCK_UPSERT = f"""
-INSERT INTO metric_blocks (run_id, "key", block, points, step_min, step_max,
-                           value_min, value_max, value_sum, value_count)
-SELECT run_id, "key", {_BLOCK_OF}, count(*), min(step), max(step),
-       min({{v}}), max({{v}}), sum({{v}}), count({{v}})
-FROM metrics
-WHERE run_id = {{m}} AND "key" = {{m}} AND step >= {{m}} AND step < {{m}}
-GROUP BY run_id, "key", {_BLOCK_OF}
-ON CONFLICT (run_id, "key", block) DO UPDATE SET
-  points = excluded.points, step_min = excluded.step_min, step_max = excluded.step_max,
-  value_min = excluded.value_min, value_max = excluded.value_max,
-  value_sum = excluded.value_sum, value_count = excluded.value_count
-"""
-
-_REBLOCK_RUN = f"""
-INSERT INTO metric_blocks (run_id, "key", block, points, step_min, step_max,
-                           value_min, value_max, value_sum, value_count)
-SELECT run_id, "key", {_BLOCK_OF}, count(*), min(step), max(step),
-       min({{v}}), max({{v}}), sum({{v}}), count({{v}})
-FROM metrics
-WHERE run_id = :run_id{{since}}
-GROUP BY run_id, "key", {_BLOCK_OF}
-"""
+_NAN = math.nan
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
-_SINCE = " AND step >= :first"
+def pack_values(values: Sequence[float | None]) -> bytes:
+    """A block's values as its `point_values`: float64, little-endian, NaN kept (a NULL
+    read from SQLite, which stores NaN so, packed as NaN)."""
+    packed = array("d", [_NAN if v is None else v for v in values])
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
 
 
-def value_expression(dialect: str) -> str:
-    """A metric value as min, max, sum and count must see it: NaN left out. SQLite stores
-    NaN as NULL, which aggregates skip; PostgreSQL keeps NaN and orders it above inf."""
-    return "value" if dialect == "sqlite" else "NULLIF(value, 'NaN'::double precision)"
+def fold(rows: Any, skip: set[tuple[int, str]] | None = None) -> dict[tuple[int, str, int], list]:
+    """Blocks of points ((run, key, step, value, ...) in step order per key): per (run, key,
+    block), [points, first step, last step, min, max, sum, count of numbers, offsets of the
+    steps in the block, values]. NaN (or None) counts as a point, not as a number."""
+    folded: dict[tuple[int, str, int], list[Any]] = {}
+    get = folded.get
+    for run_id, key, step, value, *_ in rows:
+        if skip and (run_id, key) in skip:
+            continue
+        block = step // B
+        where = (run_id, key, block)
+        f = get(where)
+        if f is None:
+            f = folded[where] = [0, step, step, _INF, -_INF, 0.0, 0, bytearray(), []]
+        f[0] += 1
+        f[2] = step
+        f[7].append(step - block * B)
+        f[8].append(value)
+        if value is not None and value == value:  # a number, not NaN
+            if value < f[3]:
+                f[3] = value
+            if value > f[4]:
+                f[4] = value
+            f[5] += value
+            f[6] += 1
+    return folded
+
+
+def block_rows(folded: dict[tuple[int, str, int], list[Any]]) -> list[tuple[Any, ...]]:
+    """`fold`'s blocks as rows of `metric_blocks` (`_COLUMNS` order)."""
+    return [
+        (*where, n, first, last, *((lo, hi, total) if count else (None,) * 3), count,
+         bytes(offsets), pack_values(values))
+        for where, (n, first, last, lo, hi, total, count, offsets, values) in folded.items()
+    ]  # fmt: skip
 
 
 class Blocks:
     """The block upkeep part of `lab.store.Store`."""
 
     dialect: str
-    _block_upsert: str
     _block_merge: str
+    _block_put: str
 
     def _block(
         self,
@@ -88,64 +112,62 @@ class Blocks:
     ) -> None:
         """Fold a batch's rows ((run, key, step, value, wall time), as written) into its
         blocks, in its transaction after them. A key whose batch only extends it (`acc`
-        and `again` as `_summarize` saw them) is folded in from the rows in hand; one that
-        logged a step again has every block from its first to its last step in the batch
-        recomputed from `metrics`."""
-        spans = [
-            (run_id, key, (acc[run_id][key][1] // B) * B, (acc[run_id][key][2] // B + 1) * B)
-            for run_id, key in again
-        ]
-        folded: dict[tuple[int, str, int], list[Any]] = {}
-        get = folded.get
-        for run_id, key, step, value, _ in rows:
-            if again and (run_id, key) in again:
-                continue
-            where = (run_id, key, step // B)
-            f = get(where)
-            if f is None:  # points, first and last step, min, max, sum and count of numbers
-                f = folded[where] = [0, step, step, _INF, -_INF, 0.0, 0]
-            f[0] += 1
-            f[2] = step
-            if value == value:  # not NaN
-                if value < f[3]:
-                    f[3] = value
-                if value > f[4]:
-                    f[4] = value
-                f[5] += value
-                f[6] += 1
+        and `again` as `_summarize` saw them) is folded in from the rows in hand, its
+        points appended to its last block's; one that logged a step again has every block
+        from its first to its last step in the batch rebuilt from `metrics`."""
+        folded = fold(rows, again)
         if folded:
-            conn.exec_driver_sql(
-                self._block_merge,
-                [
-                    (*where, n, first, last, *((lo, hi, total) if count else (None,) * 3), count)
-                    for where, (n, first, last, lo, hi, total, count) in folded.items()
-                ],
-            )
-        if spans:
-            conn.exec_driver_sql(self._block_upsert, spans)
+            conn.exec_driver_sql(self._block_merge, block_rows(folded))
+        for run_id, key in sorted(again):
+            first, last = acc[run_id][key][1], acc[run_id][key][2]
+            self._rebuild(conn, run_id, key, first // B, last // B + 1)
 
     def _reblock_run(self, conn: Connection, run_id: int, from_step: int | None) -> None:
         """Rebuild a run's blocks from the rows: those from the block holding `from_step`
         on (after its metrics past a step went), or all of them (None)."""
-        table = sa.table("metric_blocks", sa.column("run_id"), sa.column("block"))
-        where = [table.c.run_id == run_id]
-        first = None if from_step is None else (from_step // B) * B
-        if first is not None:
-            where.append(table.c.block >= first // B)
-        conn.execute(sa.delete(table).where(*where))
-        sql = _REBLOCK_RUN.format(
-            v=value_expression(self.dialect), since=_SINCE if first is not None else ""
+        self._rebuild(conn, run_id, None, None if from_step is None else from_step // B, None)
+
+    def _rebuild(
+        self,
+        conn: Connection,
+        run_id: int,
+        key: str | None,
+        first_block: int | None,
+        end_block: int | None,
+    ) -> None:
+        """Blocks `first_block` up to `end_block` (None: no bound) of a run's `key` (None:
+        every key) deleted and made again from `metrics`."""
+        blocks = sa.table("metric_blocks", sa.column("run_id"), sa.column("key"),
+                          sa.column("block"))  # fmt: skip
+        metrics = sa.table("metrics", sa.column("run_id"), sa.column("key"),
+                           sa.column("step"), sa.column("value"))  # fmt: skip
+        drop, read = [blocks.c.run_id == run_id], [metrics.c.run_id == run_id]
+        if key is not None:
+            drop.append(blocks.c.key == key)
+            read.append(metrics.c.key == key)
+        if first_block is not None:
+            drop.append(blocks.c.block >= first_block)
+            read.append(metrics.c.step >= first_block * B)
+        if end_block is not None:
+            drop.append(blocks.c.block < end_block)
+            read.append(metrics.c.step < end_block * B)
+        conn.execute(sa.delete(blocks).where(*drop))
+        points = conn.execute(
+            sa.select(metrics.c.run_id, metrics.c.key, metrics.c.step, metrics.c.value)
+            .where(*read)
+            .order_by(metrics.c.key, metrics.c.step)
         )
-        conn.execute(sa.text(sql), {"run_id": run_id, "first": first})
+        made = block_rows(fold(points))
+        if made:
+            conn.exec_driver_sql(self._block_put, made)
 
 
 # Folds a batch's block into the stored one: the batch only extends its key, so points and
-# counts add up, and min, max and sum combine (a NULL sum with numbers counted is NaN, and
-# stays so).
+# counts add up, its points go after the stored ones, and min, max and sum combine (a NULL
+# sum with numbers counted is NaN, and stays so).
 _BLOCK_MERGE = """
-INSERT INTO metric_blocks (run_id, "key", block, points, step_min, step_max,
-                           value_min, value_max, value_sum, value_count)
-VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m}, {m}, {m})
+INSERT INTO metric_blocks ({columns})
+VALUES ({marks})
 ON CONFLICT (run_id, "key", block) DO UPDATE SET
   points = metric_blocks.points + excluded.points,
   step_min = CASE WHEN excluded.step_min < metric_blocks.step_min
@@ -159,20 +181,32 @@ ON CONFLICT (run_id, "key", block) DO UPDATE SET
   value_sum = CASE WHEN metric_blocks.value_count = 0 THEN excluded.value_sum
                    WHEN excluded.value_count = 0 THEN metric_blocks.value_sum
                    ELSE metric_blocks.value_sum + excluded.value_sum END,
-  value_count = metric_blocks.value_count + excluded.value_count
+  value_count = metric_blocks.value_count + excluded.value_count,
+  point_offsets = {concat_offsets},
+  point_values = {concat_values}
 """
 
 
-def block_merge(mark: str) -> str:
-    """The fold statement with the driver's parameter mark."""
-    return _BLOCK_MERGE.format(m=mark)
+def _concat(dialect: str, column: str) -> str:
+    """The stored bytes of `column` with the batch's after them. SQLite's `||` gives text
+    (its bytes kept, NULs included), cast back to a blob."""
+    both = f"metric_blocks.{column} || excluded.{column}"
+    return f"CAST({both} AS BLOB)" if dialect == "sqlite" else both
 
 
-def block_upsert(dialect: str, mark: str) -> str:
-    """The upkeep statement with the driver's parameter mark (run through the driver as it
-    is: a literal % doubled for psycopg)."""
-    sql = _BLOCK_UPSERT if dialect == "sqlite" else _BLOCK_UPSERT.replace("%", "%%")
-    return sql.format(v=value_expression(dialect), m=mark)
+def block_merge(dialect: str, mark: str) -> str:
+    """The fold statement for the dialect, with the driver's parameter mark."""
+    return _BLOCK_MERGE.format(
+        columns=_COLUMNS,
+        marks=", ".join([mark] * 12),
+        concat_offsets=_concat(dialect, "point_offsets"),
+        concat_values=_concat(dialect, "point_values"),
+    )
+
+
+def block_put(mark: str) -> str:
+    """The insert of whole blocks (rebuilt ones), with the driver's parameter mark."""
+    return _BLOCK_PUT.format(marks=", ".join([mark] * 12))
 
 
 # -- the cut ------------------------------------------------------------------------------
@@ -298,11 +332,14 @@ def has_blocks(conn: Connection) -> bool:
     return found
 
 
-def _trusted(conn: Connection, run_ids: Sequence[int], key: str) -> set[int]:
-    """The runs whose blocks of `key` hold exactly their summary's count of points."""
+def _trusted(
+    conn: Connection, run_ids: Sequence[int], key: str, points: str = "k.points"
+) -> set[int]:
+    """The runs whose blocks of `key` hold exactly their summary's count of points, counted
+    by `points` (per block: its `points`, or the length of its packed offsets)."""
     sql = sa.text(
         'SELECT s.run_id FROM summaries s WHERE s.run_id IN :ids AND s."key" = :key '
-        'AND s."count" = (SELECT coalesce(sum(k.points), 0) FROM metric_blocks k '
+        f'AND s."count" = (SELECT coalesce(sum({points}), 0) FROM metric_blocks k '
         'WHERE k.run_id = s.run_id AND k."key" = s."key")'
     ).bindparams(sa.bindparam("ids", expanding=True))
     return set(conn.execute(sql, {"ids": list(run_ids), "key": key}).scalars())
@@ -401,3 +438,150 @@ def _last_values(conn: Connection, key: str, out: dict[tuple[int, int], list[Any
     conn.exec_driver_sql("INSERT INTO temp.lab_cut_last VALUES (?, ?, ?)", ends)
     for run_id, i, value in conn.execute(sa.text(_LAST), {"key": key}).all():
         out[(run_id, i)][6] = math.nan if value is None else value
+
+
+# -- the cut from the packed points -----------------------------------------------------
+
+_HAS_PACKED: weakref.WeakKeyDictionary[sa.Engine, bool] = weakref.WeakKeyDictionary()
+
+
+def has_packed(conn: Connection) -> bool:
+    """Whether the store's blocks carry their points (revision 0007 on)."""
+    engine = conn.engine
+    found = _HAS_PACKED.get(engine)
+    if found is None:
+        found = has_blocks(conn) and "point_offsets" in {
+            c["name"] for c in sa.inspect(conn).get_columns("metric_blocks")
+        }
+        _HAS_PACKED[engine] = found
+    return found
+
+
+def packed_cut(
+    conn: Connection,
+    key: str,
+    run_ids: Sequence[int],
+    bounds: Sequence[tuple[int, int, int]],
+) -> tuple[dict[tuple[int, int], Cell], list[int]]:
+    """Per run and non-empty bucket of `bounds` (in step order, as
+    `lab.server.read.bucket_bounds` gives them): its `Cell`, last value included. The
+    same numbers as a pass over every point, on either database, from `packed_columns`.
+
+    Also returns the runs it could not read so, for the caller to cut another way.
+    """
+    columns, rest = packed_columns(conn, key, run_ids, bounds)
+    if columns is None:
+        return {}, rest
+    c = columns
+    cells: dict[tuple[int, int], Cell] = {}
+    for run_id, i, s0, s1, lo, hi, t, n, v in zip(
+        c.run_id.tolist(), c.i.tolist(), c.first.tolist(), c.final.tolist(), c.low.tolist(),
+        c.high.tolist(), c.total.tolist(), c.count.tolist(), c.last.tolist(), strict=True,
+    ):  # fmt: skip
+        cells[(run_id, i)] = (s0, s1, lo if n else None, hi if n else None, t, n, v)
+    return cells, rest
+
+
+class Columns:
+    """Cells as columns (numpy arrays of one entry per run and non-empty bucket, in (run,
+    bucket) order): `run_id`, bucket `i`, `first` and `final` step, `low`, `high` (NaN
+    where `count` is 0), `total` and `count` of the numbers (NaN left out), `last` value
+    (NaN kept)."""
+
+    __slots__ = ("count", "final", "first", "high", "i", "last", "low", "run_id", "total")
+
+    def __init__(self, **columns: Any) -> None:
+        for name, column in columns.items():
+            setattr(self, name, column)
+
+
+def packed_columns(
+    conn: Connection,
+    key: str,
+    run_ids: Sequence[int],
+    bounds: Sequence[tuple[int, int, int]],
+) -> tuple[Columns | None, list[int]]:
+    """The cells of `key` for `run_ids` and `bounds` (in step order), as `Columns`
+    computed from the points packed in the blocks: a row per 32 points read, the buckets
+    cut in numpy (None when no point falls in them).
+
+    Also returns the runs it could not read so (blocks that do not pack their summary's
+    count of points, or a store before revision 0007), for the caller to cut another way.
+    The whole range of each run is read: meant for buckets narrower than a few blocks,
+    where every point lies in a bucket's edge anyway.
+    """
+    run_ids = list(dict.fromkeys(run_ids))
+    if not run_ids or not bounds:
+        return None, []
+    if not has_packed(conn):
+        return None, run_ids
+    use = _trusted(conn, run_ids, key, "length(k.point_offsets)")
+    rest = [r for r in run_ids if r not in use]
+    lo, hi = bounds[0][1], bounds[-1][2]
+    args = (key, lo // B, (hi - 1) // B + 1)
+    rows: list[Any] = []
+    if use:
+        marks = "?" if conn.dialect.name == "sqlite" else "%s"
+        sql = _PACKED.format(ids=", ".join([marks] * len(use)), m=marks)
+        rows = conn.exec_driver_sql(sql, (*sorted(use), *args)).fetchall()
+    torn = {r[0] for r in rows if len(r[3]) != 8 * len(r[2])}
+    if torn:  # a block whose two columns disagree: its run is cut another way
+        rest += sorted(torn)
+        rows = [r for r in rows if r[0] not in torn]
+    if not rows:
+        return None, rest
+    return _columns(rows, bounds), rest
+
+
+_PACKED = (
+    "SELECT run_id, block, point_offsets, point_values FROM metric_blocks "
+    'WHERE run_id IN ({ids}) AND "key" = {m} AND block >= {m} AND block < {m} '
+    "ORDER BY run_id, block"
+)
+
+
+def _columns(rows: list[Any], bounds: Sequence[tuple[int, int, int]]) -> Columns | None:
+    """`packed_columns` from its blocks, read in (run, block) order."""
+    import numpy as np  # the store's write path never needs it
+
+    n = len(rows)
+    offsets_of = [r[2] for r in rows]
+    lengths = np.fromiter(map(len, offsets_of), np.int64, n)
+    blocks = np.fromiter((r[1] for r in rows), np.int64, n)
+    runs = np.repeat(np.fromiter((r[0] for r in rows), np.int64, n), lengths)
+    steps = np.repeat(blocks * B, lengths)
+    steps += np.frombuffer(b"".join(offsets_of), np.uint8)
+    values = np.frombuffer(b"".join([r[3] for r in rows]), "<f8")
+    starts = np.fromiter((lo for _, lo, _ in bounds), np.int64, len(bounds))
+    ends = np.fromiter((hi for _, _, hi in bounds), np.int64, len(bounds))
+    index = np.fromiter((i for i, _, _ in bounds), np.int64, len(bounds))
+    at = np.searchsorted(starts, steps, side="right") - 1
+    inside = (at >= 0) & (steps < ends[np.maximum(at, 0)])
+    if not inside.all():
+        runs, steps, values, at = runs[inside], steps[inside], values[inside], at[inside]
+    if not len(steps):
+        return None
+    change = np.empty(len(steps), dtype=bool)
+    change[0] = True
+    np.not_equal(runs[1:], runs[:-1], out=change[1:])
+    change[1:] |= at[1:] != at[:-1]
+    first = np.flatnonzero(change)
+    final = np.empty_like(first)
+    final[:-1] = first[1:] - 1
+    final[-1] = len(steps) - 1
+    nan = np.isnan(values)
+    with np.errstate(invalid="ignore"):  # inf + -inf is NaN, as in a pass over the points
+        low = np.fmin.reduceat(values, first)
+        high = np.fmax.reduceat(values, first)
+        total = np.add.reduceat(np.where(nan, 0.0, values), first)
+    return Columns(
+        run_id=runs[first],
+        i=index[at[first]],
+        first=steps[first],
+        final=steps[final],
+        low=low,
+        high=high,
+        total=total,
+        count=np.add.reduceat(~nan, first, dtype=np.int64),
+        last=values[final],
+    )

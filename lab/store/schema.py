@@ -197,7 +197,9 @@ class SqlMetricBlock(Base):
     Derived from `metrics`, like an index: the transaction that writes metric rows
     recomputes, from the rows, every block they fall in (`lab.store.blocks`), so a series
     is cut into buckets by reading whole blocks and only the points at each bucket's two
-    edges (a million points at 2,000 buckets read ~100,000 rows, not a million).
+    edges (a million points at 2,000 buckets read ~100,000 rows, not a million), or, for
+    buckets narrower than a block, from the points packed in the blocks (31,250 rows for a
+    million points).
     """
 
     __tablename__ = "metric_blocks"
@@ -217,6 +219,11 @@ class SqlMetricBlock(Base):
     value_max: Mapped[float | None] = mapped_column(sa.Double)
     value_sum: Mapped[float | None] = mapped_column(sa.Double)
     value_count: Mapped[int] = mapped_column(sa.BigInteger)
+    #: The block's points in step order: each step's offset in the block (one byte each,
+    #: 0 to BLOCK_STEPS - 1), and each value as a little-endian float64, NaN kept. A cut
+    #: of narrow buckets reads these instead of one row of `metrics` per point.
+    point_offsets: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    point_values: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
 
 
 class SqlEval(Base):

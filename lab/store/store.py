@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
-from lab.store.blocks import Blocks, block_merge, block_upsert
+from lab.store.blocks import Blocks, block_merge, block_put
 from lab.store.crashes import HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
     check_reachable,
@@ -102,8 +102,8 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         mark = "%s" if self.dialect == "postgresql" else "?"
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
         self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
-        self._block_upsert = block_upsert(self.dialect, mark)
-        self._block_merge = block_merge(mark)
+        self._block_merge = block_merge(self.dialect, mark)
+        self._block_put = block_put(mark)
         self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
         # Built once: the writer runs these with every batch, and building a statement
         # costs more than running it.
