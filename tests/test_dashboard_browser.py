@@ -141,7 +141,7 @@ def train(run: RunSpec) -> LoopArtifacts:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            loop.end_step({"loss": loss.item()})
+            loop.end_step({"loss": loss.item(), "lr": cfg.lr})  # a metric named like a field
             if step % 20 == 0:
                 loop.log_histogram("weights", model.weight, bins=8, range=(-2, 2))
                 loop.log_image("weights/image", (model.weight.detach().clamp(-1, 1) + 1) / 2)
@@ -463,6 +463,11 @@ def test_runs_table_sorts_filters_and_a_failed_run_shows_its_error(
         ]
 
     assert sorted(keys()) == ["fast-r0", "fast-r1", "slow-r0", "slow-r1"]
+    heads = {
+        b.get_attribute("data-key"): b.text
+        for b in browser.find_elements(By.CSS_SELECTOR, "#runs-table thead button")
+    }
+    assert (heads["config.lr"], heads["final.lr"]) == ("lr", "lr (final)")  # the field, the metric
     browser.find_element(By.CSS_SELECTOR, "#runs-table button[data-key='seed']").click()
     assert [k[-1] for k in keys()] == ["0", "0", "1", "1"]
     browser.find_element(By.CSS_SELECTOR, "#runs-table button[data-key='run_key']").click()

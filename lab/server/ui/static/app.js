@@ -592,7 +592,9 @@
       ];
       varying.forEach((k) => cols.push({ key: `config.${k}`, label: k, kind: 'config',
         get: (r) => flatten(r.config)[k] }));
-      Array.from(finals).sort().forEach((k) => cols.push({ key: `final.${k}`, label: k,
+      // A metric named like a config field (lr) says which of the two columns it is.
+      Array.from(finals).sort().forEach((k) => cols.push({ key: `final.${k}`,
+        label: varying.includes(k) ? `${k} (final)` : k,
         kind: 'final', get: (r) => (r.final || {})[k] }));
       return cols;
     }
