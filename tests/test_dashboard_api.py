@@ -619,3 +619,30 @@ def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> No
                 assert last == c[6] or (math.isnan(last) and math.isnan(c[6]))
     finally:
         store.close()
+
+
+def test_the_apps_duckdb_connection_closes_with_the_app(sqlite_url: str) -> None:
+    """The DuckDB connection the experiment page opens (it attaches the store) is closed
+    when the app shuts down, with the store."""
+    import duckdb
+
+    store = Store(sqlite_url)
+    try:
+        exp = store.begin_experiment("tiny", config={}, seed=0, repeats=1)
+        arm = store.add_arm(exp, "a", overrides={}, config={})
+        group = store.add_group(exp, "a", arm_id=arm)
+        run = store.start_run(exp, group, run_key="a-r0", arm_id=arm, repeat=0, stage=0,
+                              seed=0, config={}, output_dir=None)  # fmt: skip
+        store.log_metrics(run, 1, {"loss": 0.5})
+        store.finish_run(run, status="completed")
+        store.finish_experiment(exp, status="completed")
+        token = create_token(store.engine, "tiny-read", "read")
+    finally:
+        store.close()
+    app = create_app(sqlite_url)
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
+        assert client.get("/api/v1/dashboard/experiments/tiny").status_code == 200
+        con = app.state.inspect
+        assert con.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(duckdb.ConnectionException):
+        con.execute("SELECT 1")

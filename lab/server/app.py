@@ -312,6 +312,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
+        analysis = getattr(_app.state, "inspect", None)  # the dashboard's DuckDB, if opened
+        if analysis is not None:
+            analysis.close()
         the_store.close()
 
     app = fastapi.FastAPI(
