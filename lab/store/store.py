@@ -11,7 +11,9 @@ histograms and images are queued by `lab.store.media`.
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
+from lab.errors import ConfigError
 from lab.store.blocks import Blocks, block_merge, block_put
 from lab.store.crashes import HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
@@ -33,9 +36,14 @@ from lab.store.reads import Reads
 from lab.store.schema import SqlRun, SqlSummary
 from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
+from lab.store.writer_process import WriterProcess
 from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, Writes
 
-__all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "Store", "check_tags"]
+__all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "check_tags"]
+
+#: Where metric batches are written: a thread of the store's own (the default), or the
+#: writer process this process shares among its stores.
+WRITERS = ("thread", "process")
 
 
 class Store(Writes, Reads, Crashes, Summaries, Blocks):
@@ -56,6 +64,7 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         give_up_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
+        writer: str | None = None,
     ) -> None:
         """`give_up_s`: how long a flush waits out a failing store before it raises (default
         ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
@@ -71,6 +80,14 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         `create=False` is for commands that change a store without recording into it
         (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
         created, so a mistyped ``--store`` leaves nothing behind.
+
+        `writer` (else ``LAB_STORE_WRITER``, else ``thread``): where metric batches are
+        encoded and written. ``thread``: by a writer thread in this process. ``process``:
+        by the writer process this process shares among its stores
+        (`lab.store.writer_process`, started with the first of them), so the training
+        thread never shares its interpreter's lock with the writes. A store no other
+        process can open (SQLite in memory) and a read-only one use the thread;
+        `writer_mode` says which was taken.
         """
         self.url = resolve_url(url)
         self.readonly = readonly
@@ -95,6 +112,15 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        #: ``process`` or ``thread``: where this store's metric batches are written.
+        self.writer_mode = "thread"
+        self._process: WriterProcess | None = None
+        shared = None if readonly or not create else _reopenable(self.url)
+        if _writer_choice(writer) == "process" and shared is not None:
+            self.writer_mode = "process"
+            self._process = WriterProcess(
+                shared, lambda: tuple(self._active), fallback=self._write_metrics
+            )
         #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
         self.media = MediaRows(self.engine, give_up_s=give_up_s)
         self._active: set[int] = set()  # runs started here and not finished: heartbeats
@@ -140,9 +166,24 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
             with self._writer_lock:
                 if self._writer is None:
                     self._writer = MetricWriter(
-                        self._write_metrics, give_up_s=self.give_up_s, idle_s=self.heartbeat_s
+                        self._batch_write(), give_up_s=self.give_up_s, idle_s=self.heartbeat_s
                     )
         return self._writer
+
+    def _batch_write(self) -> Any:
+        """The writer process, unless `_write_metrics` was replaced on this store (a bench
+        or a test that wraps it): the process could not run the replacement, so the thread
+        writes then."""
+        if self._process is not None and "_write_metrics" not in vars(self):
+            return self._process
+        self._close_process()
+        return self._write_metrics
+
+    def _close_process(self) -> None:
+        process, self._process = self._process, None
+        self.writer_mode = "thread"
+        if process is not None:
+            process.close()
 
     def flush(self) -> None:
         """Make every metric logged so far durable; raises `StoreError` when they could not
@@ -159,4 +200,35 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
                 self._writer = None
             self.media.close()
         finally:
-            self.engine.dispose()
+            try:
+                process, self._process = self._process, None
+                if process is not None:
+                    process.close()  # after the last flush: the writer process lets go of it
+            finally:
+                self.engine.dispose()
+
+
+def _writer_choice(writer: str | None) -> str:
+    chosen = writer or os.environ.get("LAB_STORE_WRITER") or "thread"
+    if chosen not in WRITERS:
+        raise ConfigError(
+            f"unknown metric writer {chosen!r}; use one of {', '.join(WRITERS)} "
+            "(the writer argument or LAB_STORE_WRITER)"
+        )
+    return chosen
+
+
+def _reopenable(url: Any) -> str | None:
+    """The URL by which another process opens the same store (a SQLite file by absolute
+    path, so the writer process finds it whatever its working folder), or None when no
+    other process can (SQLite in memory)."""
+    parsed = url.parsed
+    if url.backend != "sqlite":
+        return str(url)
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    if parsed.query.get("mode") == "memory":
+        return None
+    path = str(Path(database).expanduser().resolve())
+    return parsed.set(database=path).render_as_string(hide_password=False)

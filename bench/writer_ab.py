@@ -1,0 +1,130 @@
+"""The store's two metric writers side by side: its writer process against its writer thread,
+on the fits of bench/overhead.py at 8 metrics per step, with more rounds than overhead.py
+can afford, so that a difference of a few percent shows through a loaded machine's noise.
+
+Each round runs `bare`, `aa` (bare again: the A/A control), and overhead.py's `handle_sql`
+and `loop_sql` with each writer: `_process` (``Store(url, writer="process")``) and
+`_thread` (``writer="thread"``), in
+an order that starts at another arm each round and runs backwards every other round
+(`overhead.spread`). Per arm: the whole fit until durable and the mean and median step, each
+less bare's in the same round, as a percentage of bare's, the median over the rounds; and
+how many rounds the process came out below the thread on the same loop.
+
+Prints one JSON line.
+
+    python bench/writer_ab.py [--steps 2000] [--rounds 12] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import overhead
+import torch
+from _common import machine
+
+from lab.store import Store
+
+ARMS = (
+    "bare", "aa", "handle_sql_process", "handle_sql_thread", "loop_sql_process", "loop_sql_thread"
+)  # fmt: skip
+K = 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="300 steps, 2 rounds")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds = 300, 2
+    torch.set_num_threads(1)
+    overhead.one_fit("bare", K, 200, None)  # warm torch up before any arm is timed
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lab-bench-writer-ab-") as tmp:
+        # the first store of the process starts the writer process: once, before the clock
+        Store(f"sqlite:///{Path(tmp) / 'warm.db'}", writer="process").close()
+        for i in range(args.rounds):
+            for arm in overhead.spread(ARMS, i, args.rounds):
+                results[arm].append(overhead.run_arm(arm, K, args.steps, Path(tmp), i))
+            print(f"round {i + 1}/{args.rounds}", file=sys.stderr, flush=True)
+
+    def added_pct(arm: str, field: str, stat: Any) -> float:
+        """Median over rounds of (arm - bare) / bare, in percent, both of the same round."""
+        return round(
+            statistics.median(
+                100 * (stat(a[field]) - stat(b[field])) / stat(b[field])
+                for a, b in zip(results[arm], results["bare"], strict=True)
+            ),
+            2,
+        )
+
+    def figures(arm: str) -> dict[str, Any]:
+        return {
+            "fit_s_median": round(statistics.median(r["fit_s"] for r in results[arm]), 4),
+            "added_fit_pct": added_pct(arm, "fit_s", float),
+            "added_mean_step_pct": added_pct(arm, "step_s", statistics.mean),
+            "added_median_step_pct": added_pct(arm, "step_s", statistics.median),
+            "added_start_ms_median": round(
+                statistics.median(
+                    (a["start_s"] - b["start_s"]) * 1e3
+                    for a, b in zip(results[arm], results["bare"], strict=True)
+                ),
+                2,
+            ),
+            "added_end_ms_median": round(
+                statistics.median(
+                    (a["end_s"] - b["end_s"]) * 1e3
+                    for a, b in zip(results[arm], results["bare"], strict=True)
+                ),
+                2,
+            ),
+            "other_threads_cpu_s_median": round(
+                statistics.median(r["other_threads_cpu_s"] for r in results[arm]), 4
+            ),
+        }
+
+    def wins(loop: str, field: str, stat: Any) -> int:
+        """Rounds in which the writer process came out below the writer thread."""
+        return sum(
+            stat(p[field]) < stat(t[field])
+            for p, t in zip(results[f"{loop}_process"], results[f"{loop}_thread"], strict=True)
+        )
+
+    out = {
+        "bench": "writer_ab",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "metrics_per_step": K,
+        "seconds": round(time.perf_counter() - started, 1),
+        "bare": {
+            "fit_s_median": round(statistics.median(r["fit_s"] for r in results["bare"]), 4),
+            "mean_step_us_median": round(
+                statistics.median(statistics.mean(r["step_s"]) for r in results["bare"]) * 1e6,
+                2,
+            ),
+        },
+        "arms": {arm: figures(arm) for arm in ARMS if arm != "bare"},
+        "process_below_thread_rounds": {
+            loop: {
+                "fit": wins(loop, "fit_s", float),
+                "mean_step": wins(loop, "step_s", statistics.mean),
+            }
+            for loop in ("handle_sql", "loop_sql")
+        },
+        "machine": machine(torch_threads=torch.get_num_threads()),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""The metric writer process: batches are encoded and written outside the training process.
+
+A writer thread in the training process shares its interpreter's lock (the GIL) with the
+training thread: turning a batch into rows and binding them to SQLite costs ~5-10 µs of
+held GIL per point, and the training thread waits for it. So a `Store` that another process
+can open (a SQLite file, a PostgreSQL server) hands its batches to a writer process. There
+is one per training process, shared by all its stores, started when the first such store
+is opened: its start-up (a fresh interpreter importing SQLAlchemy, 0.5-2 s of CPU) overlaps
+what the program does next, and is paid once per process, not once per store.
+
+The training process keeps `MetricWriter` (the bounded buffer, back-pressure, flush
+markers, retries, the flush at exit) and gives it a `WriterProcess` as its write function.
+For each batch, the writer thread pickles the items (one C call), sends them through a pipe
+(the GIL is released while the bytes go) and blocks, again without the GIL, until the
+process answers: after it committed the batch with the same `Store._write_metrics` code on
+its own connection to the store, or with the exception that write raised, which the writer
+thread raises in turn, so retries, backoff and the `StoreError` messages are those of a
+writer thread. `flush` therefore still returns once every row put before it is committed.
+
+Nothing is lost when the process dies (SIGKILL, out of memory): the batch it was writing is
+still held by the training process, which starts a new process and sends the same batch
+again (the new process opens the store anew). A batch written twice is harmless: a step
+logged again replaces its rows, and the summaries and blocks of a batch that steps back
+are recomputed from the rows.
+
+The frames: an 8-byte little-endian length, then a pickle. Each one to the process is
+``(store key, URL, active run ids, items)``, the URL with its password (a pipe, never
+``ps``), or ``(store key, None, ...)`` when that store is closed; each answer is ``None``
+(done) or the exception. The process ignores SIGINT and runs in a session of its own, so a
+Ctrl-C or a SIGTERM to the training process's group leaves it writing until the training
+process has flushed at exit; it ends when its input closes, when the training process ends
+(however it ends: a SIGKILL included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from lab._secrets import logger
+from lab.store.writer import _REJECTED, MetricItem, _reason
+
+log = logger("lab.store")
+
+_HEADER = struct.Struct("<Q")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_CHILD = "from lab.store.writer_process import main; main()"
+
+
+class WriterDied(OSError):
+    """The metric writer process ended while it held a batch (that batch is kept)."""
+
+
+class WriterProcess:
+    """A `MetricWriter`'s write function that writes each batch in the writer process.
+
+    `url` must name a store that another process can open (a SQLite file by absolute path,
+    or a server); `active` returns the run ids whose heartbeat the store keeps (sent with
+    each batch, so that an idle `write([])` still refreshes them). Each one is a channel of
+    the one writer process this process shares among its stores, which it starts if none
+    runs yet. `close` tells the process to let go of this store (its connections).
+
+    `fallback` writes a batch in this process: it is used from the start when no writer
+    process can run here at all (one that ends before it ever answered, twice: an
+    interpreter that cannot import lab, say), so the rows are still written.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        active: Callable[[], Iterable[int]],
+        fallback: Callable[[list[MetricItem]], None] | None = None,
+    ) -> None:
+        self._url = url
+        self._active = active
+        self._fallback = fallback
+        self._local = False  # True once no writer process could run: `fallback` writes
+        self._key = next(_keys)
+        self._owner = os.getpid()  # a forked copy of this object must not touch the process
+        self._closed = False
+        _shared().start()
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's id (None when none runs)."""
+        return _shared().pid
+
+    @property
+    def restarts(self) -> int:
+        """How many times the writer process was found dead and started again."""
+        return _shared().restarts
+
+    def __call__(self, items: list[MetricItem]) -> None:
+        """Write `items` in one transaction in the process; raise what that write raised.
+        A process found dead is started again and given the same batch."""
+        if self._closed:
+            raise WriterDied("this store's metric writer is closed")
+        if self._local and self._fallback is not None:
+            self._fallback(items)
+            return
+        active = sorted(self._active())
+        if not items and not active:
+            return  # nothing to write and no heartbeat to keep
+        shared = _shared()
+        try:
+            reply = shared.exchange((self._key, self._url, active, items), len(items))
+        except WriterDied:
+            if shared.answered or self._fallback is None:
+                raise
+            log.warning("no metric writer process could start; metrics are written here")
+            self._local = True
+            self._fallback(items)
+            return
+        if reply is not None:
+            raise reply
+
+    def close(self) -> None:
+        """Let the writer process close this store (after the last flush)."""
+        if self._closed or os.getpid() != self._owner:
+            return
+        self._closed = True
+        _shared().forget(self._key)
+
+
+class _Process:
+    """The one writer process of this process, started on first use and again whenever it
+    is found dead; `exchange` sends one frame and waits for the answer, one at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.answered = 0  # frames answered, by every process started so far
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return None if proc is None or proc.poll() is not None else proc.pid
+
+    def start(self) -> None:
+        with self._lock:
+            if self._proc is None:
+                self._start()
+
+    def _start(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            start_new_session=True,  # a signal to the training process's group passes it by
+        )
+
+    def exchange(self, message: tuple[Any, ...], rows: int) -> BaseException | None:
+        payload = pickle.dumps(message, _PROTOCOL)
+        with self._lock:
+            if self._proc is None:
+                self._start()
+            try:
+                return self._send_and_wait(payload)
+            except OSError:
+                self._restart(rows)
+                try:
+                    return self._send_and_wait(payload)
+                except OSError as exc:
+                    raise WriterDied(
+                        f"the metric writer process ended twice while writing ({exc})"
+                    ) from exc
+
+    def _send_and_wait(self, payload: bytes) -> BaseException | None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        if proc.poll() is not None:
+            raise WriterDied(f"the metric writer process exited ({proc.returncode})")
+        _send(proc.stdin, payload)
+        answer = _receive(proc.stdout)
+        if answer is None:
+            raise WriterDied("the metric writer process ended before it answered")
+        self.answered += 1
+        return pickle.loads(answer)
+
+    def _restart(self, rows: int) -> None:
+        old = self._proc
+        assert old is not None
+        _end(old, wait_s=1.0)
+        self.restarts += 1
+        log.warning(
+            "the metric writer process (pid %s) ended (%s); started another, which writes "
+            "the batch again (%d steps)",
+            old.pid,
+            old.returncode,
+            rows,
+        )
+        self._start()
+
+    def forget(self, key: int) -> None:
+        """The process closes store `key`; nothing to do when it is not running."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return
+            with contextlib.suppress(OSError):
+                self._send_and_wait(pickle.dumps((key, None, (), ()), _PROTOCOL))
+
+
+_keys = itertools.count(1)
+_process: tuple[int, _Process] | None = None
+_process_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    global _process, _process_lock
+    _process, _process_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _shared() -> _Process:
+    """This process's writer process (a forked child gets its own, never its parent's)."""
+    global _process
+    pid = os.getpid()
+    current = _process
+    if current is None or current[0] != pid:
+        with _process_lock:
+            current = _process
+            if current is None or current[0] != pid:
+                current = _process = (pid, _Process())
+    return current[1]
+
+
+def _end(proc: subprocess.Popen[bytes], *, wait_s: float) -> None:
+    """Close the pipes (the process ends at the end of its input) and reap it."""
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _send(pipe: IO[bytes] | None, payload: bytes) -> None:
+    assert pipe is not None
+    pipe.write(_HEADER.pack(len(payload)))
+    pipe.write(payload)
+    pipe.flush()
+
+
+def _receive(pipe: IO[bytes]) -> bytes | None:
+    """One frame, or None at the end of the stream (the other side is gone)."""
+    head = pipe.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    body = pipe.read(size)
+    return body if len(body) == size else None
+
+
+# -- the process ------------------------------------------------------------------------------
+def main() -> None:
+    """The writer process: write each batch it is sent in its store, and answer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
+    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # the frames own stdout: a stray print must not corrupt them
+    stores: dict[int, Any] = {}
+    while (frame := _receive(source)) is not None:
+        key, url, active, items = pickle.loads(frame)
+        reply: BaseException | None = None
+        try:
+            if url is None:  # the store was closed in the training process
+                store = stores.pop(key, None)
+                if store is not None:
+                    store.engine.dispose()
+            else:
+                store = stores.get(key)
+                if store is None:
+                    store = stores[key] = _open(url)
+                store._active = set(active)
+                store._write_metrics(items)
+        except Exception as exc:
+            reply = exc
+        try:
+            _send(sink, _answer(reply))
+        except OSError:
+            break  # the training process is gone
+    for store in stores.values():
+        store.engine.dispose()
+
+
+def _open(url: str) -> Any:
+    """A store in this process; its schema is the training process's business."""
+    from lab.store.store import Store
+
+    return Store(url, migrate=False, writer="thread")
+
+
+def _answer(error: BaseException | None) -> bytes:
+    """The reply to one batch: None, or the exception as the training process can raise
+    it (a stand-in of the same kind, with the same reason, when it does not pickle)."""
+    if error is None:
+        return pickle.dumps(None, _PROTOCOL)
+    try:
+        text = pickle.dumps(error, _PROTOCOL)
+        pickle.loads(text)
+        return text
+    except Exception:
+        kind: type[Exception] = ValueError if isinstance(error, _REJECTED) else OSError
+        return pickle.dumps(kind(_reason(error)), _PROTOCOL)
