@@ -115,8 +115,9 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         #: ``process`` or ``thread``: where this store's metric batches are written.
         self.writer_mode = "thread"
         self._process: WriterProcess | None = None
-        shared = None if readonly or not create else _reopenable(self.url)
-        if _writer_choice(writer) == "process" and shared is not None:
+        chosen = _writer_choice(writer)
+        shared = None if chosen != "process" or readonly or not create else _reopenable(self.url)
+        if shared is not None:
             self.writer_mode = "process"
             self._process = WriterProcess(
                 shared, lambda: tuple(self._active), fallback=self._write_metrics
