@@ -287,6 +287,7 @@ def test_the_writer_process_ends_when_the_program_is_killed(
 def test_the_writer_is_chosen_and_stores_no_other_process_can_open_keep_the_thread(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("LAB_STORE_WRITER", raising=False)
     default = Store(sqlite_url)
     assert default.writer_mode == "thread" and default._process is None
     default.close()
