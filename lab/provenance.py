@@ -129,12 +129,27 @@ def compact(record: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-def _run_git(folder: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+def _run_gits(folder: Path, *commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[bytes]]:
+    """Run git commands side by side and wait for all of them: they only read, and the
+    experiment's start waits for the slowest, not for their sum."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_PAGER": "cat"}
-    return subprocess.run(
-        ["git", "-C", str(folder), "--no-pager", *args],
-        capture_output=True, timeout=_GIT_TIMEOUT_S, env=env, check=False,
-    )  # fmt: skip
+    started: list[subprocess.Popen[bytes]] = []
+    done: list[subprocess.CompletedProcess[bytes]] = []
+    try:
+        for args in commands:
+            started.append(subprocess.Popen(
+                ["git", "-C", str(folder), "--no-pager", *args],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+            ))  # fmt: skip
+        for proc in started:
+            out, err = proc.communicate(timeout=_GIT_TIMEOUT_S)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
 
 
 def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
@@ -142,8 +157,19 @@ def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
     empty: dict[str, Any] = {"commit": None, "branch": None, "dirty": None, "remote": None,
                              "untracked": None, "diff_file": None, "diff_bytes": 0,
                              "diff_truncated": False, "root": None, "note": None}  # fmt: skip
-    try:
-        top = _run_git(folder, "rev-parse", "--show-toplevel")
+    # binary files show as "Binary files ... differ"; no external diff or textconv runs
+    plain = ("--no-color", "--no-ext-diff", "--no-textconv")
+    try:  # all at once: outside a repository the others fail too, and are not read
+        top, head, branch_of, remote_of, untracked_of, diff_head, diff_staged = _run_gits(
+            folder,
+            ("rev-parse", "--show-toplevel"),
+            ("rev-parse", "--verify", "-q", "HEAD"),
+            ("rev-parse", "--abbrev-ref", "HEAD"),
+            ("config", "--get", "remote.origin.url"),
+            ("ls-files", "--others", "--exclude-standard", "-z"),
+            ("diff", "HEAD", *plain),
+            ("diff", "--cached", *plain),  # the change when there is no commit yet
+        )
     except FileNotFoundError:
         return {**empty, "note": "git is not installed"}, ""
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -154,17 +180,11 @@ def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
         if "not a git repository" in first:
             return {**empty, "note": f"{folder} is not in a git repository"}, ""
         return {**empty, "note": f"git: {mask(first)}"}, ""
-    head = _run_git(folder, "rev-parse", "--verify", "-q", "HEAD")
     commit = head.stdout.decode().strip() if head.returncode == 0 else None
-    branch = _run_git(folder, "rev-parse", "--abbrev-ref", "HEAD").stdout.decode().strip()
-    remote = _run_git(folder, "config", "--get", "remote.origin.url").stdout.decode().strip()
-    untracked = _run_git(folder, "ls-files", "--others", "--exclude-standard", "-z").stdout
-    # binary files show as "Binary files ... differ"; no external diff or textconv runs
-    plain = ("--no-color", "--no-ext-diff", "--no-textconv")
-    if commit is not None:
-        raw = _run_git(folder, "diff", "HEAD", *plain).stdout
-    else:  # no commit yet: everything staged is the change
-        raw = _run_git(folder, "diff", "--cached", *plain).stdout
+    branch = branch_of.stdout.decode().strip()
+    remote = remote_of.stdout.decode().strip()
+    untracked = untracked_of.stdout
+    raw = diff_head.stdout if commit is not None else diff_staged.stdout
     text, truncated = _cap(raw, diff_limit)
     git = {
         "commit": commit,
@@ -203,11 +223,48 @@ def _torch() -> dict[str, Any]:
 
 
 def _packages() -> dict[str, str]:
-    """Installed distributions, name -> version, sorted by name (as ``pip freeze``)."""
+    """Installed distributions, name -> version, sorted by name (as ``pip freeze``).
+
+    Why it is cheap: only the header of each METADATA is read, not parsed as e-mail (that
+    cost 50-90 ms per experiment, the slowest part of a fit's start), and the list is kept
+    for the process until a folder on ``sys.path`` changes (an install or an uninstall adds
+    or removes a ``.dist-info`` folder there, which changes the folder's mtime)."""
+    global _PACKAGES
+    stamp = _path_stamp()
+    if _PACKAGES is not None and _PACKAGES[0] == stamp:
+        return dict(_PACKAGES[1])
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        meta = dist.metadata  # parsed once: `dist.version` would parse it again
-        name = meta["Name"]
+        name, version = _name_version(dist)
         if name and name not in found:
-            found[name] = meta["Version"]
-    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+            found[name] = version or ""
+    packages = dict(sorted(found.items(), key=lambda item: item[0].lower()))
+    _PACKAGES = (stamp, packages)
+    return dict(packages)
+
+
+_PACKAGES: tuple[tuple[tuple[str, int | None], ...], dict[str, str]] | None = None
+
+
+def _path_stamp() -> tuple[tuple[str, int | None], ...]:
+    """Each ``sys.path`` entry with its mtime: what the distributions are found in."""
+    stamp: list[tuple[str, int | None]] = []
+    for entry in sys.path:
+        try:
+            stamp.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            stamp.append((entry, None))
+    return tuple(stamp)
+
+
+def _name_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """The Name and Version fields of a distribution's core metadata (its header: the lines
+    before the first blank one; both fields are single-line by the specification)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    name = version = None
+    for line in text.partition("\n\n")[0].splitlines():
+        if line.startswith("Name:"):
+            name = line[5:].strip()
+        elif line.startswith("Version:"):
+            version = line[8:].strip()
+    return name, version

@@ -130,6 +130,36 @@ def test_versions_packages_devices_command_and_host() -> None:
     json.dumps(record)  # it goes into a JSON column as it is
 
 
+def test_the_package_list_reads_headers_and_follows_installs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list is kept for the process, and read again once a folder on sys.path changes:
+    an install in a notebook shows in its next experiment."""
+
+    def install(version: str) -> None:
+        for old in tmp_path.glob("fake_lab_pkg-*.dist-info"):
+            (old / "METADATA").unlink()
+            old.rmdir()
+        info = tmp_path / f"fake_lab_pkg-{version}.dist-info"
+        info.mkdir()
+        # the body after the blank line is the long description: never read as fields
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: fake-lab-pkg\nVersion: {version}\n\n"
+            "Name: not-a-field\nVersion: 0\n"
+        )
+
+    first = collect().record["packages"]
+    assert "fake-lab-pkg" not in first
+    install("1.0")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert collect().record["packages"]["fake-lab-pkg"] == "1.0"
+    install("2.0")
+    packages = collect().record["packages"]
+    assert packages["fake-lab-pkg"] == "2.0"
+    assert "not-a-field" not in packages
+    assert {k: v for k, v in packages.items() if k != "fake-lab-pkg"} == first
+
+
 @pytest.mark.parametrize(
     ("argv", "masked"),
     [
