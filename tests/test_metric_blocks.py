@@ -289,13 +289,22 @@ def test_a_cut_shared_out_to_several_connections_is_the_same_cut(sqlite_store: S
 
 
 def _packed(store: Store, run: int, lo: int, hi: int, n: int) -> tuple[dict[int, tuple], list]:
+    """The cells of `blocks.packed_columns` as `blocks.cut` gives them, bucket -> cell."""
     with store.engine.connect() as conn:
-        cells, rest = blocks.packed_cut(conn, "y", [run], bucket_bounds(lo, hi, n))
-    return {i: c for (_, i), c in cells.items()}, rest
+        c, rest = blocks.packed_columns(conn, "y", [run], bucket_bounds(lo, hi, n))
+    if c is None:
+        return {}, rest
+    cells = {}
+    for i, s0, s1, lo_, hi_, t, count, v in zip(
+        c.i.tolist(), c.first.tolist(), c.final.tolist(), c.low.tolist(), c.high.tolist(),
+        c.total.tolist(), c.count.tolist(), c.last.tolist(), strict=True,
+    ):  # fmt: skip
+        cells[i] = (s0, s1, lo_ if count else None, hi_ if count else None, t, count, v)
+    return cells, rest
 
 
 def test_the_cut_from_packed_points_is_the_cut_of_the_points(store: Store) -> None:
-    """The points packed in the blocks, cut in numpy (`packed_cut`), on SQLite and
+    """The points packed in the blocks, cut in numpy (`packed_columns`), on SQLite and
     PostgreSQL: the definition at every bucket width, NaN-only buckets, inf + -inf, gaps
     and negative steps included; a range narrower than the run takes its part only."""
     run, steps, values = _series(store)

@@ -31,6 +31,7 @@ import weakref
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -457,42 +458,22 @@ def has_packed(conn: Connection) -> bool:
     return found
 
 
-def packed_cut(
-    conn: Connection,
-    key: str,
-    run_ids: Sequence[int],
-    bounds: Sequence[tuple[int, int, int]],
-) -> tuple[dict[tuple[int, int], Cell], list[int]]:
-    """Per run and non-empty bucket of `bounds` (in step order, as
-    `lab.server.read.bucket_bounds` gives them): its `Cell`, last value included. The
-    same numbers as a pass over every point, on either database, from `packed_columns`.
-
-    Also returns the runs it could not read so, for the caller to cut another way.
-    """
-    columns, rest = packed_columns(conn, key, run_ids, bounds)
-    if columns is None:
-        return {}, rest
-    c = columns
-    cells: dict[tuple[int, int], Cell] = {}
-    for run_id, i, s0, s1, lo, hi, t, n, v in zip(
-        c.run_id.tolist(), c.i.tolist(), c.first.tolist(), c.final.tolist(), c.low.tolist(),
-        c.high.tolist(), c.total.tolist(), c.count.tolist(), c.last.tolist(), strict=True,
-    ):  # fmt: skip
-        cells[(run_id, i)] = (s0, s1, lo if n else None, hi if n else None, t, n, v)
-    return cells, rest
-
-
+@dataclass(frozen=True, slots=True)
 class Columns:
     """Cells as columns (numpy arrays of one entry per run and non-empty bucket, in (run,
     bucket) order): `run_id`, bucket `i`, `first` and `final` step, `low`, `high` (NaN
     where `count` is 0), `total` and `count` of the numbers (NaN left out), `last` value
     (NaN kept)."""
 
-    __slots__ = ("count", "final", "first", "high", "i", "last", "low", "run_id", "total")
-
-    def __init__(self, **columns: Any) -> None:
-        for name, column in columns.items():
-            setattr(self, name, column)
+    run_id: Any
+    i: Any
+    first: Any
+    final: Any
+    low: Any
+    high: Any
+    total: Any
+    count: Any
+    last: Any
 
 
 def packed_columns(
