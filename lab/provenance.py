@@ -159,32 +159,33 @@ def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
                              "diff_truncated": False, "root": None, "note": None}  # fmt: skip
     # binary files show as "Binary files ... differ"; no external diff or textconv runs
     plain = ("--no-color", "--no-ext-diff", "--no-textconv")
-    try:  # all at once: outside a repository the others fail too, and are not read
-        top, head, branch_of, remote_of, untracked_of, diff_head, diff_staged = _run_gits(
+    try:  # all at once, the root, commit and branch in one: one wave of four processes
+        first, remote_of, untracked_of, diff_head = _run_gits(
             folder,
-            ("rev-parse", "--show-toplevel"),
-            ("rev-parse", "--verify", "-q", "HEAD"),
-            ("rev-parse", "--abbrev-ref", "HEAD"),
+            ("rev-parse", "--show-toplevel", "HEAD", "--abbrev-ref", "HEAD"),
             ("config", "--get", "remote.origin.url"),
             ("ls-files", "--others", "--exclude-standard", "-z"),
             ("diff", "HEAD", *plain),
-            ("diff", "--cached", *plain),  # the change when there is no commit yet
         )
+        if first.returncode == 0:
+            root, commit, branch = first.stdout.decode().split("\n")[:3]
+            raw = diff_head.stdout
+        else:  # outside a repository, or in one with no commit yet (HEAD names nothing)
+            (top,) = _run_gits(folder, ("rev-parse", "--show-toplevel"))
+            if top.returncode != 0:
+                reason = top.stderr.decode(errors="replace").strip().splitlines()
+                line = reason[0] if reason else "git rev-parse failed"
+                if "not a git repository" in line:
+                    return {**empty, "note": f"{folder} is not in a git repository"}, ""
+                return {**empty, "note": f"git: {mask(line)}"}, ""
+            root, commit, branch = top.stdout.decode().strip(), None, ""
+            raw = _run_gits(folder, ("diff", "--cached", *plain))[0].stdout  # what is staged
     except FileNotFoundError:
         return {**empty, "note": "git is not installed"}, ""
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {**empty, "note": f"git did not answer: {exc}"}, ""
-    if top.returncode != 0:
-        reason = top.stderr.decode(errors="replace").strip().splitlines()
-        first = reason[0] if reason else "git rev-parse failed"
-        if "not a git repository" in first:
-            return {**empty, "note": f"{folder} is not in a git repository"}, ""
-        return {**empty, "note": f"git: {mask(first)}"}, ""
-    commit = head.stdout.decode().strip() if head.returncode == 0 else None
-    branch = branch_of.stdout.decode().strip()
     remote = remote_of.stdout.decode().strip()
     untracked = untracked_of.stdout
-    raw = diff_head.stdout if commit is not None else diff_staged.stdout
     text, truncated = _cap(raw, diff_limit)
     git = {
         "commit": commit,
@@ -195,7 +196,7 @@ def _git(folder: Path, diff_limit: int) -> tuple[dict[str, Any], str]:
         "diff_file": DIFF_FILE if raw else None,
         "diff_bytes": len(raw),
         "diff_truncated": truncated,
-        "root": top.stdout.decode().strip(),
+        "root": root,
         "note": None if commit is not None else "the repository has no commit yet",
     }
     return git, text

@@ -26,7 +26,9 @@ Its ids live in ``ctx.ids`` under names starting with ``sql:``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +99,7 @@ class SqlLogger(Callback):
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
         self._resumed_at: int | None = None
         self._provenance: Provenance | None = None  # read once per experiment
+        self._reading: Future[Provenance] | None = None  # ... in a thread, from its start
         self._claims: dict[str, int] = {}  # run key -> id: claimed here, not started yet
 
     def open(self) -> Store:
@@ -121,6 +124,8 @@ class SqlLogger(Callback):
             state["_store_arg"] = store.url
         state["_store"] = None
         state["_owns_store"] = True
+        if state["_reading"] is not None:  # a worker gets the record, not the thread
+            state["_provenance"], state["_reading"] = state["_reading"].result(), None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -130,6 +135,9 @@ class SqlLogger(Callback):
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
         store = self.open()
+        # once: every run of the experiment shares it. Read in a thread from now, while
+        # the experiment's and group's rows are written; the first run's row waits for it
+        self._provenance, self._reading = None, _collect_soon()
         config = ctx.config
         exp_id = store.begin_experiment(
             ctx.experiment,
@@ -140,7 +148,6 @@ class SqlLogger(Callback):
             notes=ctx.extras.get(NOTES),
         )
         ctx.ids[EXPERIMENT_ID] = exp_id
-        self._provenance = _collect()  # once: every run of the experiment shares it
         configs = config.get("arm_configs", {})
         for name, overrides in config.get("arms", {}).items():
             ctx.ids[arm_key(name)] = store.add_arm(
@@ -333,7 +340,8 @@ class SqlLogger(Callback):
         folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not.
         """
         if self._provenance is None:
-            self._provenance = _collect()
+            reading, self._reading = self._reading, None
+            self._provenance = reading.result() if reading is not None else _collect()
         prov = self._provenance
         record = {**prov.record, "git": dict(prov.record["git"])}
         written = None
@@ -354,6 +362,21 @@ def _collect() -> Provenance:
     except Exception as exc:
         log.warning("could not read the provenance of this process: %r", exc)
         return Provenance({"git": {"commit": None}, "error": repr(exc)})
+
+
+def _collect_soon() -> Future[Provenance]:
+    """`_collect` in a thread of its own: most of it is waiting for git's processes, which
+    need not hold up the rows written meanwhile."""
+    future: Future[Provenance] = Future()
+
+    def read() -> None:
+        try:
+            future.set_result(_collect())
+        except BaseException as exc:  # never leave the run's row waiting for nothing
+            future.set_exception(exc)
+
+    threading.Thread(target=read, name="lab-provenance", daemon=True).start()
+    return future
 
 
 def _folder(ctx: LogContext) -> str | None:
