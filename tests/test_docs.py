@@ -33,6 +33,7 @@ def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str])
 
 
 def _check_store_page(out: str, namespace: dict[str, object]) -> None:
+    assert out.splitlines()[0] == "auto thread thread"  # the writers a store takes
     assert "metric 'acc' at step 2 is a str ('high')" in out
     assert "keys hold at most 255" in out
     assert "arm names hold at most 512: shorten it" in out

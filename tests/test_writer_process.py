@@ -3,6 +3,7 @@ replayed batch, the flush at a checkpoint and at exit, and the stores that keep 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -289,8 +290,12 @@ def test_the_writer_is_chosen_and_stores_no_other_process_can_open_keep_the_thre
 ) -> None:
     monkeypatch.delenv("LAB_STORE_WRITER", raising=False)
     default = Store(sqlite_url)
-    assert default.writer_mode == "thread" and default._process is None
+    assert default.writer_mode == "auto" and default._process is not None
     default.close()
+    monkeypatch.setenv("LAB_STORE_WRITER", "thread")
+    thread = Store(sqlite_url)
+    assert thread.writer_mode == "thread" and thread._process is None
+    thread.close()
     monkeypatch.setenv("LAB_STORE_WRITER", "process")
     chosen = Store(sqlite_url)
     assert chosen.writer_mode == "process" and chosen._process is not None
@@ -302,7 +307,9 @@ def test_the_writer_is_chosen_and_stores_no_other_process_can_open_keep_the_thre
     assert reader.writer_mode == "thread" and reader._process is None
     reader.close()
     monkeypatch.setenv("LAB_STORE_WRITER", "fork")
-    with pytest.raises(ConfigError, match=r"unknown metric writer 'fork'; use one of thread, proc"):
+    with pytest.raises(
+        ConfigError, match=r"unknown metric writer 'fork'; use one of auto, thread, pro"
+    ):
         Store(sqlite_url)
 
 
@@ -343,4 +350,121 @@ def test_where_no_writer_process_can_start_the_rows_are_written_here(
     finally:
         store.close()
         monkeypatch.undo()
+        writer_process._forget_after_fork()  # the next test starts a working one
         writer_process._forget_after_fork()  # the next store starts a working one
+
+
+AUTO_SCRIPT = """
+    import json, time
+    from lab.store import Store, writer_process as wp
+
+    def new_run(store, name):
+        exp = store.begin_experiment(name, config={{}}, seed=0, repeats=1)
+        return store.start_run(exp, store.add_group(exp, "g"), run_key="r", arm_id=None,
+                               repeat=0, stage=0, seed=0, config={{}}, output_dir=None)
+
+    def log(store, run, step):
+        store.log_metrics(run, step, {{f"k{{i}}": step + i / 10 for i in range(10)}})
+
+    store = Store({url!r})  # the default: auto
+    run = new_run(store, "e")
+    shared = wp._shared()
+    out = {{"mode": store.writer_mode}}
+    for step in range(1, 151):  # 1,500 points: written by the thread
+        log(store, run, step)
+        if step % 10 == 0:
+            store.flush()
+    out["below"] = [shared.pid, store._process.joined]
+    deadline = time.monotonic() + 60
+    while not store._process.joined:  # never waits: the thread writes meanwhile
+        assert time.monotonic() < deadline, "the writer process never became ready"
+        step += 1
+        log(store, run, step)
+        store.flush()
+        time.sleep(0.01)
+    out["joined_at"] = step
+    answered = shared.answered
+    step += 1
+    log(store, run, step)
+    store.flush()
+    out["answered"] = shared.answered - answered
+    other = Store({url!r})  # opened while the process is ready: it joins at its first batch
+    other_run = new_run(other, "e2")
+    other.log_metrics(other_run, 1, {{"x": 1.0}})
+    other.flush()
+    out.update(other=[other._process.joined, shared.answered - answered],
+               steps=step, pid=shared.pid)
+    store.close()
+    other.close()
+    print(json.dumps(out))
+"""
+
+
+def test_auto_writes_in_the_thread_until_the_process_is_ready_then_hands_it_over(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default in a fresh program: a short run never starts a writer process; a longer
+    one starts it after AUTO_AFTER_POINTS points, keeps writing in its thread until the
+    process is ready, and then sends it every batch, as does a store opened after that.
+    No row is lost or written twice across the hand-over."""
+    monkeypatch.delenv("LAB_STORE_WRITER", raising=False)
+    assert writer_process.AUTO_AFTER_POINTS == 2_000
+    child = _script(tmp_path, AUTO_SCRIPT.format(url=sqlite_url))
+    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["mode"] == "auto"
+    assert seen["below"] == [None, False]  # 1,500 points: no process started
+    assert seen["joined_at"] > 200  # started at the batch after 2,000 points, joined later
+    assert seen["answered"] >= 1 and seen["other"][0] is True and seen["other"][1] >= 2
+    assert seen["pid"] not in (None, os.getpid())
+    steps = seen["steps"]
+    assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == steps * 10 + 1
+    assert _scalar(sqlite_url, "SELECT count(DISTINCT step) FROM metrics WHERE key = 'k3'") == (
+        steps
+    )
+    assert _scalar(sqlite_url, "SELECT sum(value) FROM metrics WHERE key = 'k3'") == (
+        pytest.approx(sum(step + 0.3 for step in range(1, steps + 1)))
+    )
+    _wait_gone(seen["pid"])  # it ended with the program
+
+
+def test_auto_starts_the_process_again_when_it_died_after_it_had_been_ready(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    writer_process._forget_after_fork()  # this test's own writer process
+    first = Store(sqlite_url, writer="process")
+    try:
+        run_id = _new_run(first)
+        first.log_metrics(run_id, 1, {"loss": 1.0})
+        first.flush()  # the process answered: it was ready
+    finally:
+        first.close()
+    shared = writer_process._shared()
+    restarts = shared.restarts
+    assert shared.pid is not None
+    os.kill(shared.pid, signal.SIGKILL)
+    _wait_gone(shared.pid)
+    store = Store(f"sqlite:///{tmp_path / 'auto.db'}", writer="auto")
+    assert store._process is not None
+    try:
+        run_id = _new_run(store)
+        step = 0
+        deadline = time.monotonic() + WAIT_S
+        while not store._process.joined:
+            assert time.monotonic() < deadline, "the writer process was not started again"
+            step += 1
+            store.log_metrics(run_id, step, {f"k{i}": float(step) for i in range(20)})
+            store.flush()
+        assert step > writer_process.AUTO_AFTER_POINTS // 20  # the thread wrote until then
+        assert shared.restarts == restarts + 1 and shared.pid is not None
+        step += 1
+        store.log_metrics(run_id, step, {f"k{i}": float(step) for i in range(20)})
+        store.flush()
+        with sqlite3.connect(tmp_path / "auto.db") as conn:
+            assert conn.execute("SELECT count(*), sum(value) FROM metrics").fetchone() == (
+                20 * step,
+                20 * sum(range(1, step + 1)),
+            )
+    finally:
+        store.close()

@@ -43,7 +43,7 @@ __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "che
 
 #: Where metric batches are written: a thread of the store's own (the default), or the
 #: writer process this process shares among its stores.
-WRITERS = ("thread", "process")
+WRITERS = ("auto", "thread", "process")
 
 
 class Store(Writes, Reads, Crashes, Summaries, Blocks):
@@ -81,13 +81,15 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
         created, so a mistyped ``--store`` leaves nothing behind.
 
-        `writer` (else ``LAB_STORE_WRITER``, else ``thread``): where metric batches are
-        encoded and written. ``thread``: by a writer thread in this process. ``process``:
-        by the writer process this process shares among its stores
-        (`lab.store.writer_process`, started with the first of them), so the training
-        thread never shares its interpreter's lock with the writes. A store no other
-        process can open (SQLite in memory) and a read-only one use the thread;
-        `writer_mode` says which was taken.
+        `writer` (else ``LAB_STORE_WRITER``, else ``auto``): where metric batches are
+        encoded and written. ``process``: by the writer process this process shares among
+        its stores (`lab.store.writer_process`, started with the first of them), so the
+        training thread never shares its interpreter's lock with the writes. ``thread``:
+        by a writer thread in this process. ``auto``: by the thread until the writer
+        process is ready, which the store starts once it has written
+        `lab.store.writer_process.AUTO_AFTER_POINTS` points itself, so short runs never
+        pay for starting one. A store no other process can open (SQLite in memory) and a
+        read-only one use the thread; `writer_mode` says which was taken.
         """
         self.url = resolve_url(url)
         self.readonly = readonly
@@ -112,15 +114,19 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
-        #: ``process`` or ``thread``: where this store's metric batches are written.
+        #: ``process``, ``thread`` or ``auto`` (the thread, then the process): where this
+        #: store's metric batches are written.
         self.writer_mode = "thread"
         self._process: WriterProcess | None = None
         chosen = _writer_choice(writer)
-        shared = None if chosen != "process" or readonly or not create else _reopenable(self.url)
+        shared = None if chosen == "thread" or readonly or not create else _reopenable(self.url)
         if shared is not None:
-            self.writer_mode = "process"
+            self.writer_mode = chosen
             self._process = WriterProcess(
-                shared, lambda: tuple(self._active), fallback=self._write_metrics
+                shared,
+                lambda: tuple(self._active),
+                fallback=self._write_metrics,
+                auto=chosen == "auto",
             )
         #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
         self.media = MediaRows(self.engine, give_up_s=give_up_s)
@@ -210,7 +216,7 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
 
 
 def _writer_choice(writer: str | None) -> str:
-    chosen = writer or os.environ.get("LAB_STORE_WRITER") or "thread"
+    chosen = writer or os.environ.get("LAB_STORE_WRITER") or "auto"
     if chosen not in WRITERS:
         raise ConfigError(
             f"unknown metric writer {chosen!r}; use one of {', '.join(WRITERS)} "

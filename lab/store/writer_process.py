@@ -4,9 +4,9 @@ A writer thread in the training process shares its interpreter's lock (the GIL) 
 training thread: turning a batch into rows and binding them to SQLite costs ~5-10 µs of
 held GIL per point, and the training thread waits for it. So a `Store` that another process
 can open (a SQLite file, a PostgreSQL server) hands its batches to a writer process. There
-is one per training process, shared by all its stores, started when the first such store
-is opened: its start-up (a fresh interpreter importing SQLAlchemy, 0.5-2 s of CPU) overlaps
-what the program does next, and is paid once per process, not once per store.
+is one per training process, shared by all its stores: its start-up (a fresh interpreter
+importing SQLAlchemy, 0.5-2 s of CPU) overlaps what the program does meanwhile, and is paid
+once per process, not once per store.
 
 The training process keeps `MetricWriter` (the bounded buffer, back-pressure, flush
 markers, retries, the flush at exit) and gives it a `WriterProcess` as its write function.
@@ -23,7 +23,14 @@ again (the new process opens the store anew). A batch written twice is harmless:
 logged again replaces its rows, and the summaries and blocks of a batch that steps back
 are recomputed from the rows.
 
-The frames: an 8-byte little-endian length, then a pickle. Each one to the process is
+By default (``writer="auto"``) a store does not start the process when it opens: its
+thread writes its first `AUTO_AFTER_POINTS` points, then it starts the process and goes on
+writing until the process says it is ready, and only then sends it its batches. A store
+opened while the process is ready sends it every batch. So a program that records a few
+rows never starts one, and a long fit never waits for one to start.
+
+The frames: an 8-byte little-endian length, then a pickle. The process's first frame says
+it is ready (``None``, sent once it has imported the store). Each one to the process is
 ``(store key, URL, active run ids, items)``, the URL with its password (a pipe, never
 ``ps``), or ``(store key, None, ...)`` when that store is closed; each answer is ``None``
 (done) or the exception. The process ignores SIGINT and runs in a session of its own, so a
@@ -38,6 +45,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
@@ -55,6 +63,11 @@ log = logger("lab.store")
 _HEADER = struct.Struct("<Q")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _CHILD = "from lab.store.writer_process import main; main()"
+#: In auto mode (`Store`'s default) a store writes its first points in its own writer
+#: thread, and asks for the writer process once it has written this many: a short run, a
+#: test, a command that records a few rows never pays for starting one (0.5-2 s of CPU).
+#: A store opened while the process already runs and is ready hands it every batch.
+AUTO_AFTER_POINTS = 2_000
 
 
 class WriterDied(OSError):
@@ -80,6 +93,8 @@ class WriterProcess:
         url: str,
         active: Callable[[], Iterable[int]],
         fallback: Callable[[list[MetricItem]], None] | None = None,
+        *,
+        auto: bool = False,
     ) -> None:
         self._url = url
         self._active = active
@@ -88,7 +103,17 @@ class WriterProcess:
         self._key = next(_keys)
         self._owner = os.getpid()  # a forked copy of this object must not touch the process
         self._closed = False
-        _shared().start()
+        # auto: `fallback` writes until the shared process is up and has said it is ready,
+        # which this store asks for once it has written AUTO_AFTER_POINTS points itself
+        self._waiting = auto and fallback is not None
+        self._points = 0
+        if not self._waiting:
+            _shared().start()
+
+    @property
+    def joined(self) -> bool:
+        """Whether this store's batches go to the writer process now."""
+        return not self._waiting and not self._local
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +133,11 @@ class WriterProcess:
         if self._local and self._fallback is not None:
             self._fallback(items)
             return
+        if self._waiting and not self._join():
+            assert self._fallback is not None
+            self._fallback(items)
+            self._points += sum(len(metrics) for _, _, metrics, _ in items)
+            return
         active = sorted(self._active())
         if not items and not active:
             return  # nothing to write and no heartbeat to keep
@@ -124,12 +154,27 @@ class WriterProcess:
         if reply is not None:
             raise reply
 
+    def _join(self) -> bool:
+        """Auto mode: whether the writer process is ready to take this store's batches;
+        starts it once this store has written enough points itself. Never waits for it."""
+        shared = _shared()
+        if shared.ready():
+            self._waiting = False
+            return True
+        if shared.failed_to_start():
+            log.warning("no metric writer process could start; metrics are written here")
+            self._waiting, self._local = False, True
+        elif self._points >= AUTO_AFTER_POINTS:
+            shared.start()
+        return False
+
     def close(self) -> None:
         """Let the writer process close this store (after the last flush)."""
         if self._closed or os.getpid() != self._owner:
             return
         self._closed = True
-        _shared().forget(self._key)
+        if not self._waiting:
+            _shared().forget(self._key)
 
 
 class _Process:
@@ -139,6 +184,7 @@ class _Process:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = False  # the running process has said it is ready (its first frame)
         self.restarts = 0
         self.answered = 0  # frames answered, by every process started so far
 
@@ -148,8 +194,14 @@ class _Process:
         return None if proc is None or proc.poll() is not None else proc.pid
 
     def start(self) -> None:
+        """Start the process unless it runs; start it again if it died after it had been
+        ready (one that never was is left dead: the stores write in their threads)."""
         with self._lock:
             if self._proc is None:
+                self._start()
+            elif self._proc.poll() is not None and self._ready:
+                _end(self._proc, wait_s=1.0)
+                self.restarts += 1
                 self._start()
 
     def _start(self) -> None:
@@ -164,6 +216,38 @@ class _Process:
             close_fds=True,
             start_new_session=True,  # a signal to the training process's group passes it by
         )
+        self._ready = False
+
+    def ready(self) -> bool:
+        """Whether the process runs and has said it is ready; never waits for it."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return False
+            try:
+                return self._await_ready(block=False)
+            except WriterDied:
+                return False
+
+    def failed_to_start(self) -> bool:
+        """Whether a process was started and ended before it ever said it was ready."""
+        with self._lock:
+            proc = self._proc
+            return proc is not None and proc.poll() is not None and not self._ready
+
+    def _await_ready(self, *, block: bool) -> bool:
+        """Read the process's first frame (it sends it once it can write) if not yet read;
+        without `block`, only when it is there already."""
+        if self._ready:
+            return True
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        if not block and not select.select([proc.stdout], [], [], 0)[0]:
+            return False
+        if _receive(proc.stdout) is None:
+            raise WriterDied("the metric writer process ended before it was ready")
+        self._ready = True
+        return True
 
     def exchange(self, message: tuple[Any, ...], rows: int) -> BaseException | None:
         payload = pickle.dumps(message, _PROTOCOL)
@@ -186,6 +270,7 @@ class _Process:
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         if proc.poll() is not None:
             raise WriterDied(f"the metric writer process exited ({proc.returncode})")
+        self._await_ready(block=True)
         _send(proc.stdin, payload)
         answer = _receive(proc.stdout)
         if answer is None:
@@ -211,8 +296,8 @@ class _Process:
         """The process closes store `key`; nothing to do when it is not running."""
         with self._lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
-                return
+            if proc is None or proc.poll() is not None or not self._ready:
+                return  # a process not ready yet was never sent a store
             with contextlib.suppress(OSError):
                 self._send_and_wait(pickle.dumps((key, None, (), ()), _PROTOCOL))
 
@@ -279,6 +364,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # the frames own stdout: a stray print must not corrupt them
+    import lab.store.store  # noqa: F401  (the slow part of the start, before "ready")
+
+    _send(sink, _answer(None))  # ready: the first frame
     stores: dict[int, Any] = {}
     while (frame := _receive(source)) is not None:
         key, url, active, items = pickle.loads(frame)
