@@ -322,7 +322,7 @@ def run_arm(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, Any
     if "_sql" not in arm:
         return one_fit(arm, k, steps, None)
     writer = arm.rsplit("_", 1)[1] if arm.endswith(("_auto", "_process", "_thread")) else None
-    # opened before the clock (the writer process starts with the first such store)
+    # opened before the clock (main() started the writer process before the first round)
     store = Store(f"sqlite:///{folder / f'{arm}{k}-{i}.db'}", writer=writer)
     timer = None
     # private: the decomposition is skipped without it, and for a writer process

@@ -41,8 +41,8 @@ from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, Writes
 
 __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "check_tags"]
 
-#: Where metric batches are written: a thread of the store's own (the default), or the
-#: writer process this process shares among its stores.
+#: Where metric batches are written: the thread, then the writer process (the default),
+#: a thread of the store's own, or the writer process this process shares among its stores.
 WRITERS = ("auto", "thread", "process")
 
 

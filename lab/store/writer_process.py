@@ -200,9 +200,7 @@ class _Process:
             if self._proc is None:
                 self._start()
             elif self._proc.poll() is not None and self._ready:
-                _end(self._proc, wait_s=1.0)
-                self.restarts += 1
-                self._start()
+                self._replace()
 
     def _start(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
@@ -279,10 +277,7 @@ class _Process:
         return pickle.loads(answer)
 
     def _restart(self, rows: int) -> None:
-        old = self._proc
-        assert old is not None
-        _end(old, wait_s=1.0)
-        self.restarts += 1
+        old = self._replace()
         log.warning(
             "the metric writer process (pid %s) ended (%s); started another, which writes "
             "the batch again (%d steps)",
@@ -290,7 +285,15 @@ class _Process:
             old.returncode,
             rows,
         )
+
+    def _replace(self) -> subprocess.Popen[bytes]:
+        """Reap the process that ended and start another; returns the old one."""
+        old = self._proc
+        assert old is not None
+        _end(old, wait_s=1.0)
+        self.restarts += 1
         self._start()
+        return old
 
     def forget(self, key: int) -> None:
         """The process closes store `key`; nothing to do when it is not running."""
