@@ -247,6 +247,18 @@ def test_nothing_is_lost_at_exit_and_the_process_ends_with_the_program(
     )
 
 
+def test_a_program_that_ends_before_its_writer_process_is_ready_prints_nothing(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The process's "ready" frame then meets a closed pipe: it ends in silence, not with a
+    BrokenPipeError on the program's stderr (which it shares)."""
+    script = "from lab.store import Store\nprint(Store({url!r}, writer='process')._process.pid)"
+    child = _script(tmp_path, script.format(url=sqlite_url))
+    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stderr) == (0, "")
+    _wait_gone(int(out.stdout))
+
+
 def test_ctrl_c_to_the_group_leaves_the_writer_to_finish_the_flush(
     sqlite_url: str, tmp_path: Path
 ) -> None:

@@ -369,7 +369,10 @@ def main() -> None:
     sys.stdout = sys.stderr  # the frames own stdout: a stray print must not corrupt them
     import lab.store.store  # noqa: F401  (the slow part of the start, before "ready")
 
-    _send(sink, _answer(None))  # ready: the first frame
+    try:
+        _send(sink, _answer(None))  # ready: the first frame
+    except OSError:
+        return  # the training process ended before this one was ready: nothing to write
     stores: dict[int, Any] = {}
     while (frame := _receive(source)) is not None:
         key, url, active, items = pickle.loads(frame)
