@@ -13,11 +13,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_store import WAIT_S
 
 import lab.inspect
 import lab.loggers.sql
@@ -214,6 +216,51 @@ def test_every_run_records_the_experiments_provenance_read_once(
         diff = (repo / "runs" / "prov" / f"base-r{i}" / DIFF_FILE).read_text()
         assert "+lr = 0.5" in diff
     assert "s3cret" not in json.dumps(con.sql("select provenance from runs").fetchall())
+
+
+def test_a_run_starts_before_git_is_read_and_records_its_provenance_once_it_is(
+    repo: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run's row is written while the experiment's provenance is still being read
+    (its provenance NULL then); the reading thread fills it in, with the diff file, and
+    every finished run has it."""
+    (repo / "train.py").write_text("lr = 0.5\n")
+    release = threading.Event()
+    real = lab.loggers.sql.collect
+
+    def slow() -> Any:
+        assert release.wait(WAIT_S), "the run never started"
+        return real()
+
+    monkeypatch.setattr(lab.loggers.sql, "collect", slow)
+    at_start: list[Any] = []
+
+    def train(run: RunSpec) -> dict[str, float]:
+        if not release.is_set():
+            store = Store(store_url, readonly=True)
+            try:
+                (row,) = store.get_experiment("late")["runs"]
+                at_start.append((row["status"], row["provenance"]))
+            finally:
+                store.close()
+            release.set()
+        return {"loss": float(run.seed)}
+
+    result = Experiment("late", train, repeats=2, store=store_url).run()
+    assert [r.status for r in result.runs] == ["completed"] * 2
+    assert at_start == [("running", None)]
+    store = Store(store_url, readonly=True)
+    try:
+        runs = store.get_experiment("late")["runs"]
+    finally:
+        store.close()
+    commit = _git(repo, "rev-parse", "HEAD")
+    assert [(r["run_key"], r["provenance"]["git"]["commit"]) for r in runs] == [
+        ("base-r0", commit), ("base-r1", commit)
+    ]  # fmt: skip
+    assert {r["provenance"]["git"]["diff_file"] for r in runs} == {DIFF_FILE}
+    for i in range(2):
+        assert "+lr = 0.5" in (repo / "runs" / "late" / f"base-r{i}" / DIFF_FILE).read_text()
 
 
 def test_a_clean_checkout_writes_no_diff_file(repo: Path, sqlite_url: str) -> None:

@@ -194,6 +194,35 @@ def test_an_experiment_through_http_records_the_same_rows_as_the_local_store(
     assert list((tmp_path / "remote").rglob(f"{SPOOL_DIR}/*")) == []
 
 
+def test_provenance_read_after_a_run_started_reaches_the_server(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that starts while git is still being read sends its provenance afterwards
+    (the `set_provenance` op); the server's row has it once the run has ended."""
+    import lab.loggers.sql
+
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    release = threading.Event()
+    real = lab.loggers.sql.collect
+
+    def slow() -> Any:
+        assert release.wait(10), "the run never started"
+        return real()
+
+    def quick(run: RunSpec) -> dict[str, float]:
+        started.append(_count(served.store_url, "SELECT provenance FROM runs"))
+        release.set()
+        return {"loss": 1.0}
+
+    started: list[Any] = []
+    monkeypatch.setattr(lab.loggers.sql, "collect", slow)
+    Experiment("late-prov", quick, store=served.url, output_dir=str(tmp_path)).run()
+    assert started == [[(None,)]]
+    ((prov,),) = _count(served.store_url, "SELECT provenance FROM runs")
+    prov = json.loads(prov) if isinstance(prov, str) else prov  # JSON text on SQLite
+    assert prov["python"] == sys.version.split()[0]
+
+
 # -- idempotent batches ------------------------------------------------------------------------
 def _arrow(rows: list[tuple[int, int, str, float]]) -> bytes:
     table = pa.table(

@@ -6,7 +6,8 @@
 | on_group_start      | the group                                               |
 | (before the run)    | `claim`: the run's row, claimed atomically (Experiment) |
 | on_run_start        | the run: config, seed, arm, repeat, status `running`,   |
-|                     | provenance (read once per experiment; `git.diff` file)  |
+|                     | provenance (read once per experiment, in a thread that  |
+|                     | fills it in if the run started first; `git.diff` file)  |
 | on_step_end         | metrics, through the buffered writer                    |
 | on_media            | histogram and image rows, through a writer of their own |
 |                     | (an image's path relative to the run folder)            |
@@ -101,6 +102,7 @@ class SqlLogger(Callback):
         self._provenance: Provenance | None = None  # read once per experiment
         self._reading: Future[Provenance] | None = None  # ... in a thread, from its start
         self._claims: dict[str, int] = {}  # run key -> id: claimed here, not started yet
+        self._filling: dict[int, _Pending] = {}  # run id -> its provenance, still to record
 
     def open(self) -> Store:
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
@@ -126,6 +128,7 @@ class SqlLogger(Callback):
         state["_owns_store"] = True
         if state["_reading"] is not None:  # a worker gets the record, not the thread
             state["_provenance"], state["_reading"] = state["_reading"].result(), None
+        state["_filling"] = {}  # (the runs of this process: a copy starts its own)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -135,8 +138,8 @@ class SqlLogger(Callback):
     # -- experiment level ----------------------------------------------------------------
     def on_experiment_start(self, ctx: LogContext) -> None:
         store = self.open()
-        # once: every run of the experiment shares it. Read in a thread from now, while
-        # the experiment's and group's rows are written; the first run's row waits for it
+        # once: every run of the experiment shares it. Read in a thread from now; a run
+        # that starts before it is read gets it from that thread (`_fill_in_provenance`)
         self._provenance, self._reading = None, _collect_soon()
         config = ctx.config
         exp_id = store.begin_experiment(
@@ -194,14 +197,15 @@ class SqlLogger(Callback):
         ctx.ids.pop(RUN_ID, None)
         ctx.ids.pop(CLAIMED, None)
         self._run_id = None
-        run_id = self.open().start_run(
-            ctx.ids[EXPERIMENT_ID],
-            **self._run_fields(ctx),
-            provenance=self._run_provenance(ctx),
-            claimed=claimed,
+        store = self.open()
+        record = self._run_provenance(ctx)  # None while the experiment's is still read
+        run_id = store.start_run(
+            ctx.ids[EXPERIMENT_ID], **self._run_fields(ctx), provenance=record, claimed=claimed
         )
         self._claims.pop(ctx.run_key, None)
         ctx.ids[RUN_ID] = self._run_id = self._runs[ctx.run_key] = run_id
+        if record is None:
+            self._fill_in_provenance(store, run_id, ctx.run_key, ctx.run_dir)
 
     def _run_fields(self, ctx: LogContext) -> dict[str, Any]:
         assert ctx.run_key is not None and ctx.group_name is not None
@@ -241,8 +245,10 @@ class SqlLogger(Callback):
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         store = self.open()
         store.flush()
+        run_id = self._require_run(ctx)
+        self._provenance_filled(store, run_id)  # a finished run always has its provenance
         store.finish_run(
-            self._require_run(ctx),
+            run_id,
             status=run_result.status,
             error=run_result.error,
             traceback=run_result.traceback,
@@ -335,23 +341,87 @@ class SqlLogger(Callback):
             else self.store.find_run(ctx.ids[EXPERIMENT_ID], ctx.parent_run_key)
         )
 
-    def _run_provenance(self, ctx: LogContext) -> dict[str, Any]:
+    def _run_provenance(self, ctx: LogContext) -> dict[str, Any] | None:
         """The experiment's provenance record for a run, its diff written into the run
-        folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not.
-        """
+        folder (`lab.provenance.DIFF_FILE`); read now if the experiment did not. None while
+        the experiment's is still being read: the run starts without waiting for git, and
+        `_fill_in_provenance` records it once it is read."""
         if self._provenance is None:
-            reading, self._reading = self._reading, None
+            reading = self._reading
+            if reading is not None and not reading.done():
+                return None
+            self._reading = None
             self._provenance = reading.result() if reading is not None else _collect()
-        prov = self._provenance
-        record = {**prov.record, "git": dict(prov.record["git"])}
-        written = None
-        if ctx.run_dir is not None:
+        return _run_record(self._provenance, ctx.run_key, ctx.run_dir)
+
+    def _fill_in_provenance(
+        self, store: Store | HttpStore, run_id: int, run_key: str, run_dir: Path | None
+    ) -> None:
+        """Record the run's provenance as soon as the experiment's is read (in the thread
+        that reads it, or here if it is done already)."""
+        reading = self._reading
+        assert reading is not None
+        pending = _Pending(run_key, run_dir)
+        self._filling[run_id] = pending
+
+        def fill(done: Future[Provenance]) -> None:
             try:
-                written = prov.write_diff(ctx.run_dir)
-            except OSError as exc:
-                log.warning("run %s: could not write its git diff: %s", ctx.run_key, exc)
-        record["git"]["diff_file"] = written.name if written is not None else None
-        return record
+                pending.record = _run_record(done.result(), run_key, run_dir)
+                store.set_provenance(run_id, pending.record)
+                pending.written = True
+            except Exception as exc:  # on_run_end writes it again, and says why if it fails
+                log.debug("run %s: provenance not recorded yet: %r", run_key, exc)
+            finally:
+                pending.done.set()
+
+        reading.add_done_callback(fill)
+
+    def _provenance_filled(self, store: Store | HttpStore, run_id: int) -> None:
+        """Wait until a run started before its provenance was read has it recorded; write it
+        here when the reading thread could not."""
+        pending = self._filling.pop(run_id, None)
+        if pending is None:
+            return
+        pending.done.wait()
+        if pending.written:
+            return
+        try:
+            record = pending.record
+            if record is None:
+                assert self._reading is not None or self._provenance is not None
+                if self._provenance is None:
+                    reading, self._reading = self._reading, None
+                    self._provenance = reading.result()  # type: ignore[union-attr]
+                record = _run_record(self._provenance, pending.run_key, pending.run_dir)
+            store.set_provenance(run_id, record)
+        except Exception as exc:
+            log.warning("run %s: could not record its provenance: %s", pending.run_key, exc)
+
+
+class _Pending:
+    """A run's provenance still to be recorded (see `SqlLogger._fill_in_provenance`)."""
+
+    __slots__ = ("done", "record", "run_dir", "run_key", "written")
+
+    def __init__(self, run_key: str, run_dir: Path | None) -> None:
+        self.run_key, self.run_dir = run_key, run_dir
+        self.record: dict[str, Any] | None = None
+        self.written = False
+        self.done = threading.Event()
+
+
+def _run_record(prov: Provenance, run_key: str | None, run_dir: Path | None) -> dict[str, Any]:
+    """A run's copy of the experiment's provenance record, its diff written into the run
+    folder (`lab.provenance.DIFF_FILE`)."""
+    record = {**prov.record, "git": dict(prov.record["git"])}
+    written = None
+    if run_dir is not None:
+        try:
+            written = prov.write_diff(run_dir)
+        except OSError as exc:
+            log.warning("run %s: could not write its git diff: %s", run_key, exc)
+    record["git"]["diff_file"] = written.name if written is not None else None
+    return record
 
 
 def _collect() -> Provenance:

@@ -444,8 +444,9 @@ def _store_metrics(
 async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     """Apply a batch of writes in order, in one transaction: a JSON object
     ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
-    of write_eval, write_checkpoint, finish_run, set_callback_errors, finish_experiment,
-    heartbeat and media (the `Store` method's keyword arguments; see `lab.store.http`)."""
+    of write_eval, write_checkpoint, finish_run, set_callback_errors, set_provenance,
+    finish_experiment, heartbeat and media (the `Store` method's keyword arguments; see
+    `lab.store.http`)."""
     raw = await request.body()
     try:
         body = json.loads(raw)
@@ -508,6 +509,14 @@ def _set_callback_errors(
     store.set_callback_errors(int(run_id), callback_errors)
 
 
+def _set_provenance(
+    store: Store, conn: sa.Connection, run_id: int, provenance: dict[str, Any]
+) -> None:
+    if not isinstance(provenance, dict):
+        raise ConfigError("provenance must be a JSON object")
+    store.set_provenance(int(run_id), provenance)
+
+
 def _finish_experiment(store: Store, conn: sa.Connection, experiment_id: int, **kw: Any) -> None:
     store.finish_experiment(int(experiment_id), **kw)
 
@@ -541,6 +550,7 @@ OPS: dict[str, Callable[..., None]] = {
     "write_checkpoint": _write_checkpoint,
     "finish_run": _finish_run,
     "set_callback_errors": _set_callback_errors,
+    "set_provenance": _set_provenance,
     "finish_experiment": _finish_experiment,
     "heartbeat": _heartbeat,
     "media": _media,

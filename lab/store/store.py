@@ -34,10 +34,11 @@ from lab.store.media import MediaRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.reads import Reads
 from lab.store.schema import SqlRun, SqlSummary
+from lab.store.statements import upsert
 from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
-from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, Writes
+from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
 
 __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "check_tags"]
 
@@ -138,6 +139,7 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         self._block_merge = block_merge(self.dialect, mark)
         self._block_put = block_put(mark)
         self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
+        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
         # Built once: the writer runs these with every batch, and building a statement
         # costs more than running it.
         ids = sa.bindparam("ids", expanding=True)
@@ -161,10 +163,9 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
 
     def _upsert(self, conn: Connection, model: type, values: dict, keys: list[str], pk: str) -> int:
         """Insert `values`, or update the row with the same `keys`; returns its primary key."""
-        stmt = self._insert(model)
-        updates = {k: stmt.excluded[k] for k in values if k not in keys}
-        stmt = stmt.values(**values).on_conflict_do_update(index_elements=keys, set_=updates)
-        return conn.execute(stmt.returning(getattr(model, pk))).scalar_one()
+        key = upsert(model.__table__, tuple(values), tuple(keys), pk)(conn, values)  # type: ignore[attr-defined]
+        assert key is not None  # (no guard: the row is inserted or updated)
+        return int(key)
 
     @property
     def writer(self) -> MetricWriter:

@@ -37,6 +37,7 @@ from lab.store.schema import (
     SqlMetric,
     SqlRun,
 )
+from lab.store.statements import update, upsert
 
 if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
@@ -54,6 +55,15 @@ _METRIC_UPSERT = (
 )
 
 
+#: Whether a run has any row that `truncate_run` would drop: a run that starts afresh
+#: (most runs) has none, and is spared seven deletes and the summaries' recount.
+_RUN_HAS_ROWS = " UNION ALL ".join(
+    f"SELECT 1 FROM (SELECT 1 FROM {table} WHERE run_id = {{m}} LIMIT 1) AS {table}"
+    for table in ("metrics", "summaries", "metric_blocks", "evals", "checkpoints",
+                  "histograms", "images")
+)  # fmt: skip
+
+
 _PREDICTION_INSERT = (
     "INSERT INTO predictions (eval_id, idx, example_id, input, output, target, score, extras) "
     "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m})"
@@ -69,6 +79,7 @@ class Writes:
     _good_keys: set[str]
     _metric_upsert: str
     _prediction_insert: str
+    _run_has_rows: str
     _beat: Any
 
     def begin_experiment(
@@ -262,15 +273,15 @@ class Writes:
         (and its hash is the same, when both have one), in one transaction whose outcome
         says who won; else judge the row that is there (see `claim_run`)."""
         keys = ["experiment_id", "run_key"]
-        stmt = self._insert(SqlRun).values(**values)
-        updates = {k: stmt.excluded[k] for k in values if k not in keys}
-        cond = SqlRun.status.in_(reclaim)
-        if values["config_hash"] is not None:
-            same = sa.or_(SqlRun.config_hash.is_(None), SqlRun.config_hash == values["config_hash"])
-            cond = sa.and_(cond, same)
-        stmt = stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=cond)
+        # taken over only from one of `reclaim`, and with the same hash when both have one
+        statuses = ", ".join(f"'{status}'" for status in reclaim)
+        cond = (
+            f'"runs"."status" IN ({statuses}) AND (excluded."config_hash" IS NULL OR '
+            '"runs"."config_hash" IS NULL OR "runs"."config_hash" = excluded."config_hash")'
+        )
+        claim = upsert(SqlRun.__table__, tuple(values), tuple(keys), "run_id", cond)
         with transaction(self.engine) as conn:
-            run_id = conn.execute(stmt.returning(SqlRun.run_id)).scalar_one_or_none()
+            run_id = claim(conn, values)
             if run_id is not None:
                 _HELD.add((self.url, run_id))
                 return run_id, None
@@ -361,6 +372,11 @@ class Writes:
         """
         self.flush()
         with transaction(self.engine) as conn:
+            if (
+                after_step is None
+                and not conn.exec_driver_sql(self._run_has_rows, (run_id,) * 7).first()
+            ):
+                return
             if after_step is not None:
                 post = conn.execute(
                     sa.select(SqlEval.name, SqlEval.metrics).where(
@@ -568,18 +584,24 @@ class Writes:
             if add or notes is not None:
                 where = SqlRun.run_id == run_id
                 self._annotate(conn, SqlRun, where, add=add, remove=[], notes=notes)
+            values = {
+                "status": status,
+                "error": _free_text(error),
+                "traceback": _free_text(traceback),
+                "summary": summary,
+                "callback_errors": _failures(callback_errors),
+                "ended_at": _now(),
+            }
             conn.execute(
-                sa.update(SqlRun)
-                .where(SqlRun.run_id == run_id)
-                .values(
-                    status=status,
-                    error=_free_text(error),
-                    traceback=_free_text(traceback),
-                    summary=summary,
-                    callback_errors=_failures(callback_errors),
-                    ended_at=_now(),
-                )
+                update(SqlRun.__table__, tuple(values), "run_id"), {**values, "run_id": run_id}
             )
+
+    def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
+        """Record a run's provenance after its start: `SqlLogger` starts a run while git is
+        still being read, so the run's first steps never wait for git's processes."""
+        with transaction(self.engine) as conn:
+            stmt = update(SqlRun.__table__, ("provenance",), "run_id")
+            conn.execute(stmt, {"provenance": provenance, "run_id": run_id})
 
     def set_callback_errors(self, run_id: int, callback_errors: list[dict[str, Any]]) -> None:
         """Replace the callback failures recorded on a run."""
@@ -600,11 +622,11 @@ class Writes:
         """Record an experiment's final status and the failures of its experiment-level
         callbacks (NULL when there were none)."""
         with transaction(self.engine) as conn:
-            conn.execute(
-                sa.update(SqlExperiment)
-                .where(SqlExperiment.experiment_id == experiment_id)
-                .values(status=status, callback_errors=callback_errors or None, ended_at=_now())
+            stmt = update(
+                SqlExperiment.__table__, ("status", "callback_errors", "ended_at"), "experiment_id"
             )
+            values = {"status": status, "callback_errors": callback_errors or None}
+            conn.execute(stmt, {**values, "ended_at": _now(), "experiment_id": experiment_id})
 
     def tag(
         self,

@@ -262,6 +262,10 @@ class HttpWrites:
         self._sender.active.discard(run_id)
         self._queue("finish_run", {"run_id": run_id, "tags": list(tags), **fields}, run_id)
 
+    def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
+        """Queue a run's provenance, read after its start (see `Store.set_provenance`)."""
+        self._queue("set_provenance", {"run_id": run_id, "provenance": provenance}, run_id)
+
     def set_callback_errors(self, run_id: int, callback_errors: list[dict[str, Any]]) -> None:
         """Queue the callback failures of a run."""
         self._queue(

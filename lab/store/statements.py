@@ -1,0 +1,74 @@
+"""SQL statements built once per process as text with typed binds.
+
+A Core statement costs milliseconds to build and to compile, and SQLAlchemy's compiled
+cache belongs to one engine: every newly opened store paid again for the statements of a
+run's start and end. A `sa.text` statement is built once here and compiles in microseconds,
+while its binds, typed by the table's columns, convert values (JSON, timestamps) exactly as
+Core does. SQLite and PostgreSQL share the syntax used here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import sqlalchemy as sa
+
+
+@functools.cache
+def upsert(
+    table: sa.Table, columns: tuple[str, ...], keys: tuple[str, ...], pk: str, where: str = ""
+) -> Upsert:
+    """``INSERT .. ON CONFLICT (keys) DO UPDATE .. [WHERE where] RETURNING pk``, built once
+    per process for these columns (see `Upsert`).
+
+    `where` (SQL, no binds) guards the update: a conflicting row it rejects is left as it
+    is, and nothing is returned.
+    """
+    return Upsert(table, columns, keys, pk, where)
+
+
+class Upsert:
+    """An upsert as text, its binds typed by the table's columns (JSON, timestamps: the
+    same conversions as Core's), and the columns' Python defaults (``default=``) filled in
+    on insert as Core fills them; the update sets only the given columns."""
+
+    def __init__(
+        self, table: sa.Table, columns: tuple[str, ...], keys: tuple[str, ...], pk: str, where: str
+    ) -> None:
+        self.defaults = [
+            (c.name, c.default)
+            for c in table.columns
+            if c.default is not None and c.name not in columns and not c.primary_key
+        ]
+        inserted = (*columns, *(name for name, _ in self.defaults))
+        quoted = {c: f'"{c}"' for c in (*inserted, *keys, pk)}
+        names = ", ".join(quoted[c] for c in inserted)
+        binds = ", ".join(f":{c}" for c in inserted)
+        conflict = ", ".join(quoted[k] for k in keys)
+        sets = ", ".join(f"{quoted[c]} = excluded.{quoted[c]}" for c in columns if c not in keys)
+        guard = f" WHERE {where}" if where else ""
+        sql = (
+            f'INSERT INTO "{table.name}" ({names}) VALUES ({binds}) '
+            f"ON CONFLICT ({conflict}) DO UPDATE SET {sets}{guard} RETURNING {quoted[pk]}"
+        )
+        typed = (sa.bindparam(c, type_=table.c[c].type) for c in inserted)
+        self.statement = sa.text(sql).bindparams(*typed)
+
+    def __call__(self, conn: sa.Connection, values: dict[str, Any]) -> Any:
+        """Run it with `values` (every one of its columns); returns the primary key, or None
+        when `where` kept the row that was there."""
+        params = dict(values)
+        for name, default in self.defaults:
+            params[name] = default.arg(None) if default.is_callable else default.arg  # type: ignore[attr-defined, operator]
+        return conn.execute(self.statement, params).scalar_one_or_none()
+
+
+@functools.cache
+def update(table: sa.Table, columns: tuple[str, ...], pk: str) -> sa.TextClause:
+    """``UPDATE table SET columns .. WHERE pk = :pk`` as text, its binds typed by the
+    table's columns, built once per process: run it with every column's value and `pk`'s."""
+    sets = ", ".join(f'"{c}" = :{c}' for c in columns)
+    sql = f'UPDATE "{table.name}" SET {sets} WHERE "{pk}" = :{pk}'
+    typed = (sa.bindparam(c, type_=table.c[c].type) for c in (*columns, pk))
+    return sa.text(sql).bindparams(*typed)
