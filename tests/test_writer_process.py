@@ -21,6 +21,7 @@ from test_store import WAIT_S, _new_run, _rows, _scalar
 from lab import Callback, CheckpointConfig, SqlLogger, TrainingLoop
 from lab.errors import ConfigError, StoreError
 from lab.store import Store, writer_process
+from lab.store.store import INTERVAL_S, PROCESS_INTERVAL_S
 from lab.store.writer_process import WriterProcess
 
 
@@ -303,14 +304,18 @@ def test_the_writer_is_chosen_and_stores_no_other_process_can_open_keep_the_thre
     monkeypatch.delenv("LAB_STORE_WRITER", raising=False)
     default = Store(sqlite_url)
     assert default.writer_mode == "auto" and default._process is not None
+    joined = default._process.joined  # (whether the shared process was ready already)
+    assert default._write_interval() == (PROCESS_INTERVAL_S if joined else INTERVAL_S)
     default.close()
     monkeypatch.setenv("LAB_STORE_WRITER", "thread")
     thread = Store(sqlite_url)
     assert thread.writer_mode == "thread" and thread._process is None
+    assert thread._write_interval() == INTERVAL_S == 0.25  # it writes: fewer transactions
     thread.close()
     monkeypatch.setenv("LAB_STORE_WRITER", "process")
     chosen = Store(sqlite_url)
     assert chosen.writer_mode == "process" and chosen._process is not None
+    assert chosen._write_interval() == PROCESS_INTERVAL_S == 0.05  # it hands over: often
     chosen.close()
     memory = Store("sqlite:///:memory:")
     assert memory.writer_mode == "thread" and memory._process is None
@@ -386,7 +391,7 @@ AUTO_SCRIPT = """
         log(store, run, step)
         if step % 10 == 0:
             store.flush()
-    out["below"] = [shared.pid, store._process.joined]
+    out["below"] = [shared.pid, store._process.joined, store._write_interval()]
     deadline = time.monotonic() + 60
     while not store._process.joined:  # never waits: the thread writes meanwhile
         assert time.monotonic() < deadline, "the writer process never became ready"
@@ -395,6 +400,7 @@ AUTO_SCRIPT = """
         store.flush()
         time.sleep(0.01)
     out["joined_at"] = step
+    out["interval"] = store._write_interval()
     answered = shared.answered
     step += 1
     log(store, run, step)
@@ -426,7 +432,8 @@ def test_auto_writes_in_the_thread_until_the_process_is_ready_then_hands_it_over
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["mode"] == "auto"
-    assert seen["below"] == [None, False]  # 1,500 points: no process started
+    assert seen["below"] == [None, False, 0.25]  # 1,500 points: no process started
+    assert seen["interval"] == 0.05  # the thread hands batches over more often
     assert seen["joined_at"] > 200  # started at the batch after 2,000 points, joined later
     assert seen["answered"] >= 1 and seen["other"][0] is True and seen["other"][1] >= 2
     assert seen["pid"] not in (None, os.getpid())

@@ -40,6 +40,11 @@ from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
 from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
 
+#: The writer thread's pause between batches when it writes them itself, and when it hands
+#: them to the writer process (see `Store._write_interval`).
+INTERVAL_S = 0.25
+PROCESS_INTERVAL_S = 0.05
+
 __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "check_tags"]
 
 #: Where metric batches are written: the thread, then the writer process (the default),
@@ -174,9 +179,20 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
             with self._writer_lock:
                 if self._writer is None:
                     self._writer = MetricWriter(
-                        self._batch_write(), give_up_s=self.give_up_s, idle_s=self.heartbeat_s
+                        self._batch_write(),
+                        interval_s=self._write_interval,
+                        give_up_s=self.give_up_s,
+                        idle_s=self.heartbeat_s,
                     )
         return self._writer
+
+    def _write_interval(self) -> float:
+        """The writer thread's pause between batches: short while the writer process takes
+        them (the thread only hands them over, so the batch left to write when a fit ends
+        is small), longer while the thread writes them itself (each batch costs it a
+        transaction under the GIL)."""
+        process = self._process
+        return PROCESS_INTERVAL_S if process is not None and process.joined else INTERVAL_S
 
     def _batch_write(self) -> Any:
         """The writer process, unless `_write_metrics` was replaced on this store (a bench

@@ -74,7 +74,9 @@ def give_up_after() -> float:
 class MetricWriter:
     """Buffers metric items and writes them in batches from a background thread.
 
-    `idle_s`: when nothing was written for that long, `write([])` is called anyway, so the
+    `interval_s`: how long the writer thread sleeps between batches (a function is asked
+    before each sleep, for a write function whose best pace changes). `idle_s`: when
+    nothing was written for that long, `write([])` is called anyway, so the
     store can refresh the heartbeats of its running runs. `what` names the rows in messages
     and in the thread's name ("metric", "media").
     """
@@ -85,7 +87,7 @@ class MetricWriter:
         *,
         max_pending: int = 8192,
         max_batch: int = 50_000,
-        interval_s: float = 0.25,
+        interval_s: float | Callable[[], float] = 0.25,
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
         give_up_s: float | None = None,
@@ -221,7 +223,8 @@ class MetricWriter:
         per step would hand the GIL back and forth with the training thread every step."""
         while True:
             if self._failing_since is None:
-                self._wake.wait(self._interval_s)
+                interval = self._interval_s
+                self._wake.wait(interval() if callable(interval) else interval)
             else:
                 time.sleep(self._delay)  # back off; flushes wait for the retry
                 self._delay = min(self._delay * 2, self._max_backoff_s)
