@@ -330,6 +330,34 @@ def test_the_writer_is_chosen_and_stores_no_other_process_can_open_keep_the_thre
         Store(sqlite_url)
 
 
+def test_the_writer_process_opens_a_store_before_its_first_batch(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """As a store's writer thread starts, the process opens the store (an empty batch): the
+    first real batch, perhaps the one a short fit's end waits for, finds it open."""
+    store = Store(sqlite_url, writer="process")
+    try:
+        pid = store._process.pid  # type: ignore[union-attr]
+        db = str(tmp_path / "lab.db")
+
+        def opened() -> bool:
+            fds = Path(f"/proc/{pid}/fd")
+            return any(os.path.realpath(fd) == db for fd in fds.iterdir())
+
+        assert not opened()
+        run = _new_run(store)  # starts the writer thread
+        deadline = time.monotonic() + WAIT_S
+        while not opened():
+            assert time.monotonic() < deadline, "the writer process never opened the store"
+            time.sleep(0.01)
+        assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 0
+        store.log_metrics(run, 1, {"loss": 1.0})
+        store.flush()
+        assert _rows(sqlite_url, "SELECT step, value FROM metrics") == [{"step": 1, "value": 1.0}]
+    finally:
+        store.close()
+
+
 def test_a_replaced_write_function_is_run_by_the_thread(sqlite_url: str) -> None:
     store = Store(sqlite_url, writer="process")
     calls: list[int] = []

@@ -178,9 +178,11 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         if self._writer is None:
             with self._writer_lock:
                 if self._writer is None:
+                    write = self._batch_write()
                     self._writer = MetricWriter(
-                        self._batch_write(),
+                        write,
                         interval_s=self._write_interval,
+                        on_start=write.warm if isinstance(write, WriterProcess) else None,
                         give_up_s=self.give_up_s,
                         idle_s=self.heartbeat_s,
                     )

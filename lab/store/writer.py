@@ -78,7 +78,8 @@ class MetricWriter:
     before each sleep, for a write function whose best pace changes). `idle_s`: when
     nothing was written for that long, `write([])` is called anyway, so the
     store can refresh the heartbeats of its running runs. `what` names the rows in messages
-    and in the thread's name ("metric", "media").
+    and in the thread's name ("metric", "media"). `on_start` runs first in the writer
+    thread (a writer process opens the store there, before the first batch).
     """
 
     def __init__(
@@ -93,8 +94,10 @@ class MetricWriter:
         give_up_s: float | None = None,
         idle_s: float | None = None,
         what: str = "metric",
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self._write = write
+        self._on_start = on_start
         self._what = what
         self._interval_s = interval_s
         self._buffer: deque[Any] = deque()
@@ -221,6 +224,11 @@ class MetricWriter:
         """Wake every `interval_s`, or at once on a flush, a stop or a full buffer, and write
         what piled up in one transaction. `put` never wakes this thread by itself: a wake-up
         per step would hand the GIL back and forth with the training thread every step."""
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception as exc:  # a head start only: the writes themselves still run
+                log.debug("%s writer: %r before the first batch", self._what, exc)
         while True:
             if self._failing_since is None:
                 interval = self._interval_s

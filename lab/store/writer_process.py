@@ -154,6 +154,16 @@ class WriterProcess:
         if reply is not None:
             raise reply
 
+    def warm(self) -> None:
+        """Open this store in the writer process now, with an empty batch, if its batches
+        go there (or can from now on): its first real batch, which may be the one a fit's
+        end waits for, then finds the process's connection open. Run by the writer thread
+        as it starts; an error here is left for the first batch to meet."""
+        if self._closed or self._local or (self._waiting and not self._join()):
+            return
+        with contextlib.suppress(OSError):  # no runs: no heartbeat, so nothing is written
+            _shared().exchange((self._key, self._url, [], []), 0)
+
     def _join(self) -> bool:
         """Auto mode: whether the writer process is ready to take this store's batches;
         starts it once this store has written enough points itself. Never waits for it."""
