@@ -70,7 +70,7 @@ import torch
 from _common import machine
 
 from lab import RunHandle, SqlLogger, TrainingLoop
-from lab.store import Store
+from lab.store import Store, writer_process
 
 #: (arm, k metrics per step); the first is the baseline every arm of the same k pairs with.
 ARMS = (
@@ -340,6 +340,17 @@ def run_arm(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, Any
     return result
 
 
+def start_writer_process(folder: Path) -> None:
+    """Start the program's writer process and wait until it is ready, before any fit is
+    timed: as a program's fits find it once its first store wrote 2,000 points (the fits
+    before that write in their thread, and those are the `_thread` arms' business)."""
+    Store(f"sqlite:///{folder / 'warm.db'}", writer="process").close()
+    deadline = time.monotonic() + 60
+    while not writer_process._shared().ready():
+        assert time.monotonic() < deadline, "the writer process never became ready"
+        time.sleep(0.01)
+
+
 def spread(arms: tuple[tuple[str, int], ...], i: int, rounds: int) -> list[tuple[str, int]]:
     """Round i's order: it starts at another arm each round, spread over the rounds, and
     every other round runs backwards, so no arm always runs early or late in a round (drift
@@ -364,9 +375,7 @@ def main() -> None:
     sections: dict[str, list[dict[str, float]]] = {name(*arm): [] for arm in SECTIONS}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-bench-overhead-") as tmp:
-        # the first store of the process that takes the writer process starts it: here,
-        # once, as a program's first store does, not inside the first `_process` fit
-        Store(f"sqlite:///{Path(tmp) / 'warm.db'}", writer="process").close()
+        start_writer_process(Path(tmp))
         for i in range(args.rounds):
             for arm, k in spread(ARMS, i, args.rounds):
                 results[name(arm, k)].append(run_arm(arm, k, args.steps, Path(tmp), i))

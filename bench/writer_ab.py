@@ -32,8 +32,6 @@ import overhead
 import torch
 from _common import machine
 
-from lab.store import Store
-
 ARMS = (
     "bare", "aa", "handle_sql_auto", "handle_sql_thread", "loop_sql_auto", "loop_sql_thread"
 )  # fmt: skip
@@ -54,7 +52,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-bench-writer-ab-") as tmp:
         # the first store of the process starts the writer process: once, before the clock
-        Store(f"sqlite:///{Path(tmp) / 'warm.db'}", writer="process").close()
+        overhead.start_writer_process(Path(tmp))
         for i in range(args.rounds):
             for arm in overhead.spread(ARMS, i, args.rounds):
                 results[arm].append(overhead.run_arm(arm, K, args.steps, Path(tmp), i))
