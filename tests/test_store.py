@@ -717,6 +717,31 @@ def test_writer_flush_returns_only_after_the_write_committed() -> None:
     writer.close()
 
 
+def test_writer_flush_with_nothing_put_does_not_wait_for_the_thread() -> None:
+    """A flush with nothing buffered or being written returns at once, even while the
+    writer thread is busy before its first batch (a writer process opening the store);
+    once something is put, flush waits for its commit again."""
+    sink = GatedSink()
+    started, release = threading.Event(), threading.Event()
+    writer = MetricWriter(sink.write, on_start=lambda: (started.set(), release.wait(3 * WAIT_S)))
+    assert started.wait(WAIT_S)
+    empty = threading.Thread(target=writer.flush)
+    empty.start()
+    empty.join(WAIT_S)
+    assert not empty.is_alive()  # returned while the thread is still busy
+    release.set()
+    writer.put(*_item(0))
+    flushed = threading.Event()
+    flusher = threading.Thread(target=lambda: (writer.flush(), flushed.set()))
+    flusher.start()
+    flusher.join(0.3)
+    assert not flushed.is_set() and sink.written == []
+    sink.gate.set()
+    flusher.join(WAIT_S)
+    assert flushed.is_set() and sink.written == [_item(0)]
+    writer.close()
+
+
 # A writer that wakes only on flush, close or a full buffer: rounds happen when a test says.
 QUIET_S = WAIT_S * 10
 
