@@ -12,6 +12,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -740,6 +741,45 @@ def test_writer_flush_with_nothing_put_does_not_wait_for_the_thread() -> None:
     flusher.join(WAIT_S)
     assert flushed.is_set() and sink.written == [_item(0)]
     writer.close()
+
+
+def test_a_flush_that_looks_while_a_failed_batch_is_on_its_way_back_still_raises() -> None:
+    """The flush looks at the buffer just as the writer thread's batch fails and goes back
+    into it: the flush must not take the empty buffer it saw for "all committed"."""
+    inside, release, armed = threading.Event(), threading.Event(), threading.Event()
+
+    def write(items: list[MetricItem]) -> None:
+        if items:
+            inside.set()
+            release.wait(WAIT_S)
+            raise IntegrityError("INSERT", {}, Exception("rejected"))  # no retry fixes it
+
+    class Racing(deque):
+        """A buffer whose first look by the flush lets the failing write end first."""
+
+        def __len__(self) -> int:
+            seen = super().__len__()
+            if armed.is_set() and not release.is_set():
+                release.set()
+                _wait_until(lambda: super(Racing, self).__len__() > 0)  # the batch is back
+                time.sleep(0.05)  # and the writer thread has settled it
+            return seen
+
+        def __bool__(self) -> bool:
+            return len(self) > 0
+
+    writer = MetricWriter(write, interval_s=QUIET_S)
+    writer._buffer = Racing()
+    writer.put(*_item(1))
+    writer._wake.set()
+    assert inside.wait(WAIT_S)  # the writer thread holds the batch; the buffer is empty
+    armed.set()
+    threading.Timer(0.2, release.set).start()  # (when the flush does not look at it)
+    with pytest.raises(StoreError, match="rejected"):
+        writer.flush()
+    assert writer.unwritten() == 1  # kept
+    with pytest.raises(StoreError):
+        writer.close()
 
 
 # A writer that wakes only on flush, close or a full buffer: rounds happen when a test says.

@@ -114,7 +114,10 @@ class MetricWriter:
         self._final: StoreError | None = None  # why the writer stopped with rows unwritten
         self._last_write = time.monotonic()
         self._wake = threading.Event()
-        self._busy = False  # the writer thread holds items it took and has not settled
+        # Counted up by the writer thread as it takes items (odd) and as they are settled,
+        # committed or back in the buffer (even): `flush` reads it around its look at the
+        # buffer, so it never sees an empty buffer while a failed batch is on its way back.
+        self._cycle = 0
         self._asked: deque[None] = deque()  # one entry per flush or stop not yet taken
         self._thread = threading.Thread(target=self._drain, name=f"lab-{what}-writer", daemon=True)
         self._thread.start()
@@ -145,7 +148,8 @@ class MetricWriter:
         if not self._thread.is_alive():
             self._raise_final()
             return
-        if not self._buffer and not self._busy:
+        cycle = self._cycle
+        if cycle % 2 == 0 and not self._buffer and self._cycle == cycle:
             return  # nothing put is waiting or being written: all of it is committed
         marker = _Flush()
         self._asked.append(None)
@@ -240,7 +244,7 @@ class MetricWriter:
                 time.sleep(self._delay)  # back off; flushes wait for the retry
                 self._delay = min(self._delay * 2, self._max_backoff_s)
             self._wake.clear()
-            self._busy = True  # before anything leaves the buffer (see `flush`)
+            self._cycle += 1  # odd: before anything leaves the buffer (see `flush`)
             items, marker, stop = self._take()
             idle = (
                 not items
@@ -267,7 +271,7 @@ class MetricWriter:
                         self._buffer.insert(len(items), entry)
                         self._asked.append(None)  # waiting again, to be taken again
                     stop = False
-            self._busy = False  # what was taken is committed, or back in the buffer
+            self._cycle += 1  # even: what was taken is committed, or back in the buffer
             self._notify_room()
             if stop:
                 return
