@@ -190,6 +190,7 @@ class Proxy:
         self.target = (host, port)
         self.up = True
         self.pairs: list[socket.socket] = []
+        self.lock = threading.Lock()  # a connection opened while `cut` runs dies with it
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -204,7 +205,14 @@ class Proxy:
                 client.close()  # the server is "down": every connection dies at once
                 continue
             upstream = socket.create_connection(self.target)
-            self.pairs += [client, upstream]
+            with self.lock:
+                alive = self.up
+                if alive:
+                    self.pairs += [client, upstream]
+            if not alive:  # cut while this one was being opened
+                for s in (client, upstream):
+                    s.close()
+                continue
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -221,11 +229,12 @@ class Proxy:
                     s.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> None:
-        self.up = False
-        for s in self.pairs:
+        with self.lock:
+            self.up = False
+            pairs, self.pairs = self.pairs, []
+        for s in pairs:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-        self.pairs = []
 
     def restore(self) -> None:
         self.up = True
