@@ -9,6 +9,8 @@ else from a launcher's environment (``torchrun`` sets ``RANK`` and ``WORLD_SIZE`
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import fnmatch
 import math
@@ -102,6 +104,7 @@ def init_from_launcher() -> bool:
     or `Experiment(processes_per_run=N)`'s own processes) unless one exists; True when this
     call made it. Why here: a `train(run)` that wraps its model in DDP finds the group ready,
     and lab's collectives (metrics, checkpoints) use the same one."""
+    global _made, _hooked
     ranks = launcher_rank()
     if ranks is None or _dist() is not None:
         return False
@@ -112,7 +115,33 @@ def init_from_launcher() -> bool:
     if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend=backend, timeout=timeout())
+    _made = True
+    if not _hooked:
+        _hooked = True
+        atexit.register(_leave_at_exit)
     return True
+
+
+_made = False  # lab made the default process group here, and has not destroyed it
+_hooked = False  # `_leave_at_exit` is registered
+
+
+def leave_group() -> None:
+    """Destroy the default process group, if there is one."""
+    global _made
+    _made = False
+    dist = _dist()
+    if dist is not None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _leave_at_exit() -> None:
+    """Why: a group lab made is destroyed while the interpreter is whole, since a gloo group
+    left to the interpreter's own teardown can abort the process (SIGABRT) as it ends, and
+    an NCCL one warns. A group the program made itself is its own business."""
+    if _made:
+        leave_group()
 
 
 def for_rank(callbacks: Iterable[Callback], rank: int | None = None) -> list[Callback]:

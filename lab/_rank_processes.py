@@ -81,7 +81,7 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides; a Ctrl-C reaches it
     os.environ.update(_rank_env(rank, world, port))
     _threads(world)
-    from lab._distributed import init_from_launcher
+    from lab._distributed import init_from_launcher, leave_group
     from lab.dispatch import Dispatcher
     from lab.runs import execute_run
 
@@ -93,16 +93,8 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
     finally:
         hooks.run_key = None
         hooks.fire("close")
-    _leave_group()
+    leave_group()
     sys.exit(0 if result.status != "failed" else 1)
-
-
-def _leave_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
 
 
 def run_on_ranks(
@@ -116,7 +108,7 @@ def run_on_ranks(
 ) -> RunResult:
     """Execute `job` on `processes` local ranks, this process being rank 0; returns rank
     0's result. Called in a worker process of `lab.executors.ProcessPool`."""
-    from lab._distributed import init_from_launcher
+    from lab._distributed import init_from_launcher, leave_group
     from lab.runs import run_in_worker
 
     port = _free_port()
@@ -144,7 +136,7 @@ def run_on_ranks(
         init_from_launcher()
         result = run_in_worker(job, callbacks, strict, arm_result, progress=progress)
     finally:
-        _leave_group()
+        leave_group()
         _end_others(others, job.run_key)
     return result
 

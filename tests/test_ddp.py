@@ -22,7 +22,7 @@ from lab.errors import ConfigError
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, signal, sys
+    import atexit, json, os, signal, sys
     from pathlib import Path
 
     import torch
@@ -37,6 +37,15 @@ SCRIPT = textwrap.dedent(
 
     def rank():
         return dist.get_rank() if dist.is_initialized() else 0
+
+
+    @atexit.register  # (registered first, so it runs after lab's own exit handlers)
+    def _probe():
+        if os.environ.get("DDP_EXIT_PROBE") == "1":  # is a process group still up?
+            up = dist.is_initialized()
+            (OUT / f"exit-{os.environ['RANK']}.json").write_text(json.dumps(up))
+            if up:
+                dist.destroy_process_group()  # the program's own group
 
 
     class Seen(Callback):
@@ -128,6 +137,8 @@ SCRIPT = textwrap.dedent(
 
 
     if __name__ == "__main__":
+        if os.environ.get("DDP_OWN_GROUP") == "1":
+            dist.init_process_group("gloo")
         if os.environ.get("DDP_RESUME") == "1":  # one never stopped; one crashed, then resumed
             experiment("whole")
             os.environ["DDP_CRASH_AT"] = "4"
@@ -190,8 +201,11 @@ def _reports(tmp_path: Path) -> dict[int, list]:
 def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks(
     script: Path, tmp_path: Path
 ) -> None:
-    out = _torchrun(script, tmp_path, DDP_REDUCE='{"tokens": "sum"}')
+    out = _torchrun(script, tmp_path, DDP_REDUCE='{"tokens": "sum"}', DDP_EXIT_PROBE="1")
     assert out.returncode == 0, out.stderr[-3000:]
+    for r in (0, 1):  # the group lab made is gone before the interpreter's teardown, where
+        # a gloo group left behind can abort a rank as it exits
+        assert json.loads((tmp_path / "out" / f"exit-{r}.json").read_text()) is False
     reports = _reports(tmp_path)
     assert reports[0] == reports[1] == [[["base-r0", "completed", None]]]
     db = tmp_path / "lab.db"
@@ -243,6 +257,14 @@ def test_processes_per_run_records_each_run_once_and_a_sigkilled_rank_fails_its_
     killed = _rows(db, f"SELECT step FROM metrics WHERE run_id = {ids['base-r1']} "
                        "AND key = 'loss'")  # fmt: skip
     assert killed == [(1,)]
+
+
+def test_a_process_group_the_program_made_is_left_to_it(script: Path, tmp_path: Path) -> None:
+    out = _torchrun(script, tmp_path, DDP_STEPS="2", DDP_EXIT_PROBE="1", DDP_OWN_GROUP="1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _reports(tmp_path)[1] == [[["base-r0", "completed", None]]]
+    for r in (0, 1):  # still up after lab's exit handlers: the program destroys it
+        assert json.loads((tmp_path / "out" / f"exit-{r}.json").read_text()) is True
 
 
 @pytest.mark.parametrize("sharded", ["0", "1"])
