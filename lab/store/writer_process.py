@@ -274,10 +274,10 @@ class _Process:
                     ) from exc
 
     def _send_and_wait(self, payload: bytes) -> BaseException | None:
+        # (no poll for a process that exited: a dead one fails the write or ends the read,
+        # and every system call here hands the GIL to the training thread and back)
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        if proc.poll() is not None:
-            raise WriterDied(f"the metric writer process exited ({proc.returncode})")
         self._await_ready(block=True)
         _send(proc.stdin, payload)
         answer = _receive(proc.stdout)
@@ -355,9 +355,10 @@ def _end(proc: subprocess.Popen[bytes], *, wait_s: float) -> None:
 
 
 def _send(pipe: IO[bytes] | None, payload: bytes) -> None:
+    """One frame, in one system call when it fits the pipe (header and body written apart
+    would be two: a batch is larger than the writer's buffer)."""
     assert pipe is not None
-    pipe.write(_HEADER.pack(len(payload)))
-    pipe.write(payload)
+    pipe.write(_HEADER.pack(len(payload)) + payload)
     pipe.flush()
 
 
