@@ -15,6 +15,7 @@ import datetime
 import fnmatch
 import math
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -106,7 +107,12 @@ def init_from_launcher() -> bool:
     and lab's collectives (metrics, checkpoints) use the same one."""
     global _made, _hooked
     ranks = launcher_rank()
-    if ranks is None or _dist() is not None:
+    if ranks is None:
+        return False
+    if not _hooked:
+        _hooked = True
+        atexit.register(_leave_at_exit)
+    if _dist() is not None:
         return False
     import torch
     import torch.distributed as dist
@@ -116,32 +122,46 @@ def init_from_launcher() -> bool:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend=backend, timeout=timeout())
     _made = True
-    if not _hooked:
-        _hooked = True
-        atexit.register(_leave_at_exit)
     return True
 
 
 _made = False  # lab made the default process group here, and has not destroyed it
-_hooked = False  # `_leave_at_exit` is registered
+_hooked = False  # `_leave_at_exit` is registered (under a launcher, whoever made the group)
+
+
+#: How long `leave_group` lets go of the GIL before it destroys the group (see there).
+_SETTLE_S = 0.02
 
 
 def leave_group() -> None:
-    """Destroy the default process group, if there is one."""
+    """Destroy the default process group, if there is one.
+
+    First it sleeps `_SETTLE_S`, so the GIL is free for a moment. Why: a gloo worker
+    thread may still be freeing the last collective's work (its tensors belong to Python
+    objects, so it waits for the GIL to drop them). If the interpreter starts to finalize
+    while that thread waits, CPython ends the thread in the middle of a C++ destructor, and
+    the process aborts ("terminate called without an active exception", SIGABRT) after
+    all its work is done.
+    """
     global _made
     _made = False
     dist = _dist()
     if dist is not None:
+        time.sleep(_SETTLE_S)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
 
 def _leave_at_exit() -> None:
     """Why: a group lab made is destroyed while the interpreter is whole, since a gloo group
-    left to the interpreter's own teardown can abort the process (SIGABRT) as it ends, and
-    an NCCL one warns. A group the program made itself is its own business."""
+    left to the interpreter's own teardown can abort the process (SIGABRT) as it ends (see
+    `leave_group`), and an NCCL one warns. A group the program made itself is its own
+    business: lab only lets go of the GIL for a moment, for the same reason, before the
+    program's own exit handlers (registered earlier, so run later) destroy it."""
     if _made:
         leave_group()
+    elif _dist() is not None:
+        time.sleep(_SETTLE_S)
 
 
 def for_rank(callbacks: Iterable[Callback], rank: int | None = None) -> list[Callback]:
