@@ -322,8 +322,16 @@ def run_arm(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, Any
     if "_sql" not in arm:
         return one_fit(arm, k, steps, None)
     writer = arm.rsplit("_", 1)[1] if arm.endswith(("_auto", "_process", "_thread")) else None
+    nowhere = arm.endswith("_none")  # the floor: a writer that costs nothing, writes nothing
+    if nowhere:
+        writer = "thread"
     # opened before the clock (main() started the writer process before the first round)
     store = Store(f"sqlite:///{folder / f'{arm}{k}-{i}.db'}", writer=writer)
+    if nowhere:
+        store._write_metrics = _write_nothing  # type: ignore[method-assign]  # (before it starts)
+        result = one_fit(arm.removesuffix("_none"), k, steps, store)
+        store.close()
+        return result
     timer = None
     # private: the decomposition is skipped without it, and for a writer process
     if store.writer_mode == "thread" and hasattr(store, "_write_metrics"):
@@ -338,6 +346,10 @@ def run_arm(arm: str, k: int, steps: int, folder: Path, i: int) -> dict[str, Any
         store.close()
     assert count == steps * k, f"{name(arm, k)}: {count} metric rows, expected {steps * k}"
     return result
+
+
+def _write_nothing(items: list[Any]) -> None:
+    """The `_none` arms' batch write: what `SqlLogger` costs with a free writer."""
 
 
 def start_writer_process(folder: Path) -> None:

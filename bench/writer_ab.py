@@ -5,7 +5,9 @@ bench/overhead.py at 8 metrics per step, with more rounds than overhead.py can a
 that a difference of a few percent shows through a loaded machine's noise.
 
 Each round runs `bare`, `aa` (bare again: the A/A control), and overhead.py's `handle_sql`
-and `loop_sql` with each writer: `_auto` and `_thread`, in an order that starts at another
+and `loop_sql` with each writer: `_auto` and `_thread`, and `handle_sql_none`: `SqlLogger`
+on a store whose batch write does nothing (the floor: what a writer that cost the training
+process nothing would leave, the hook and the run's rows), in an order that starts at another
 arm each round and runs backwards every other round (`overhead.spread`). Per arm: the whole
 fit until durable and the mean and median step, each less bare's in the same round, as a
 percentage of bare's, the median over the rounds; the start (before the first step) and
@@ -40,7 +42,8 @@ import torch
 from _common import machine
 
 ARMS = (
-    "bare", "aa", "handle_sql_auto", "handle_sql_thread", "loop_sql_auto", "loop_sql_thread"
+    "bare", "aa", "handle_sql_auto", "handle_sql_thread", "handle_sql_none",
+    "loop_sql_auto", "loop_sql_thread",
 )  # fmt: skip
 K = 8
 
