@@ -10,10 +10,11 @@ spans meet. While it waits, the writer thread holds no GIL and does no work, so 
 overlapping steps lose is what the writer process's own work costs the training thread on
 the machine's other core.
 
-Per round: the mean step of bare, of the `handle_sql` steps that overlap an exchange and
-of those that don't, and the exchanges' count and mean duration; the medians over the
-rounds are printed as one JSON line, with `overlap_added_ms_per_fit`: how many ms per fit
-the overlapping steps lose against the others.
+Per round, through `overhead.writer_share`: the median step of bare, of the `handle_sql`
+steps that overlap an exchange and of those that don't, the share of steps that overlap,
+the exchanges' count and mean duration, the writer thread's CPU per point, and
+`overlap_added_ms_per_fit`: the fit's mean step less the mean of the steps that overlap
+nothing, times the steps. The medians over the rounds are printed as one JSON line.
 
     python bench/exchange_steps.py [--steps 2000] [--rounds 8] [--settle 0.5]
 """
@@ -41,22 +42,26 @@ K = 8
 
 
 class _Exchanges:
-    """Times every batch write of the `MetricWriter`s made while it is installed."""
+    """Times every batch write of the `MetricWriter`s made while it is installed, as
+    `overhead.WriteTimer` records them (start, end, points, the writer thread's CPU), so
+    `overhead.writer_share` reads them. The writer's own method is wrapped, not its write
+    function: reaching that would start the writer thread before the fit's clock."""
 
     def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
+        self.writes: list[tuple[float, float, int, float]] = []
         self._attempt = MetricWriter._attempt
 
     def __enter__(self) -> _Exchanges:
-        attempt, spans = self._attempt, self.spans
+        attempt, writes = self._attempt, self.writes
 
         def timed(writer: MetricWriter, items: list[Any]) -> BaseException | None:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 return attempt(writer, items)
             finally:
                 if items:
-                    spans.append((started, time.perf_counter()))
+                    points = sum(len(item[2]) for item in items)
+                    writes.append((started, time.perf_counter(), points, time.thread_time() - cpu))
 
         MetricWriter._attempt = timed  # type: ignore[method-assign]
         return self
@@ -65,19 +70,22 @@ class _Exchanges:
         MetricWriter._attempt = self._attempt  # type: ignore[method-assign]
 
 
-def split(result: dict[str, Any], spans: list[tuple[float, float]]) -> dict[str, float]:
-    """The fit's steps that overlap an exchange against the others: count and mean (µs)."""
-    over, clear = [], []
-    for (start, end), step in zip(result["spans"], result["step_s"], strict=True):
-        hit = any(s0 < end and start < s1 for s0, s1 in spans)
-        (over if hit else clear).append(step)
+def split(
+    result: dict[str, Any], writes: list[tuple[float, float, int, float]]
+) -> dict[str, float]:
+    """`overhead.writer_share` of the fit, in µs and ms: the steps that overlap an exchange
+    against the others, and what the overlapping ones add to the fit."""
+    share = overhead.writer_share({**result, "writes": writes})
+    assert share is not None, "no step overlapped an exchange, or every step did"
+    steps = len(result["step_s"])
     return {
-        "overlapping_steps": len(over),
-        "overlapping_step_us_mean": 1e6 * statistics.mean(over) if over else 0.0,
-        "other_step_us_mean": 1e6 * statistics.mean(clear),
-        "exchanges": len(spans),
-        "exchange_ms_mean": 1e3 * statistics.mean(b - a for a, b in spans) if spans else 0.0,
-        "overlap_added_ms_per_fit": 1e3 * sum(step - statistics.mean(clear) for step in over),
+        "overlapping_steps_pct": share["steps_overlapping_pct"],
+        "overlapping_step_us_median": 1e6 * share["overlap_step_s_median"],
+        "other_step_us_median": 1e6 * share["clear_step_s_median"],
+        "exchanges": share["writes"],
+        "exchange_ms_mean": 1e3 * statistics.mean(b - a for a, b, _p, _c in writes),
+        "overlap_added_ms_per_fit": 1e3 * share["writer_s_per_step"] * steps,
+        "writer_thread_cpu_us_per_point": 1e6 * share["writer_cpu_s_per_point"],
     }
 
 
@@ -98,7 +106,7 @@ def main() -> None:
             for arm in ("bare", "handle_sql") if i % 2 == 0 else ("handle_sql", "bare"):
                 if arm == "bare":
                     bare = overhead.one_fit("bare", K, args.steps, None)
-                    row["bare_step_us_mean"] = 1e6 * statistics.mean(bare["step_s"])
+                    row["bare_step_us_median"] = 1e6 * statistics.median(bare["step_s"])
                 else:
                     store = Store(f"sqlite:///{Path(tmp) / f'fit-{i}.db'}")
                     try:
@@ -106,7 +114,7 @@ def main() -> None:
                             result = overhead.one_fit(arm, K, args.steps, store)
                     finally:
                         store.close()
-                    row.update(split(result, exchanges.spans))
+                    row.update(split(result, exchanges.writes))
                 os.sync()
                 time.sleep(args.settle)
             rows.append(row)
