@@ -62,7 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,16 +93,22 @@ def name(arm: str, k: int) -> str:
 
 class Stamped:
     """A re-iterable list of batches that stamps the wall and thread CPU clocks at each
-    batch drawn: a step is the time between two draws."""
+    batch drawn: a step is the time between two draws. `tick(n)`, if given, is called
+    with the number of batches drawn so far at every `every`-th draw."""
 
-    def __init__(self, items: list[Any]) -> None:
+    def __init__(
+        self, items: list[Any], tick: Callable[[int], None] | None = None, every: int = 0
+    ) -> None:
         self.items = items
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.tick, self.every = tick, every
 
     def __iter__(self) -> Iterator[Any]:
-        wall, cpu = self.wall.append, self.cpu.append
+        wall, cpu, tick, every = self.wall.append, self.cpu.append, self.tick, self.every
         for item in self.items:
+            if tick is not None and len(self.wall) % every == 0 and self.wall:
+                tick(len(self.wall))
             wall(time.perf_counter())
             cpu(time.thread_time())
             yield item
@@ -119,10 +125,12 @@ def make_loss_fn(extras: int):  # type: ignore[no-untyped-def]
     return loss_fn
 
 
-def setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, Stamped]:
+def setup(
+    tick: Callable[[int], None] | None = None, every: int = 0
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Stamped]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    data = Stamped([(torch.randn(32, 32), torch.randn(32, 1)) for _ in range(16)])
+    data = Stamped([(torch.randn(32, 32), torch.randn(32, 1)) for _ in range(16)], tick, every)
     return model, torch.optim.SGD(model.parameters(), lr=0.01), data
 
 
@@ -182,9 +190,21 @@ def fit_loop(steps: int, k: int, model, optimizer, data, callbacks) -> int:  # t
     return len(loop.fit().metrics)
 
 
-def one_fit(arm: str, k: int, steps: int, store: Store | None) -> dict[str, Any]:
-    """One fit of the seeded model: its step times and the whole fit until durable."""
-    model, optimizer, data = setup()
+def one_fit(
+    arm: str,
+    k: int,
+    steps: int,
+    store: Store | None,
+    *,
+    tick: Callable[[int], None] | None = None,
+    every: int = 0,
+    durable: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """One fit of the seeded model: its step times and the whole fit until durable.
+    `tick` and `every` go to `Stamped`; `durable(steps)`, if given, runs after the loop
+    inside the fit's clock (a writer of the bench's own making: until its rows are
+    committed)."""
+    model, optimizer, data = setup(tick, every)
     callbacks = [SqlLogger(store)] if store is not None else []
     cpu0, thread0 = time.process_time(), time.thread_time()
     t0 = time.perf_counter()
@@ -197,6 +217,8 @@ def one_fit(arm: str, k: int, steps: int, store: Store | None) -> dict[str, Any]
     loop_s = time.perf_counter() - t0
     if store is not None:
         store.flush()  # already durable: SqlLogger flushes in on_train_end
+    if durable is not None:
+        durable(steps)
     fit_s = time.perf_counter() - t0
     other_cpu = (time.process_time() - cpu0) - (time.thread_time() - thread0)
     assert keys == k, f"{name(arm, k)} logged {keys} keys"

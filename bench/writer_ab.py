@@ -4,11 +4,16 @@ process, here already running and ready, as for every fit of a program after its
 bench/overhead.py at 8 metrics per step, with more rounds than overhead.py can afford, so
 that a difference of a few percent shows through a loaded machine's noise.
 
-Each round runs `bare`, `aa` (bare again: the A/A control), and overhead.py's `handle_sql`
-and `loop_sql` with each writer: `_auto` and `_thread`, and `handle_sql_none`: `SqlLogger`
-on a store whose batch write does nothing (the floor: what a writer that cost the training
-process nothing would leave, the hook and the run's rows), in an order that starts at another
-arm each round and runs backwards every other round (`overhead.spread`). Per arm: the whole
+Each round runs `bare`, `aa` (bare again: the A/A control), `handle` (the loop on
+`RunHandle`, no callbacks), and overhead.py's `handle_sql` and `loop_sql` with each writer:
+`_auto` and `_thread`, and `handle_sql_none`: `SqlLogger` on a store whose batch write does
+nothing (the floor: what a writer that cost the training process nothing would leave, the
+hook and the run's rows). Three arms run no lab at all, to show what writing the same
+points costs on this machine whatever writes them: `bare_raw`, the bare loop while
+bench/_raw_writer.py (raw sqlite3 in its own process) inserts its points every `RAW_BATCH`
+steps, until the last is committed; `bare_raw_norowid`, the same into a `WITHOUT ROWID`
+table; `bare_after`, all of them written after the loop. The order starts at another arm
+each round and runs backwards every other round (`overhead.spread`). Per arm: the whole
 fit until durable and the mean and median step, each less bare's in the same round, as a
 percentage of bare's, the median over the rounds; the start (before the first step) and
 the end (after the last) in ms; and how many rounds the default came out below the thread
@@ -30,22 +35,92 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _raw_writer
 import overhead
 import torch
 from _common import machine
 
 ARMS = (
-    "bare", "aa", "handle_sql_auto", "handle_sql_thread", "handle_sql_none",
-    "loop_sql_auto", "loop_sql_thread",
+    "bare", "aa", "handle", "bare_raw", "bare_raw_norowid", "bare_after", "handle_sql_auto",
+    "handle_sql_thread", "handle_sql_none", "loop_sql_auto", "loop_sql_thread",
 )  # fmt: skip
 K = 8
+#: The raw writer's batch: the steps of about `PROCESS_INTERVAL_S` (50 ms) at a 300 µs step,
+#: as the writer thread hands the writer process a batch every 50 ms.
+RAW_BATCH = 160
+
+
+class RawWriter:
+    """bench/_raw_writer.py, started once: sqlite3 with no lab in it, in its own process."""
+
+    def __init__(self, k: int, *flags: str) -> None:
+        script = Path(__file__).with_name("_raw_writer.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(k), *flags],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self.k = k
+
+    def _send(self, op: int, arg: int, tail: bytes = b"") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(_raw_writer.FRAME.pack(op, arg) + tail)
+        self.proc.stdin.flush()
+
+    def _answer(self) -> None:
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.read(1) == b"k", "the raw writer died"
+
+    def open(self, path: Path) -> None:
+        name = str(path).encode()
+        self._send(_raw_writer.OPEN, len(name), name)
+        self._answer()
+
+    def write(self, steps: int) -> None:
+        """Hand over the steps up to `steps` (the training thread does not wait)."""
+        self._send(_raw_writer.WRITE, steps)
+
+    def durable(self, steps: int) -> None:
+        """The last steps, then wait until all of them are committed."""
+        self.write(steps)
+        self._send(_raw_writer.SYNC, 0)
+        self._answer()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def raw_fit(arm: str, raw: RawWriter, steps: int, folder: Path, i: int) -> dict[str, Any]:
+    """`bare_raw`: the bare loop, its points written by the raw writer while it runs (a
+    batch every `RAW_BATCH` steps), until the last is committed. `bare_after`: the bare
+    loop, then every point written in one batch after it, until committed."""
+    path = folder / f"{arm}-{i}.db"
+    raw.open(path)
+    during = arm.startswith("bare_raw")
+    result = overhead.one_fit(
+        "bare",
+        raw.k,
+        steps,
+        None,
+        tick=raw.write if during else None,
+        every=RAW_BATCH if during else 0,
+        durable=raw.durable,
+    )
+    with sqlite3.connect(path) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM metrics").fetchone()
+    assert count == steps * raw.k, f"{arm}: {count} rows, expected {steps * raw.k}"
+    return result
 
 
 def main() -> None:
@@ -64,12 +139,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lab-bench-writer-ab-") as tmp:
         # the first store of the process starts the writer process: once, before the clock
         overhead.start_writer_process(Path(tmp))
+        raws = {"": RawWriter(K), "_norowid": RawWriter(K, "without_rowid")}
         for i in range(args.rounds):
             for arm in overhead.spread(ARMS, i, args.rounds):
-                results[arm].append(overhead.run_arm(arm, K, args.steps, Path(tmp), i))
+                if arm.startswith("bare_"):
+                    raw = raws["_norowid" if arm.endswith("_norowid") else ""]
+                    results[arm].append(raw_fit(arm, raw, args.steps, Path(tmp), i))
+                else:
+                    results[arm].append(overhead.run_arm(arm, K, args.steps, Path(tmp), i))
                 os.sync()  # the last fit's file on disk before the next fit's clock starts
                 time.sleep(args.settle)
             print(f"round {i + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        for raw in raws.values():
+            raw.close()
 
     def added_pct(arm: str, field: str, stat: Any) -> float:
         """Median over rounds of (arm - bare) / bare, in percent, both of the same round."""
