@@ -307,20 +307,26 @@ def test_the_records_stand_on_the_ground_floor() -> None:
 _EACH_MODULE = """
 import importlib, os, sys
 import pydantic, sqlalchemy, torch  # third-party imports are shared; lab's are not
-failed = []
-for name in sys.argv[1:]:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:
-            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
-            os._exit(1)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
+failed, running = [], {}
+names = sys.argv[1:]
+while names or running:
+    if names and len(running) < (os.cpu_count() or 1):  # a child per core at a time
+        name = names.pop()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:
+                print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+                os._exit(1)
+            os._exit(0)
+        running[pid] = name
+        continue
+    pid, status = os.wait()
     if status:
-        failed.append(name)
-print("failed:", failed)
+        failed.append(running[pid])
+    del running[pid]
+print("failed:", sorted(failed))
 """
 
 
