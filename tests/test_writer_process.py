@@ -4,6 +4,7 @@ replayed batch, the flush at a checkpoint and at exit, and the stores that keep 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -515,3 +516,65 @@ def test_auto_starts_the_process_again_when_it_died_after_it_had_been_ready(
             )
     finally:
         store.close()
+
+
+#: lab's own writer process, as a later version of lab would start it.
+OTHER_PROTOCOL = "import lab.store.writer_process as w; w.PROTOCOL = w.PROTOCOL + 1; w.main()"
+
+
+def test_a_writer_process_of_another_protocol_is_ended_and_the_rows_are_written_here(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer process whose first frame names another protocol is ended at once, never
+    started again, and the store writes every row in its own thread, with one line that
+    says why."""
+    monkeypatch.setattr(writer_process, "_CHILD", OTHER_PROTOCOL)
+    writer_process._forget_after_fork()  # a fresh writer process for this test
+    store = Store(sqlite_url, writer="process", give_up_s=WAIT_S)
+    try:
+        run_id = _new_run(store)
+        with caplog.at_level(logging.WARNING, logger="lab.store"):
+            for step in range(1, 51):
+                store.log_metrics(run_id, step, {"loss": float(step)})
+            store.flush()
+        shared = writer_process._shared()
+        assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 50
+        assert _scalar(sqlite_url, "SELECT sum(value) FROM metrics") == sum(range(1, 51))
+        said = [r.getMessage() for r in caplog.records if "another protocol" in r.getMessage()]
+        assert len(said) == 1 and f"this program speaks {writer_process.PROTOCOL}" in said[0]
+        assert shared.refused == said[0]
+        assert shared.pid is None and shared.restarts == 0  # ended, and not started again
+        assert store._process is not None and not store._process.joined
+    finally:
+        store.close()
+        monkeypatch.undo()
+        writer_process._forget_after_fork()  # the next store starts a working one
+
+
+def test_a_writer_process_replaced_by_another_protocol_mid_run_loses_no_row(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lab upgraded on disk while a program runs: its writer process is killed, the one
+    started again speaks another protocol. The batch in flight and every later one are
+    written by the store's thread, each row once."""
+    writer_process._forget_after_fork()
+    store = Store(sqlite_url, writer="process", give_up_s=WAIT_S)
+    try:
+        run_id = _new_run(store)
+        for step in range(1, 21):
+            store.log_metrics(run_id, step, {"loss": float(step)})
+        store.flush()
+        assert writer_process._shared().answered > 0  # the first process wrote them
+        monkeypatch.setattr(writer_process, "_CHILD", OTHER_PROTOCOL)
+        _kill(store)
+        for step in range(21, 61):
+            store.log_metrics(run_id, step, {"loss": float(step)})
+        store.flush()
+        assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 60
+        assert _scalar(sqlite_url, "SELECT sum(value) FROM metrics") == sum(range(1, 61))
+        assert writer_process._shared().refused is not None
+        assert store._process is not None and not store._process.joined
+    finally:
+        store.close()
+        monkeypatch.undo()
+        writer_process._forget_after_fork()

@@ -30,7 +30,10 @@ opened while the process is ready sends it every batch. So a program that record
 rows never starts one, and a long fit never waits for one to start.
 
 The frames: an 8-byte little-endian length, then a pickle. The process's first frame says
-it is ready (``None``, sent once it has imported the store). Each one to the process is
+it is ready (``("lab metric writer", PROTOCOL)``, sent once it has imported the store); a
+process that names another protocol (lab upgraded or replaced on disk while the program
+ran, and a writer process started again from the new code) is ended, and the stores write
+in their threads, with one line that says so. Each one to the process is
 ``(store key, URL, active run ids, items)``, the URL with its password (a pipe, never
 ``ps``), or ``(store key, None, ...)`` when that store is closed; each answer is ``None``
 (done) or the exception. The process ignores SIGINT and runs in a session of its own, so a
@@ -63,6 +66,9 @@ log = logger("lab.store")
 _HEADER = struct.Struct("<Q")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _CHILD = "from lab.store.writer_process import main; main()"
+#: The version of the frames below; the process names it in its first frame.
+PROTOCOL = 1
+_HELLO = "lab metric writer"
 #: In auto mode (`Store`'s default) a store writes its first points in its own writer
 #: thread, and asks for the writer process once it has written this many: a short run, a
 #: test, a command that records a few rows never pays for starting one (0.5-2 s of CPU).
@@ -85,7 +91,8 @@ class WriterProcess:
 
     `fallback` writes a batch in this process: it is used from the start when no writer
     process can run here at all (one that ends before it ever answered, twice: an
-    interpreter that cannot import lab, say), so the rows are still written.
+    interpreter that cannot import lab, say), and from then on when one speaks another
+    protocol (`PROTOCOL`), so the rows are still written.
     """
 
     def __init__(
@@ -145,9 +152,10 @@ class WriterProcess:
         try:
             reply = shared.exchange((self._key, self._url, active, items), len(items))
         except WriterDied:
-            if shared.answered or self._fallback is None:
+            if (shared.answered and shared.refused is None) or self._fallback is None:
                 raise
-            log.warning("no metric writer process could start; metrics are written here")
+            log.warning(shared.refused or "no metric writer process could start; metrics "
+                        "are written here")  # fmt: skip
             self._local = True
             self._fallback(items)
             return
@@ -172,7 +180,8 @@ class WriterProcess:
             self._waiting = False
             return True
         if shared.failed_to_start():
-            log.warning("no metric writer process could start; metrics are written here")
+            log.warning(shared.refused or "no metric writer process could start; metrics "
+                        "are written here")  # fmt: skip
             self._waiting, self._local = False, True
         elif self._points >= AUTO_AFTER_POINTS:
             shared.start()
@@ -195,6 +204,8 @@ class _Process:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = False  # the running process has said it is ready (its first frame)
+        #: Why no writer process is used any more: one spoke another protocol (None: none did).
+        self.refused: str | None = None
         self.restarts = 0
         self.answered = 0  # frames answered, by every process started so far
 
@@ -207,6 +218,8 @@ class _Process:
         """Start the process unless it runs; start it again if it died after it had been
         ready (one that never was is left dead: the stores write in their threads)."""
         with self._lock:
+            if self.refused is not None:
+                return
             if self._proc is None:
                 self._start()
             elif self._proc.poll() is not None and self._ready:
@@ -241,7 +254,9 @@ class _Process:
         """Whether a process was started and ended before it ever said it was ready."""
         with self._lock:
             proc = self._proc
-            return proc is not None and proc.poll() is not None and not self._ready
+            return self.refused is not None or (
+                proc is not None and proc.poll() is not None and not self._ready
+            )
 
     def _await_ready(self, *, block: bool) -> bool:
         """Read the process's first frame (it sends it once it can write) if not yet read;
@@ -252,23 +267,39 @@ class _Process:
         assert proc is not None and proc.stdout is not None
         if not block and not select.select([proc.stdout], [], [], 0)[0]:
             return False
-        if _receive(proc.stdout) is None:
+        hello = _receive(proc.stdout)
+        if hello is None:
             raise WriterDied("the metric writer process ended before it was ready")
+        said = pickle.loads(hello)
+        if said != (_HELLO, PROTOCOL):
+            self.refused = (
+                f"the metric writer process (pid {proc.pid}) speaks another protocol "
+                f"({said!r}; this program speaks {PROTOCOL}): was lab upgraded or replaced "
+                "while this program ran? Its metrics are written in this process instead"
+            )
+            _end(proc, wait_s=1.0)
+            raise WriterDied(self.refused)
         self._ready = True
         return True
 
     def exchange(self, message: tuple[Any, ...], rows: int) -> BaseException | None:
         payload = pickle.dumps(message, _PROTOCOL)
         with self._lock:
+            if self.refused is not None:
+                raise WriterDied(self.refused)
             if self._proc is None:
                 self._start()
             try:
                 return self._send_and_wait(payload)
             except OSError:
+                if self.refused is not None:
+                    raise
                 self._restart(rows)
                 try:
                     return self._send_and_wait(payload)
                 except OSError as exc:
+                    if self.refused is not None:
+                        raise
                     raise WriterDied(
                         f"the metric writer process ended twice while writing ({exc})"
                     ) from exc
@@ -381,7 +412,7 @@ def main() -> None:
     import lab.store.store  # noqa: F401  (the slow part of the start, before "ready")
 
     try:
-        _send(sink, _answer(None))  # ready: the first frame
+        _send(sink, pickle.dumps((_HELLO, PROTOCOL), _PROTOCOL))  # ready: the first frame
     except OSError:
         return  # the training process ended before this one was ready: nothing to write
     stores: dict[int, Any] = {}
