@@ -154,8 +154,7 @@ class WriterProcess:
         except WriterDied:
             if (shared.answered and shared.refused is None) or self._fallback is None:
                 raise
-            log.warning(shared.refused or "no metric writer process could start; metrics "
-                        "are written here")  # fmt: skip
+            log.warning(shared.why_local())
             self._local = True
             self._fallback(items)
             return
@@ -180,8 +179,7 @@ class WriterProcess:
             self._waiting = False
             return True
         if shared.failed_to_start():
-            log.warning(shared.refused or "no metric writer process could start; metrics "
-                        "are written here")  # fmt: skip
+            log.warning(shared.why_local())
             self._waiting, self._local = False, True
         elif self._points >= AUTO_AFTER_POINTS:
             shared.start()
@@ -249,6 +247,10 @@ class _Process:
                 return self._await_ready(block=False)
             except WriterDied:
                 return False
+
+    def why_local(self) -> str:
+        """The line a store logs as it starts writing its batches in its own thread."""
+        return self.refused or "no metric writer process could start; metrics are written here"
 
     def failed_to_start(self) -> bool:
         """Whether a process was started and ended before it ever said it was ready."""
