@@ -39,6 +39,7 @@ from lab.store.migrations import (
     ensure_schema,
     head_revision,
     is_known,
+    migration_transaction,
     migrations_dir,
     revisions,
     upgrade,
@@ -124,11 +125,11 @@ def test_the_models_check_constraints_are_the_migrations_word_for_word(sqlite_ur
         if isinstance(c, sa.CheckConstraint)
     }
     assert checks == {
-        "ck_experiments_status": "status IN ('running', 'completed', 'failed')",
+        "ck_experiments_status": "status IN ('running', 'completed', 'failed', 'crashed')",
         "ck_groups_kind": "kind IN ('repeats', 'chain')",
         "ck_runs_status": "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')",
         "ck_checkpoints_event": "event IN ('save', 'remove')",
-        "ck_tokens_scope": "scope IN ('read', 'write')",
+        "ck_tokens_scope": "scope IN ('read', 'write', 'admin')",
     }
     engine = make_engine(resolve_url(sqlite_url))
     try:
@@ -163,7 +164,7 @@ def test_downgrade_to_base_then_upgrade_again(store_url: str) -> None:
     engine = make_engine(resolve_url(store_url))
     try:
         upgrade(engine)
-        with engine.begin() as conn:
+        with migration_transaction(engine) as conn:
             command.downgrade(alembic_config(conn), "base")
         assert set(sa.inspect(engine).get_table_names()) <= {"alembic_version"}
         assert current_revision(engine) is None
@@ -466,7 +467,9 @@ def test_upgrade_keeps_every_row_and_backfills_summaries_exactly(
             heartbeats = conn.exec_driver_sql("SELECT heartbeat_at FROM runs").scalars().all()
             assert heartbeats == [None] * 4
 
-        with transaction(engine) as conn:  # down: drop the column in place, drop summaries
+        with migration_transaction(
+            engine
+        ) as conn:  # down: drop the column in place, drop summaries
             command.downgrade(alembic_config(conn), "0001")
         assert current_revision(engine) == "0001"
         assert "summaries" not in sa.inspect(engine).get_table_names()
@@ -757,7 +760,7 @@ def test_0003_adds_its_columns_and_keeps_every_row_both_ways(
                 {"p": '{"git": {"commit": null}}', "t": '["best"]'},
             )
             conn.execute(sa.text("UPDATE experiments SET tags = '[\"x\"]', notes = 'why'"))
-        with transaction(engine) as conn:
+        with migration_transaction(engine) as conn:
             command.downgrade(alembic_config(conn), "0002")
         assert current_revision(engine) == "0002"
         assert _columns(engine) == at_0002
@@ -822,7 +825,7 @@ def test_0005_adds_tokens_and_ingest_batches_and_keeps_every_row_both_ways(
         with pytest.raises(sa.exc.IntegrityError), transaction(engine) as conn:
             conn.execute(again)  # a batch is recorded once
 
-        with transaction(engine) as conn:
+        with migration_transaction(engine) as conn:
             command.downgrade(alembic_config(conn), "0004")
         assert current_revision(engine) == "0004"
         assert set(sa.inspect(engine).get_table_names()) == tables_0004
@@ -894,7 +897,7 @@ def test_0006_fills_metric_blocks_from_the_metrics_and_keeps_every_row_both_ways
         assert got == want
         assert len(want) == 5 + 13  # one block per short series; run 3 fills blocks 0..12
 
-        with transaction(engine) as conn:
+        with migration_transaction(engine) as conn:
             command.downgrade(alembic_config(conn), "0005")
         assert current_revision(engine) == "0005"
         assert set(sa.inspect(engine).get_table_names()) == tables_0005
@@ -949,7 +952,7 @@ def test_0007_packs_each_blocks_points_and_keeps_every_row_both_ways(
             assert _dump(conn, at_0006) == rows_0006
             assert _packed_points(conn) == want
 
-        with transaction(engine) as conn:
+        with migration_transaction(engine) as conn:
             command.downgrade(alembic_config(conn), "0006")
         assert current_revision(engine) == "0006"
         assert _columns(engine) == at_0006
@@ -959,6 +962,60 @@ def test_0007_packs_each_blocks_points_and_keeps_every_row_both_ways(
         upgrade(engine)
         with engine.connect() as conn:
             assert _packed_points(conn) == want
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def test_0008_adds_owners_and_image_bytes_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0007 with data -> 0008 -> 0007 -> 0008: every earlier row kept, the new columns NULL;
+    the new status and scope are accepted at 0008, and a downgrade refuses while a row uses
+    one (then goes through once none does)."""
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0007") == ("0001", "0007")
+        at_0007 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0007 = _dump(conn, at_0007)
+
+        assert upgrade(engine, "0008") == ("0007", "0008")
+        with engine.connect() as conn:
+            assert _dump(conn, at_0007) == rows_0007
+            owners = conn.execute(
+                sa.text(
+                    "SELECT host, pid, process_start, boot_id, heartbeat_at, created_by "
+                    "FROM experiments"
+                )
+            ).all()
+            assert owners and all(tuple(row) == (None,) * 6 for row in owners)
+            was = conn.execute(
+                sa.text("SELECT status FROM experiments WHERE experiment_id = 1")
+            ).scalar_one()
+        with transaction(engine) as conn:
+            conn.execute(
+                sa.text("UPDATE experiments SET status = 'crashed' WHERE experiment_id = 1")
+            )
+        refused = pytest.raises(RuntimeError, match="experiments has rows where status = 'crash")
+        with refused, migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0007")
+        assert current_revision(engine) == "0008"
+        with transaction(engine) as conn:
+            conn.execute(
+                sa.text("UPDATE experiments SET status = :was WHERE experiment_id = 1"),
+                {"was": was},
+            )
+
+        with migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0007")
+        assert current_revision(engine) == "0007"
+        assert _columns(engine) == at_0007
+        with engine.connect() as conn:
+            assert _dump(conn, at_0007) == rows_0007
+        upgrade(engine)
         _assert_matches_models(engine)
     finally:
         engine.dispose()

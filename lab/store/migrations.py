@@ -19,6 +19,8 @@ import logging
 import re
 import sqlite3
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # Alembic is imported where a schema changes: reading a store
     from alembic.script import ScriptDirectory
 
 from lab.store.engine import (
+    _WRITE,
     SQLITE_BUSY_TIMEOUT_MS,
     connect,
     make_engine,
@@ -165,6 +168,38 @@ def current_revision(engine: Engine) -> str | None:
         return _revision_of(conn)
 
 
+@contextmanager
+def migration_transaction(engine: Engine) -> Iterator[Connection]:
+    """The one transaction a migration runs in, upgrade or downgrade.
+
+    On SQLite, a revision that changes a CHECK rebuilds the table (Alembic's batch mode:
+    copy, drop, rename), and dropping a table that others reference with ON DELETE CASCADE
+    deletes their rows while foreign keys are on. So foreign keys are off for the
+    migration (a pragma SQLite honours only outside a transaction), checked with
+    ``PRAGMA foreign_key_check`` before the commit, and on again after, as SQLite's own
+    procedure for schema changes says.
+    """
+    if engine.dialect.name != "sqlite":
+        with transaction(engine) as conn:
+            yield conn
+        return
+    with connect(engine) as conn:
+        raw = conn.connection.driver_connection  # outside SQLAlchemy's transaction: no BEGIN
+        raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            conn.execution_options(**{_WRITE: True})
+            with conn.begin():
+                yield conn
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").first()
+                if broken is not None:
+                    raise StoreError(
+                        f"the migration left a row of {broken[0]} that points at no row of "
+                        f"{broken[2]}; nothing was changed"
+                    )
+        finally:
+            raw.execute("PRAGMA foreign_keys=ON")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
     """Upgrade the database to `revision` under the database's own lock; returns
     ``(before, after)`` with the backup made first, if any, as ``.backup``.
@@ -174,7 +209,7 @@ def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
     once it commits, find nothing to do. A SQLite file with data in it is backed up first,
     under the same lock, and the backup is announced on stderr and in the log.
     """
-    with transaction(engine) as conn:  # SQLite: BEGIN IMMEDIATE, the write lock, taken here
+    with migration_transaction(engine) as conn:  # SQLite: BEGIN IMMEDIATE, the write lock
         if conn.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(PG_MIGRATION_LOCK_KEY)))
         before = _check(conn)

@@ -28,7 +28,7 @@ NAMING = {
 }
 
 RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
-EXPERIMENT_STATUSES = ("running", "completed", "failed")
+EXPERIMENT_STATUSES = ("running", "completed", "failed", "crashed")
 GROUP_KINDS = ("repeats", "chain")
 CHECKPOINT_EVENTS = ("save", "remove")
 
@@ -70,6 +70,15 @@ class SqlExperiment(Base):
     callback_errors: Mapped[list[Any] | None]  # experiment-level callback failures
     tags: Mapped[list[Any] | None]  # plain strings, W&B style
     notes: Mapped[str | None] = mapped_column(sa.Text)
+    # the driver process that runs the experiment (as a run's owner): a driver that is gone
+    # while the experiment is `running` leaves it `crashed`
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    pid: Mapped[int | None]
+    process_start: Mapped[float | None] = mapped_column(sa.Double)
+    boot_id: Mapped[str | None] = mapped_column(sa.String(64))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # the name of the `lab serve` token that created it; NULL when a local process did
+    created_by: Mapped[str | None] = mapped_column(sa.String(MAX_NAME))
 
     __table_args__ = (sa.CheckConstraint(_one_of("status", EXPERIMENT_STATUSES), name="status"),)
 
@@ -312,9 +321,12 @@ class SqlImage(Base):
     width: Mapped[int]
     height: Mapped[int]
     wall_time: Mapped[float] = mapped_column(sa.Double)
+    #: The PNG's bytes, kept in the store (revision 0008 on): what every door serves, so no
+    #: server ever opens a file by a path that a client sent.
+    data: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
 
 
-TOKEN_SCOPES = ("read", "write")
+TOKEN_SCOPES = ("read", "write", "admin")
 
 
 class SqlToken(Base):
@@ -329,6 +341,8 @@ class SqlToken(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
     revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # the one experiment (by name) this token may read and write; NULL: not limited
+    experiment: Mapped[str | None] = mapped_column(sa.String(MAX_NAME))
 
     __table_args__ = (sa.CheckConstraint(_one_of("scope", TOKEN_SCOPES), name="scope"),)
 
