@@ -133,6 +133,7 @@ def quickstart(
     again += ["--store", _shown(url)] if store is not None else []
     again += ["--output-dir", output_dir] if output_dir != "runs" else []
     again += ["--steps", str(steps)] if steps != 300 else []
+    again += ["--all-metrics"] if all_metrics else []
     result = _run(
         quickstart_experiment(url, output_dir=output_dir, steps=steps, fresh=fresh),
         # holdout/acc is a fraction of examples: its interval stays inside [0, 1]
@@ -169,7 +170,8 @@ def _run(
 
     On a terminal a `ConsoleLogger` shows progress (one is attached when none is), and it
     leaves the summary to this function. Ctrl-C (or SIGTERM) prints what finished, without
-    ranking arms that did not, and the command that continues it; the exit status is 130.
+    ranking arms that did not (no table when no run finished), and `again`, the command
+    that continues it; the exit status is 130.
     """
     from lab.loggers.console import ConsoleLogger
 
@@ -183,11 +185,12 @@ def _run(
         result = exp.run()
     except (KeyboardInterrupt, Terminated):
         partial = exp.result
-        what = "nothing finished"
+        finished = 0
         if partial is not None:
-            typer.echo(_summary_text(partial, summarize))
             finished = sum(1 for r in partial.runs if r.status in ("completed", "stopped"))
-            what = f"{finished} of {plural(exp.n_runs, 'run')} finished"
+            if finished:  # else no table: one line below says so
+                typer.echo(_summary_text(partial, summarize))
+        what = f"{finished or 'none'} of {plural(exp.n_runs, 'run')} finished"
         typer.echo(
             f"interrupted: {what}; the same command continues it (finished runs are kept, "
             f"the others run again): {again}",
@@ -240,11 +243,14 @@ def run_file(
 
     spec = read_experiment_file(file, overrides or ())
     exp = spec.build(store=store, fresh=fresh)
+    # the command as given (the store's password hidden); --fresh only until it has run
+    again = ["lab", "run", str(file), *(overrides or ())]
+    again += ["--store", _shown(store)] if store is not None else []
+    again += ["--all-metrics"] if all_metrics else []
     if dry_run:
-        again = " ".join(shlex.quote(str(a)) for a in (file, *(overrides or ())))
-        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {again}")
+        to_run = shlex.join([*again, *(["--fresh"] if fresh else [])])
+        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: {to_run}")
         return
-    again = ["lab", "run", str(file)] + (["--store", _shown(store)] if store is not None else [])
     result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))
     failed = [r for r in result.runs if r.status in FAILED]
     if failed:
