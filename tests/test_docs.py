@@ -231,3 +231,23 @@ def test_every_cli_command_is_in_the_readme() -> None:
     )
     missing = [c for c in commands if c not in text]
     assert not missing, f"document these commands in README.md: {missing}"
+
+
+def test_the_schema_revision_the_docs_show_is_the_head() -> None:
+    from lab.store.migrations import head_revision
+
+    head = head_revision()
+    pages = [README, *sorted((README.parent / "docs").glob("*.md"))]
+    shown = {
+        (page.name, revision)
+        for page in pages
+        for revision in re.findall(r'"schema":\s*"(\d{4})"', page.read_text(encoding="utf-8"))
+    }
+    assert shown and shown == {(name, head) for name, _ in shown}
+    store = (README.parent / "docs" / "store.md").read_text(encoding="utf-8")
+    migrations = store.split("## Migrations", 1)[1].split("\n- ", 1)[0]
+    versions = README.parent / "migrations" / "versions"
+    revisions = sorted(p.name[:4] for p in versions.glob("[0-9][0-9][0-9][0-9]_*.py"))
+    assert revisions[-1] == head
+    unnamed = [r for r in revisions if f"`{r}`" not in migrations]
+    assert not unnamed, f"say what these revisions add in docs/store.md's Migrations: {unnamed}"
