@@ -461,7 +461,8 @@ def tag(
 ) -> None:
     """Add or remove tags of an experiment or a run, set its notes, and print them.
 
-    lab tag lr-sweep +baseline -draft --note "first sweep"; lab tag lr-sweep small-r0 +best
+    lab tag lr-sweep +baseline -draft --note "first sweep"; lab tag lr-sweep small-r0 +best.
+    The changes apply in order: +x -x leaves no x, -x +x puts x last.
     """
     from lab.errors import ConfigError
     from lab.store import Store
@@ -473,8 +474,7 @@ def tag(
         raise ConfigError(
             f"{bad[0]!r}: after the run key, write +TAG to add a tag and -TAG to remove one"
         )
-    add = [item[1:] for item in items if item.startswith("+")]
-    remove = [item[1:] for item in items if item.startswith("-")]
+    add, remove = _in_order(items)
     s = Store(store, create=False)  # a mistyped --store is refused, not created empty
     try:
         now = s.tag(experiment, run_key, add=add, remove=remove, notes=note)
@@ -482,6 +482,24 @@ def tag(
         s.close()
     what = experiment if run_key is None else f"{experiment} {run_key}"
     typer.echo(f"{what}: tags: {' '.join(now['tags']) or '-'}; notes: {now['notes'] or '-'}")
+
+
+def _in_order(changes: list[str]) -> tuple[list[str], list[str]]:
+    """``+TAG`` and ``-TAG`` changes, applied one after the other, as the one change
+    `Store.tag` makes (it removes, then appends what it adds that is not there): a tag
+    removed at any point is in `remove`, and a tag whose last change adds it is in `add`,
+    in the order of the ``+`` that put it at the end. So ``+x -x`` leaves no x, ``-x +x``
+    moves x last, and ``+x +x`` adds it once, as applying them in turn would."""
+    add: dict[str, None] = {}
+    remove: dict[str, None] = {}
+    for change in changes:
+        tag = change[1:]
+        if change.startswith("-"):
+            remove[tag] = None
+            add.pop(tag, None)
+        elif tag not in add:
+            add[tag] = None
+    return list(add), list(remove)
 
 
 def _duration(run: dict[str, Any]) -> str | None:
@@ -557,15 +575,27 @@ def rename_experiment(
     new: Annotated[str, typer.Argument(help="New name (must not exist)")],
     store: StoreOption = None,
 ) -> None:
-    """Rename an experiment in the store; its runs keep their rows and folders."""
+    """Rename an experiment in the store; its runs keep their rows and folders.
+
+    The run folders keep their old names (the rows point there); it says where they are.
+    """
+    from lab._names import safe_name
     from lab.store import Store
 
     s = Store(store)
     try:
+        runs = s.current_runs(old)  # an unknown name fails in the rename, as one line
         s.rename_experiment(old, new)
     finally:
         s.close()
     typer.echo(f"renamed experiment {old!r} to {new!r}")
+    folders = sorted({str(Path(r["output_dir"]).parent) for r in runs if r["output_dir"]})
+    if folders:
+        typer.echo(
+            f"its run folders keep their old names, where its rows point: {', '.join(folders)}; "
+            f"runs of {new!r} trained from now on get new folders (<output_dir>/"
+            f"{safe_name(new)}), without the checkpoints of the old ones"
+        )
 
 
 @app.command("export")
