@@ -19,4 +19,34 @@ def require(module: str, extra: str, who: str) -> None:
     except (ImportError, ValueError):  # a parent package missing, or sys.modules[name] = None
         found = False
     if not found:
-        raise ConfigError(f"{who} needs the {module} package: pip install 'lab[{extra}]'")
+        raise ConfigError(f"{who} needs the {module} package: {pip_install(extra)}")
+
+
+def pip_install(extra: str) -> str:
+    """The command that adds `extra` to the lab this interpreter runs, runnable as printed.
+
+    It names this interpreter (``.venv/bin/lab`` works without an activated venv, where a
+    bare ``pip`` is another Python's), and where lab came from, as pip recorded it: a
+    checkout installed with ``pip install -e .`` (the README's set-up) gets
+    ``python -m pip install -e '/path/to/checkout[server]'``, since ``lab[server]`` from the
+    package index would be another project; a folder installed without ``-e`` gets its path;
+    anything else ``'lab[server]'``.
+    """
+    import json
+    import shlex
+    import sys
+    from importlib import metadata
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    try:
+        direct = json.loads(metadata.distribution("lab").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):  # not installed, or unreadable
+        direct = {}
+    source, editable = "lab", False
+    folder = direct.get("dir_info") if isinstance(direct, dict) else None
+    url = direct.get("url") if isinstance(direct, dict) else None
+    if isinstance(folder, dict) and isinstance(url, str) and url.startswith("file://"):
+        source, editable = url2pathname(urlparse(url).path), folder.get("editable") is True
+    where = shlex.quote(f"{source}[{extra}]")
+    return f"{shlex.quote(sys.executable)} -m pip install {'-e ' if editable else ''}{where}"

@@ -24,6 +24,12 @@ import threading
 
 HIDDEN = "***"
 _NOT_PLACEHOLDER = r"(?!(?:password|<password>|PASSWORD)@)"
+#: Words where a value would be, left alone: a usage hint's placeholder (``Bearer <token>``),
+#: and after ``name: `` (a colon and one space) a word of a sentence: a short lowercase word
+#: followed by one space and another word that is no pair itself, as in "needs a token: set
+#: LAB_TOKEN" or "LAB_TOKEN: it is wrong". Values are masked: "passwd: zz pwd=p1" and
+#: "token: hunter2" hold values. Five letters at most, as `register` ignores strings under six.
+_PROSE = r"<[\w-]+>(?![^\s'\";&])|(?<=: )(?-i:[a-z]{1,5}) (?!\S*[=:])(?=\S)"
 #: a name that says its value is a secret (password, token, api_key, ...), anywhere in a
 #: longer name: WANDB_API_KEY, --wandb-token, db.password
 SECRET_NAME = (
@@ -47,12 +53,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # name=value and name: value pairs whose name says secret: libpq's password='x y', a
     # command line's --api-key=abc, WANDB_API_KEY=k, token=xyz, passwd: zz; an HTTP scheme
-    # word after the separator (token: Bearer x) is kept. The name's tail is bounded, so a
-    # long run of word characters costs linear time.
+    # word after the separator (token: Bearer x) is kept, and so is a word of a sentence
+    # (_PROSE). The name's tail is bounded, so a long run of word characters costs linear time.
     (
         re.compile(
-            rf"(?i)({SECRET_NAME}(?:[_.-][\w.-]{{0,63}})?\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?)"
-            r"('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^\s'\";&]+)"
+            rf"(?i)({SECRET_NAME}(?:[_.-][\w.-]{{0,63}})?\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?+)"
+            rf"(?!{_PROSE})('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^\s'\";&]+)"
         ),
         r"\1***",
     ),

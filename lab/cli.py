@@ -133,6 +133,7 @@ def quickstart(
     again += ["--store", _shown(url)] if store is not None else []
     again += ["--output-dir", output_dir] if output_dir != "runs" else []
     again += ["--steps", str(steps)] if steps != 300 else []
+    again += ["--all-metrics"] if all_metrics else []
     result = _run(
         quickstart_experiment(url, output_dir=output_dir, steps=steps, fresh=fresh),
         # holdout/acc is a fraction of examples: its interval stays inside [0, 1]
@@ -169,7 +170,8 @@ def _run(
 
     On a terminal a `ConsoleLogger` shows progress (one is attached when none is), and it
     leaves the summary to this function. Ctrl-C (or SIGTERM) prints what finished, without
-    ranking arms that did not, and the command that continues it; the exit status is 130.
+    ranking arms that did not (no table when no run finished), and `again`, the command
+    that continues it; the exit status is 130.
     """
     from lab.loggers.console import ConsoleLogger
 
@@ -183,11 +185,12 @@ def _run(
         result = exp.run()
     except (KeyboardInterrupt, Terminated):
         partial = exp.result
-        what = "nothing finished"
+        finished = 0
         if partial is not None:
-            typer.echo(_summary_text(partial, summarize))
             finished = sum(1 for r in partial.runs if r.status in ("completed", "stopped"))
-            what = f"{finished} of {plural(exp.n_runs, 'run')} finished"
+            if finished:  # else no table: one line below says so
+                typer.echo(_summary_text(partial, summarize))
+        what = f"{finished or 'none'} of {plural(exp.n_runs, 'run')} finished"
         typer.echo(
             f"interrupted: {what}; the same command continues it (finished runs are kept, "
             f"the others run again): {again}",
@@ -240,11 +243,14 @@ def run_file(
 
     spec = read_experiment_file(file, overrides or ())
     exp = spec.build(store=store, fresh=fresh)
+    # the command as given (the store's password hidden); --fresh only until it has run
+    again = ["lab", "run", str(file), *(overrides or ())]
+    again += ["--store", _shown(store)] if store is not None else []
+    again += ["--all-metrics"] if all_metrics else []
     if dry_run:
-        again = " ".join(shlex.quote(str(a)) for a in (file, *(overrides or ())))
-        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: lab run {again}")
+        to_run = shlex.join([*again, *(["--fresh"] if fresh else [])])
+        typer.echo(f"{plan(exp)}\n\ndry run: nothing ran; to run it: {to_run}")
         return
-    again = ["lab", "run", str(file)] + (["--store", _shown(store)] if store is not None else [])
     result = _run(exp, lambda r: spec.summarize(r, all_metrics=all_metrics), shlex.join(again))
     failed = [r for r in result.runs if r.status in FAILED]
     if failed:
@@ -455,7 +461,8 @@ def tag(
 ) -> None:
     """Add or remove tags of an experiment or a run, set its notes, and print them.
 
-    lab tag lr-sweep +baseline -draft --note "first sweep"; lab tag lr-sweep small-r0 +best
+    lab tag lr-sweep +baseline -draft --note "first sweep"; lab tag lr-sweep small-r0 +best.
+    The changes apply in order: +x -x leaves no x, -x +x puts x last.
     """
     from lab.errors import ConfigError
     from lab.store import Store
@@ -467,8 +474,7 @@ def tag(
         raise ConfigError(
             f"{bad[0]!r}: after the run key, write +TAG to add a tag and -TAG to remove one"
         )
-    add = [item[1:] for item in items if item.startswith("+")]
-    remove = [item[1:] for item in items if item.startswith("-")]
+    add, remove = _in_order(items)
     s = Store(store, create=False)  # a mistyped --store is refused, not created empty
     try:
         now = s.tag(experiment, run_key, add=add, remove=remove, notes=note)
@@ -476,6 +482,24 @@ def tag(
         s.close()
     what = experiment if run_key is None else f"{experiment} {run_key}"
     typer.echo(f"{what}: tags: {' '.join(now['tags']) or '-'}; notes: {now['notes'] or '-'}")
+
+
+def _in_order(changes: list[str]) -> tuple[list[str], list[str]]:
+    """``+TAG`` and ``-TAG`` changes, applied one after the other, as the one change
+    `Store.tag` makes (it removes, then appends what it adds that is not there): a tag
+    removed at any point is in `remove`, and a tag whose last change adds it is in `add`,
+    in the order of the ``+`` that put it at the end. So ``+x -x`` leaves no x, ``-x +x``
+    moves x last, and ``+x +x`` adds it once, as applying them in turn would."""
+    add: dict[str, None] = {}
+    remove: dict[str, None] = {}
+    for change in changes:
+        tag = change[1:]
+        if change.startswith("-"):
+            remove[tag] = None
+            add.pop(tag, None)
+        elif tag not in add:
+            add[tag] = None
+    return list(add), list(remove)
 
 
 def _duration(run: dict[str, Any]) -> str | None:
@@ -551,15 +575,27 @@ def rename_experiment(
     new: Annotated[str, typer.Argument(help="New name (must not exist)")],
     store: StoreOption = None,
 ) -> None:
-    """Rename an experiment in the store; its runs keep their rows and folders."""
+    """Rename an experiment in the store; its runs keep their rows and folders.
+
+    The run folders keep their old names (the rows point there); it says where they are.
+    """
+    from lab._names import safe_name
     from lab.store import Store
 
     s = Store(store)
     try:
+        runs = s.current_runs(old)  # an unknown name fails in the rename, as one line
         s.rename_experiment(old, new)
     finally:
         s.close()
     typer.echo(f"renamed experiment {old!r} to {new!r}")
+    folders = sorted({str(Path(r["output_dir"]).parent) for r in runs if r["output_dir"]})
+    if folders:
+        typer.echo(
+            f"its run folders keep their old names, where its rows point: {', '.join(folders)}; "
+            f"runs of {new!r} trained from now on get new folders (<output_dir>/"
+            f"{safe_name(new)}), without the checkpoints of the old ones"
+        )
 
 
 @app.command("export")

@@ -11,6 +11,9 @@ with its traceback, and then goes on, so the script still fails.
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +26,9 @@ from lab.errors import CallbackError, ConfigError
 from lab.experiment import Arm, Experiment, RunScope, _quietly
 from lab.hooks import Callback
 from lab.records import FINISHED, RunResult, RunSpec
+
+#: Set to 1 (or true, yes) to silence the line `start_run` prints on stderr.
+QUIET_ENV = "LAB_QUIET"
 
 
 def script(run: RunSpec) -> None:
@@ -66,6 +72,7 @@ def start_run(
     notes: str | None = None,
     fresh: bool = False,
     strict: bool | None = None,
+    quiet: bool | None = None,
 ) -> Iterator[RunSpec]:
     """Record the `with` block as one run of `experiment`: arm `arm`, repeat `repeat`.
 
@@ -76,6 +83,11 @@ def start_run(
     the run when it did not finish (a `RunHandle` with checkpoints resumes it), and refuses
     one that finished, or whose config changed: pass ``fresh=True`` to train it again (the
     old run is kept as superseded), or another `repeat` for another seed.
+
+    As the block starts, one line on stderr says where the run is recorded and the command
+    that shows it (``lab: recording run main-r0 of mnist in sqlite:///lab.db; look at it:
+    lab show mnist``), as wandb prints its run's address; ``quiet=True`` (default: the
+    environment variable ``LAB_QUIET=1``) leaves it out. Nothing is printed without a store.
 
     >>> import lab, torch  # doctest: +SKIP
     >>> with lab.start_run("sketch", config={"lr": 0.1}) as run:  # doctest: +SKIP
@@ -115,7 +127,10 @@ def start_run(
         scope = RunScope(job, hooks, arm_result)
         error: BaseException | None = None
         try:
-            yield scope.open()
+            spec = scope.open()
+            if exp._sink is not None and not _quiet(quiet):
+                _say_where(exp._sink.open(), experiment, run_key)
+            yield spec
             scope.trained(scope.spec.artifacts)
         except CallbackError:
             raise
@@ -133,3 +148,29 @@ def start_run(
         _quietly(hooks.fire, "close")
         raise
     hooks.fire("close")
+
+
+def _quiet(quiet: bool | None) -> bool:
+    if quiet is not None:
+        return quiet
+    return os.environ.get(QUIET_ENV, "").lower() in {"1", "true", "yes"}
+
+
+def _say_where(store: Any, experiment: str, run_key: str) -> None:
+    """The line on stderr: the store (its password hidden), the run, and how to look at it;
+    ``--store`` is named when the store is not the one `lab show` opens by default."""
+    from lab.store.engine import resolve_url
+
+    url = getattr(store, "url", None)
+    if url is None:  # a store of the program's own, without a URL
+        return
+    url = resolve_url(url)
+    show = ["lab", "show", experiment]
+    if str(url) != str(resolve_url(None)):
+        show += ["--store", url.shown]
+    print(
+        f"lab: recording run {run_key} of {experiment} in {url.shown}; look at it: "
+        f"{shlex.join(show)}",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -328,19 +328,37 @@ def test_quickstart_prints_the_holdout_acc_that_lab_inspect_reads(demo_db: Path)
     assert all(0 <= low <= high <= 1 for *_, low, high, _r, _b, _m in rel.fetchall())
 
 
+#: How pip records where lab came from (direct_url.json), and the line that then adds an
+#: extra: a checkout installed editable (the README's venv), a folder, the package index.
+INSTALLS = {
+    "editable": ('{"url": "file:///home/me/my%20lab", "dir_info": {"editable": true}}',
+                 "-e '/home/me/my lab[server]'"),
+    "folder": ('{"url": "file:///home/me/lab", "dir_info": {}}', "'/home/me/lab[server]'"),
+    "index": (None, "'lab[server]'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("install", sorted(INSTALLS))
 @pytest.mark.parametrize(("command", "who"), [("ui", "lab ui"), ("serve", "lab serve")])
 def test_without_the_server_extra_the_command_names_itself_and_the_pip_line(
-    tmp_path: Path, command: str, who: str
+    tmp_path: Path, command: str, who: str, install: str
 ) -> None:
     """`lab ui` and `lab serve` without FastAPI installed: one line, naming the command the
-    user typed and the extra that brings it."""
+    user typed, and the pip command that adds the extra to this Python, from where lab was
+    installed (`lab[server]` from the package index is another project for a checkout)."""
+    direct_url, target = INSTALLS[install]
+    info = tmp_path / "site" / "lab-0.1.0.dist-info"  # found first: what pip recorded
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(direct_url)
     code = "import sys; sys.modules['fastapi'] = None; from lab.cli import main; main()"
+    path = os.pathsep.join([str(tmp_path / "site"), str(Path(__file__).resolve().parents[1])])
     done = subprocess.run(
         [sys.executable, "-c", code, command, "--store", f"sqlite:///{tmp_path / 'lab.db'}"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
-        f"error: {who} needs the fastapi package: pip install 'lab[server]'"
+        f"error: {who} needs the fastapi package: {sys.executable} -m pip install {target}"
     ]

@@ -9,9 +9,13 @@ import os
 import pty
 import re
 import select
+import shlex
+import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -299,6 +303,117 @@ def test_ctrl_c_says_what_finished_and_the_command_that_continues(tmp_path: Path
     assert second.stdout.splitlines()[0] == "intr: 4 runs (4 completed)"
     assert second.stdout.splitlines()[-1] == "best arm by loss (min): a (1.5), ahead of b by 1"
     assert second.stdout.count("best arm") == 1
+
+
+HELD_LIB = """
+import os, time
+from pathlib import Path
+
+def train(run):
+    out = Path(os.environ["OUT"])
+    with open(out / "trained.txt", "a") as fh:
+        fh.write(run.run_key + "\\n")
+    if run.run_key == os.environ.get("HOLD_AT"):
+        (out / "holding").write_text(run.run_key)
+        time.sleep(120)  # until the test sends its signal
+    return {"loss": 1.0 + run.repeat + (run.arm == "b") * run.config.lr}
+"""
+
+
+def _held_file(tmp_path: Path) -> Path:
+    """An experiment file of 2 arms x 2 repeats whose train function waits at a run."""
+    (tmp_path / "held_lib.py").write_text(HELD_LIB)
+    (tmp_path / "held_config.py").write_text(
+        "import pydantic\n\nclass Config(pydantic.BaseModel):\n    lr: float = 0.1\n"
+    )
+    file = tmp_path / "sweep.yaml"
+    file.write_text(
+        "name: sweep\ntrain: held_lib:train\nconfig: held_config:Config\n"
+        "arms: [{name: a}, {name: b}]\nrepeats: 2\nsummary: {metric: loss}\n"
+    )
+    return file
+
+
+def _interrupted(argv: list[str], tmp_path: Path, hold_at: str, sig: int) -> tuple[int, str, str]:
+    """Run `argv` until it trains `hold_at`, send it `sig` from outside (as a terminal's
+    Ctrl-C or a scheduler's SIGTERM does), and return its exit status, stdout and stderr."""
+    env = {**os.environ, "OUT": str(tmp_path), "HOLD_AT": hold_at}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "holding").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "holding").exists(), proc.communicate(timeout=60)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    (tmp_path / "holding").unlink()
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_the_continue_line_is_the_whole_command_and_continues_the_same_experiment(
+    sig: str, tmp_path: Path
+) -> None:
+    file = _held_file(tmp_path)
+    folder = tmp_path / "my store"  # a space: the line must quote it
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'lab.db'}"
+    args = ["run", str(file), "name=sweep-x", "base_config.lr=0.5", "notes=a second try",
+            "--store", url, "--all-metrics"]  # fmt: skip
+    code, out, err = _interrupted([str(LAB), *args], tmp_path, "b-r0", getattr(signal, sig))
+    assert code == 130, err
+    assert out.splitlines()[0] == (
+        "sweep-x: interrupted; 2 of 4 runs finished (2 completed, 1 failed)"
+    )
+    again = shlex.join(["lab", *args])
+    assert err.splitlines()[-1] == (
+        "interrupted: 2 of 4 runs finished; the same command continues it (finished runs are "
+        f"kept, the others run again): {again}"
+    )
+    assert "name=sweep-x base_config.lr=0.5 'notes=a second try'" in again
+    assert f"--store 'sqlite:///{folder}/lab.db' --all-metrics" in again
+    # the printed line, run as printed: the same experiment, its finished runs kept
+    path = f"{LAB.parent}{os.pathsep}{os.environ['PATH']}"
+    second = subprocess.run(shlex.split(err.splitlines()[-1].split(": ", 2)[2]),
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "OUT": str(tmp_path), "PATH": path})  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines()[0] == "sweep-x: 4 runs (4 completed)"
+    assert second.stdout.splitlines()[-1] == "best arm by loss (min): a (1.5), ahead of b by 0.5"
+    trained = (tmp_path / "trained.txt").read_text().split()
+    assert trained == ["a-r0", "a-r1", "b-r0", "b-r0", "b-r1"]  # a's runs were not trained twice
+    con = sqlite3.connect(folder / "lab.db")
+    try:
+        assert con.execute("SELECT name, notes FROM experiments").fetchall() == [
+            ("sweep-x", "a second try")
+        ]
+    finally:
+        con.close()
+
+
+def test_a_dry_run_names_the_whole_command_that_runs_it(tmp_path: Path) -> None:
+    file = _held_file(tmp_path)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    out = lab_cli("run", str(file), "name=sweep x", "--store", url, "--fresh", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (
+        f"dry run: nothing ran; to run it: lab run {file} 'name=sweep x' --store {url} --fresh"
+    )
+
+
+@pytest.mark.slow
+def test_an_interrupt_before_any_run_finished_prints_one_line(tmp_path: Path) -> None:
+    file = _held_file(tmp_path)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    code, out, err = _interrupted([str(LAB), "run", str(file), "--store", url], tmp_path,
+                                  "a-r0", signal.SIGINT)  # fmt: skip
+    assert code == 130, err
+    assert out == ""  # no table of arms that have no finished run
+    assert err.splitlines()[-1] == (
+        "interrupted: none of 4 runs finished; the same command continues it (finished runs "
+        f"are kept, the others run again): lab run {file} --store {url}"
+    )
 
 
 # -------------------------------------------------------------------------------------------

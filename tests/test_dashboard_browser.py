@@ -534,6 +534,37 @@ def test_run_page_shows_config_metrics_evals_and_links_to_predictions(
     assert "/predictions?eval=holdout" in browser.current_url
 
 
+def _x_spans(browser: Any, keys: int) -> dict[str, list[float]]:
+    """Each small chart of the run page shown: its metric, and the span of its x axis."""
+    WebDriverWait(browser, 20).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, ".small-chart .uplot")) == keys
+    )
+    return dict(
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll('.small-chart')).map("
+            "b => [b.dataset.key, [b.uplot.scales.x.min, b.uplot.scales.x.max]])"
+        )
+    )
+
+
+def test_run_page_draws_every_metric_over_the_runs_steps(browser: Any, site: Served) -> None:
+    """A metric of one point (the holdout benchmark, after training) sits at its step on the
+    run's axis, 1 to 40, as the curves do, not on an axis of its own around it; a run of one
+    step gets one step of room each side."""
+    signed_in(browser, site)
+    browser.get(experiment_url(site))
+    wait_for(browser, "#runs-table").find_element(By.LINK_TEXT, "slow-r0").click()
+    assert wait_for(browser, "#run-key").text == "slow-r0"
+    rows = browser.find_elements(By.CSS_SELECTOR, "#metrics-table tbody tr")
+    metrics = {values(r)[0]: values(r)[1:4] for r in rows}  # key: points, first, last step
+    assert metrics["holdout/acc"] == [1, 40, 40] and metrics["loss"] == [40, 1, 40]
+    assert _x_spans(browser, len(metrics)) == {key: [1, 40] for key in metrics}
+    browser.get(f"{site.url}/experiments/crashy")
+    wait_for(browser, "#runs-table").find_element(By.LINK_TEXT, "a-r0").click()
+    assert wait_for(browser, "#run-key").text == "a-r0"
+    assert _x_spans(browser, 1) == {"y": [0, 2]}  # its one point, at step 1
+
+
 def test_predictions_page_disagreements_equal_lab_inspect(
     browser: Any, site: Served, shots: list[Path]
 ) -> None:

@@ -134,6 +134,10 @@ SCRIPT = textwrap.dedent(
                                                for r in result.runs]}
         with open(OUT / f"report-{rank()}.jsonl", "a") as fh:  # (the ranks share stdout)
             fh.write(json.dumps(report) + "\\n")
+        final = {r.run_key: {k: v for k, v in r.metrics.items() if k != "step_time"}
+                 for r in result.runs}  # (step_time: each rank its own clock)
+        with open(OUT / f"final-{rank()}.jsonl", "a") as fh:
+            fh.write(json.dumps(final) + "\\n")
 
 
     if __name__ == "__main__":
@@ -208,6 +212,8 @@ def test_under_torchrun_rows_are_written_once_and_values_are_the_mean_over_ranks
         assert json.loads((tmp_path / "out" / f"exit-{r}.json").read_text()) is False
     reports = _reports(tmp_path)
     assert reports[0] == reports[1] == [[["base-r0", "completed", None]]]
+    final = [_lines(tmp_path / "out" / f"final-{r}.jsonl") for r in (0, 1)]
+    assert final[0] == final[1] and final[0][0]["base-r0"]["loss"]  # every rank: one result
     db = tmp_path / "lab.db"
     assert _rows(db, "SELECT count(*) FROM experiments") == [(1,)]
     assert _rows(db, "SELECT count(*) FROM groups") == [(1,)]

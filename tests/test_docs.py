@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,17 +17,69 @@ from lab.cli import app
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
+#: What the README's set-up (``pip install -e .``) leaves out, by the modules that import it:
+#: each extra's packages, and pandas (``.df()`` needs it), which no dependency brings.
+EXTRAS = {
+    "postgres": ("psycopg", "duckdb_extension_postgres_scanner"),
+    "server": ("fastapi", "starlette", "uvicorn"),
+    "wandb": ("wandb",),
+    "system": ("pynvml",),
+    "rl": ("gymnasium",),
+    "ray": ("ray",),
+    "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
+}
+
+#: Runs a page's python blocks in order, in one namespace, in an interpreter that finds
+#: none of the modules named in argv[2] (as if they were not installed).
+_RUN_PAGE = """
+import re, sys
+missing = set(sys.argv[2].split(","))
+
+class NotInstalled:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in missing:
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def find_distributions(self, *args, **kwargs):
+        found = getattr(self.finder, "find_distributions", None)
+        return found(*args, **kwargs) if found else iter(())
+
+    def invalidate_caches(self):
+        getattr(self.finder, "invalidate_caches", lambda: None)()
+
+sys.meta_path[:] = [NotInstalled(finder) for finder in sys.meta_path]
+namespace = {"__name__": "docs"}
+page = open(sys.argv[1], encoding="utf-8").read()
+for block in re.findall(r"```python\\n(.*?)```", page, re.S):
+    exec(compile(block, sys.argv[1], "exec"), namespace)
+"""
+
+
+def _run_without_extras(page: Path, folder: Path, extras: Sequence[str] = ()) -> str:
+    """What a page's python blocks print, run in order in `folder` by a fresh interpreter
+    with the README's set-up and `extras` alone: a block that needs more fails the test."""
+    missing = [m for extra, modules in EXTRAS.items() if extra not in extras for m in modules]
+    env = {k: v for k, v in os.environ.items() if k != "LAB_STORE_URL"}
+    env["PYTHONPATH"] = str(README.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_PAGE, str(page), ",".join(missing)],
+        capture_output=True, text=True, timeout=900, cwd=folder, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    return done.stdout
+
 
 def _blocks(lang: str, page: Path = README) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
 
 
 @pytest.mark.slow
-def test_readme_python_examples_run_in_order(capsys: pytest.CaptureFixture[str]) -> None:
-    namespace: dict[str, object] = {"__name__": "readme"}
-    for block in _blocks("python"):
-        exec(compile(block, str(README), "exec"), namespace)
-    out = capsys.readouterr().out
+def test_readme_python_examples_run_in_order_with_the_set_up_alone(tmp_path: Path) -> None:
+    out = _run_without_extras(README, tmp_path)
     assert "best arm by val/loss (min)" in out
     assert "not shown: lr, step_time (all_metrics=True, or --all-metrics, shows them)" in out
     assert "on_run_start" in out
@@ -186,7 +242,6 @@ PAGES = {
     "rl.md": _check_rl_page,
     "rl-rlhf.md": _check_rl_rlhf_page,
     "rl-cartpole.md": _check_rl_cartpole_page,
-    "serve.md": _check_serve_page,
     "ray.md": _check_ray_page,
 }
 
@@ -198,6 +253,14 @@ def test_docs_python_examples_run_in_order(page: str, capsys: pytest.CaptureFixt
     for block in _blocks("python", README.parent / "docs" / page):
         exec(compile(block, page, "exec"), namespace)
     PAGES[page](capsys.readouterr().out, namespace)
+
+
+@pytest.mark.slow
+def test_the_serve_page_runs_with_the_server_extra_alone_and_runs_again(tmp_path: Path) -> None:
+    page = README.parent / "docs" / "serve.md"
+    for _ in range(2):  # the same again: a token made a second time, the same answers
+        _check_serve_page(_run_without_extras(page, tmp_path, ["server"]), {})
+    assert list(tmp_path.iterdir()) == []  # its folders removed
 
 
 def test_every_public_name_is_in_the_readme() -> None:
@@ -231,3 +294,79 @@ def test_every_cli_command_is_in_the_readme() -> None:
     )
     missing = [c for c in commands if c not in text]
     assert not missing, f"document these commands in README.md: {missing}"
+
+
+def test_the_schema_revision_the_docs_show_is_the_head() -> None:
+    from lab.store.migrations import head_revision
+
+    head = head_revision()
+    pages = [README, *sorted((README.parent / "docs").glob("*.md"))]
+    shown = {
+        (page.name, revision)
+        for page in pages
+        for revision in re.findall(r'"schema":\s*"(\d{4})"', page.read_text(encoding="utf-8"))
+    }
+    assert shown and shown == {(name, head) for name, _ in shown}
+    store = (README.parent / "docs" / "store.md").read_text(encoding="utf-8")
+    migrations = store.split("## Migrations", 1)[1].split("\n- ", 1)[0]
+    versions = README.parent / "migrations" / "versions"
+    revisions = sorted(p.name[:4] for p in versions.glob("[0-9][0-9][0-9][0-9]_*.py"))
+    assert revisions[-1] == head
+    unnamed = [r for r in revisions if f"`{r}`" not in migrations]
+    assert not unnamed, f"say what these revisions add in docs/store.md's Migrations: {unnamed}"
+
+
+def test_the_readme_names_every_extra_and_what_it_is_for() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((README.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = sorted(pyproject["project"]["optional-dependencies"])
+    text = README.read_text(encoding="utf-8")
+    table = text.split("\n| extra | adds | for |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    listed = sorted(row.split("`")[1] for row in table.splitlines())
+    assert listed == extras, "README.md's extras table lists every extra of pyproject.toml"
+
+
+#: The first line of a python block that uses what a block above it on its page defines.
+CONTINUES = "# continues the blocks above"
+
+
+def _names(block: str) -> tuple[set[str], set[str]]:
+    """The names a block defines, and those it uses without defining (builtins left out)."""
+    import ast
+    import builtins
+
+    defined: set[str] = set()
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(block)):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+    return defined, used - defined - set(dir(builtins))
+
+
+@pytest.mark.parametrize(
+    "page", [README, *sorted((README.parent / "docs").glob("*.md"))], ids=lambda p: p.name
+)
+def test_a_block_that_continues_the_blocks_above_says_so(page: Path) -> None:
+    """A page's python blocks run in order, in one namespace (as the tests above run them);
+    one that needs a name an earlier block defines starts with CONTINUES, and one that does
+    not runs alone, so it does not say it."""
+    earlier: set[str] = set()
+    wrong = []
+    for number, block in enumerate(_blocks("python", page)):
+        defined, free = _names(block)
+        says = block.startswith(CONTINUES + "\n")
+        if bool(free & earlier) != says:
+            wrong.append((number, sorted(free & earlier)))
+        unknown = free - earlier
+        assert not unknown, f"{page.name}: block {number} uses names no block defines: {unknown}"
+        earlier |= defined
+    assert not wrong, f"{page.name}: (block, names from blocks above) that say it wrongly: {wrong}"

@@ -151,6 +151,18 @@ def test_example_resumed_after_sigkill_ends_as_if_never_stopped(
     assert len(steps) > stop_at  # every step of the killed run is recorded, once
 
 
+@pytest.mark.slow
+def test_the_rlhf_page_quotes_the_line_a_short_run_prints(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "rl-rlhf.md").read_text(encoding="utf-8")
+    command = "python examples/rlhf.py --episodes 16"
+    assert f"`{command}`" in page
+    out = _run("rlhf.py", tmp_path, "--episodes", "16")
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.splitlines()[-1]
+    assert last.startswith("best arm by episode/return_mean (max): kl-0.04 (")
+    assert "\n".join(["```text", last, "```"]) in page.split(command, 1)[1]
+
+
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_example_help_names_its_flags(
     script: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

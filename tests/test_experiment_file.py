@@ -230,7 +230,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
         'small  {"lr": 0.01}  small-r0, small-r1',
         'large  {"lr": 0.1}   large-r0, large-r1',
         "",
-        f"dry run: nothing ran; to run it: lab run {path}",
+        f"dry run: nothing ran; to run it: lab run {path} --store sqlite:///{db}",
     ]
     assert not db.exists()  # the store was not even opened
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no run folders

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -488,6 +489,43 @@ def test_start_run_refuses_a_finished_run_and_fresh_trains_it_again(tmp_path: Pa
         ("main-r0", "completed"), ("main-r0~1", "completed"), ("main-r1", "completed"),
     ]  # fmt: skip
     json.dumps(con.sql("select count(*) from runs").fetchone())
+
+
+def test_start_run_says_where_it_records_and_how_to_look_unless_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with lab.start_run("said", config={"lr": 0.1}):  # the default store, ./lab.db
+        pass
+    assert capsys.readouterr().err == (
+        "lab: recording run main-r0 of said in sqlite:///lab.db; look at it: lab show said\n"
+    )
+    url = f"sqlite:///{tmp_path / 'my runs' / 'lab.db'}"
+    (tmp_path / "my runs").mkdir()
+    with lab.start_run("said", store=url, repeat=1):  # another store: the command names it
+        pass
+    line = capsys.readouterr().err
+    assert line == (
+        f"lab: recording run main-r1 of said in {url}; look at it: lab show said --store '{url}'\n"
+    )
+    shown = subprocess.run(  # the command as printed shows the run
+        [sys.executable, "-m", "lab.cli", *shlex.split(line.split("look at it: lab ")[1])],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("said: completed, 1 run, seed 0\n")
+    with lab.start_run("said", repeat=2, quiet=True):
+        pass
+    monkeypatch.setenv("LAB_QUIET", "1")
+    with lab.start_run("said", repeat=3):
+        pass
+    with lab.start_run("said", repeat=4, quiet=False):  # the argument wins
+        pass
+    monkeypatch.delenv("LAB_QUIET")
+    with lab.start_run("said", repeat=5, store=False):  # nothing recorded: nothing said
+        pass
+    assert capsys.readouterr().err == (
+        "lab: recording run main-r4 of said in sqlite:///lab.db; look at it: lab show said\n"
+    )
 
 
 def test_media_logged_inside_a_step_belong_to_that_step(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from lab import Arm, Callback, CheckpointConfig, Experiment, LogContext, LoopState, TrainingLoop
+from lab._imports import pip_install
 from lab.errors import ConfigError
 from lab.executors import check_resources, check_shared_store
 from lab.records import ManifestRow, RunSpec
@@ -307,4 +308,4 @@ def test_without_ray_installed_the_error_names_the_pip_line(
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError) as missing:
         Experiment("x", train, executor="ray", store=False)
-    assert str(missing.value) == "executor='ray' needs the ray package: pip install 'lab[ray]'"
+    assert str(missing.value) == f"executor='ray' needs the ray package: {pip_install('ray')}"

@@ -400,7 +400,13 @@ def test_rm_asks_first_and_mv_refuses_a_name_in_use(tmp_path: Path) -> None:
                                                    "already; pick another name, or delete it "
                                                    "first: lab rm two\n")  # fmt: skip
     moved = lab_cli("mv", "one", "three", "--store", url)
-    assert (moved.returncode, moved.stdout) == (0, "renamed experiment 'one' to 'three'\n")
+    assert (moved.returncode, moved.stdout) == (0, (
+        "renamed experiment 'one' to 'three'\nits run folders keep their old names, where its "
+        f"rows point: {(out / 'one').resolve()}; runs of 'three' trained from now on get new "
+        "folders (<output_dir>/three), without the checkpoints of the old ones\n"
+    ))  # fmt: skip
+    assert (out / "one" / "base-r0" / "checkpoints" / "latest").exists()
+    assert not (out / "three").exists()
     kept = lab_cli("rm", "two", "--store", url, stdin="n\n")
     assert kept.returncode == 1
     assert "delete experiment 'two' and its 1 run from the store? [y/N]" in kept.stdout

@@ -248,6 +248,53 @@ def test_mask_hides_each_kind_of_credential() -> None:
     assert [mask(text) for text in plain] == plain
 
 
+def test_mask_leaves_the_words_of_a_sentence_and_masks_values() -> None:
+    where = "lab serve at http://127.0.0.1:8765"
+    sentences = [
+        f"{where} needs a token: set LAB_TOKEN (make one on the server's store with: lab "
+        "token create NAME --scope write)",
+        f"{where} refused the token in LAB_TOKEN: it is wrong or revoked; make one with lab "
+        "token create NAME --scope write on the server's store",
+        "no token: every endpoint but /api/v1/health needs Authorization: Bearer <token> (make "
+        "one with lab token create NAME --scope read|write)",
+    ]
+    assert [mask(text) for text in sentences] == sentences
+    values = {  # a value stays masked: a pair after it, a longer word, a digit, a capital
+        "passwd: zz pwd=p1": "passwd: *** pwd=***",
+        "token: hunter2 for db": "token: *** for db",
+        "token: hunter for db": "token: *** for db",
+        "LAB_TOKEN: Set it": "LAB_TOKEN: *** it",
+        "token: it": "token: ***",
+        "password=set it": "password=*** it",
+        "Authorization: Bearer <token>x": "Authorization: Bearer ***",
+    }
+    assert {text: mask(text) for text in values} == values
+
+
+def test_the_cli_says_what_a_token_needs_in_whole_words(tmp_path: Path) -> None:
+    from tests.served import serve
+
+    served = serve(f"sqlite:///{tmp_path / 'lab.db'}")
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "LAB_TOKEN"}
+        env["PYTHONPATH"] = ROOT
+        where, argv = f"lab serve at {served.url}", [LAB, "ls", "--store", served.url]
+        none = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert (none.returncode, none.stdout, none.stderr) == (1, "", (
+            f"error: {where} needs a token: set LAB_TOKEN (make one on the server's store "
+            "with: lab token create NAME --scope write)\n"
+        ))  # fmt: skip
+        wrong = "lab_" + "x" * 43  # the form of a token, but none the server made
+        env["LAB_TOKEN"] = wrong
+        refused = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", (
+            f"error: {where} refused the token in LAB_TOKEN: it is wrong or revoked; make one "
+            "with lab token create NAME --scope write on the server's store\n"
+        ))  # fmt: skip
+    finally:
+        served.stop()
+
+
 class _Leaky(Callback):
     """A callback whose failure quotes a credential, as a driver's error would."""
 

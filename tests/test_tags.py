@@ -186,3 +186,28 @@ def test_lab_tag_errors_are_one_line(sqlite_url: str, args: tuple[str, ...], mes
     Experiment("cli", _train, store=sqlite_url).run()
     out = lab_cli("tag", *args, "--store", sqlite_url)
     assert (out.returncode, out.stdout, out.stderr) == (1, "", message)
+
+
+@pytest.mark.parametrize(
+    ("changes", "tags"),
+    [
+        (("+x", "-x"), "a b"),  # added, then removed: gone
+        (("-x", "+x"), "a b x"),
+        (("-a", "+a"), "b a"),  # removed, then added again: last
+        (("+a", "-a", "+a"), "b a"),
+        (("-b", "+c", "+b", "-c"), "a b"),
+        (("+c", "+c", "-a"), "b c"),
+        (("+a",), "a b"),  # there already: where it was
+    ],
+)
+def test_lab_tag_applies_its_changes_in_order(
+    sqlite_url: str, changes: tuple[str, ...], tags: str
+) -> None:
+    Experiment("order", _train, tags=["a", "b"], store=sqlite_url).run()
+    out = lab_cli("tag", "order", *changes, "--store", sqlite_url)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"order: tags: {tags}; notes: -\n", "")
+    store = Store(sqlite_url)
+    try:
+        assert store.get_experiment("order")["tags"] == tags.split()
+    finally:
+        store.close()

@@ -834,6 +834,7 @@
     }
 
     async function seriesCharts(run, grid) {
+      const span = stepSpan(run.metrics);
       for (const m of run.metrics) {
         const box = el('div', { class: 'small-chart', dataset: { key: m.key } },
           el('div', { class: 'chart-title', text: m.key }));
@@ -849,7 +850,7 @@
         const color = COLORS[0];
         const chart = new window.uPlot({
           width: 300, height: 150, legend: { show: false },
-          scales: { x: { time: false } },
+          scales: { x: { time: false, range: span ? () => span : undefined } },
           axes: [{ size: 28, font: '10px sans-serif' }, { size: 44, font: '10px sans-serif' }],
           series: [{}, { stroke: color, width: 1.5, spanGaps: true,
             points: { show: s.step_max.length < 3 } },
@@ -857,8 +858,21 @@
             { stroke: `${color}44`, width: 1, spanGaps: true, points: { show: false } }],
           bands: [{ series: [3, 2], fill: `${color}22` }],
         }, [s.step_max, s.last.map(clean), s.min.map(clean), s.max.map(clean)], box);
+        box.uplot = chart;
         charts.set(m.key, chart);
       }
+    }
+
+    /** The x range every metric of a run is drawn on: the run's steps, from the first
+     * metric's first step to the last one's last, so a metric of one point (a final eval)
+     * sits where it was logged; a run of one step gets one step of room each side. */
+    function stepSpan(metrics) {
+      const firsts = metrics.map((m) => num(m.first_step)).filter(Number.isFinite);
+      const lasts = metrics.map((m) => num(m.last_step)).filter(Number.isFinite);
+      if (!firsts.length || !lasts.length) return null;
+      const lo = Math.min(...firsts);
+      const hi = Math.max(...lasts);
+      return lo < hi ? [lo, hi] : [lo - 1, hi + 1];
     }
 
     function histogram(hist) {
