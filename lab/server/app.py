@@ -322,6 +322,9 @@ def create_app(
     )
     app.state.store = the_store
     app.state.max_body = max_body
+    #: Whether an image recorded before the store kept image bytes is read from its run's
+    #: folder: by `lab ui` alone (this machine's store, on loopback), never by `lab serve`.
+    app.state.run_folders = not auth
 
     def answer(status: int, detail: str, field: str | None, **headers: str) -> Any:
         return JSONResponse({"detail": detail, "field": field}, status, headers=headers or None)

@@ -19,6 +19,8 @@ reads and writes them), so they round-trip as data.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from pydantic import BaseModel, Field
 from lab._metrics import check_key
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
+from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
 from lab.store import Store
@@ -528,7 +531,11 @@ def _heartbeat(store: Store, conn: sa.Connection, run_ids: list[int]) -> None:
 
 def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
     """Histogram and image rows (``table`` "histograms" or "images", and the row's columns),
-    the last one logged at a (run, key, step) winning, as `lab.store.media` writes them."""
+    the last one logged at a (run, key, step) winning, as `lab.store.media` writes them.
+
+    An image row brings its PNG's bytes (``data``, base64), which the store keeps and the
+    dashboard serves; its size is read from them. Its ``path`` is kept as the client's
+    record of where it wrote the file, never opened: a server reads no file a client names."""
     latest: dict[str, dict[tuple[int, str, int], dict[str, Any]]] = {
         "histograms": {},
         "images": {},
@@ -539,10 +546,28 @@ def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> Non
         if table not in latest:
             raise ConfigError("media rows need table 'histograms' or 'images'")
         check_name("media key", row.get("key"), MAX_KEY)
+        if table == "images":
+            row.update(_image_data(row.get("data")))
         latest[table][(int(row["run_id"]), row["key"], int(row["step"]))] = row
     for table, by_key in latest.items():
         if by_key:
             conn.execute(store.media._upserts[table], list(by_key.values()))
+
+
+def _image_data(text: Any) -> dict[str, Any]:
+    """An image row's ``data`` (base64 of a PNG) as the bytes to keep, with the PNG's own
+    width and height; ``data`` None for a row without bytes (a client from before the store
+    kept them)."""
+    if text is None:
+        return {"data": None}
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ConfigError("media rows: an image's data must be its PNG's bytes in base64") from None
+    size = png_size(data)
+    if size is None:
+        raise ConfigError("media rows: an image's data is not a PNG; send the PNG's bytes")
+    return {"data": data, "width": size[0], "height": size[1]}
 
 
 OPS: dict[str, Callable[..., None]] = {
