@@ -6,11 +6,17 @@ real TCP proxy that is cut)."""
 from __future__ import annotations
 
 import base64
+import io
+import json
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+import pyarrow as pa
 import pydantic
 import pytest
 import sqlalchemy as sa
@@ -18,10 +24,13 @@ import torch
 
 import lab
 import lab.inspect
+from lab.server.bodies import MAX_BATCH_OPS, MAX_BATCH_ROWS, MAX_JSON_VALUES
 from lab.server.dashboard import NO_BYTES
+from lab.store.http.sender import MAX_OPS, MAX_OPS_BYTES, MAX_POINTS, Op, Sender
 from tests.served import Served
 
 OPS = "/api/v1/batches/ops"
+METRICS = "/api/v1/batches/metrics"
 
 
 def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -162,3 +171,162 @@ def test_image_bytes_a_client_sends_must_be_a_png(served: Served, tmp_path: Path
     assert [(w, h, bytes(d)) for w, h, d in _rows(
         served.store_url, "select width, height, data from images"
     )] == [(5, 3, png)]  # fmt: skip
+
+
+# -- 2. an Arrow body is bounded by what it decodes to, not what it weighs -------------------
+def _stream(table: pa.Table, **options: Any) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _peak_rss(pid: int, during: Any) -> tuple[Any, int]:
+    """Run `during()` while sampling the RSS of process `pid`; (its result, the most RSS
+    rose above where it started, in bytes)."""
+    process = psutil.Process(pid)
+    start = process.memory_info().rss
+    peak = [start]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = during()
+        time.sleep(0.2)  # anything allocated late shows too
+    finally:
+        done.set()
+        sampler.join()
+    return result, peak[0] - start
+
+
+def test_a_compressed_arrow_body_is_413_and_the_server_decodes_none_of_it(
+    served: Served,
+) -> None:
+    """The issue's body: 200M int64 zeros, zstd-compressed into a few KiB. The server reads
+    the message headers, sees the compression and answers 413 before a buffer is decoded:
+    its memory does not move."""
+    zeros = pa.array(np.zeros(200_000_000, dtype=np.int64))  # calloc'd: costs no memory here
+    body = _stream(pa.table({"run_id": zeros}), compression="zstd")
+    del zeros
+    assert len(body) < 200 * 1024
+    headers = {"X-Lab-Client": "c1", "X-Lab-Seq": "1"}
+    assert served.process is not None
+    with served.client() as http:
+        http.get("/api/v1/token")  # warm: the first request's own allocations are not counted
+        answer, grew = _peak_rss(
+            served.process.pid, lambda: http.post(METRICS, content=body, headers=headers)
+        )
+    assert (answer.status_code, answer.json()) == (413, {
+        "detail": "the Arrow body is compressed, which the server does not accept (its buffers "
+                  "could decode to far more than --max-body); send the stream uncompressed",
+        "field": "body",
+    })  # fmt: skip
+    assert grew < 32 * 1024 * 1024, f"the server's memory grew by {grew / 2**20:.0f} MiB"
+
+
+def _metric_table(rows: int, run_id: int) -> pa.Table:
+    return pa.table({
+        "run_id": pa.array(np.full(rows, run_id, dtype=np.int64)),
+        "step": pa.array(np.arange(rows, dtype=np.int64)),
+        "key": pa.array(["loss"] * rows).dictionary_encode(),
+        "value": pa.array(np.zeros(rows)),
+    })  # fmt: skip
+
+
+def test_an_arrow_body_holds_at_most_max_batch_rows_and_plain_columns(served: Served) -> None:
+    with served.client() as http:
+        run_id = _run(http, None)
+        over = http.post(METRICS, content=_stream(_metric_table(MAX_BATCH_ROWS + 1, run_id)),
+                         headers={"X-Lab-Client": "c1", "X-Lab-Seq": "1"})  # fmt: skip
+        nested = pa.table({"run_id": [[1]], "step": [1], "key": ["loss"], "value": [1.0]})
+        odd = http.post(METRICS, content=_stream(nested),
+                        headers={"X-Lab-Client": "c1", "X-Lab-Seq": "2"})  # fmt: skip
+        extra = _metric_table(3, run_id).append_column("junk", pa.array([[1, 2]] * 3))
+        fine = http.post(METRICS, content=_stream(extra),
+                         headers={"X-Lab-Client": "c1", "X-Lab-Seq": "3"})  # fmt: skip
+    assert (over.status_code, over.json()) == (413, {
+        "detail": f"the Arrow body holds more than {MAX_BATCH_ROWS} rows, the most one batch "
+                  "may hold; send smaller batches",
+        "field": "body",
+    })  # fmt: skip
+    assert (odd.status_code, odd.json()) == (400, {
+        "detail": "the Arrow column 'run_id' is list<item: int64>; send int64",
+        "field": "body.run_id",
+    })  # fmt: skip
+    assert (fine.status_code, fine.json()["rows"]) == (200, 3)  # other columns: never read
+    assert _rows(served.store_url, "select step from metrics order by step") == [(0,), (1,), (2,)]
+
+
+# -- 4. a JSON body is bounded in ops and in values ----------------------------------------------
+def test_an_ops_batch_holds_at_most_max_batch_ops_and_max_json_values(served: Served) -> None:
+    heartbeat = {"op": "heartbeat", "args": {"run_ids": []}}
+    with served.client() as http:
+        over = http.post(OPS, json={"client_id": "c", "seq": 1,
+                                    "ops": [heartbeat] * (MAX_BATCH_OPS + 1)})  # fmt: skip
+        padded = http.post(OPS, json={"client_id": "c", "seq": 2, "ops": [],
+                                      "pad": [0] * MAX_JSON_VALUES})  # fmt: skip
+        deep = http.post(
+            OPS,
+            content=b'{"client_id": "c", "seq": 3, "ops": [], "x": '
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b"}",
+            headers={"Content-Type": "application/json"},
+        )
+        at_limit = http.post(OPS, json={"client_id": "c", "seq": 4,
+                                        "ops": [heartbeat] * MAX_BATCH_OPS})  # fmt: skip
+    assert (over.status_code, over.json()) == (413, {
+        "detail": f"the batch holds {MAX_BATCH_OPS + 1} ops; the server takes at most "
+                  f"{MAX_BATCH_OPS} in one batch; send smaller batches",
+        "field": "body.ops",
+    })  # fmt: skip
+    assert (padded.status_code, padded.json()) == (413, {
+        "detail": f"the JSON body holds more than {MAX_JSON_VALUES} values, the most one "
+                  "batch may hold; send smaller batches",
+        "field": "body",
+    })  # fmt: skip
+    assert (deep.status_code, deep.json()) == (400, {
+        "detail": "the body is nested too deep to be read as JSON", "field": "body",
+    })  # fmt: skip
+    assert (at_limit.status_code, at_limit.json()["rows"]) == (200, MAX_BATCH_OPS)
+    assert _rows(served.store_url, "select seq, rows from ingest_batches") == [(4, MAX_BATCH_OPS)]
+
+
+def test_the_client_cuts_its_batches_inside_the_servers_limits() -> None:
+    """`Sender._batches` (the client's cut, before anything is posted): metric steps never
+    past `MAX_POINTS` (a step is never split), ops at most `MAX_OPS` and about
+    `MAX_OPS_BYTES` per batch, in order, each body the JSON the server reads."""
+    assert MAX_POINTS <= MAX_BATCH_ROWS and MAX_OPS <= MAX_BATCH_OPS
+    sender = Sender(None, "c", lambda run_id: None, heartbeat_s=60.0)  # type: ignore[arg-type]
+    step = {f"k{i}": 0.5 for i in range(100_000)}
+    cut = sender._batches([(1, s, step, 0.0) for s in range(5)])
+    rows = [pa.ipc.open_stream(body).read_all().num_rows for _kind, _seq, body, _run in cut]
+    assert [(kind, seq) for kind, seq, _body, _run in cut] == [
+        ("arrow", 1),
+        ("arrow", 2),
+        ("arrow", 3),
+    ]
+    assert rows == [200_000, 200_000, 100_000]
+    many = [Op("set_callback_errors", {"run_id": 7, "callback_errors": [i]}, 7)
+            for i in range(2 * MAX_OPS + 5)]  # fmt: skip
+    big = [Op("set_provenance", {"run_id": 8, "provenance": {"x": "y" * 3_000_000}}, 8)
+           for _ in range(7)]  # fmt: skip
+    cut = sender._batches([*many, *big])
+    bodies = [json.loads(body) for _kind, _seq, body, _run in cut]
+    assert [(b["client_id"], b["seq"], len(b["ops"])) for b in bodies] == [
+        ("c", 4, MAX_OPS), ("c", 5, MAX_OPS), ("c", 6, 5 + 2), ("c", 7, 2), ("c", 8, 2),
+        ("c", 9, 1),
+    ]  # fmt: skip
+    assert [run for *_, run in cut] == [7, 7, 7, 8, 8, 8]
+    assert all(len(body) <= MAX_OPS_BYTES + 64 for _k, _s, body, _r in cut)
+    ops = [op for b in bodies for op in b["ops"]]
+    assert ops[: 2 * MAX_OPS + 5] == [
+        {"op": "set_callback_errors", "args": {"run_id": 7, "callback_errors": [i]}}
+        for i in range(2 * MAX_OPS + 5)
+    ]
