@@ -9,8 +9,10 @@ import base64
 import io
 import json
 import shutil
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ import pydantic
 import pytest
 import sqlalchemy as sa
 import torch
+from test_serve_auth import LabServe, make_token
+from test_serve_auth import lab as lab_cli
 
 import lab
 import lab.inspect
@@ -330,3 +334,141 @@ def test_the_client_cuts_its_batches_inside_the_servers_limits() -> None:
         {"op": "set_callback_errors", "args": {"run_id": 7, "callback_errors": [i]}}
         for i in range(2 * MAX_OPS + 5)
     ]
+
+
+# -- 5. slow clients hold no connection for ever ------------------------------------------------
+@pytest.fixture
+def impatient(tmp_path: Path) -> Iterator[tuple[LabServe, str]]:
+    """`lab serve` with every timeout at 1 s, and a write token."""
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    token = make_token(url, "w", "write")
+    args = ("--timeout-header", "1", "--timeout-body", "1", "--timeout-keep-alive", "1")
+    server = LabServe(url, tmp_path / "serve.log", args=args).start()
+    try:
+        yield server, token
+    finally:
+        server.stop()
+
+
+def _connect(server: LabServe) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def _until_closed(sock: socket.socket, since: float) -> tuple[float, bytes]:
+    """Read `sock` until the server closes it: (seconds from `since`, what it sent)."""
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"still open after {time.monotonic() - since:.1f} s") from None
+    return time.monotonic() - since, got
+
+
+def _response(sock: socket.socket) -> tuple[bytes, Any]:
+    """One HTTP answer read off `sock`: (its status line, its JSON body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(65536)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))  # fmt: skip
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n")[0], json.loads(body)
+
+
+def _trickle(sock: socket.socket, data: bytes, every_s: float) -> None:
+    """Send `data` a byte at a time, every `every_s`, until it is sent or the server closes."""
+    for i in range(len(data)):
+        try:
+            sock.sendall(data[i : i + 1])
+        except OSError:
+            return
+        time.sleep(every_s)
+
+
+def _established(server: LabServe) -> list[Any]:
+    assert server.process is not None
+    return [c for c in psutil.Process(server.process.pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED]  # fmt: skip
+
+
+def test_a_client_that_stalls_is_disconnected_after_the_timeout(
+    impatient: tuple[LabServe, str],
+) -> None:
+    """With 1 s timeouts: a connection that sends nothing, half a head, or a head a byte at a
+    time is closed about 1 s after it opened; one idle after its answer 1 s after it; a
+    body that stops is answered 408 and closed. Nothing stays open."""
+    server, token = impatient
+    head = b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    waited = {}
+    for case in ("nothing", "half a head", "a byte at a time"):
+        start = time.monotonic()
+        with _connect(server) as sock:
+            if case == "half a head":
+                sock.sendall(head[:30])
+            if case == "a byte at a time":
+                threading.Thread(target=_trickle, args=(sock, head * 20, 0.1), daemon=True).start()
+            waited[case], got = _until_closed(sock, start)
+            assert got == b"", case
+    with _connect(server) as sock:
+        sock.sendall(head)
+        answer = sock.recv(65536)
+        start = time.monotonic()
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        waited["idle after an answer"], _ = _until_closed(sock, start)
+    body = json.dumps({"client_id": "c", "seq": 1, "ops": []}).encode()
+    with _connect(server) as sock:
+        sock.sendall(
+            b"POST /api/v1/batches/ops HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body[:10]
+        )  # fmt: skip
+        start = time.monotonic()
+        waited["a body that stops"], got = _until_closed(sock, start)
+    status, _, rest = got.partition(b"\r\n")
+    assert status == b"HTTP/1.1 408 Request Timeout"
+    assert json.loads(rest.split(b"\r\n\r\n", 1)[1]) == {
+        "detail": "the request body stopped arriving (nothing for 1 s, the server's "
+        "--timeout-body); send the request again",
+        "field": "body",
+    }
+    assert all(0.8 < s < 4.0 for s in waited.values()), waited
+    deadline = time.monotonic() + 5
+    while _established(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _established(server) == []
+
+
+def test_a_slow_client_that_keeps_sending_within_the_timeouts_is_answered(
+    impatient: tuple[LabServe, str],
+) -> None:
+    """A head sent in pieces inside 1 s, then a body with pauses of 0.4 s over 2 s: the
+    timeouts bound a stall, not a slow request."""
+    server, token = impatient
+    body = json.dumps({"client_id": "c", "seq": 1, "ops": [], "pad": "x" * 40}).encode()
+    head = (b"POST /api/v1/batches/ops HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n")  # fmt: skip
+    with _connect(server) as sock:
+        for i in range(0, len(head), len(head) // 4 + 1):
+            sock.sendall(head[i : i + len(head) // 4 + 1])
+            time.sleep(0.15)
+        for i in range(0, len(body), len(body) // 5 + 1):
+            sock.sendall(body[i : i + len(body) // 5 + 1])
+            time.sleep(0.4)
+        answer = _response(sock)
+    assert answer == (b"HTTP/1.1 200 OK", {"client_id": "c", "seq": 1, "rows": 0})
+
+
+def test_lab_serve_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    for option in ("--timeout-header", "--timeout-body", "--timeout-keep-alive"):
+        done = lab_cli("serve", "--store", url, option, "0")
+        assert done.returncode != 0
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"error: {option} 0.0: give a number of seconds > 0"
+        )

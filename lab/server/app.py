@@ -11,6 +11,7 @@ write. Nothing a client sends can make a 500; a 500 is a bug, and says only that
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import ssl
@@ -43,6 +44,12 @@ MAX_BODY = 64 * 1024 * 1024
 API = "/api/v1"
 #: The port `lab serve` listens on unless told otherwise.
 PORT = 8765
+#: How long a client may take to send a request's line and headers (``--timeout-header``).
+HEADER_TIMEOUT_S = 10.0
+#: The longest a request body may pause before it is answered 408 (``--timeout-body``).
+BODY_TIMEOUT_S = 30.0
+#: How long an idle kept-alive connection stays open (``--timeout-keep-alive``, uvicorn's 5).
+KEEP_ALIVE_S = 5.0
 #: The one line a 401 says for a token the store does not know or has revoked.
 WRONG_TOKEN = "the token is wrong or revoked"
 
@@ -83,10 +90,19 @@ def _one_line(text: object) -> str:
 class BodyLimit:
     """Pure ASGI middleware: a request body over `max_body` bytes is answered 413 without
     being read whole. A declared Content-Length is checked before anything is read; a body
-    without one (chunked) is counted as it arrives and refused at the first byte over."""
+    without one (chunked) is counted as it arrives and refused at the first byte over.
 
-    def __init__(self, app: Callable[..., Awaitable[None]], max_body: int) -> None:
-        self.app, self.max_body = app, max_body
+    With `body_timeout`, a body that stops arriving (no byte for that many seconds while the
+    app waits for it) is answered 408 and its connection closed, so a stalled client holds
+    no request for ever."""
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        max_body: int,
+        body_timeout: float | None = None,
+    ) -> None:
+        self.app, self.max_body, self.body_timeout = app, max_body, body_timeout
 
     def _too_large(self) -> Rejected:
         return Rejected(
@@ -113,14 +129,24 @@ class BodyLimit:
                     return
         seen = 0
         started = False
+        done = False  # the whole body is in: what is received next is no body
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done or self.body_timeout is None:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.body_timeout)
+                except TimeoutError:
+                    raise _BodyRefused(self._stalled()) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooLarge(self._too_large())
+                    raise _BodyRefused(self._too_large())
+                done = not message.get("more_body", False)
+            else:
+                done = True
             return message
 
         async def sending(message: Message) -> None:
@@ -130,18 +156,28 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted, sending)
-        except _TooLarge as exc:
+        except _BodyRefused as exc:
             if not started:
                 await _send_rejected(send, exc.rejected)
 
+    def _stalled(self) -> Rejected:
+        return Rejected(
+            408,
+            f"the request body stopped arriving (nothing for {self.body_timeout:g} s, the "
+            "server's --timeout-body); send the request again",
+            "body",
+        )
 
-class _TooLarge(HTTPException):
-    """Raised out of `receive` at the first byte over the limit. An `HTTPException`, because
-    FastAPI passes those through its body parsing unchanged (it turns any other error there
-    into a 400); the app's handler answers it, and `BodyLimit` does if nothing else did."""
+
+class _BodyRefused(HTTPException):
+    """Raised out of `receive` at the first byte over the limit, or when the body stops
+    arriving. An `HTTPException`, because FastAPI passes those through its body parsing
+    unchanged (it turns any other error there into a 400); the app's handler answers it,
+    and `BodyLimit` does if nothing else did. The connection is closed after: the rest of
+    the body is never read."""
 
     def __init__(self, rejected: Rejected) -> None:
-        super().__init__(413, rejected.detail)
+        super().__init__(rejected.status, rejected.detail)
         self.rejected = rejected
 
 
@@ -286,13 +322,19 @@ class LocalReader:
 
 
 def create_app(
-    store: Store | str, *, max_body: int = MAX_BODY, auth: bool = True, writes: bool = True
+    store: Store | str,
+    *,
+    max_body: int = MAX_BODY,
+    auth: bool = True,
+    writes: bool = True,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> Any:
     """Build the app in front of `store` (a `Store`, or any store URL `lab` takes).
 
     Why a factory: tests and ``lab serve`` build one app per store, and importing FastAPI
     waits until a server is wanted. `auth=False` lets every request read without a token
     and `writes=False` leaves the write API out: what `lab ui` serves on loopback.
+    `body_timeout`: the longest a request body may pause (then 408).
     """
     import fastapi
     import fastapi.security
@@ -305,6 +347,7 @@ def create_app(
 
     if not isinstance(max_body, int) or max_body < 1:
         raise ConfigError(f"max_body {max_body!r}: use a whole number of bytes >= 1")
+    _check_seconds("body_timeout", body_timeout)
     the_store = store if isinstance(store, Store) else Store(store)
     if the_store.engine.url.password:  # masked wherever it might turn up: paths, errors, logs
         register(str(the_store.engine.url.password))
@@ -333,9 +376,10 @@ def create_app(
     async def rejected(_request: Any, exc: Rejected) -> Any:
         return answer(exc.status, _one_line(exc.detail), exc.field)
 
-    @app.exception_handler(_TooLarge)
-    async def too_large(_request: Any, exc: _TooLarge) -> Any:
-        return answer(413, exc.rejected.detail, exc.rejected.field, connection="close")
+    @app.exception_handler(_BodyRefused)
+    async def body_refused(_request: Any, exc: _BodyRefused) -> Any:
+        refused = exc.rejected
+        return answer(refused.status, refused.detail, refused.field, connection="close")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Any, exc: HTTPException) -> Any:
@@ -422,12 +466,19 @@ def create_app(
         dashboard.router, prefix=f"{API}/dashboard", dependencies=[fastapi.Depends(scoped("read"))]
     )
     ui.mount(app, auth=auth)
-    app.add_middleware(BodyLimit, max_body=max_body)
+    app.add_middleware(BodyLimit, max_body=max_body, body_timeout=body_timeout)
     if auth:
         app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
     else:
         app.add_middleware(LocalReader)
     return app
+
+
+def _check_seconds(option: str, seconds: float) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigError(f"{option} {seconds!r}: give a number of seconds > 0")
+    if seconds == float("inf"):
+        raise ConfigError(f"{option} {seconds!r}: give a finite number of seconds")
 
 
 def is_loopback(host: str) -> bool:
@@ -469,6 +520,9 @@ def serve(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
     log_level: str = "info",
+    timeout_header: float = HEADER_TIMEOUT_S,
+    timeout_body: float = BODY_TIMEOUT_S,
+    timeout_keep_alive: float = KEEP_ALIVE_S,
 ) -> None:
     """Run `lab serve` in this process until it is stopped (SIGINT, SIGTERM).
 
@@ -476,17 +530,26 @@ def serve(
     is migrated), the certificate loads, and an address other than loopback is bound only
     when the store holds a live token, so that the port never lets in someone the store
     cannot identify. The server's log lines go through `lab._secrets.mask`.
+
+    A slow client holds a connection no longer than the timeouts allow: `timeout_header`
+    seconds to send a request's line and headers, pauses of at most `timeout_body` seconds
+    inside its body (then 408), and `timeout_keep_alive` seconds idle between requests.
     """
     require("uvicorn", "server", "lab serve")
     import uvicorn
 
     from lab.server.auth import has_live_token
+    from lab.server.timeouts import with_header_timeout
     from lab.store.engine import resolve_url
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
     if max_body < 1:
         raise ConfigError(f"--max-body {max_body}: use a number of bytes >= 1")
+    for option, seconds in (("--timeout-header", timeout_header),
+                            ("--timeout-body", timeout_body),
+                            ("--timeout-keep-alive", timeout_keep_alive)):  # fmt: skip
+        _check_seconds(option, seconds)
     url = resolve_url(store)
     if url.backend not in ("sqlite", "postgresql"):
         raise ConfigError(
@@ -502,7 +565,7 @@ def serve(
                 "the port could write; make one first: lab token create NAME --scope write "
                 f"--store {url.shown}"
             )
-        app = create_app(the_store, max_body=max_body)
+        app = create_app(the_store, max_body=max_body, body_timeout=timeout_body)
     except BaseException:
         the_store.close()
         raise
@@ -514,6 +577,8 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         server_header=False,
+        http=with_header_timeout(timeout_header),
+        timeout_keep_alive=timeout_keep_alive,  # type: ignore[arg-type]  # a float works
     )
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger(name)  # lab's masking filter on each: a filter does not reach children
@@ -568,9 +633,12 @@ def serve_ui(
     except BaseException:
         the_store.close()
         raise
+    from lab.server.timeouts import with_header_timeout
+
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level=log_level, server_header=False
-    )
+        app, host="127.0.0.1", port=port, log_level=log_level, server_header=False,
+        http=with_header_timeout(HEADER_TIMEOUT_S),
+    )  # fmt: skip
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger(name)
     server = uvicorn.Server(config)
