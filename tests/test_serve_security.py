@@ -6,34 +6,43 @@ real TCP proxy that is cut)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import psutil
 import pyarrow as pa
 import pydantic
 import pytest
 import sqlalchemy as sa
+import test_durability
 import torch
-from test_serve_auth import LabServe, make_token
+from test_durability import Proxy
+from test_serve_auth import REPO, LabServe, make_token
 from test_serve_auth import lab as lab_cli
 
 import lab
 import lab.inspect
+from lab.server.app import STORE_DOWN
 from lab.server.bodies import MAX_BATCH_OPS, MAX_BATCH_ROWS, MAX_JSON_VALUES
 from lab.server.dashboard import NO_BYTES
 from lab.store.http.sender import MAX_OPS, MAX_OPS_BYTES, MAX_POINTS, Op, Sender
-from tests.served import Served
+from tests.served import Served, free_port
 
 OPS = "/api/v1/batches/ops"
+proxied = test_durability.proxied  # PostgreSQL behind a TCP proxy a test can cut
 METRICS = "/api/v1/batches/metrics"
 
 
@@ -472,3 +481,147 @@ def test_lab_serve_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Pat
         assert done.stderr.strip().splitlines()[-1] == (
             f"error: {option} 0.0: give a number of seconds > 0"
         )
+
+
+# -- 6 and 8. a store that fails: 503, one log line per outage, never the store's URL -----------
+@pytest.fixture
+def behind_proxy(
+    proxied: tuple[str, str, Proxy], tmp_path: Path
+) -> Iterator[tuple[LabServe, str, Proxy, str]]:
+    """`lab serve` in front of a PostgreSQL database reached through a TCP proxy the test can
+    cut: (the server, a write token, the proxy, the direct URL)."""
+    direct, through, proxy = proxied
+    token = make_token(direct, "w", "write")
+    server = LabServe(through, tmp_path / "serve.log").start()
+    try:
+        yield server, token, proxy, direct
+    finally:
+        server.stop()
+
+
+def _secrets_of(url: str, proxy: Proxy) -> list[str]:
+    """What a client must never read of the store's URL: its user, host, ports, database."""
+    parsed = sa.engine.make_url(url)
+    return [str(parsed.username), str(parsed.database), str(proxy.port), str(parsed.port),
+            "127.0.0.1", "postgresql", "psycopg"]  # fmt: skip
+
+
+def _health(server: LabServe, status: int, timeout: float = 15.0) -> dict[str, Any]:
+    """The health check's answer, once it is `status` (the store is asked once a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = httpx.get(f"{server.url}/api/v1/health", timeout=10)
+        if answer.status_code == status or time.monotonic() > deadline:
+            assert answer.status_code == status, answer.text
+            return answer.json()
+        time.sleep(0.1)
+
+
+@pytest.mark.postgres
+def test_a_store_that_goes_away_is_a_503_and_one_log_line_per_outage(
+    behind_proxy: tuple[LabServe, str, Proxy, str],
+) -> None:
+    """Through two outages: every request (the token check, reads, writes, the dashboard, a
+    page with the session cookie) is answered 503 with one line that names nothing of the
+    store; the health check says the store is unreachable; the log has one line when each
+    outage starts and one when it ends, and no traceback."""
+    from lab.server.ui import COOKIE
+    from lab.store.migrations import head_revision
+
+    server, token, proxy, _direct = behind_proxy
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert _health(server, 200) == {"status": "ok", "store": "ok", "schema": head_revision()}
+    refused: list[httpx.Response] = []
+    browser = httpx.Client(base_url=server.url, timeout=30, cookies={COOKIE: token})
+    with browser, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.post("/api/v1/experiments", json={"name": "e"}, headers=bearer).is_success
+        for _outage in range(2):
+            proxy.cut()
+            for _ in range(5):
+                refused += [
+                    http.get("/api/v1/token", headers=bearer),
+                    http.get("/api/v1/experiments", headers=bearer),
+                    http.post("/api/v1/experiments", json={"name": "f"}, headers=bearer),
+                    http.get("/api/v1/dashboard/experiments/e", headers=bearer),
+                    browser.get("/experiments/e"),
+                ]
+            assert _health(server, 503) == {
+                "status": "degraded", "store": "unreachable", "schema": head_revision(),
+            }  # fmt: skip
+            proxy.restore()
+            assert _health(server, 200)["store"] == "ok"
+            back = http.get("/api/v1/token", headers=bearer)
+            assert back.json() == {"name": "w", "scope": "write"}
+    assert {(a.status_code, a.text) for a in refused} == {
+        (503, json.dumps({"detail": STORE_DOWN, "field": None}))
+    }
+    log = server.stop()
+    assert log.count("lab serve: the store failed (") == 2, log
+    assert log.count("lab serve: the store answers again (after ") == 2, log
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
+@pytest.mark.postgres
+def test_a_store_error_in_a_route_never_tells_the_client_the_stores_url(
+    behind_proxy: tuple[LabServe, str, Proxy, str],
+) -> None:
+    """The token is checked while the store answers; the store goes away while the client
+    is still sending the body; the route's store call then fails with a `StoreUnreachable`
+    whose text names the store's URL. The client is told 503 and the fixed line only."""
+    server, token, proxy, direct = behind_proxy
+    body = json.dumps({"name": "late"}).encode()
+    with _connect(server) as sock:
+        sock.sendall(
+            b"POST /api/v1/experiments HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n"
+        )  # fmt: skip
+        time.sleep(1.0)  # the token check has passed; the route waits for the body
+        proxy.cut()
+        sock.sendall(body)
+        status, payload = _response(sock)
+    assert (status, payload) == (
+        b"HTTP/1.1 503 Service Unavailable", {"detail": STORE_DOWN, "field": None},
+    )  # fmt: skip
+    assert [s for s in _secrets_of(direct, proxy) if s in json.dumps(payload)] == []
+    log = server.stop()
+    assert "lab serve: the store failed (" in log and "Traceback" not in log
+
+
+@pytest.mark.postgres
+def test_lab_ui_over_a_store_that_goes_away_answers_503_without_its_url(
+    proxied: tuple[str, str, Proxy], tmp_path: Path
+) -> None:
+    """`lab ui` (no token check: the routes meet the store first) over PostgreSQL through the
+    proxy: the dashboard's answers while it is cut are 503 with the fixed line."""
+    direct, through, proxy = proxied
+    make_token(direct, "w", "write")  # creates the schema
+    port = free_port()
+    log = (tmp_path / "ui.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "ui", "--store", through, "--port", str(port),
+         "--no-open"],
+        stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        assert httpx.get(f"{url}/api/v1/dashboard/experiments").status_code == 200
+        proxy.cut()
+        answers = [httpx.get(f"{url}{path}", timeout=30) for path in (
+            "/api/v1/dashboard/experiments", "/api/v1/experiments", "/api/v1/dashboard/runs/1",
+        )]  # fmt: skip
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        log.close()
+    assert [(a.status_code, a.json()) for a in answers] == [
+        (503, {"detail": STORE_DOWN, "field": None})
+    ] * 3
+    assert [s for s in _secrets_of(direct, proxy) if any(s in a.text for a in answers)] == []

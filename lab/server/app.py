@@ -7,6 +7,10 @@ whatever raised it: a route's `Rejected`, a `LabError` from the store (the same 
 messages as a local store), FastAPI's validation (422, reshaped to name the field), a body
 over the limit (413, answered before the body is read whole) or a database that refuses a
 write. Nothing a client sends can make a 500; a 500 is a bug, and says only that.
+
+A store that fails (it cannot be reached, read or written) is a 503 with one fixed line,
+`STORE_DOWN`, wherever it fails, the token check included: never the store's URL, host or
+reason, which only the server's log holds, once per outage (`Outage`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import contextlib
 import ipaddress
 import ssl
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -29,9 +35,7 @@ from lab.errors import (
     NoRun,
     NoToken,
     RunBusy,
-    StoreDamaged,
-    StoreReadOnly,
-    StoreUnreachable,
+    StoreError,
 )
 from lab.store import Store
 
@@ -52,6 +56,9 @@ BODY_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5.0
 #: The one line a 401 says for a token the store does not know or has revoked.
 WRONG_TOKEN = "the token is wrong or revoked"
+#: The one line a 503 says while the store behind the server fails: nothing of the store's
+#: URL (user, host, database) or of the driver's reason, which only the server's log holds.
+STORE_DOWN = "the store behind the server failed; try again later (the server's log says why)"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,13 +78,11 @@ class Rejected(Exception):
 
 def _status_of(exc: LabError) -> int:
     """The HTTP status of a `LabError` a route let through: what is missing is 404, a busy
-    run 409, a store that cannot be reached or written 503, any other refusal 400."""
+    run 409, any other refusal 400 (a `StoreError` is a 503 of its own: `STORE_DOWN`)."""
     if isinstance(exc, NoExperiment | NoRun | NoToken):
         return 404
     if isinstance(exc, RunBusy):
         return 409
-    if isinstance(exc, StoreUnreachable | StoreReadOnly | StoreDamaged):
-        return 503
     return 400
 
 
@@ -85,6 +90,60 @@ def _one_line(text: object) -> str:
     """The first line of `text`, credentials masked: what an error body may say."""
     lines = str(text).strip().splitlines()
     return mask(lines[0].strip()) if lines else ""
+
+
+def store_failed(exc: BaseException) -> bool:
+    """Whether `exc` says the store itself failed (it cannot be reached, read or written: a
+    `StoreError`, a connection the driver lost or could not open), rather than that a request
+    asked for something wrong."""
+    import sqlalchemy.exc as sa_exc
+
+    if isinstance(exc, StoreError | sa_exc.OperationalError | sa_exc.InterfaceError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+class Outage:
+    """The store's outages as the server meets them. Each is logged once, when a request (or
+    the health check) first finds the store failing, with the reason (its password masked),
+    and once when the store answers again; the requests in between are answered 503 with
+    `STORE_DOWN` and log nothing, so an outage is two lines in the log, not a traceback per
+    request."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        """Whether the store failed the last time the server asked it."""
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """Note that the store failed with `exc` (logged if it answered until now)."""
+        with self._lock:
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        reason = _one_line(getattr(exc, "orig", None) or exc) or type(exc).__name__
+        logger("uvicorn.error").error(
+            "lab serve: the store failed (%s); requests are answered 503 until it answers again",
+            reason,
+        )
+
+    def answered(self) -> None:
+        """Note that the store answered (logged if it had failed)."""
+        if self._since is None:
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            took, self._since = time.monotonic() - self._since, None
+        logger("uvicorn.error").warning("lab serve: the store answers again (after %.1f s)", took)
+
+
+class _StoreDown(Exception):
+    """The token check found the store failing (already noted in the `Outage`)."""
 
 
 class BodyLimit:
@@ -227,17 +286,35 @@ class TokenGate:
     static files need no token (the prompt must show); a page is told whether its cookie
     holds a live token, and only then looks names up in the store."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], store: Store) -> None:
+    def __init__(
+        self, app: Callable[..., Awaitable[None]], store: Store, outage: Outage | None = None
+    ) -> None:
         self.app, self.store = app, store
+        self.outage = outage or Outage()
+
+    async def _find(self, token: str) -> tuple[str, str] | None:
+        """The token's (name, scope), or None; `_StoreDown` when the store fails (then the
+        request is answered 503, as a route's would be)."""
+        from starlette.concurrency import run_in_threadpool
+
+        from lab.server.auth import find_token
+
+        try:
+            found = await run_in_threadpool(find_token, self.store.engine, token)
+        except Exception as exc:
+            if not store_failed(exc):
+                raise
+            self.outage.failed(exc)
+            raise _StoreDown from None
+        self.outage.answered()
+        return found
 
     async def _cookie(self, scope: Scope) -> tuple[str, str] | bool | None:
         """The live token of the session cookie as (name, "read"); None for a cookie whose
         token is wrong or revoked; False when there is no cookie or the method may not use
         it."""
-        from starlette.concurrency import run_in_threadpool
         from starlette.requests import cookie_parser
 
-        from lab.server.auth import find_token
         from lab.server.ui import COOKIE
 
         if scope.get("method") not in ("GET", "HEAD"):
@@ -248,17 +325,19 @@ class TokenGate:
                 token = cookie_parser(value.decode("latin-1")).get(COOKIE, "") or token
         if not token.strip():
             return False
-        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        found = await self._find(token.strip())
         return None if found is None else (found[0], "read")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        from starlette.concurrency import run_in_threadpool
+        try:
+            await self._gate(scope, receive, send)
+        except _StoreDown:
+            await _send_json(send, 503, STORE_DOWN, None)
 
-        from lab.server.auth import find_token
-
+    async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if not path.startswith("/api/"):  # the UI: pages, /static, /ui/token
             if not path.startswith("/static/"):
@@ -284,7 +363,7 @@ class TokenGate:
         if kind.lower() != "bearer" or not token.strip():
             await _send_json(send, 401, NO_TOKEN, "header.authorization", challenge=True)
             return
-        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        found = await self._find(token.strip())
         if found is None:
             await _send_json(send, 401, WRONG_TOKEN, "header.authorization", challenge=True)
             return
@@ -365,6 +444,7 @@ def create_app(
     )
     app.state.store = the_store
     app.state.max_body = max_body
+    app.state.outage = outage = Outage()
     #: Whether an image recorded before the store kept image bytes is read from its run's
     #: folder: by `lab ui` alone (this machine's store, on loopback), never by `lab serve`.
     app.state.run_folders = not auth
@@ -402,8 +482,14 @@ def create_app(
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return answer(422, _one_line(f"{field}: {first.get('msg', 'invalid')}{more}"), field)
 
+    def store_down(exc: BaseException) -> Any:
+        outage.failed(exc)
+        return answer(503, STORE_DOWN, None)
+
     @app.exception_handler(LabError)
     async def lab_error(_request: Any, exc: LabError) -> Any:
+        if isinstance(exc, StoreError):  # its text names the store: the log alone says it
+            return store_down(exc)
         return answer(_status_of(exc), _one_line(exc), getattr(exc, "field", None))
 
     @app.exception_handler(sa.exc.IntegrityError)
@@ -416,9 +502,11 @@ def create_app(
         return answer(400, f"the store cannot hold a value of this request: "
                            f"{_one_line(exc.orig)}", None)  # fmt: skip
 
-    @app.exception_handler(sa.exc.OperationalError)
-    async def store_down(_request: Any, exc: sa.exc.OperationalError) -> Any:
-        return answer(503, "the store behind the server did not answer; try again later", None)
+    @app.exception_handler(sa.exc.DBAPIError)  # IntegrityError and DataError: above
+    async def driver_error(_request: Any, exc: sa.exc.DBAPIError) -> Any:
+        if not store_failed(exc):
+            raise exc  # a bug: a 500, its traceback in the log
+        return store_down(exc)
 
     @app.exception_handler(OverflowError)
     async def too_big(_request: Any, exc: OverflowError) -> Any:  # SQLite's 64-bit integers
@@ -445,10 +533,34 @@ def create_app(
 
         return check
 
-    @app.get(f"{API}/health", tags=["health"])
-    def health() -> dict[str, Any]:
-        """Whether the server is up, and the store's schema revision (no token needed)."""
-        return {"status": "ok", "schema": the_store.revision or head_revision()}
+    probed = [0.0]  # when the health check may ask the store again
+
+    @app.get(
+        f"{API}/health",
+        tags=["health"],
+        responses={503: {"description": "The server is up and its store fails"}},
+    )
+    def health() -> Any:
+        """Whether the server is up and its store answers, and the store's schema revision
+        (no token needed): ``status`` ok or degraded, ``store`` ok or unreachable (then 503).
+        The store is asked at most once a second; between, the last answer stands."""
+        from lab.store.engine import check_reachable
+
+        if time.monotonic() >= probed[0]:
+            probed[0] = time.monotonic() + 1.0
+            try:
+                check_reachable(the_store.engine)
+            except Exception as exc:
+                if not store_failed(exc):
+                    raise
+                outage.failed(exc)
+            else:
+                outage.answered()
+        schema = the_store.revision or head_revision()
+        if outage.down:
+            body = {"status": "degraded", "store": "unreachable", "schema": schema}
+            return JSONResponse(body, 503)
+        return {"status": "ok", "store": "ok", "schema": schema}
 
     @app.get(f"{API}/token", tags=["health"], dependencies=[fastapi.Depends(scoped("read"))])
     def whoami(request: Request) -> dict[str, str]:
@@ -467,8 +579,8 @@ def create_app(
     )
     ui.mount(app, auth=auth)
     app.add_middleware(BodyLimit, max_body=max_body, body_timeout=body_timeout)
-    if auth:
-        app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
+    if auth:  # added last: the outermost, runs first
+        app.add_middleware(TokenGate, store=the_store, outage=outage)
     else:
         app.add_middleware(LocalReader)
     return app

@@ -33,7 +33,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from lab._names import MAX_KEY, check_name
-from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
+from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
 from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
@@ -130,9 +130,13 @@ def _json(value: Any) -> fastapi.Response:
 
 def _call(where: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a store call, its refusals as 4xx answers with the store's one line, naming
-    `where` (the request's field the call was about: ``path.run_id``, ``body``...)."""
+    `where` (the request's field the call was about: ``path.run_id``, ``body``...). A store
+    that fails is no refusal: its `StoreError` goes on to the app, which answers 503 without
+    the store's URL."""
     try:
         return fn(*args, **kwargs)
+    except StoreError:
+        raise
     except RunBusy as exc:
         raise Rejected(409, str(exc), where) from None
     except (NoExperiment, NoRun) as exc:
