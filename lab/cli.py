@@ -688,6 +688,15 @@ def serve(
     ssl_keyfile: Annotated[
         str | None, typer.Option(metavar="FILE", help="PEM private key of the certificate")
     ] = None,
+    timeout_header: Annotated[
+        float, typer.Option(metavar="S", help="Seconds to send a request's headers; then closed")
+    ] = 10.0,
+    timeout_body: Annotated[
+        float, typer.Option(metavar="S", help="Longest pause inside a request body; then 408")
+    ] = 30.0,
+    timeout_keep_alive: Annotated[
+        float, typer.Option(metavar="S", help="Seconds an idle connection stays open")
+    ] = 5.0,
 ) -> None:
     """Serve the store over HTTP: a tracking server that jobs log to with a token."""
     from lab.server.app import serve as run_server
@@ -699,6 +708,9 @@ def serve(
         max_body=max_body,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
+        timeout_header=timeout_header,
+        timeout_body=timeout_body,
+        timeout_keep_alive=timeout_keep_alive,
     )
 
 

@@ -49,7 +49,7 @@ from lab.errors import ConfigError, SchemaTooOld, StoreError
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import TABLES, Base
+from lab.store.schema import TABLES, Base, copied_columns
 from lab.store.store import Store
 
 log = logger("lab.inspect")
@@ -291,7 +291,7 @@ def _copy_through_arrow(
     con.execute("CREATE SCHEMA store")
     with store.engine.connect() as conn:
         for name in TABLES:
-            table = Base.metadata.tables[name]
+            copied = copied_columns(name)
             lacks = missing.get(name, set())
             columns = [
                 sa.null().label(c.name)
@@ -299,10 +299,10 @@ def _copy_through_arrow(
                 else sa.cast(c, sa.Text).label(c.name)
                 if isinstance(c.type, sa.JSON)
                 else c
-                for c in table.columns
+                for c in copied
             ]
             rows = [] if _absent(name, missing) else conn.execute(sa.select(*columns)).all()
-            schema = pa.schema([(c.name, _arrow_type(c)) for c in table.columns])
+            schema = pa.schema([(c.name, _arrow_type(c)) for c in copied])
             data = pa.Table.from_pylist([dict(r._mapping) for r in rows], schema=schema)
             con.register("_lab_arrow", data)
             con.execute(f'CREATE TABLE store."{name}" AS SELECT * FROM _lab_arrow')
@@ -362,7 +362,7 @@ def _create_views(
     for name in TABLES:
         columns = []
         lacks = (missing or {}).get(name, set())
-        for column in Base.metadata.tables[name].columns:
+        for column in copied_columns(name):
             quoted = f'"{column.name}"'
             if column.name in lacks:  # an older revision's store: NULL until it is upgraded
                 kind = "JSON" if isinstance(column.type, sa.JSON) else None

@@ -28,6 +28,7 @@ import numpy as np
 
 from lab._metrics import check_key
 from lab._names import safe_name
+from lab._secrets import logger
 from lab.errors import ConfigError, MetricError
 
 #: The folder of a run folder that holds its images.
@@ -222,6 +223,20 @@ def stored_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | N
     return str(resolved)
 
 
+def image_bytes(image: Image) -> bytes | None:
+    """The bytes of `image`'s PNG file: what a store keeps of it, so that no server ever
+    opens a path to show it. None, with one warning line, when the file cannot be read
+    (removed before its row was written); the row is still recorded, with its path."""
+    try:
+        return Path(image.path).read_bytes()
+    except OSError as exc:
+        logger("lab.media").warning(
+            "lab: the image %s cannot be read (%s); its row keeps the path only",
+            image.path, exc.strerror or type(exc).__name__,
+        )  # fmt: skip
+        return None
+
+
 def image_path(folder: str | os.PathLike[str], key: str, step: int) -> Path:
     """Where `write_image` puts the image of `key` at `step` inside run folder `folder`."""
     return Path(folder) / MEDIA_DIR / key_folder(key) / f"step_{step:06d}.png"
@@ -321,7 +336,18 @@ def _png_size(path: Path) -> tuple[int, int]:
     """(width, height) from a PNG's IHDR chunk: the file says what was written."""
     with path.open("rb") as f:
         head = f.read(24)
-    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+    size = png_size(head)
+    if size is None:
         raise MetricError(f"{path} is not a PNG file")
+    return size
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the IHDR chunk at the start of a PNG's bytes, or None for bytes
+    that do not start as a PNG: how a store checks the bytes it is handed before it keeps
+    them, and takes their size from them rather than from whoever sent them."""
+    head = bytes(data[:24])
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return None
     width, height = struct.unpack(">II", head[16:24])
     return int(width), int(height)

@@ -457,38 +457,60 @@ def test_a_failed_run_shows_its_error_and_traceback_and_a_dead_one_crashed(fille
     })  # fmt: skip
 
 
-def test_the_image_endpoint_serves_only_files_inside_the_run_folder(filled: Filled) -> None:
+def test_the_image_endpoint_serves_the_stored_bytes_and_lab_ui_alone_reads_a_folder(
+    filled: Filled,
+) -> None:
+    """An image row keeps its PNG's bytes, and both servers serve them. A row without bytes
+    (recorded before the store kept them) is 404 with one line at `lab serve`, whatever its
+    path; `lab ui` reads it from its run's folder, and only from inside it."""
+    from lab.server.dashboard import NO_BYTES
+
     run = next(r for r in filled.store.current_runs("dash") if r["run_key"] == "small-r0")
     folder = Path(run["output_dir"])
     outside = folder.parent / "outside.png"
     outside.write_bytes(b"\x89PNG secret")
     link = folder / "link.png"
     link.symlink_to(outside)
+    logged = filled.store.media.images(run["run_id"], "samples/img")[0]
+    inside = (folder / logged["path"]).read_bytes()
+    paths = ["../outside.png", str(outside), "link.png", "nope.png", logged["path"]]
     writer = Store(filled.url)
     try:
         with writer.engine.begin() as conn:
-            for step, path in enumerate(["../outside.png", str(outside), "link.png", "nope.png"]):
+            for step, path in enumerate(paths):
                 conn.execute(sa.insert(sa.table(
                     "images", sa.column("run_id"), sa.column("key"), sa.column("step"),
                     sa.column("path"), sa.column("width"), sa.column("height"),
                     sa.column("wall_time"),
-                )).values(run_id=run["run_id"], key="evil", step=100 + step, path=path,
+                )).values(run_id=run["run_id"], key="old", step=100 + step, path=path,
                           width=1, height=1, wall_time=0.0))  # fmt: skip
     finally:
         writer.close()
-    for step in range(100, 104):
-        assert filled.refused(f"/runs/{run['run_id']}/image", key="evil", step=step) == (404, {
-            "detail": f"run {run['run_id']} has no image 'evil' at step {step} in its folder",
-            "field": "key",
-        })  # fmt: skip
-    assert filled.refused(f"/runs/{run['run_id']}/image", key="samples/img", step=5)[0] == 404
+    image = f"{API}/runs/{run['run_id']}/image"
+    local = Store(filled.url, readonly=True)
+    ui = TestClient(create_app(local, auth=False, writes=False), base_url="http://127.0.0.1")
+    with ui:
+        for step in range(100, 104):
+            assert filled.refused(f"/runs/{run['run_id']}/image", key="old", step=step) == (404, {
+                "detail": NO_BYTES.format(run_id=run["run_id"], key="old", step=step),
+                "field": "key",
+            })  # fmt: skip
+            answer = ui.get(image, params={"key": "old", "step": step})
+            assert (answer.status_code, answer.json()) == (404, {
+                "detail": f"run {run['run_id']} has no image 'old' at step {step} in its folder",
+                "field": "key",
+            })  # fmt: skip
+        assert filled.refused(f"/runs/{run['run_id']}/image", key="old", step=104)[0] == 404
+        answer = ui.get(image, params={"key": "old", "step": 104})
+        assert (answer.status_code, answer.content) == (200, inside)
+        for client in (filled.client, ui):  # a row with its bytes: served from the store
+            answer = client.get(image, params={"key": "samples/img", "step": logged["step"]})
+            assert (answer.status_code, answer.content) == (200, inside)
+            assert client.get(image, params={"key": "samples/img", "step": 5}).json() == {
+                "detail": f"run {run['run_id']} has no image 'samples/img' at step 5",
+                "field": "key",
+            }
     assert filled.refused("/runs/999/image", key="samples/img", step=4)[0] == 404
-    assert (
-        filled.client.get(
-            f"{API}/runs/{run['run_id']}/image", params={"key": "samples/img", "step": 4}
-        ).status_code
-        == 200
-    )
 
 
 # -- predictions ------------------------------------------------------------------------------

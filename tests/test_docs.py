@@ -170,11 +170,12 @@ def _check_run_handle_page(out: str, namespace: dict[str, object]) -> None:
 
 def _check_media_page(out: str, namespace: dict[str, object]) -> None:
     edges = "[-1.0, -0.5, 0.0, 0.5, 1.0]"
-    assert out.splitlines()[-4:] == [
+    assert out.splitlines()[-5:] == [
         f"2 {edges} 8 0",  # the 8 weights of a Linear(4, 2), all in range
         f"4 {edges} 8 0",
         "[('base-r0', 'weights/image', 2, 4, 2), ('base-r0', 'weights/image', 4, 4, 2)]",
         "True",
+        "True",  # the store keeps the PNG's bytes
     ]
 
 

@@ -248,12 +248,13 @@ def _a_run(store: Store, name: str = "exp", run_key: str = "r0", folder: Path | 
     )  # fmt: skip
 
 
-def _rows(url: str, table: str) -> list[tuple]:
+def _rows(url: str, table: str, columns: str | None = None) -> list[tuple]:
     engine = make_engine(resolve_url(url))
+    columns = columns or f'run_id, "key", step, {_COLUMNS[table]}'
     try:
         with engine.connect() as conn:
             return [tuple(r) for r in conn.execute(sa.text(
-                f'SELECT run_id, "key", step, {_COLUMNS[table]} FROM {table} '
+                f"SELECT {columns} FROM {table} "
                 'ORDER BY run_id, "key", step'
             ))]  # fmt: skip
     finally:
@@ -301,6 +302,12 @@ def test_rows_round_trip_and_logging_a_step_again_replaces_it(
         assert [(r["key"], r["path"]) for r in store.media.images(run_id, "x/y")] == [
             ("x/y", "media/x-y-748fdbd6/step_000001.png")
         ]
+        # the store keeps each PNG's bytes: what a server serves, without opening a path
+        assert [bytes(d) for (d,) in _rows(store_url, "images", "data")] == [
+            img.path.read_bytes(), outside.path.read_bytes(),
+        ]  # fmt: skip
+        assert store.media.image_data(run_id, "z", 1) == outside.path.read_bytes()
+        assert store.media.image_data(run_id, "z", 2) is None
 
         # the view: a path inside the run folder made absolute, one outside kept as it is
         con = lab.inspect.connect(store_url)
@@ -394,8 +401,12 @@ def test_0004_upgrades_and_downgrades_with_data(store_url: str) -> None:
         assert upgrade(engine, "0004") == ("0003", "0004")
         media = MediaRows(engine)
         media.put(1, 3, {"w": histogram([1.0, NAN], bins=1)})
-        media.put(1, 3, {"img": Image(Path("/abs/step_000003.png"), 4, 2)})
         media.flush()
+        with transaction(engine) as conn:  # as 0004 had it: no bytes (0008 added them)
+            conn.execute(sa.text(
+                "INSERT INTO images (run_id, \"key\", step, path, width, height, wall_time) "
+                "VALUES (1, 'img', 3, '/abs/step_000003.png', 4, 2, 1.0)"
+            ))  # fmt: skip
         assert [(r["step"], r["counts"], r["nan"]) for r in media.histograms(1)] == [(3, [1], 1)]
         assert [r["path"] for r in media.images(1)] == ["/abs/step_000003.png"]
         media.close()

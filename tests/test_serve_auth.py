@@ -547,7 +547,9 @@ def test_https_with_a_certificate_the_client_trusts(
             capture_output=True, text=True, timeout=60,
             env={**os.environ, "SSL_CERT_FILE": str(cert)},
         )  # fmt: skip
-        assert probe.stdout.strip().startswith("{'status': 'ok', 'schema': "), probe.stderr
+        assert probe.stdout.strip().startswith("{'status': 'ok', 'store': 'ok', 'schema': "), (
+            probe.stderr
+        )
     finally:
         log = server.stop()
     assert log.splitlines()[0].startswith(f"lab serve: {sqlite_url} at https://127.0.0.1:")

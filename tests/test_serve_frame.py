@@ -12,7 +12,7 @@ def test_health_needs_no_token_and_names_the_schema(served: Served) -> None:
 
     answer = httpx.get(f"{served.url}/api/v1/health")
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ok", "schema": head_revision()}
+    assert answer.json() == {"status": "ok", "store": "ok", "schema": head_revision()}
 
 
 def test_the_openapi_schema_is_served(served: Served) -> None:

@@ -7,14 +7,21 @@ whatever raised it: a route's `Rejected`, a `LabError` from the store (the same 
 messages as a local store), FastAPI's validation (422, reshaped to name the field), a body
 over the limit (413, answered before the body is read whole) or a database that refuses a
 write. Nothing a client sends can make a 500; a 500 is a bug, and says only that.
+
+A store that fails (it cannot be reached, read or written) is a 503 with one fixed line,
+`STORE_DOWN`, wherever it fails, the token check included: never the store's URL, host or
+reason, which only the server's log holds, once per outage (`Outage`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import ssl
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,7 @@ from lab.errors import (
     NoRun,
     NoToken,
     RunBusy,
-    StoreDamaged,
-    StoreReadOnly,
-    StoreUnreachable,
+    StoreError,
 )
 from lab.store import Store
 
@@ -43,8 +48,17 @@ MAX_BODY = 64 * 1024 * 1024
 API = "/api/v1"
 #: The port `lab serve` listens on unless told otherwise.
 PORT = 8765
+#: How long a client may take to send a request's line and headers (``--timeout-header``).
+HEADER_TIMEOUT_S = 10.0
+#: The longest a request body may pause before it is answered 408 (``--timeout-body``).
+BODY_TIMEOUT_S = 30.0
+#: How long an idle kept-alive connection stays open (``--timeout-keep-alive``, uvicorn's 5).
+KEEP_ALIVE_S = 5.0
 #: The one line a 401 says for a token the store does not know or has revoked.
 WRONG_TOKEN = "the token is wrong or revoked"
+#: The one line a 503 says while the store behind the server fails: nothing of the store's
+#: URL (user, host, database) or of the driver's reason, which only the server's log holds.
+STORE_DOWN = "the store behind the server failed; try again later (the server's log says why)"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,13 +78,11 @@ class Rejected(Exception):
 
 def _status_of(exc: LabError) -> int:
     """The HTTP status of a `LabError` a route let through: what is missing is 404, a busy
-    run 409, a store that cannot be reached or written 503, any other refusal 400."""
+    run 409, any other refusal 400 (a `StoreError` is a 503 of its own: `STORE_DOWN`)."""
     if isinstance(exc, NoExperiment | NoRun | NoToken):
         return 404
     if isinstance(exc, RunBusy):
         return 409
-    if isinstance(exc, StoreUnreachable | StoreReadOnly | StoreDamaged):
-        return 503
     return 400
 
 
@@ -80,13 +92,76 @@ def _one_line(text: object) -> str:
     return mask(lines[0].strip()) if lines else ""
 
 
+def store_failed(exc: BaseException) -> bool:
+    """Whether `exc` says the store itself failed (it cannot be reached, read or written: a
+    `StoreError`, a connection the driver lost or could not open), rather than that a request
+    asked for something wrong."""
+    import sqlalchemy.exc as sa_exc
+
+    if isinstance(exc, StoreError | sa_exc.OperationalError | sa_exc.InterfaceError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+class Outage:
+    """The store's outages as the server meets them. Each is logged once, when a request (or
+    the health check) first finds the store failing, with the reason (its password masked),
+    and once when the store answers again; the requests in between are answered 503 with
+    `STORE_DOWN` and log nothing, so an outage is two lines in the log, not a traceback per
+    request."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        """Whether the store failed the last time the server asked it."""
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """Note that the store failed with `exc` (logged if it answered until now)."""
+        with self._lock:
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        reason = _one_line(getattr(exc, "orig", None) or exc) or type(exc).__name__
+        logger("uvicorn.error").error(
+            "lab serve: the store failed (%s); requests are answered 503 until it answers again",
+            reason,
+        )
+
+    def answered(self) -> None:
+        """Note that the store answered (logged if it had failed)."""
+        if self._since is None:
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            took, self._since = time.monotonic() - self._since, None
+        logger("uvicorn.error").warning("lab serve: the store answers again (after %.1f s)", took)
+
+
+class _StoreDown(Exception):
+    """The token check found the store failing (already noted in the `Outage`)."""
+
+
 class BodyLimit:
     """Pure ASGI middleware: a request body over `max_body` bytes is answered 413 without
     being read whole. A declared Content-Length is checked before anything is read; a body
-    without one (chunked) is counted as it arrives and refused at the first byte over."""
+    without one (chunked) is counted as it arrives and refused at the first byte over.
 
-    def __init__(self, app: Callable[..., Awaitable[None]], max_body: int) -> None:
-        self.app, self.max_body = app, max_body
+    With `body_timeout`, a body that stops arriving (no byte for that many seconds while the
+    app waits for it) is answered 408 and its connection closed, so a stalled client holds
+    no request for ever."""
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        max_body: int,
+        body_timeout: float | None = None,
+    ) -> None:
+        self.app, self.max_body, self.body_timeout = app, max_body, body_timeout
 
     def _too_large(self) -> Rejected:
         return Rejected(
@@ -113,14 +188,24 @@ class BodyLimit:
                     return
         seen = 0
         started = False
+        done = False  # the whole body is in: what is received next is no body
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done or self.body_timeout is None:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.body_timeout)
+                except TimeoutError:
+                    raise _BodyRefused(self._stalled()) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooLarge(self._too_large())
+                    raise _BodyRefused(self._too_large())
+                done = not message.get("more_body", False)
+            else:
+                done = True
             return message
 
         async def sending(message: Message) -> None:
@@ -130,18 +215,28 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted, sending)
-        except _TooLarge as exc:
+        except _BodyRefused as exc:
             if not started:
                 await _send_rejected(send, exc.rejected)
 
+    def _stalled(self) -> Rejected:
+        return Rejected(
+            408,
+            f"the request body stopped arriving (nothing for {self.body_timeout:g} s, the "
+            "server's --timeout-body); send the request again",
+            "body",
+        )
 
-class _TooLarge(HTTPException):
-    """Raised out of `receive` at the first byte over the limit. An `HTTPException`, because
-    FastAPI passes those through its body parsing unchanged (it turns any other error there
-    into a 400); the app's handler answers it, and `BodyLimit` does if nothing else did."""
+
+class _BodyRefused(HTTPException):
+    """Raised out of `receive` at the first byte over the limit, or when the body stops
+    arriving. An `HTTPException`, because FastAPI passes those through its body parsing
+    unchanged (it turns any other error there into a 400); the app's handler answers it,
+    and `BodyLimit` does if nothing else did. The connection is closed after: the rest of
+    the body is never read."""
 
     def __init__(self, rejected: Rejected) -> None:
-        super().__init__(413, rejected.detail)
+        super().__init__(rejected.status, rejected.detail)
         self.rejected = rejected
 
 
@@ -191,17 +286,35 @@ class TokenGate:
     static files need no token (the prompt must show); a page is told whether its cookie
     holds a live token, and only then looks names up in the store."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], store: Store) -> None:
+    def __init__(
+        self, app: Callable[..., Awaitable[None]], store: Store, outage: Outage | None = None
+    ) -> None:
         self.app, self.store = app, store
+        self.outage = outage or Outage()
+
+    async def _find(self, token: str) -> tuple[str, str] | None:
+        """The token's (name, scope), or None; `_StoreDown` when the store fails (then the
+        request is answered 503, as a route's would be)."""
+        from starlette.concurrency import run_in_threadpool
+
+        from lab.server.auth import find_token
+
+        try:
+            found = await run_in_threadpool(find_token, self.store.engine, token)
+        except Exception as exc:
+            if not store_failed(exc):
+                raise
+            self.outage.failed(exc)
+            raise _StoreDown from None
+        self.outage.answered()
+        return found
 
     async def _cookie(self, scope: Scope) -> tuple[str, str] | bool | None:
         """The live token of the session cookie as (name, "read"); None for a cookie whose
         token is wrong or revoked; False when there is no cookie or the method may not use
         it."""
-        from starlette.concurrency import run_in_threadpool
         from starlette.requests import cookie_parser
 
-        from lab.server.auth import find_token
         from lab.server.ui import COOKIE
 
         if scope.get("method") not in ("GET", "HEAD"):
@@ -212,17 +325,19 @@ class TokenGate:
                 token = cookie_parser(value.decode("latin-1")).get(COOKIE, "") or token
         if not token.strip():
             return False
-        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        found = await self._find(token.strip())
         return None if found is None else (found[0], "read")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        from starlette.concurrency import run_in_threadpool
+        try:
+            await self._gate(scope, receive, send)
+        except _StoreDown:
+            await _send_json(send, 503, STORE_DOWN, None)
 
-        from lab.server.auth import find_token
-
+    async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if not path.startswith("/api/"):  # the UI: pages, /static, /ui/token
             if not path.startswith("/static/"):
@@ -248,7 +363,7 @@ class TokenGate:
         if kind.lower() != "bearer" or not token.strip():
             await _send_json(send, 401, NO_TOKEN, "header.authorization", challenge=True)
             return
-        found = await run_in_threadpool(find_token, self.store.engine, token.strip())
+        found = await self._find(token.strip())
         if found is None:
             await _send_json(send, 401, WRONG_TOKEN, "header.authorization", challenge=True)
             return
@@ -286,13 +401,19 @@ class LocalReader:
 
 
 def create_app(
-    store: Store | str, *, max_body: int = MAX_BODY, auth: bool = True, writes: bool = True
+    store: Store | str,
+    *,
+    max_body: int = MAX_BODY,
+    auth: bool = True,
+    writes: bool = True,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> Any:
     """Build the app in front of `store` (a `Store`, or any store URL `lab` takes).
 
     Why a factory: tests and ``lab serve`` build one app per store, and importing FastAPI
     waits until a server is wanted. `auth=False` lets every request read without a token
     and `writes=False` leaves the write API out: what `lab ui` serves on loopback.
+    `body_timeout`: the longest a request body may pause (then 408).
     """
     import fastapi
     import fastapi.security
@@ -305,6 +426,7 @@ def create_app(
 
     if not isinstance(max_body, int) or max_body < 1:
         raise ConfigError(f"max_body {max_body!r}: use a whole number of bytes >= 1")
+    _check_seconds("body_timeout", body_timeout)
     the_store = store if isinstance(store, Store) else Store(store)
     if the_store.engine.url.password:  # masked wherever it might turn up: paths, errors, logs
         register(str(the_store.engine.url.password))
@@ -322,6 +444,10 @@ def create_app(
     )
     app.state.store = the_store
     app.state.max_body = max_body
+    app.state.outage = outage = Outage()
+    #: Whether an image recorded before the store kept image bytes is read from its run's
+    #: folder: by `lab ui` alone (this machine's store, on loopback), never by `lab serve`.
+    app.state.run_folders = not auth
 
     def answer(status: int, detail: str, field: str | None, **headers: str) -> Any:
         return JSONResponse({"detail": detail, "field": field}, status, headers=headers or None)
@@ -330,9 +456,10 @@ def create_app(
     async def rejected(_request: Any, exc: Rejected) -> Any:
         return answer(exc.status, _one_line(exc.detail), exc.field)
 
-    @app.exception_handler(_TooLarge)
-    async def too_large(_request: Any, exc: _TooLarge) -> Any:
-        return answer(413, exc.rejected.detail, exc.rejected.field, connection="close")
+    @app.exception_handler(_BodyRefused)
+    async def body_refused(_request: Any, exc: _BodyRefused) -> Any:
+        refused = exc.rejected
+        return answer(refused.status, refused.detail, refused.field, connection="close")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Any, exc: HTTPException) -> Any:
@@ -355,8 +482,14 @@ def create_app(
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return answer(422, _one_line(f"{field}: {first.get('msg', 'invalid')}{more}"), field)
 
+    def store_down(exc: BaseException) -> Any:
+        outage.failed(exc)
+        return answer(503, STORE_DOWN, None)
+
     @app.exception_handler(LabError)
     async def lab_error(_request: Any, exc: LabError) -> Any:
+        if isinstance(exc, StoreError):  # its text names the store: the log alone says it
+            return store_down(exc)
         return answer(_status_of(exc), _one_line(exc), getattr(exc, "field", None))
 
     @app.exception_handler(sa.exc.IntegrityError)
@@ -369,9 +502,11 @@ def create_app(
         return answer(400, f"the store cannot hold a value of this request: "
                            f"{_one_line(exc.orig)}", None)  # fmt: skip
 
-    @app.exception_handler(sa.exc.OperationalError)
-    async def store_down(_request: Any, exc: sa.exc.OperationalError) -> Any:
-        return answer(503, "the store behind the server did not answer; try again later", None)
+    @app.exception_handler(sa.exc.DBAPIError)  # IntegrityError and DataError: above
+    async def driver_error(_request: Any, exc: sa.exc.DBAPIError) -> Any:
+        if not store_failed(exc):
+            raise exc  # a bug: a 500, its traceback in the log
+        return store_down(exc)
 
     @app.exception_handler(OverflowError)
     async def too_big(_request: Any, exc: OverflowError) -> Any:  # SQLite's 64-bit integers
@@ -398,10 +533,34 @@ def create_app(
 
         return check
 
-    @app.get(f"{API}/health", tags=["health"])
-    def health() -> dict[str, Any]:
-        """Whether the server is up, and the store's schema revision (no token needed)."""
-        return {"status": "ok", "schema": the_store.revision or head_revision()}
+    probed = [0.0]  # when the health check may ask the store again
+
+    @app.get(
+        f"{API}/health",
+        tags=["health"],
+        responses={503: {"description": "The server is up and its store fails"}},
+    )
+    def health() -> Any:
+        """Whether the server is up and its store answers, and the store's schema revision
+        (no token needed): ``status`` ok or degraded, ``store`` ok or unreachable (then 503).
+        The store is asked at most once a second; between, the last answer stands."""
+        from lab.store.engine import check_reachable
+
+        if time.monotonic() >= probed[0]:
+            probed[0] = time.monotonic() + 1.0
+            try:
+                check_reachable(the_store.engine)
+            except Exception as exc:
+                if not store_failed(exc):
+                    raise
+                outage.failed(exc)
+            else:
+                outage.answered()
+        schema = the_store.revision or head_revision()
+        if outage.down:
+            body = {"status": "degraded", "store": "unreachable", "schema": schema}
+            return JSONResponse(body, 503)
+        return {"status": "ok", "store": "ok", "schema": schema}
 
     @app.get(f"{API}/token", tags=["health"], dependencies=[fastapi.Depends(scoped("read"))])
     def whoami(request: Request) -> dict[str, str]:
@@ -419,12 +578,19 @@ def create_app(
         dashboard.router, prefix=f"{API}/dashboard", dependencies=[fastapi.Depends(scoped("read"))]
     )
     ui.mount(app, auth=auth)
-    app.add_middleware(BodyLimit, max_body=max_body)
-    if auth:
-        app.add_middleware(TokenGate, store=the_store)  # added last: the outermost, runs first
+    app.add_middleware(BodyLimit, max_body=max_body, body_timeout=body_timeout)
+    if auth:  # added last: the outermost, runs first
+        app.add_middleware(TokenGate, store=the_store, outage=outage)
     else:
         app.add_middleware(LocalReader)
     return app
+
+
+def _check_seconds(option: str, seconds: float) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigError(f"{option} {seconds!r}: give a number of seconds > 0")
+    if seconds == float("inf"):
+        raise ConfigError(f"{option} {seconds!r}: give a finite number of seconds")
 
 
 def is_loopback(host: str) -> bool:
@@ -466,6 +632,9 @@ def serve(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
     log_level: str = "info",
+    timeout_header: float = HEADER_TIMEOUT_S,
+    timeout_body: float = BODY_TIMEOUT_S,
+    timeout_keep_alive: float = KEEP_ALIVE_S,
 ) -> None:
     """Run `lab serve` in this process until it is stopped (SIGINT, SIGTERM).
 
@@ -473,17 +642,26 @@ def serve(
     is migrated), the certificate loads, and an address other than loopback is bound only
     when the store holds a live token, so that the port never lets in someone the store
     cannot identify. The server's log lines go through `lab._secrets.mask`.
+
+    A slow client holds a connection no longer than the timeouts allow: `timeout_header`
+    seconds to send a request's line and headers, pauses of at most `timeout_body` seconds
+    inside its body (then 408), and `timeout_keep_alive` seconds idle between requests.
     """
     require("uvicorn", "server", "lab serve")
     import uvicorn
 
     from lab.server.auth import has_live_token
+    from lab.server.timeouts import with_header_timeout
     from lab.store.engine import resolve_url
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
     if max_body < 1:
         raise ConfigError(f"--max-body {max_body}: use a number of bytes >= 1")
+    for option, seconds in (("--timeout-header", timeout_header),
+                            ("--timeout-body", timeout_body),
+                            ("--timeout-keep-alive", timeout_keep_alive)):  # fmt: skip
+        _check_seconds(option, seconds)
     url = resolve_url(store)
     if url.backend not in ("sqlite", "postgresql"):
         raise ConfigError(
@@ -499,7 +677,7 @@ def serve(
                 "the port could write; make one first: lab token create NAME --scope write "
                 f"--store {url.shown}"
             )
-        app = create_app(the_store, max_body=max_body)
+        app = create_app(the_store, max_body=max_body, body_timeout=timeout_body)
     except BaseException:
         the_store.close()
         raise
@@ -511,6 +689,8 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         server_header=False,
+        http=with_header_timeout(timeout_header),
+        timeout_keep_alive=timeout_keep_alive,  # type: ignore[arg-type]  # a float works
     )
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger(name)  # lab's masking filter on each: a filter does not reach children
@@ -565,9 +745,12 @@ def serve_ui(
     except BaseException:
         the_store.close()
         raise
+    from lab.server.timeouts import with_header_timeout
+
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level=log_level, server_header=False
-    )
+        app, host="127.0.0.1", port=port, log_level=log_level, server_header=False,
+        http=with_header_timeout(HEADER_TIMEOUT_S),
+    )  # fmt: skip
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger(name)
     server = uvicorn.Server(config)

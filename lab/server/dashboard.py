@@ -821,23 +821,47 @@ def run(run_id: int, store: Store = StoreDep) -> Any:
     })  # fmt: skip
 
 
+#: What `lab serve` answers for an image row that has no bytes, only a path.
+NO_BYTES = (
+    "run {run_id}'s image {key!r} at step {step} was recorded before the store kept image "
+    "bytes, and lab serve opens no file; lab ui on the machine that holds the run's folder "
+    "shows it"
+)
+
+
 @router.get("/runs/{run_id}/image", response_class=Response)
-def image(run_id: int, key: str, step: int, store: Store = StoreDep) -> Any:
-    """The PNG of one image row of a run, read from the run's folder. Only a file inside
-    that folder is served: a row whose path leads anywhere else (an absolute path, ``..``,
-    a link out of it) is answered 404 like a missing one, so a store's rows can never make
-    the server read other files."""
+def image(
+    run_id: int, key: str, step: int, request: fastapi.Request, store: Store = StoreDep
+) -> Any:
+    """The PNG of one image row of a run: the bytes the store keeps. A server never opens a
+    file to answer it, since a row's path is whatever its writer sent.
+
+    A row recorded before the store kept image bytes has only its path: `lab serve` answers
+    404 for it; `lab ui` (this machine's own store, on loopback) reads it from the run's
+    folder, and only from inside it (a path that leads anywhere else, by ``..``, an
+    absolute path or a link, is answered 404 like a missing file)."""
     with connect(store.engine) as conn:
         found = _run(conn, run_id)
-        path = conn.execute(
-            sa.select(SqlImage.path).where(
+        row = conn.execute(
+            sa.select(SqlImage.path, SqlImage.data).where(
                 SqlImage.run_id == run_id, SqlImage.key == key, SqlImage.step == step
             )
-        ).scalar_one_or_none()
-    folder = found["output_dir"]
+        ).first()
+    if row is None:
+        raise Rejected(404, f"run {run_id} has no image {key!r} at step {step}", "key")
+    if row.data is not None:
+        return Response(bytes(row.data), media_type="image/png")
+    if not getattr(request.app.state, "run_folders", False):
+        raise Rejected(404, NO_BYTES.format(run_id=run_id, key=key, step=step), "key")
+    return Response(_from_folder(found["output_dir"], row.path, run_id, key, step),
+                    media_type="image/png")  # fmt: skip
+
+
+def _from_folder(folder: str | None, path: str, run_id: int, key: str, step: int) -> bytes:
+    """An image's bytes read from inside its run's folder (`lab ui` only), else 404."""
     missing = Rejected(404, f"run {run_id} has no image {key!r} at step {step} in its folder",
                        "key")  # fmt: skip
-    if path is None or folder is None:
+    if folder is None:
         raise missing
     root = Path(folder).resolve()
     try:
@@ -846,4 +870,4 @@ def image(run_id: int, key: str, step: int, store: Store = StoreDep) -> Any:
         raise missing from None
     if not file.is_relative_to(root) or not file.is_file():
         raise missing
-    return Response(file.read_bytes(), media_type="image/png")
+    return file.read_bytes()

@@ -19,10 +19,11 @@ reads and writes them), so they round-trip as data.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import fastapi
@@ -31,11 +32,12 @@ import sqlalchemy.exc as sa_exc
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from lab._metrics import check_key
 from lab._names import MAX_KEY, check_name
-from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
+from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
+from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
+from lab.server.bodies import metric_columns, ops_body
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
@@ -47,7 +49,6 @@ router = fastapi.APIRouter(tags=["write"])
 T = TypeVar("T")
 #: A client id: what `HttpStore` makes (a uuid4 in hex), or any short plain name.
 CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-METRIC_COLUMNS = {"run_id": "int64", "step": "int64", "key": "string", "value": "double"}
 
 
 # -- bodies -----------------------------------------------------------------------------------
@@ -129,9 +130,13 @@ def _json(value: Any) -> fastapi.Response:
 
 def _call(where: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a store call, its refusals as 4xx answers with the store's one line, naming
-    `where` (the request's field the call was about: ``path.run_id``, ``body``...)."""
+    `where` (the request's field the call was about: ``path.run_id``, ``body``...). A store
+    that fails is no refusal: its `StoreError` goes on to the app, which answers 503 without
+    the store's URL."""
     try:
         return fn(*args, **kwargs)
+    except StoreError:
+        raise
     except RunBusy as exc:
         raise Rejected(409, str(exc), where) from None
     except (NoExperiment, NoRun) as exc:
@@ -381,44 +386,8 @@ async def metrics_batch(
     optional), identified by the X-Lab-Client and X-Lab-Seq headers."""
     client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
     body = await request.body()
-    columns = _metric_columns(body)
+    columns = metric_columns(body)  # bounded: see lab.server.bodies
     return await run_in_threadpool(_store_metrics, _store(request), client_id, seq, columns)
-
-
-def _metric_columns(body: bytes) -> dict[str, list[Any]]:
-    """The columns of an Arrow IPC body, or a 400 naming the column that is wrong."""
-    import pyarrow as pa
-
-    try:
-        table = pa.ipc.open_stream(body).read_all()
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-        raise Rejected(
-            400, f"the body is not an Arrow IPC stream ({_first_line(exc)})", "body"
-        ) from None
-    columns: dict[str, list[Any]] = {}
-    for name, kind in {**METRIC_COLUMNS, "wall_time": "double"}.items():
-        if name not in table.column_names:
-            if name == "wall_time":
-                columns[name] = [datetime.now(UTC).timestamp()] * table.num_rows
-                continue
-            raise Rejected(400, f"the Arrow body has no column {name!r} ({kind})", f"body.{name}")
-        column = table.column(name)
-        if column.null_count:
-            raise Rejected(400, f"the Arrow column {name!r} holds nulls", f"body.{name}")
-        try:
-            column = column.cast(kind)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise Rejected(
-                400, f"the Arrow column {name!r} is {column.type}; send {kind}", f"body.{name}"
-            ) from None
-        if name == "key":
-            for key in column.unique().to_pylist():
-                try:
-                    check_key(key, 0)
-                except LabError as exc:
-                    raise Rejected(400, str(exc), "body.key") from None
-        columns[name] = column.to_pylist()
-    return columns
 
 
 def _store_metrics(
@@ -446,14 +415,8 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
     of write_eval, write_checkpoint, finish_run, set_callback_errors, set_provenance,
     finish_experiment, heartbeat and media (the `Store` method's keyword arguments; see
-    `lab.store.http`)."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise Rejected(400, f"the body is not JSON ({_first_line(exc)})", "body") from None
-    if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
-        raise Rejected(400, 'the body must be {"client_id", "seq", "ops": [...]}', "body")
+    `lab.store.http`). At most `lab.server.bodies.MAX_BATCH_OPS` ops in one batch."""
+    body = ops_body(await request.body())  # bounded: see lab.server.bodies
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
     for i, op in enumerate(ops):
@@ -528,7 +491,11 @@ def _heartbeat(store: Store, conn: sa.Connection, run_ids: list[int]) -> None:
 
 def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
     """Histogram and image rows (``table`` "histograms" or "images", and the row's columns),
-    the last one logged at a (run, key, step) winning, as `lab.store.media` writes them."""
+    the last one logged at a (run, key, step) winning, as `lab.store.media` writes them.
+
+    An image row brings its PNG's bytes (``data``, base64), which the store keeps and the
+    dashboard serves; its size is read from them. Its ``path`` is kept as the client's
+    record of where it wrote the file, never opened: a server reads no file a client names."""
     latest: dict[str, dict[tuple[int, str, int], dict[str, Any]]] = {
         "histograms": {},
         "images": {},
@@ -539,10 +506,28 @@ def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> Non
         if table not in latest:
             raise ConfigError("media rows need table 'histograms' or 'images'")
         check_name("media key", row.get("key"), MAX_KEY)
+        if table == "images":
+            row.update(_image_data(row.get("data")))
         latest[table][(int(row["run_id"]), row["key"], int(row["step"]))] = row
     for table, by_key in latest.items():
         if by_key:
             conn.execute(store.media._upserts[table], list(by_key.values()))
+
+
+def _image_data(text: Any) -> dict[str, Any]:
+    """An image row's ``data`` (base64 of a PNG) as the bytes to keep, with the PNG's own
+    width and height; ``data`` None for a row without bytes (a client from before the store
+    kept them)."""
+    if text is None:
+        return {"data": None}
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ConfigError("media rows: an image's data must be its PNG's bytes in base64") from None
+    size = png_size(data)
+    if size is None:
+        raise ConfigError("media rows: an image's data is not a PNG; send the PNG's bytes")
+    return {"data": data, "width": size[0], "height": size[1]}
 
 
 OPS: dict[str, Callable[..., None]] = {

@@ -38,6 +38,7 @@ from lab.store.schema import (
     SqlPrediction,
     SqlRun,
     SqlSummary,
+    copied_columns,
 )
 
 router = fastapi.APIRouter(tags=["read"])
@@ -504,7 +505,7 @@ def arrow_type(column: sa.Column) -> pa.DataType:
 
 def table_schema(table: str) -> pa.Schema:
     """The Arrow schema of store table `table` on the wire."""
-    return pa.schema([(c.name, arrow_type(c)) for c in Base.metadata.tables[table].columns])
+    return pa.schema([(c.name, arrow_type(c)) for c in copied_columns(table)])
 
 
 def read_table(
@@ -517,8 +518,9 @@ def read_table(
             404, f"no table {table!r} to read; the tables: {', '.join(SERVED_TABLES)}", "table"
         )
     model = Base.metadata.tables[table]
+    copied = copied_columns(table)  # never an image's bytes
     columns = [sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
-               for c in model.columns]  # fmt: skip
+               for c in copied]  # fmt: skip
     query = sa.select(*columns).order_by(*model.primary_key.columns)
     with connect(store.engine) as conn:
         if experiment is not None:
@@ -527,7 +529,7 @@ def read_table(
         rows = conn.execute(query).all()
     schema = table_schema(table)
     arrays = []
-    for i, (column, field) in enumerate(zip(model.columns, schema, strict=True)):
+    for i, (column, field) in enumerate(zip(copied, schema, strict=True)):
         values = [r[i] for r in rows]
         if (table, column.name) in NAN_AS_NULL:
             values = [math.nan if v is None else v for v in values]

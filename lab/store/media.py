@@ -8,9 +8,10 @@ retries and flush semantics. `Store.flush` flushes them with the metrics, so eve
 to a saved checkpoint is durable.
 
 Rows are keyed by (run, key, step): logging the same key at the same step again replaces
-the row (a resumed run never duplicates one). An image's row keeps its file's path relative
-to the run folder (absolute when the file lies outside it, or the run has no folder), so
-the record holds wherever the run folder is read from.
+the row (a resumed run never duplicates one). An image's row keeps the PNG's bytes (`data`,
+read from its file on the writer thread), which is what a server serves, and its file's
+path relative to the run folder (absolute when the file lies outside it, or the run has no
+folder), as a record of where the file was written.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from lab._metrics import check_key
 from lab.errors import MetricError
-from lab.media import Histogram, Image, stored_path
+from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.engine import connect, transaction
 from lab.store.schema import SqlHistogram, SqlImage
 from lab.store.writer import MetricItem, MetricWriter
@@ -133,15 +134,27 @@ class MediaRows:
 
     def images(self, run_id: int, key: str | None = None) -> list[dict[str, Any]]:
         """A run's image rows (of one key, or all), in (key, step) order, as plain dicts:
-        key, step, path (as stored: relative to the run folder), width, height, wall_time."""
+        key, step, path (as stored: relative to the run folder), width, height, wall_time.
+        The PNG's bytes stay in the store (`image_data` reads one image's)."""
         return self._read(_IMAGES, run_id, key)
+
+    def image_data(self, run_id: int, key: str, step: int) -> bytes | None:
+        """The PNG bytes the store keeps for one image, or None (no such row, or a row
+        recorded before the store kept image bytes)."""
+        self.flush()
+        query = sa.select(_IMAGES.c.data).where(
+            _IMAGES.c.run_id == run_id, _IMAGES.c.key == key, _IMAGES.c.step == step
+        )
+        with connect(self.engine) as conn:
+            data = conn.execute(query).scalar_one_or_none()
+        return None if data is None else bytes(data)
 
     def _read(self, table: sa.Table, run_id: int, key: str | None) -> list[dict[str, Any]]:
         self.flush()
         where = [table.c.run_id == run_id]
         if key is not None:
             where.append(table.c.key == key)
-        columns = [c for c in table.columns if c.name != "run_id"]
+        columns = [c for c in table.columns if c.name not in ("run_id", "data")]
         query = sa.select(*columns).where(*where).order_by(table.c.key, table.c.step)
         with connect(self.engine) as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
@@ -159,4 +172,5 @@ def _histogram_row(h: Histogram) -> dict[str, Any]:
 
 def _image_row(image: Image, folder: Path | None) -> dict[str, Any]:
     path = stored_path(image.path, folder)
-    return {"path": path, "width": int(image.width), "height": int(image.height)}
+    return {"path": path, "width": int(image.width), "height": int(image.height),
+            "data": image_bytes(image)}  # fmt: skip

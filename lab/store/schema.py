@@ -378,6 +378,15 @@ TABLES = (
 #: experiment's record, so never exported, never shown by `lab.inspect`, never served.
 PRIVATE_TABLES = ("tokens", "ingest_batches")
 
+
+def copied_columns(table: str) -> list[sa.Column[Any]]:
+    """The columns of store table `table` that its copies for analysis carry (`lab.inspect`'s
+    views, the server's ``/tables``, an export): all but an image's PNG bytes
+    (``images.data``), which only the dashboard's image route serves, one image at a time."""
+    columns = Base.metadata.tables[table].columns
+    return [c for c in columns if not (table == "images" and c.name == "data")]
+
+
 #: Tables derived from others and rebuilt from them (`metric_blocks` from `metrics`): no
 #: record of their own, so never exported nor shown by `lab.inspect`.
 DERIVED_TABLES = ("metric_blocks",)

@@ -34,8 +34,15 @@ if TYPE_CHECKING:
 
 log = logger("lab.store.http")
 
-#: The most metric points in one Arrow batch (about 10 MB), well under a server's body limit.
+#: The most metric points in one Arrow batch (about 10 MB), well under a server's body limit
+#: and half the rows a server takes in one (`lab.server.bodies.MAX_BATCH_ROWS`).
 MAX_POINTS = 250_000
+#: The most operations in one JSON batch: a tenth of what a server takes in one
+#: (`lab.server.bodies.MAX_BATCH_OPS`).
+MAX_OPS = 1_000
+#: The most bytes of operations in one JSON batch (an image travels in one, as base64),
+#: an eighth of a server's default body limit.
+MAX_OPS_BYTES = 8 * 1024 * 1024
 
 
 class Op:
@@ -113,11 +120,15 @@ class Sender:
             self._deliver(kind, seq, body, run_id)
 
     def _batches(self, items: list[Any]) -> list[tuple[str, int, bytes, int | None]]:
-        """Cut `items` into consecutive batches (kind, seq, body, first run id), numbered."""
+        """Cut `items` into consecutive batches (kind, seq, body, first run id), numbered:
+        at most `MAX_POINTS` metric points in one (a step is never split), at most `MAX_OPS`
+        operations and about `MAX_OPS_BYTES` of them in another."""
         out: list[tuple[str, int, bytes, int | None]] = []
         steps: list[tuple[int, int, dict[str, float], float]] = []
-        ops: list[Op] = []
+        ops: list[bytes] = []  # each operation as JSON
+        ops_run: int | None = None
         points = 0
+        ops_bytes = 0
 
         def close_steps() -> None:
             nonlocal points
@@ -128,15 +139,14 @@ class Sender:
                 points = 0
 
         def close_ops() -> None:
+            nonlocal ops_bytes
             if ops:
                 self._seq += 1
-                body = {
-                    "client_id": self.client_id,
-                    "seq": self._seq,
-                    "ops": [{"op": op.name, "args": op.args} for op in ops],
-                }
-                out.append(("json", self._seq, dumps(body), ops[0].run_id))
+                head = dumps({"client_id": self.client_id, "seq": self._seq})[:-1]
+                body = b"".join((head, b', "ops": [', b", ".join(ops), b"]}"))
+                out.append(("json", self._seq, body, ops_run))
                 ops.clear()
+                ops_bytes = 0
 
         last = self.last_steps
         for item in items:
@@ -145,13 +155,19 @@ class Sender:
                 run_id, step = item[0], item[1]
                 if step > last.get(run_id, -1):
                     last[run_id] = step
+                if steps and points + len(item[2]) > MAX_POINTS:
+                    close_steps()
                 steps.append(item)
                 points += len(item[2])
-                if points >= MAX_POINTS:
-                    close_steps()
             else:
                 close_steps()
-                ops.append(item)
+                encoded = dumps({"op": item.name, "args": item.args})
+                if ops and (len(ops) >= MAX_OPS or ops_bytes + len(encoded) > MAX_OPS_BYTES):
+                    close_ops()
+                if not ops:
+                    ops_run = item.run_id
+                ops.append(encoded)
+                ops_bytes += len(encoded)
         close_steps()
         close_ops()
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from lab._metrics import as_number, check_key
 from lab.errors import MetricError, TokenRejected
-from lab.media import Histogram, Image, stored_path
+from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.crashes import HEARTBEAT_S
 from lab.store.http.sender import Op, Sender, dumps
 from lab.store.writer import MetricWriter
@@ -306,7 +307,8 @@ class _Media:
         media: Mapping[str, Histogram | Image],
         folder: Path | None = None,
     ) -> None:
-        """Queue one step's histograms and images (see `lab.store.media.MediaRows.put`)."""
+        """Queue one step's histograms and images (see `lab.store.media.MediaRows.put`); an
+        image travels as its PNG's bytes (base64), which the server keeps."""
         rows = []
         wall = time.time()
         for key, record in media.items():
@@ -319,8 +321,11 @@ class _Media:
                              "counts": list(record.counts), "nan": record.nan,
                              "posinf": record.posinf, "neginf": record.neginf})  # fmt: skip
             elif isinstance(record, Image):
+                data = image_bytes(record)  # the server keeps the bytes; it opens no path
+                encoded = None if data is None else b64encode(data).decode()
                 rows.append({"table": "images", **ids, "path": stored_path(record.path, folder),
-                             "width": int(record.width), "height": int(record.height)})  # fmt: skip
+                             "width": int(record.width), "height": int(record.height),
+                             "data": encoded})  # fmt: skip
             else:
                 raise MetricError(
                     f"media {key!r} at step {step} is a {type(record).__name__}; log a "
