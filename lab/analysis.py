@@ -594,8 +594,11 @@ def disagreements(
     the highest step). Examples are matched by example_id, else by idx, and only those both
     arms scored appear. Per arm, over its repeats: output_* is the most common output (ties:
     the smallest), score_* the mean score, correct_* the fraction of repeats whose output
-    equals the target (NULL without a target). diff is score_a - score_b, or correct_a -
-    correct_b where there are no scores. Rows are ordered by |diff|, largest first, then
+    equals the target exactly: defined for a discrete target (a class, a string, an
+    integer, a boolean, a list of them), NULL without a target and where the target or the
+    output is a real number (a regression, where exact equality says nothing: its score
+    says how close it came). diff is score_a - score_b, or correct_a - correct_b where there
+    are no scores. Rows are ordered by |diff|, largest first, then
     examples whose most common outputs differ; at most `limit` rows (None: all).
 
     Columns: example_id, input, target, output_a, output_b, score_a, score_b, correct_a,
@@ -631,7 +634,8 @@ def disagreements(
         per AS MATERIALIZED (
             SELECT arm, example_id, min(idx) AS idx, min(input) AS input,
                    min(target) AS target, avg(score) AS score,
-                   avg(CASE WHEN target IS NULL THEN NULL
+                   avg(CASE WHEN target IS NULL OR {_real("target")} OR {_real("output")}
+                            THEN NULL
                             WHEN output IS NOT DISTINCT FROM target THEN 1.0 ELSE 0.0 END)
                        AS correct
             FROM p GROUP BY arm, example_id
@@ -651,6 +655,16 @@ def disagreements(
         {"" if limit is None else f"LIMIT {limit}"}
     """
     return con.sql(sql)
+
+
+def _real(column: str) -> str:
+    """SQL: whether a prediction's text `column` holds a real number (one that reads as a
+    number and is not an integer: ``-1.07``, ``1e5``, ``NaN``), where exact equality with
+    a target says nothing."""
+    return (
+        f"(TRY_CAST({column} AS DOUBLE) IS NOT NULL "
+        f"AND NOT regexp_full_match(trim({column}), '[-+]?[0-9]+'))"
+    )
 
 
 def breakdown(

@@ -395,3 +395,54 @@ def test_breakdown_takes_bounds_and_refuses_a_value_outside_them(tmp_path: Path)
         "metric 'holdout/acc' has 1.0 outside bounds=(0, 0.5); declare the metric's real range, "
         "or leave bounds out"
     )
+
+
+# -- "correct": defined for a discrete target only --------------------------------------------
+
+
+def test_correct_is_null_for_a_regression_and_a_fraction_for_a_classification(
+    quick: tuple[str, lab.ExperimentResult], tmp_path: Path
+) -> None:
+    url, _ = quick  # the quickstart's holdout: a regression, its score a hit within 0.2
+    con = lab.inspect.connect(url)
+    rows = lab.inspect.disagreements(
+        con, "quickstart", "holdout", "sgd-lr0.01", "sgd-lr0.1", None
+    ).fetchall()  # fmt: skip
+    assert len(rows) == 64
+    assert {(r[7], r[8]) for r in rows} == {(None, None)}  # correct_a, correct_b
+    scores = [r[5] for r in rows] + [r[6] for r in rows]  # hit rates over 3 repeats say it
+    assert all(round(3 * score, 9) in (0, 1, 2, 3) for score in scores)
+    with _dashboard(url) as client:
+        answer = client.get(f"{API}/experiments/quickstart/disagreements", params={
+            "eval": "holdout", "arm_a": "sgd-lr0.01", "arm_b": "sgd-lr0.1"}).json()  # fmt: skip
+        assert {(r["correct_a"], r["correct_b"]) for r in answer["rows"]} == {(None, None)}
+
+    def classify(model: torch.nn.Module) -> EvalResult:
+        right = float(model.bias) > 0  # arm "a" gets every example right, "b" none
+        return EvalResult("test", {"acc": float(right)}, predictions=[
+            {"example_id": f"s{i}", "output": "pos" if right else "neg", "target": "pos",
+             "score": float(right)} for i in range(2)
+        ] + [
+            {"example_id": f"n{i}", "output": 3 if right else 1, "target": 3} for i in range(2)
+        ])  # fmt: skip
+
+    def train(run: lab.RunSpec) -> lab.LoopArtifacts:
+        model = torch.nn.Linear(1, 1)
+        torch.nn.init.constant_(model.bias, 1.0 if run.arm == "a" else -1.0)
+        with lab.RunHandle(run, model, None, num_steps=1) as loop:
+            for _ in loop.steps():
+                loop.end_step({"loss": 0.0})
+        assert loop.artifacts is not None
+        return loop.artifacts
+
+    other = f"sqlite:///{tmp_path / 'lab.db'}"
+    Experiment(
+        "classes", train, arms=[Arm("a"), Arm("b")], store=other, output_dir=tmp_path / "runs",
+        benchmarks=[Evaluator("test", classify)],
+    ).run()  # fmt: skip
+    con = lab.inspect.connect(other)
+    got = lab.inspect.disagreements(con, "classes", "test", "a", "b", None).fetchall()
+    assert sorted((r[0], r[7], r[8], r[9]) for r in got) == [
+        ("n0", 1.0, 0.0, 1.0), ("n1", 1.0, 0.0, 1.0),  # integer classes: no score, correct
+        ("s0", 1.0, 0.0, 1.0), ("s1", 1.0, 0.0, 1.0),
+    ]  # fmt: skip
