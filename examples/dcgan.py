@@ -308,6 +308,7 @@ def main():
     result = run_experiment(
         "dcgan", train_run, args, base_config=config, arms=arms, seed=args.manualSeed,
         metric="loss_G", mode="min",  # every door ranks the arms by it
+        bounds={"D_x": (0, 1), "D_G_z1": (0, 1), "D_G_z2": (0, 1)},  # D's mean probabilities
     )  # fmt: skip
     print(result.summary())
 
