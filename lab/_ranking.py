@@ -97,9 +97,10 @@ def declaration(config: Any) -> Declaration:
     raw = entry.get("bounds")
     if isinstance(raw, Mapping):
         for key, value in raw.items():
-            try:
-                checked = check_bounds(tuple(value) if isinstance(value, list) else value)
-            except ConfigError:
+            try:  # the store keeps an infinite end as the string "Infinity" (JSON has none)
+                ends = [float(v) if isinstance(v, str) else v for v in value]
+                checked = check_bounds(ends)
+            except (ConfigError, TypeError, ValueError):
                 continue
             if checked is not None:
                 bounds[str(key)] = checked

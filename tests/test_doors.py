@@ -344,15 +344,19 @@ def test_declared_bounds_hold_in_every_door(tmp_path: Path) -> None:
     result = Experiment(
         "bounded", _accurate, repeats=3, store=url, output_dir=tmp_path / "runs",
         benchmarks=[Evaluator("holdout", _holdout)],
-        metric="acc", mode="max", bounds={"acc": (0, 1), "holdout/acc": (0, 1)},
+        metric="acc", mode="max",
+        bounds={"acc": (0, 1), "holdout/acc": (0, 1), "loss": (0, math.inf)},
     ).run()  # fmt: skip
     assert spread([1.0, 1.0, 0.9375]).ci_high > 1  # what an undeclared interval reaches
     python = result.summary()
     assert [(r.metric, r.ci_high) for r in python.rows if r.metric.endswith("acc")] == [
         ("acc", 1.0), ("holdout/acc", 1.0),
     ]  # fmt: skip
+    assert python.row("base", "loss").ci_low == 0.0  # (0, inf): a loss, clipped at 0 only
     con = lab.inspect.connect(url)
     assert lab.inspect.summary(con, "bounded").fetchall()[0][5] == 1.0
+    loss = lab.inspect.summary(con, "bounded", "loss").fetchall()[0]
+    assert (loss[4], loss[5]) == (0.0, python.row("base", "loss").ci_high)
     breakdown = lab.inspect.breakdown(con, "bounded", "holdout").fetchall()
     assert [(r[1], r[2], r[7]) for r in breakdown] == [("all", "acc", 1.0)]
     assert 0 < breakdown[0][6] < 1
