@@ -829,6 +829,11 @@ class Experiment:
 
     def _experiment_config(self) -> dict[str, Any]:
         base = self.base_config.model_dump(mode="json") if self.base_config is not None else {}
+        declared = self.declared
+        if declared.metric is None and declared.mode is None and not declared.bounds:
+            summary = {}
+        else:  # what every door ranks by and clips to (lab._ranking.declaration reads it)
+            summary = {SUMMARY_KEY: declared.entry()}
         return {
             "base_config": base,
             "arms": {a.name: _jsonable(a.overrides) for a in self.arms},
@@ -839,7 +844,7 @@ class Experiment:
             "repeats": self.repeats,
             "seed": self.seed,
             "train": train_name(self.train),
-            SUMMARY_KEY: self.declared.entry(),
+            **summary,
         }
 
     def _plan(self) -> list[tuple[str, Arm, int, int]]:
