@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 import torch
@@ -90,11 +90,15 @@ def run_experiment(
     base_config: pydantic.BaseModel,
     arms: Sequence[Arm],
     seed: int,
+    metric: str,
+    mode: Literal["min", "max"],
+    bounds: dict[str, tuple[float, float]] | None = None,
 ) -> ExperimentResult:
     """Run the arms x `args.repeats` of `train_run` into `args.store` and `args.output_dir`,
     saying which runs resume, with the crash `args.stop_at` asks for staged in the last run.
-    A LabError (a bad store URL, flags other than the first time) ends the script with one
-    line, no traceback."""
+    `metric` and `mode` rank the arms and `bounds` gives metrics' known ranges, in every
+    door (`Experiment`). A LabError (a bad store URL, flags other than the first time) ends
+    the script with one line, no traceback."""
     callbacks: list[Callback] = [Resumed()]
     if args.stop_at is not None:
         callbacks.append(StopAt(args.stop_at, arms[-1].name, args.repeats - 1))
@@ -109,6 +113,9 @@ def run_experiment(
         store=args.store,
         output_dir=args.output_dir,
         fresh=args.fresh,
+        metric=metric,
+        mode=mode,
+        bounds=bounds,
     )
     try:
         return experiment.run()

@@ -306,9 +306,11 @@ def main():
     )
     arms = [Arm("beta1-0.5", beta1=0.5), Arm("beta1-0.9", beta1=0.9)]
     result = run_experiment(
-        "dcgan", train_run, args, base_config=config, arms=arms, seed=args.manualSeed
-    )
-    print(result.summary("loss_G", mode="min"))
+        "dcgan", train_run, args, base_config=config, arms=arms, seed=args.manualSeed,
+        metric="loss_G", mode="min",  # every door ranks the arms by it
+        bounds={"D_x": (0, 1), "D_G_z1": (0, 1), "D_G_z2": (0, 1)},  # D's mean probabilities
+    )  # fmt: skip
+    print(result.summary())
 
 
 if __name__ == "__main__":

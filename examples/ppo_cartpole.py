@@ -233,10 +233,11 @@ def main():
     )
     arms = [Arm("zoo"), Arm("lambda-0.95", gae_lambda=0.95)]
     result = run_experiment(
-        "ppo_cartpole", train_run, args, base_config=config, arms=arms, seed=args.seed
-    )
+        "ppo_cartpole", train_run, args, base_config=config, arms=arms, seed=args.seed,
+        metric="episode/return_mean", mode="max",  # every door ranks the arms by it
+    )  # fmt: skip
     keys = ["episode/return_mean", "episode/length_mean", "loss", "approx_kl"]
-    print(result.summary("episode/return_mean", mode="max", keys=keys))
+    print(result.summary(keys=keys))
 
 
 if __name__ == "__main__":

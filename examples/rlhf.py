@@ -382,10 +382,13 @@ def main():
         save_every=args.save_every,
     )
     arms = [Arm(f"kl-{beta:g}", kl_coef=beta) for beta in args.kl_coefs]
-    result = run_experiment("rlhf", train_run, args, base_config=config, arms=arms, seed=args.seed)
+    result = run_experiment(
+        "rlhf", train_run, args, base_config=config, arms=arms, seed=args.seed,
+        metric="episode/return_mean", mode="max",  # every door ranks the arms by it
+        bounds={"episode/return_mean": (0, 1), "solved": (0, 1)},  # fractions
+    )  # fmt: skip
     keys = ["episode/return_mean", "solved", "kl", "loss"]
-    bounds = {"episode/return_mean": (0, 1), "solved": (0, 1)}
-    print(result.summary("episode/return_mean", mode="max", keys=keys, bounds=bounds))
+    print(result.summary(keys=keys))
 
 
 if __name__ == "__main__":

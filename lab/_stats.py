@@ -163,11 +163,7 @@ def spread(
     if bounds is not None:
         outside = [v for v in values if v < bounds[0] or v > bounds[1]]
         if outside:
-            which = f"metric {metric!r}" if metric is not None else "a value"
-            raise ConfigError(
-                f"{which} has {outside[0]!r} outside bounds=({bounds[0]:g}, {bounds[1]:g}); "
-                "declare the metric's real range, or leave bounds out"
-            )
+            raise ConfigError(outside_text(metric, outside[0], bounds))
     n = len(values)
     if n == 0:
         return Spread(0, math.nan, math.nan, math.nan, math.nan)
@@ -186,6 +182,16 @@ def spread(
     if bounds is not None:
         low, high = clip(low, bounds), clip(high, bounds)
     return Spread(n, mean, std, low, high)
+
+
+def outside_text(metric: str | None, value: float, bounds: tuple[float, float]) -> str:
+    """The error of a value outside its metric's declared range: the bounds, or the metric,
+    are wrong."""
+    which = f"metric {metric!r}" if metric is not None else "a value"
+    return (
+        f"{which} has {value!r} outside bounds=({bounds[0]:g}, {bounds[1]:g}); declare the "
+        "metric's real range, or leave bounds out"
+    )
 
 
 def clip(value: float, bounds: tuple[float, float] | None) -> float:

@@ -24,20 +24,34 @@ points themselves. Arms come in the experiment's order (the order they were adde
 Confidence intervals are Student-t 95% intervals across repeats: mean ± t(0.975, n-1)·std/√n
 with the sample std; with one repeat the std and both bounds are NULL (NaN in pandas).
 `summary` (and `plot_summary`) also offer ``interval="bootstrap"``, a percentile bootstrap
-over the repeats, and `summary`, `curves` and the plots take ``bounds=(low, high)``, a
-metric's known range, to clip intervals to it (see docs/analysis.md).
+over the repeats, and `summary`, `curves`, `breakdown` and the plots take ``bounds``, a
+metric's known range, to clip intervals to it; the ranges an experiment declares
+(``Experiment(bounds=...)``) apply without it, as its metric and mode are `summary`'s
+defaults (see docs/analysis.md, and `lab._ranking` for the definitions every door shares).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import duckdb
 
-from lab._stats import Interval, check_bounds, check_interval, spread, t_ppf
+from lab._ranking import (
+    COUNTED_STATUSES,
+    Declaration,
+    bounds_for,
+    check_mode,
+    choose,
+    declaration,
+    lacking_text,
+    rank_arms,
+)
+from lab._stats import Interval, check_bounds, check_interval, outside_text, t_ppf
 from lab._table import plural
 from lab.errors import ConfigError
 
@@ -46,7 +60,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CONFIDENCE = 0.95
-COUNTED_STATUSES = ("completed", "stopped")
 _LISTED = 20  # names shown in an error message before "and N more"
 
 
@@ -61,6 +74,8 @@ class _Scope:
     experiment: str
     experiment_id: int
     counted: str  # "counted AS (...)": run_id, run_key, repeat, seed, stage, arm_id, arm
+    #: What the experiment declares: its ranking metric, mode and metrics' ranges.
+    declared: Declaration = field(default_factory=Declaration)
 
     def rows(self, sql: str) -> list[tuple]:
         return self.con.sql(f"WITH {self.counted} {sql}").fetchall()
@@ -86,7 +101,7 @@ def _listing(names: list[str]) -> str:
 
 def _scope(con: duckdb.DuckDBPyConnection, experiment: str, stage: int | None) -> _Scope:
     found = con.execute(
-        "SELECT experiment_id FROM experiments WHERE name = ?", [experiment]
+        "SELECT experiment_id, config FROM experiments WHERE name = ?", [experiment]
     ).fetchone()
     if found is None:
         known = [n for (n,) in con.sql("SELECT name FROM experiments ORDER BY name").fetchall()]
@@ -108,7 +123,8 @@ def _scope(con: duckdb.DuckDBPyConnection, experiment: str, stage: int | None) -
         FROM runs r LEFT JOIN arms a ON a.arm_id = r.arm_id
         WHERE r.experiment_id = {eid} AND r.status IN ({statuses}) AND r.stage = {last_stage}
     )"""
-    scope = _Scope(con, experiment, eid, counted)
+    config = json.loads(found[1]) if isinstance(found[1], str) else found[1]
+    scope = _Scope(con, experiment, eid, counted, declaration(config))
     if not scope.rows("SELECT 1 FROM counted LIMIT 1"):
         which = "" if stage is None else f" at stage {stage}"
         raise ConfigError(
@@ -157,9 +173,8 @@ def _check_metric(scope: _Scope, key: str, arms: tuple[str, ...] = ()) -> None:
         )
     if lacking:
         raise ConfigError(
-            f"metric {key!r} is missing from {len(lacking)} of {plural(len(rows), 'run')} of "
-            f"experiment {scope.experiment!r}: {_listing(lacking)}; analyse a metric every run "
-            "logged, or choose the runs yourself in SQL over the final_metrics view"
+            f"{lacking_text(key, lacking, len(rows), scope.experiment)}; analyse a metric every "
+            "run logged, or choose the runs yourself in SQL over the final_metrics view"
         )
 
 
@@ -186,11 +201,6 @@ def _check_eval(scope: _Scope, name: str, arms: tuple[str, ...] = (), *, every: 
             f"{plural(len(rows), 'run')} of experiment {scope.experiment!r}: {_listing(lacking)}; "
             "query the evals and predictions views to choose the runs yourself"
         )
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in ("min", "max"):
-        raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
 
 
 # -- t quantiles ------------------------------------------------------------------------------
@@ -246,8 +256,8 @@ def _max_per_arm(scope: _Scope) -> int:
 def summary(
     con: duckdb.DuckDBPyConnection,
     experiment: str,
-    metric: str,
-    mode: Literal["min", "max"] = "min",
+    metric: str | None = None,
+    mode: Literal["min", "max"] | None = None,
     *,
     stage: int | None = None,
     interval: Interval = "t",
@@ -260,21 +270,27 @@ def summary(
     how far it is ahead of the runner-up (NULL on the other rows, and with one arm). Rows
     come in the experiment's arm order; an arm with no run that counts has n = 0 and no
     rank, and so does an arm whose mean is NaN. Ties rank in arm order. Only completed and
-    stopped runs count.
+    stopped runs count. `metric` defaults to the one the experiment declares
+    (``Experiment(metric=...)``), else ``val/loss`` or ``loss``; `mode` to the experiment's
+    for its metric, else ``"min"``.
 
     `interval`: ``"t"`` (Student's t, the default) or ``"bootstrap"`` (percentile bootstrap
     over the repeats, which never leaves the values' range). `bounds`: the metric's known
-    range, e.g. ``(0, 1)`` for an accuracy; the interval is clipped to it, and a value
-    outside it is an error. The same numbers as `ExperimentResult.summary` (one
-    implementation, `lab._stats.spread`), read back from the store:
+    range, e.g. ``(0, 1)`` for an accuracy (default: the range the experiment declares for
+    it); the interval is clipped to it, and a value outside it is an error. The same numbers
+    as `ExperimentResult.summary`, ``lab show`` and the dashboard (one definition of the
+    runs that count, a run's final value and the ranking: `lab._ranking`), read back from
+    the store:
 
     >>> lab.inspect.summary(con, "lr-sweep", "val/loss").df()             # doctest: +SKIP
     >>> lab.inspect.summary(con, "bench", "test/acc", "max", bounds=(0, 1))  # doctest: +SKIP
     """
-    _check_mode(mode)
+    if mode is not None:
+        check_mode(mode)
     check_interval(interval)
-    bounds = check_bounds(bounds, metric)
     scope = _scope(con, experiment, stage)
+    metric, mode = _ranked_by(scope, metric, mode)
+    bounds = bounds_for(metric, bounds, scope.declared)
     _check_metric(scope, metric)
     per_arm: dict[int | None, tuple[str | None, list[float]]] = {}
     for arm_id, arm, value, _repeat in scope.rows(
@@ -287,26 +303,39 @@ def summary(
         values = per_arm.setdefault(arm_id, (arm, []))[1]
         if value is not None:
             values.append(value)
-    stats = {
-        arm_id: spread(values, interval=interval, bounds=bounds, metric=metric)
-        for arm_id, (_arm, values) in per_arm.items()
-    }
-    ranked = sorted(  # stable: ties keep the arm order
-        (arm_id for arm_id, st in stats.items() if st.n and not math.isnan(st.mean)),
-        key=lambda arm_id: stats[arm_id].mean,
-        reverse=mode == "max",
-    )
-    rank = {arm_id: i + 1 for i, arm_id in enumerate(ranked)}
-    margin = abs(stats[ranked[0]].mean - stats[ranked[1]].mean) if len(ranked) > 1 else None
+    ranking = rank_arms(
+        {arm_id: values for arm_id, (_arm, values) in per_arm.items()}, mode,
+        interval=interval, bounds=bounds, metric=metric,
+    )  # fmt: skip
     rows = []
     for arm_id, (arm, _values) in per_arm.items():
-        st, spread_known = stats[arm_id], stats[arm_id].n >= 2
+        st, spread_known = ranking.spreads[arm_id], ranking.spreads[arm_id].n >= 2
+        rank = ranking.ranks.get(arm_id)
         rows.append((
             arm, st.n, st.mean if st.n else None, st.std if spread_known else None,
             st.ci_low if spread_known else None, st.ci_high if spread_known else None,
-            rank.get(arm_id), rank.get(arm_id) == 1, margin if rank.get(arm_id) == 1 else None,
+            rank, rank == 1, ranking.margin if rank == 1 else None,
         ))  # fmt: skip
     return _relation(con, _SUMMARY_COLUMNS, rows)
+
+
+def _ranked_by(
+    scope: _Scope, metric: str | None, mode: Literal["min", "max"] | None
+) -> tuple[str, Literal["min", "max"]]:
+    """The metric and mode a summary of `scope` ranks by (`lab._ranking.choose`)."""
+    if metric is not None:
+        return metric, choose(metric, mode, scope.declared, [metric])[1]
+    keys = [k for (k,) in scope.rows(
+        "SELECT DISTINCT s.key FROM summaries s JOIN counted c USING (run_id) ORDER BY 1"
+    )]  # fmt: skip
+    chosen, mode = choose(None, mode, scope.declared, keys)
+    if chosen is None:
+        raise ConfigError(
+            f"experiment {scope.experiment!r} declares no metric and logged neither val/loss "
+            f"nor loss; name one: lab.inspect.summary(con, {scope.experiment!r}, METRIC); "
+            f"known: {_listing(keys)}"
+        )
+    return chosen, mode
 
 
 _SUMMARY_COLUMNS = (
@@ -451,20 +480,20 @@ def curves(
       the runs that logged exactly that step.
 
     The band is the t interval at each step; with `bounds` (the metric's known range, e.g.
-    ``(0, 1)`` for an accuracy) it is clipped to that range.
+    ``(0, 1)`` for an accuracy; default: the range the experiment declares for it) it is
+    clipped to that range.
 
     This reads the metrics view, so it scans the store's points (see
     `lab.inspect.history` for one run's series through the store's index).
 
     >>> lab.inspect.curves(con, "lr-sweep", "loss", every=10).df()       # doctest: +SKIP
     """
-    bounds = check_bounds(bounds, key)
+    check_bounds(bounds, key)
     scope, points = _points(con, experiment, key, every, stage)
-    ci_low, ci_high = "ci_low", "ci_high"
+    bounds = bounds_for(key, bounds, scope.declared)
+    clipped = "ci_low, ci_high"
     if bounds is not None:  # NULL and NaN stay as they are
-        lo, hi = _value(bounds[0]), _value(bounds[1])
-        ci_low = f"CASE WHEN isnan(ci_low) THEN ci_low ELSE greatest(ci_low, {lo}) END"
-        ci_high = f"CASE WHEN isnan(ci_high) THEN ci_high ELSE least(ci_high, {hi}) END"
+        clipped = _clipped("ci_low", "ci_high", _value(bounds[0]), _value(bounds[1]))
     sql = f"""
         WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {points},
         agg AS MATERIALIZED ({_spread("points", "arm_id, arm, step")}),
@@ -472,7 +501,7 @@ def curves(
             SELECT arm_id, arm, step, n, mean, std, {_ci()}
             FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
         )
-        SELECT arm, step, n, mean, std, {ci_low} AS ci_low, {ci_high} AS ci_high
+        SELECT arm, step, n, mean, std, {clipped}
         FROM ci ORDER BY arm_id NULLS LAST, step
     """
     return con.sql(sql)
@@ -565,8 +594,11 @@ def disagreements(
     the highest step). Examples are matched by example_id, else by idx, and only those both
     arms scored appear. Per arm, over its repeats: output_* is the most common output (ties:
     the smallest), score_* the mean score, correct_* the fraction of repeats whose output
-    equals the target (NULL without a target). diff is score_a - score_b, or correct_a -
-    correct_b where there are no scores. Rows are ordered by |diff|, largest first, then
+    equals the target exactly: defined for a discrete target (a class, a string, an
+    integer, a boolean, a list of them), NULL without a target and where the target or the
+    output is a real number (a regression, where exact equality says nothing: its score
+    says how close it came). diff is score_a - score_b, or correct_a - correct_b where there
+    are no scores. Rows are ordered by |diff|, largest first, then
     examples whose most common outputs differ; at most `limit` rows (None: all).
 
     Columns: example_id, input, target, output_a, output_b, score_a, score_b, correct_a,
@@ -602,7 +634,8 @@ def disagreements(
         per AS MATERIALIZED (
             SELECT arm, example_id, min(idx) AS idx, min(input) AS input,
                    min(target) AS target, avg(score) AS score,
-                   avg(CASE WHEN target IS NULL THEN NULL
+                   avg(CASE WHEN target IS NULL OR {_real("target")} OR {_real("output")}
+                            THEN NULL
                             WHEN output IS NOT DISTINCT FROM target THEN 1.0 ELSE 0.0 END)
                        AS correct
             FROM p GROUP BY arm, example_id
@@ -624,8 +657,23 @@ def disagreements(
     return con.sql(sql)
 
 
+def _real(column: str) -> str:
+    """SQL: whether a prediction's text `column` holds a real number (one that reads as a
+    number and is not an integer: ``-1.07``, ``1e5``, ``NaN``), where exact equality with
+    a target says nothing."""
+    return (
+        f"(TRY_CAST({column} AS DOUBLE) IS NOT NULL "
+        f"AND NOT regexp_full_match(trim({column}), '[-+]?[0-9]+'))"
+    )
+
+
 def breakdown(
-    con: duckdb.DuckDBPyConnection, experiment: str, eval: str, *, stage: int | None = None
+    con: duckdb.DuckDBPyConnection,
+    experiment: str,
+    eval: str,
+    *,
+    stage: int | None = None,
+    bounds: Mapping[str, tuple[float, float]] | tuple[float, float] | None = None,
 ) -> duckdb.DuckDBPyRelation:
     """Per arm, slice and metric of an eval's breakdowns, the mean across repeats with its
     95% CI: where an arm's overall gain comes from.
@@ -636,10 +684,16 @@ def breakdown(
     ci_low, ci_high; ordered by arm (the experiment's order), slice, metric. A slice or
     metric that some runs' breakdowns lack is an error naming those runs.
 
+    `bounds` gives metrics' known ranges (``{"acc": (0, 1)}``, or one range for every
+    metric): their intervals are clipped to them, and a value outside is an error. The
+    ranges the experiment declares for the eval's metrics (``"<eval>/<metric>"``, e.g.
+    ``Experiment(bounds={"holdout/acc": (0, 1)})``) apply without it.
+
     >>> lab.inspect.breakdown(con, "bench", "test").df()                   # doctest: +SKIP
     """
     scope = _scope(con, experiment, stage)
     _check_eval(scope, eval, every=True)
+    ranges = _eval_ranges(scope, eval, bounds)
     values = f"""{_latest(scope, eval)},
         b AS MATERIALIZED (
             SELECT c.arm_id, c.arm, c.run_key, c.repeat, s.key AS slice, m.key AS metric,
@@ -665,14 +719,71 @@ def breakdown(
             f"{experiment!r}; missing: {_listing([m for (m,) in missing])}; query the evals "
             "view to choose the runs yourself"
         )
+    ci = _ci()
+    clipped = "ci_low, ci_high"
+    if ranges:
+        rows = ", ".join(
+            f"({'NULL' if m is None else _lit(m)}, {_value(lo)}, {_value(hi)})"
+            for m, (lo, hi) in ranges.items()
+        )
+        values += f""",
+        bnd AS MATERIALIZED (SELECT * FROM (VALUES {rows}) AS t(metric, lo, hi))"""
+        range_of = "bnd.metric IS NULL OR bnd.metric = {0}.metric"
+        outside = scope.rows(
+            f""", {values} SELECT b.metric, b.value, bnd.lo, bnd.hi FROM b JOIN bnd
+                ON {range_of.format("b")} WHERE b.value < bnd.lo OR b.value > bnd.hi
+                ORDER BY b.arm_id NULLS LAST, b.repeat, b.slice, b.metric LIMIT 1"""
+        )
+        if outside:
+            metric, value, lo, hi = outside[0]
+            raise ConfigError(outside_text(f"{eval}/{metric}", value, (lo, hi)))
+        ci = f"""{_ci()}, (SELECT min(lo) FROM bnd WHERE {range_of.format("agg")}) AS lo,
+               (SELECT max(hi) FROM bnd WHERE {range_of.format("agg")}) AS hi"""
+        clipped = _clipped("ci_low", "ci_high", "lo", "hi")
     sql = f"""
         WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {values},
-        agg AS MATERIALIZED ({_spread("b", "arm_id, arm, slice, metric")})
-        SELECT arm, slice, metric, n, mean, std, {_ci()}
-        FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
-        ORDER BY arm_id NULLS LAST, slice, metric
+        agg AS MATERIALIZED ({_spread("b", "arm_id, arm, slice, metric")}),
+        ci AS MATERIALIZED (
+            SELECT arm_id, arm, slice, metric, n, mean, std, {ci}
+            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        )
+        SELECT arm, slice, metric, n, mean, std, {clipped}
+        FROM ci ORDER BY arm_id NULLS LAST, slice, metric
     """
     return con.sql(sql)
+
+
+def _eval_ranges(
+    scope: _Scope, eval: str, bounds: Mapping[str, tuple[float, float]] | tuple[float, float] | None
+) -> dict[str | None, tuple[float, float]]:
+    """The ranges of an eval's breakdown metrics, by metric name (None: every metric): the
+    experiment's declared ``"<eval>/<metric>"`` ranges, then `bounds` over them."""
+    prefix = f"{eval}/"
+    ranges: dict[str | None, tuple[float, float]] = {
+        key[len(prefix) :]: r
+        for key, r in (scope.declared.bounds or {}).items()
+        if key.startswith(prefix)
+    }
+    if bounds is None:
+        return ranges
+    if isinstance(bounds, Mapping):
+        for metric, r in bounds.items():
+            checked = check_bounds(r, str(metric))
+            if checked is not None:
+                ranges[str(metric)] = checked
+        return ranges
+    checked = check_bounds(bounds)
+    return {None: checked} if checked is not None else ranges
+
+
+def _clipped(low: str, high: str, lo: str, hi: str) -> str:
+    """ci_low and ci_high clipped to the range (`lo`, `hi`) where it is not NULL; NULL and
+    NaN stay as they are."""
+    return (
+        f"CASE WHEN {lo} IS NULL OR isnan({low}) THEN {low} ELSE greatest({low}, {lo}) END "
+        f"AS ci_low, CASE WHEN {hi} IS NULL OR isnan({high}) THEN {high} "
+        f"ELSE least({high}, {hi}) END AS ci_high"
+    )
 
 
 # -- plots ------------------------------------------------------------------------------------
@@ -795,8 +906,8 @@ def plot_curves(
 def plot_summary(
     con: duckdb.DuckDBPyConnection,
     experiment: str,
-    metric: str,
-    mode: Literal["min", "max"] = "min",
+    metric: str | None = None,
+    mode: Literal["min", "max"] | None = None,
     ax: Axes | None = None,
     *,
     stage: int | None = None,
@@ -811,9 +922,10 @@ def plot_summary(
 
     >>> lab.inspect.plot_summary(con, "lr-sweep", "val/loss").savefig("val.png")  # doctest: +SKIP
     """
-    rows = summary(
-        con, experiment, metric, mode, stage=stage, interval=interval, bounds=bounds
-    ).fetchall()
+    relation = summary(con, experiment, metric, mode, stage=stage, interval=interval,
+                       bounds=bounds)  # fmt: skip
+    rows = relation.fetchall()
+    metric, mode = _ranked_by(_scope(con, experiment, stage), metric, mode)
     fig, ax = _axes(ax)
     nan = float("nan")
     xs = list(range(len(rows)))

@@ -338,8 +338,28 @@ def show(
             "--run", metavar="KEY", help="Show one run instead: its error and whole traceback"
         ),
     ] = None,
+    rank: Annotated[
+        str | None,
+        typer.Option(
+            "--rank",
+            metavar="KEY",
+            help="The metric the arm summary ranks by (default: the experiment's, else "
+            "val/loss or loss)",
+        ),
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            metavar="min|max",
+            help="Whether lower or higher ranks first (default: "
+            "the experiment's for its metric, else min)",
+        ),
+    ] = None,
 ) -> None:
-    """Show an experiment's arms, runs, statuses, newest steps and last metric values.
+    """Show an experiment's arms, runs, statuses, newest steps and last metric values, and
+    the arm summary: each arm's n, mean, std and 95% CI of one final metric, and the best
+    arm (the numbers of ``result.summary()``, ``lab.inspect.summary`` and the dashboard).
 
     With --run KEY, one run: where and how long it ran, its error and its traceback.
     """
@@ -397,6 +417,9 @@ def show(
             ],
         )
     )
+    summary = _arm_summary(exp, rank, mode)
+    if summary:
+        typer.echo(f"\nsummary\n{summary}")
     notes = [(r["run_key"], r["notes"]) for r in exp["runs"] if r["notes"]]
     if notes:
         typer.echo("\nrun notes")
@@ -416,6 +439,18 @@ def show(
                 [(key, f["callback"], f["hook"], f["error"]) for key, f in failures],
             )
         )
+
+
+def _arm_summary(exp: dict[str, Any], metric: str | None, mode: str | None) -> str | None:
+    """The arm summary of a recorded experiment, as `ExperimentResult.summary` gives it for
+    one metric (`ExperimentResult.from_record`); None when no metric can rank it."""
+    from lab.records import ExperimentResult
+
+    result = ExperimentResult.from_record(exp)
+    chosen = result.summary(metric, mode, keys=[])  # type: ignore[arg-type]  # checked there
+    if chosen.metric is None:
+        return None
+    return str(result.summary(chosen.metric, chosen.mode, keys=[chosen.metric]))
 
 
 def _show_provenance(runs: list[dict[str, Any]]) -> None:

@@ -144,6 +144,8 @@ def quickstart_experiment(
         output_dir=output_dir,
         benchmarks=[Evaluator("holdout", holdout)],
         fresh=fresh,
+        metric="val/loss",  # the arms are ranked by the validation loss, lower is better
+        bounds={"holdout/acc": (0, 1)},  # a fraction of the holdout examples
     )
 
 

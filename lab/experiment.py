@@ -28,6 +28,7 @@ from lab._distributed import agreed, broadcast, for_rank, init_from_launcher, la
 from lab._imports import require
 from lab._names import MAX_NAME, check_name, check_tags, safe_name
 from lab._rank_processes import run_on_ranks
+from lab._ranking import SUMMARY_KEY, Declaration, check_bounds_map, check_mode
 from lab._reuse import (
     Fingerprint,
     busy_message,
@@ -296,6 +297,13 @@ class Experiment:
     (``executor="serial"``) or `workers` at a time (``executor="processes"``). Under
     ``torchrun`` instead, every rank runs the experiment, and each run trains on all ranks.
 
+    `metric` and `mode` name the metric that ranks the arms and whether lower (``"min"``)
+    or higher (``"max"``) is better; `bounds` declares metrics' known ranges, e.g.
+    ``{"holdout/acc": (0, 1)}``, to which their intervals are clipped. The store records
+    them, so ``result.summary()``, the `ConsoleLogger`'s summary, `lab.inspect.summary`,
+    ``lab show`` and the dashboard all rank by that metric and clip to those ranges (see
+    docs/analysis.md); without `metric` they rank by ``val/loss``, else ``loss``.
+
     `tags` (plain strings, W&B style) and `notes` describe the experiment in the store: the
     tags join those it has (``lab tag`` adds more), the notes replace its notes. A run tags
     itself from `train` with ``run.tag(...)`` and ``run.notes = ...``. Every run records its
@@ -326,6 +334,9 @@ class Experiment:
         resources: dict[str, float] | None = None,
         ray_address: str | None = None,
         max_retries: int = 0,
+        metric: str | None = None,
+        mode: Literal["min", "max"] | None = None,
+        bounds: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
@@ -416,6 +427,14 @@ class Experiment:
             )
         #: Local processes (DDP ranks) each run trains on; 1: the run's own process alone.
         self.processes_per_run = processes_per_run
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ConfigError(f"metric={metric!r}: name the metric that ranks the arms, e.g. "
+                              "metric='val/loss'")  # fmt: skip
+        #: What the summaries of the experiment rank by, and its metrics' known ranges: every
+        #: door reads it (recorded in the experiment's config, see `lab._ranking`).
+        self.declared = Declaration(
+            metric, check_mode(mode) if mode is not None else None, check_bounds_map(bounds)
+        )
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
         #: The latest `run()`'s result; after an interrupt, what had finished by then.
         self.result: ExperimentResult | None = None
@@ -528,6 +547,7 @@ class Experiment:
             self.name,
             [ArmResult(a.name, a.overrides, planned=self._planned(a)) for a in self.arms],
             planned=self.n_runs,
+            declared=self.declared,
         )
         self.result = result  # the caller can read it even when run() raises (an interrupt)
         return hooks, ctx, result
@@ -809,6 +829,11 @@ class Experiment:
 
     def _experiment_config(self) -> dict[str, Any]:
         base = self.base_config.model_dump(mode="json") if self.base_config is not None else {}
+        declared = self.declared
+        if declared.metric is None and declared.mode is None and not declared.bounds:
+            summary = {}
+        else:  # what every door ranks by and clips to (lab._ranking.declaration reads it)
+            summary = {SUMMARY_KEY: declared.entry()}
         return {
             "base_config": base,
             "arms": {a.name: _jsonable(a.overrides) for a in self.arms},
@@ -819,6 +844,7 @@ class Experiment:
             "repeats": self.repeats,
             "seed": self.seed,
             "train": train_name(self.train),
+            **summary,
         }
 
     def _plan(self) -> list[tuple[str, Arm, int, int]]:

@@ -99,13 +99,15 @@ class ArmEntry(pydantic.BaseModel):
 
 
 class SummaryEntry(pydantic.BaseModel):
-    """How ``lab run`` ranks the arms when it prints the summary (`ExperimentResult.summary`)."""
+    """How the experiment's summaries rank the arms (its `Experiment`'s `metric`, `mode` and
+    `bounds`, which every door reads), and the metrics ``lab run`` prints (`keys`)."""
 
     model_config = _FORBID
 
     metric: str | None = None
     mode: Literal["min", "max"] = "min"
     keys: list[str] | None = None
+    bounds: dict[str, tuple[float, float]] | None = None
 
 
 class ExperimentFile(pydantic.BaseModel):
@@ -222,6 +224,8 @@ class ExperimentFile(pydantic.BaseModel):
                 strict=self.strict, executor=self.executor, workers=self.workers,
                 tags=self.tags, notes=self.notes, fresh=fresh, resources=self.resources,
                 ray_address=self.ray_address, max_retries=self.max_retries,
+                metric=metric, mode=self.summary.mode if metric is not None else None,
+                bounds=self.summary.bounds,
             )  # fmt: skip
         except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
             raise ConfigError(f"{label}: {exc}") from None

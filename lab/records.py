@@ -20,7 +20,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lab._names import check_tags
-from lab._stats import Interval, Spread, check_bounds, check_interval, spread
+from lab._ranking import (
+    Declaration,
+    bounds_for,
+    check_bounds_map,
+    check_mode,
+    choose,
+    counted,
+    declaration,
+    lacking_text,
+    rank_arms,
+)
+from lab._stats import Interval, check_interval, spread
 from lab._table import fmt, plural, render
 from lab.errors import ConfigError, ExperienceError
 from lab.media import Histogram, Image, Media
@@ -201,6 +212,7 @@ class Summary:
     all_metrics: bool = False
     shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
     interval: Interval = "t"
+    unranked: str | None = None  # why no arm is ranked: runs that lack the metric
 
     def row(self, arm: str, metric: str) -> SummaryRow:
         """The row of `arm` and `metric`."""
@@ -265,6 +277,8 @@ class Summary:
     def _verdict(self) -> list[str]:
         """The best-arm line: none for arms whose runs did not all finish."""
         unfinished = ", ".join(self.unfinished_arms)
+        if self.unranked is not None:
+            return [f"no best arm: {self.unranked}"]
         if self.best_arm is None or self.metric is None:
             if self.unfinished_arms and self.metric is not None:
                 return [f"no best arm: not every arm finished its runs (unfinished: {unfinished})"]
@@ -289,6 +303,26 @@ class ExperimentResult:
     error: str | None = None
     callback_errors: list[dict[str, Any]] = field(default_factory=list)
     planned: int | None = None  # the runs the experiment holds; more than `runs` if interrupted
+    #: What the experiment declares about its summary: metric, mode, bounds (`Experiment`).
+    declared: Declaration = field(default_factory=Declaration)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ExperimentResult:
+        """An experiment as the store records it (`Store.get_experiment`: its arms, its
+        runs with their statuses and final metrics, its config), as a result: ``lab show``
+        summarizes it with the code that summarizes an experiment run in Python. A run
+        still running keeps that status, so it counts in no statistic."""
+        arms = {a["name"]: ArmResult(a["name"], dict(a.get("overrides") or {}))
+                for a in record.get("arms", [])}  # fmt: skip
+        for r in record.get("runs", []):
+            arm = arms.setdefault(r["arm"], ArmResult(r["arm"], {}))
+            run = RunResult(
+                r["run_key"], r["arm"], r["repeat"], r["stage"], r["seed"], r["status"],
+                dict(r.get("summary") or {}), seconds=0.0, error=r.get("error"),
+            )  # fmt: skip
+            arm.runs.append(run)
+        declared = declaration(record.get("config"))
+        return cls(record["name"], list(arms.values()), declared=declared)
 
     @property
     def runs(self) -> list[RunResult]:
@@ -305,7 +339,7 @@ class ExperimentResult:
     def summary(
         self,
         metric: str | None = None,
-        mode: Literal["min", "max"] = "min",
+        mode: Literal["min", "max"] | None = None,
         *,
         keys: Sequence[str] | None = None,
         all_metrics: bool = False,
@@ -314,64 +348,79 @@ class ExperimentResult:
     ) -> Summary:
         """Per arm: mean, std, n and 95% CI of every final metric; the best arm by `metric`.
 
-        `metric` defaults to ``loss``; `keys` limits the rows to some metrics. Failed runs
-        are left out of the statistics. The text leaves out routine metrics (``lr``,
-        ``step_time``, monitors' internals) unless `all_metrics`; `rows` holds them all.
-        After an interrupt (`error` set), only the arms whose runs all finished are ranked.
-        `interval` is ``"t"`` (Student's t) or ``"bootstrap"`` (percentile bootstrap over
-        repeats: it stays inside the values' range). `bounds` declares metrics' known
-        ranges, e.g. ``{"holdout/acc": (0, 1)}``: their intervals are clipped to them. The
-        same numbers as `lab.inspect.summary`.
+        `metric` defaults to the experiment's (``Experiment(metric=...)``), else the first of
+        ``val/loss`` and ``loss`` the runs logged; `mode` to the experiment's for its metric,
+        else ``"min"``. `keys` limits the rows to some metrics. The runs that count are the
+        completed and stopped ones of each arm's last stage, and a run's final value of a
+        metric is the last value it logged (`lab._ranking`): the same numbers as
+        `lab.inspect.summary`, ``lab show`` and the dashboard. When some of those runs lack
+        the metric, no arm is ranked and the text says which runs lack it. The text leaves
+        out routine metrics (``lr``, ``step_time``, monitors' internals) unless
+        `all_metrics`; `rows` holds them all. After an interrupt (`error` set), only the arms
+        whose runs all finished are ranked. `interval` is ``"t"`` (Student's t) or
+        ``"bootstrap"`` (percentile bootstrap over repeats: it stays inside the values'
+        range). `bounds` declares metrics' known ranges, e.g. ``{"holdout/acc": (0, 1)}``
+        (added to those the experiment declares): their intervals are clipped to them.
         """
-        if mode not in ("min", "max"):
-            raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
+        if mode is not None:
+            check_mode(mode)
         check_interval(interval)
-        if bounds is not None and not isinstance(bounds, Mapping):
-            raise ConfigError(
-                f"bounds={bounds!r}: give a dict of metric ranges, e.g. "
-                "bounds={'holdout/acc': (0, 1)}"
-            )
-        ranges = {k: check_bounds(v, k) for k, v in (bounds or {}).items()}
-        known = sorted({k for r in self.runs if r.status not in FAILED for k in r.metrics})
-        named = ([metric] if metric is not None else []) + list(keys or []) + list(ranges)
+        given = check_bounds_map(bounds)
+        arm_runs = self._counted()
+        known = sorted({k for runs in arm_runs.values() for r in runs for k in r.metrics})
+        named = ([metric] if metric is not None else []) + list(keys or []) + list(given)
         for name in named:
             if name not in known:
                 raise ConfigError(
                     f"no run has a final metric {name!r}; known: {', '.join(known) or 'none'}"
                 )
-        chosen = metric or ("loss" if "loss" in known else None)
+        chosen, mode = choose(metric, mode, self.declared, known)
         shown = list(keys) if keys is not None else known
         interrupted = self.error is not None
         unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
         rows = []
-        spreads: dict[str, Spread] = {}
         for arm in self.arms:
+            runs = arm_runs[arm.name]
             for key in shown:
-                s = spread(arm.values(key), interval=interval, bounds=ranges.get(key), metric=key)
+                s = spread(
+                    [r.metrics[key] for r in runs if key in r.metrics], interval=interval,
+                    bounds=bounds_for(key, given.get(key), self.declared), metric=key,
+                )  # fmt: skip
                 rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-            if chosen is not None and arm.name not in unfinished:
-                spreads[arm.name] = spread(arm.values(chosen))  # the mean ranks the arms
-        ranked = sorted(
-            (name for name, s in spreads.items() if not math.isnan(s.mean)),
-            key=lambda name: spreads[name].mean,
-            reverse=mode == "max",
-        )
-        if unfinished and len(ranked) < 2:
-            ranked = []  # one finished arm is no winner: there was nothing to beat
-        best = ranked[0] if ranked else None
-        runner_up = ranked[1] if len(ranked) > 1 else None
-        margin = (
-            abs(spreads[best].mean - spreads[runner_up].mean) if runner_up is not None else None
-        )
+        unranked = None
+        ranking = None
+        if chosen is not None:
+            values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
+                      for a, rs in arm_runs.items()}  # fmt: skip
+            lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
+            rankable = [a for a in arm_runs if a not in unfinished]
+            if unfinished and len(rankable) < 2:
+                rankable = []  # one finished arm is no winner: there was nothing to beat
+            ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))
+            if lacking:
+                total = sum(len(rs) for rs in arm_runs.values())
+                unranked = lacking_text(chosen, lacking, total, self.name)
         by_status: dict[str, int] = {}
         for r in self.runs:
             by_status[r.status] = by_status.get(r.status, 0) + 1
         return Summary(
-            self.name, rows, chosen, mode, best, runner_up, margin, len(self.runs), by_status,
-            planned=self.planned, interrupted=interrupted, unfinished_arms=unfinished,
-            all_metrics=all_metrics, shown_metrics=list(keys) if keys is not None else None,
-            interval=interval,
+            self.name, rows, chosen, mode, ranking.best if ranking else None,
+            ranking.runner_up if ranking else None, ranking.margin if ranking else None,
+            len(self.runs), by_status, planned=self.planned, interrupted=interrupted,
+            unfinished_arms=unfinished, all_metrics=all_metrics,
+            shown_metrics=list(keys) if keys is not None else None, interval=interval,
+            unranked=unranked,
         )  # fmt: skip
+
+    def _counted(self) -> dict[str, list[RunResult]]:
+        """Each arm's runs that count in a summary (`lab._ranking.counted`), in arm order."""
+        runs = [(arm.name, r) for arm in self.arms for r in arm.runs]
+        keep = counted([(name, r.stage, r.status) for name, r in runs])
+        out: dict[str, list[RunResult]] = {arm.name: [] for arm in self.arms}
+        for (name, run), ok in zip(runs, keep, strict=True):
+            if ok:
+                out[name].append(run)
+        return out
 
 
 TrainFn = Callable[[RunSpec], "LoopArtifacts | dict[str, float] | None"]

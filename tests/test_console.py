@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +78,7 @@ def test_plain_lines_at_the_step_interval_then_run_and_experiment_summaries() ->
     loss = result.runs[0].metrics["loss"]
     assert f"loss={loss:.4g}" in ends[0]
     text = out.getvalue()
-    assert "best arm by loss (min)" in text
+    assert "best arm by val/loss (min)" in text  # the default: val/loss, else loss
     assert text.rstrip().splitlines()[-1].startswith("cs: completed in ")
 
 
@@ -122,7 +126,7 @@ def test_a_terminal_gets_rich_bars_and_the_same_summaries() -> None:
     assert result.status == "completed"
     text = buffer.getvalue()
     assert "a-r0  completed  loss=" in text and "[4/4 runs]" in text
-    assert "best arm by loss (min)" in text
+    assert "best arm by val/loss (min)" in text  # the default: val/loss, else loss
     assert logger._bars is None  # stopped: no refresh thread left behind
     # A bare loop on a terminal draws its own bars and closes them.
     bare = ConsoleLogger(console=console)
@@ -276,3 +280,61 @@ def test_a_step_line_shows_an_eval_value_with_the_step_it_was_measured_at() -> N
     }
     (end,) = [line for line in out.getvalue().splitlines() if "  completed  " in line]
     assert f"  val/loss={evals.values[4]:.4g}@4  " in end  # the final value, from step 4
+
+
+# -- one summary, ranked by the metric the user named -----------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, cwd: Path) -> str:
+    """`code` run as a script in `cwd`, as a user runs it; its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("LAB_STORE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _verdicts(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "best arm" in line or "best of" in line]
+
+
+def _block(page: Path, after: str, lang: str = "python", nth: int = 0) -> str:
+    """The `nth` code block in `lang` after the line `after` of a page."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(rf"```{lang}\n(.*?)```", text[text.index(after) :], re.S)[nth]
+
+
+def test_the_readmes_first_tour_block_prints_one_summary_by_its_metric(tmp_path: Path) -> None:
+    code = _block(ROOT / "README.md", "### An experiment")
+    assert "ConsoleLogger(" in code  # the case at hand: a console logger is attached
+    out = _python(code, tmp_path)
+    verdicts = _verdicts(out)
+    assert len(verdicts) == 1, out
+    assert verdicts[0].startswith("best arm by val/loss (min): ")
+    assert out.count("lr-sweep: 6 runs (6 completed)") == 1  # one summary, not two
+
+
+def test_an_experiment_file_run_from_python_prints_one_summary_by_its_metric(
+    tmp_path: Path,
+) -> None:
+    page = ROOT / "docs" / "experiment-files.md"
+    (tmp_path / "train_lib.py").write_text(_block(page, "## An example"))
+    (tmp_path / "lr-sweep.yaml").write_text(_block(page, "## An example", "yaml"))
+    out = _python(_block(page, "## From Python"), tmp_path)
+    verdicts = _verdicts(out)
+    assert len(verdicts) == 1, out
+    assert verdicts[0].startswith("best arm by val/loss (min): ")  # the file's summary.metric
+    assert out.splitlines()[-1] == f"{verdicts[0].split()[5]} val/loss"  # what summarize says
+    again = _python(  # the plain form: load_experiment(...).run(), nothing printed by hand
+        "from lab.experiment_file import load_experiment\n"
+        "load_experiment('lr-sweep.yaml', store='sqlite:///other.db').run()\n",
+        tmp_path,
+    )
+    assert len(_verdicts(again)) == 1 and _verdicts(again)[0].startswith(
+        "best arm by val/loss (min): "
+    )

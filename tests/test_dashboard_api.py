@@ -360,7 +360,7 @@ def test_curves_cut_into_buckets_equal_the_raw_rows(filled: Filled) -> None:
         cells = [[(s, v) for s, v in points if edges[i] <= s < edges[i + 1]] for i in range(3)]
         cells = [c for c in cells if c]
         finite = [[v for _, v in c if not math.isnan(v)] for c in cells]
-        assert run["step"] == [edges[i + 1] - 1 for i in range(len(cells))]
+        assert run["step"] == [c[-1][0] for c in cells]  # each bucket's last point's step
         assert run["min"] == [min(f) for f in finite]
         assert run["max"] == [max(f) for f in finite]
         assert run["last"] == _as_json([c[-1][1] for c in cells])
@@ -371,7 +371,7 @@ def test_curves_cut_into_buckets_equal_the_raw_rows(filled: Filled) -> None:
     for arm in got["arms"]:
         per_bucket = list(zip(*means[arm["arm"]], strict=True))
         stats = [spread(list(values)) for values in per_bucket]
-        assert arm["step"] == [4, 8, 11]
+        assert arm["step"] == [3, 7, 11]  # the last step logged in each bucket
         assert arm["n"] == [s.n for s in stats] == [2, 2, 2]
         assert arm["mean"] == pytest.approx([s.mean for s in stats], rel=1e-12)
         assert arm["ci_low"] == pytest.approx([s.ci_low for s in stats], rel=1e-12)
@@ -379,6 +379,65 @@ def test_curves_cut_into_buckets_equal_the_raw_rows(filled: Filled) -> None:
     small = next(a for a in got["arms"] if a["arm"] == "small")
     assert small["min"][0] == 0.5  # repeat 0's NaN at step 3 is left out; repeat 1 has 0.5
     assert small["max"] == [1.5, 3.5, 5.5]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_curve_points_sit_at_the_steps_that_were_logged(kind: str, tmp_path: Path) -> None:
+    """`val/loss` logged every 50 steps beside `loss` logged every step: at any bucket
+    count, each point of an arm's curve and of a run's sits at a step its runs logged, and
+    where a bucket holds one logged step the point is that step's value (the arm's: the
+    mean of its runs' values there). With `buckets=200` (docs/dashboard.md's URL) the point
+    of step 50 was once drawn at step 51, the end of its bucket."""
+    databases = _database(kind, tmp_path)
+    url = next(databases)
+    try:
+        store = Store(url)
+        try:
+            exp = store.begin_experiment("sparse", config={}, seed=0, repeats=2)
+            arm = store.add_arm(exp, "a", overrides={}, config={})
+            group = store.add_group(exp, "a", arm_id=arm)
+            logged: dict[str, dict[int, float]] = {}
+            for repeat in range(2):
+                run = store.start_run(
+                    exp, group, run_key=f"a-r{repeat}", arm_id=arm, repeat=repeat, stage=0,
+                    seed=repeat, config={}, output_dir=None,
+                )  # fmt: skip
+                mine = logged[f"a-r{repeat}"] = {}
+                for step in range(0, 301):
+                    values = {"loss": 1.0 / (step + 1)}
+                    if step % 50 == 0:
+                        values["val/loss"] = mine[step] = 2.0 / (step + 1) + repeat
+                    store.log_metrics(run, step, values)
+                store.flush()
+                store.finish_run(run, status="completed")
+        finally:
+            store.close()
+        app = create_app(url, auth=False, writes=False)
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            for buckets in (3, 7, 13, 200, 301, 600, 1000):
+                got = client.get(f"{API}/experiments/sparse/curves", params={
+                    "metric": "val/loss", "buckets": buckets, "runs": "true"}).json()  # fmt: skip
+                (curve,) = got["arms"]
+                steps = sorted(logged["a-r0"])
+                assert set(curve["step"]) <= set(steps), buckets
+                assert curve["step"] == sorted(curve["step"])
+                for run in got["runs"]:  # each run's last point in a bucket, at its step
+                    mine = logged[run["run_key"]]
+                    assert [mine[s] for s in run["step"]] == run["last"], buckets
+                if buckets >= 7:  # every bucket holds one logged step: the points themselves
+                    assert curve["step"] == steps, buckets
+                    assert curve["n"] == [2] * len(steps)
+                    want = [(logged["a-r0"][s] + logged["a-r1"][s]) / 2 for s in steps]
+                    assert curve["mean"] == pytest.approx(want, rel=1e-12), buckets
+                    assert curve["min"] == [logged["a-r0"][s] for s in steps]
+                    assert curve["max"] == [logged["a-r1"][s] for s in steps]
+            dense = client.get(f"{API}/experiments/sparse/curves",
+                               params={"metric": "loss", "buckets": 200}).json()  # fmt: skip
+            assert set(dense["arms"][0]["step"]) <= set(range(301))
+            assert dense["arms"][0]["step"][-1] == 300
+    finally:
+        for _ in databases:
+            pass
 
 
 def test_curves_refuse_an_unknown_metric_naming_the_known_ones(filled: Filled) -> None:

@@ -108,6 +108,7 @@ def _check_store_page(out: str, namespace: dict[str, object]) -> None:
 
 def _check_analysis_page(out: str, namespace: dict[str, object]) -> None:
     assert "best arm by test/acc (max): fast, ahead by" in out
+    assert "True" in out.splitlines()  # a declared metric: Python and DuckDB name one best arm
     assert "['acc.png', 'loss.png']" in out
     assert not namespace["folder"].exists()  # type: ignore[attr-defined]  # cleaned up
 

@@ -489,7 +489,7 @@ def test_a_file_runs_on_ray_with_resources_per_experiment_and_arm(tmp_path: Path
          "{file}: store: 5 is not a store; write a URL such as sqlite:///lab.db, or false to "
          "record nothing"),
         ("x.yaml", spec(summary={"metric": "loss", "order": "min"}),
-         "{file}: summary: unknown field 'order'; valid: metric, mode, keys"),
+         "{file}: summary: unknown field 'order'; valid: metric, mode, keys, bounds"),
         ("x.yaml", "name: x\ntrain: train_lib:train\nname: y\n",
          "{file}:3:1: key 'name' appears twice (also on line 1); keep one"),
         ("x.yaml", "- name: x\n",
@@ -603,7 +603,7 @@ def test_overrides_from_python_change_the_values_before_they_are_checked(tmp_pat
                     "resources, ray_address, max_retries, strict, callbacks, benchmarks, "
                     "summary, tags, notes"),
         ("summary.metrc=x", "override 'summary.metrc=x': summary: unknown field 'metrc'; "
-                            "valid: metric, mode, keys"),
+                            "valid: metric, mode, keys, bounds"),
         ("arms.5.lr=1", "override 'arms.5.lr=1': arms has no item '5'; give an index 0..1 or "
                         "a name: small, large"),
         ("name.x=1", "override 'name.x=1': name is 'lr-sweep', not a mapping; override name "
@@ -691,7 +691,7 @@ def test_a_misspelled_summary_metric_warns_at_the_first_eval_of_each_run(tmp_pat
         warning,  # run small-r0, at its first eval; not again at step 4
         warning,  # run large-r0
     ]
-    assert "best arm by loss (min)" in out.stdout  # lab run falls back to the default ranking
+    assert "best arm by val/loss (min)" in out.stdout  # lab run falls back to the default
 
 
 def test_the_dry_run_warns_of_a_name_close_to_a_known_one(tmp_path: Path) -> None:

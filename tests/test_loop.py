@@ -684,8 +684,8 @@ def test_checkpoints_are_atomic_recorded_and_retained(tmp_path: Path) -> None:
 
     state = torch.load(root / "step_000006" / "state.pt", weights_only=False)
     assert set(state) == {
-        "model", "optimizer", "scheduler", "scaler", "loop", "metrics", "eval_metrics", "rng",
-        "epoch_rng", "retention", "callbacks", "objects", "user",
+        "model", "optimizer", "scheduler", "scaler", "loop", "metrics", "last_metrics",
+        "eval_metrics", "rng", "epoch_rng", "retention", "callbacks", "objects", "user",
     }  # fmt: skip
     assert state["loop"] == {
         "step": 6, "epoch": 2, "batch_in_epoch": 2, "epoch_open": False, "epochs_started": 0,

@@ -388,6 +388,33 @@ def test_rollouts_across_arms_read_by_inspect_and_a_summary_by_final_return(
     ]  # fmt: skip
 
 
+def test_a_rollout_rows_score_is_its_return_at_its_first_step() -> None:
+    """CartPole: every reward is 1.0, so a row's rewards summed say nothing; its return
+    (the discounted reward to come, from `returns`) is its score. Without `returns`, the
+    rewards summed; a sequence's return is read at its first step `action_mask` keeps."""
+    returns = torch.tensor([9.5, 1.0, 5.25, 3.0, 7.75, 2.5])
+    cartpole = Experience(
+        action_log_probs=torch.zeros(6), rewards=torch.ones(6), returns=returns,
+        observations=torch.zeros(6, 4), actions=torch.zeros(6, dtype=torch.long),
+    )  # fmt: skip
+    sample = Rollouts(size=6).sample(cartpole, seed=0, episode=0)
+    assert [p["score"] for p in sample.predictions] == returns.tolist()
+    assert sample.metrics["return_mean"] == pytest.approx(sum(returns.tolist()) / 6)
+    plain = Experience(
+        action_log_probs=torch.zeros(2), rewards=torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    )
+    assert [p["score"] for p in Rollouts(size=2).sample(plain, seed=0, episode=0).predictions] == [
+        3.0, 7.0,
+    ]  # fmt: skip
+    tokens = Experience(
+        action_log_probs=torch.zeros(2, 3), rewards=torch.zeros(2, 3),
+        returns=torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]),
+        action_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
+    )  # fmt: skip
+    scores = [p["score"] for p in Rollouts(size=2).sample(tokens, seed=0, episode=0).predictions]
+    assert scores == pytest.approx([0.9, 0.5])
+
+
 def test_the_rollout_sample_never_changes_training() -> None:
     plain, sampled = Steps(), Steps()
     make_loop(ChainWalk(), num_episodes=2, batch_size=8, callbacks=[plain]).fit()

@@ -82,10 +82,12 @@ class ConsoleLogger(Callback):
     (the default) draws bars only when the output is a terminal. Plain lines come every
     `every` steps, at the last step, and, with `every_s`, whenever that many seconds passed
     since the run's last line (so a slow run still shows signs of life). `stream` (default
-    ``sys.stdout``) or a rich `console` say where it writes. The experiment's summary ranks
-    arms by `summary_metric` (`summary_mode` "min" or "max"; default ``loss`` if known);
-    with ``summary=False`` the experiment ends with its status line only, for a caller that
-    prints the summary itself (``lab run`` and ``lab quickstart`` do, ranked as asked).
+    ``sys.stdout``) or a rich `console` say where it writes. The experiment ends with one
+    summary (`ExperimentResult.summary`), ranked by `summary_metric` (`summary_mode` "min"
+    or "max") when given, else by the experiment's own metric and mode
+    (``Experiment(metric=..., mode=...)``, an experiment file's ``summary:``), else by
+    ``val/loss`` or ``loss``; with ``summary=False`` it ends with its status line only, for a
+    caller that prints the summary itself (``lab run`` and ``lab quickstart`` do).
     """
 
     priority = -10  # after the loggers that record: the run-end line can show their ids
@@ -98,7 +100,7 @@ class ConsoleLogger(Callback):
         metrics: tuple[str, ...] = ("loss",),
         stream: TextIO | None = None,
         summary_metric: str | None = None,
-        summary_mode: Literal["min", "max"] = "min",
+        summary_mode: Literal["min", "max"] | None = None,
         *,
         every_s: PositiveFloat | None = None,
         progress: bool | None = None,
@@ -110,7 +112,7 @@ class ConsoleLogger(Callback):
         self.metrics = tuple(metrics)
         self.stream = stream
         self.summary_metric = summary_metric
-        self.summary_mode: Literal["min", "max"] = summary_mode
+        self.summary_mode: Literal["min", "max"] | None = summary_mode
         self.progress = progress
         self.console = console
         self.summary = summary

@@ -248,6 +248,8 @@ class RunHandle:
         self._saved: list[ManifestRow] = []
         self._evals: list[EvalResult] = []
         self._eval_metrics: dict[str, float] = {}  # the last value of each eval metric
+        # the last value logged of each step metric: a run's final values (lab._ranking)
+        self._last: dict[str, float] = {}
         self._fresh: dict[str, float] = {}  # eval metrics measured at the current step
         self._fresh_step = -1
         self._seen: set[str] = set()  # step metric names logged in this fit (ranking check)
@@ -409,7 +411,7 @@ class RunHandle:
                     self.hooks.fire("on_checkpoint", state, row)
             self.artifacts = LoopArtifacts(
                 model=self.model,
-                metrics={**state.metrics, **self._eval_metrics},
+                metrics={**self._last, **self._eval_metrics},
                 step=state.step,
                 stopped=state.stop_requested,
                 stop_reason=state.stop_reason,
@@ -627,6 +629,7 @@ class RunHandle:
         if hooks.listens("on_step_end"):
             hb = self._batch if batch is None else self._wrap(batch)
             hooks.fire("on_step_end", self.state, step, hb, clean)
+        self._last.update(clean)  # after the hook: the keys its producers added count too
         if self._ranking_open:  # step metric names (producers' keys too), for the check
             self._seen.update(clean)  # at saves, until the ranking metric shows up
             self._ranking_open = (
@@ -933,6 +936,7 @@ class RunHandle:
                 "epochs_started": self._epochs_started,
             },
             "metrics": dict(state.metrics),
+            "last_metrics": dict(self._last),
             "eval_metrics": dict(self._eval_metrics),
             "rng": rng_state(),
             "epoch_rng": self._epoch_rng,
@@ -1078,6 +1082,7 @@ class RunHandle:
         self._epochs_started = int(saved_loop.get("epochs_started", 0))
         self._epoch_open = _RESTORED if saved_loop.get("epoch_open") else False
         state.metrics = dict(payload.get("metrics", {}))
+        self._last = dict(payload.get("last_metrics", state.metrics))
         self._eval_metrics.update(payload.get("eval_metrics", {}))
         self._last_saved = state.step
         self._restored = payload

@@ -68,6 +68,26 @@ def describe_rows(experience: Experience, picked: list[int]) -> list[dict[str, A
     return out
 
 
+def row_scores(experience: Experience) -> torch.Tensor:
+    """Each row's score, its return: `returns` at the row's first step when the experience
+    carries `returns` (the first step `action_mask` keeps, for a sequence; the return from
+    that step on, as the learner estimated it), else the row's rewards summed
+    (`Experience.row_returns`). In float64, on the CPU."""
+    returns = experience.returns
+    if returns is None:
+        return experience.row_returns()
+    values = returns.detach().to("cpu", torch.float64)
+    if values.dim() == 1:
+        return values
+    values = values.flatten(1)
+    first = torch.zeros(values.shape[0], dtype=torch.long)
+    mask = experience.action_mask
+    if mask is not None and mask.shape == returns.shape:
+        kept = mask.detach().cpu().flatten(1).bool()
+        first = torch.where(kept.any(1), kept.int().argmax(1), 0)
+    return values.gather(1, first.unsqueeze(1)).squeeze(1)
+
+
 @dataclass(frozen=True)
 class Rollouts:
     """Which rows of each episode's experience the store keeps as predictions.
@@ -77,8 +97,9 @@ class Rollouts:
     decoded prompt and generation; an optional ``"extras"`` dict becomes the row's extras);
     by default the observation or prompt tokens are the input and the action or generated
     tokens the output.
-    Each row's score is its return, its example id ``experience.example_ids[i]`` (else
-    ``str(i)``), its target None.
+    Each row's score is its return (`row_scores`: ``returns`` at the row's first step when
+    the experience carries them, else its rewards summed), its example id
+    ``experience.example_ids[i]`` (else ``str(i)``), its target None.
     """
 
     size: int = 16
@@ -113,7 +134,7 @@ class Rollouts:
             )
         generator = torch.Generator().manual_seed((seed * 1_000_003 + episode) % (2**63))
         picked = sorted(torch.randperm(experience.size, generator=generator)[: self.size].tolist())
-        returns = experience.row_returns().tolist()
+        returns = row_scores(experience).tolist()
         if self.describe is None:
             described_rows = describe_rows(experience, picked)
         else:

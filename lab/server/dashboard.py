@@ -31,8 +31,9 @@ import numpy as np
 import sqlalchemy as sa
 from fastapi.responses import Response
 
+from lab._ranking import COUNTED_STATUSES, Mode, choose, counted, declaration, rank_arms
 from lab._stats import t_ppf
-from lab.analysis import CONFIDENCE, COUNTED_STATUSES
+from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
 from lab.server.app import Rejected
 from lab.server.read import LabJSON, StoreDep, bucket_bounds
@@ -60,10 +61,6 @@ MAX_EXPERIMENTS = 500
 MAX_CURVE_BUCKETS = 10_000
 #: The most disagreement rows one answer holds.
 MAX_DISAGREEMENTS = 10_000
-#: The metrics an experiment is ranked by when its config names none, in order of
-#: preference: the validation loss `lab quickstart` ranks by, else the training loss
-#: `ExperimentResult.summary` ranks by; `lab show` shows both by default.
-RANKED_BY = ("val/loss", "loss")
 #: The statuses of the runs an arm's curves are drawn from: those `lab.inspect` counts, and
 #: the running ones, so a live experiment's curves grow as it runs.
 CURVE_STATUSES = (*COUNTED_STATUSES, "running")
@@ -79,18 +76,10 @@ def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def _ranking(config: Any, keys: set[str] | list[str]) -> tuple[str | None, str]:
-    """The metric and mode an experiment's arms are ranked by: its config's
-    ``summary: {metric, mode}`` when it records one, else the first of `RANKED_BY` that
-    it logged (lower is better), else none."""
-    wanted = (config or {}).get("summary") if isinstance(config, dict) else None
-    mode = "min"
-    if isinstance(wanted, dict):
-        if wanted.get("mode") in ("min", "max"):
-            mode = wanted["mode"]
-        if isinstance(wanted.get("metric"), str) and wanted["metric"] in keys:
-            return wanted["metric"], mode
-    return next((k for k in RANKED_BY if k in keys), None), mode
+def _ranking(config: Any, keys: set[str] | list[str]) -> tuple[str | None, Mode]:
+    """The metric and mode an experiment's arms are ranked by when the request names none:
+    the one it declares, else ``val/loss`` or ``loss`` (`lab._ranking.choose`)."""
+    return choose(None, None, declaration(config), keys)
 
 
 def _check_mode(mode: str | None) -> None:
@@ -189,31 +178,25 @@ def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = St
 def _best_arm(
     runs: list[Any],
     metric: str,
-    mode: str,
+    mode: Mode,
     finals: dict[tuple[int, str], float],
     arm_order: dict[int, tuple[int, str]],
 ) -> str | None:
-    """The arm `lab.inspect.summary` marks best by `metric`: over the completed and stopped
-    runs of each arm's last stage, the lowest (`mode` min) or highest mean final value,
-    ties to the earlier arm; none when some of those runs lack the metric (the summary
-    refuses to rank then) or no arm has a number."""
-    last_stage: dict[int | None, int] = {}
-    for r in runs:
-        last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
-    counted = [r for r in runs if r.status in COUNTED_STATUSES and r.stage == last_stage[r.arm_id]]
-    if not counted or any((r.run_id, metric) not in finals for r in counted):
+    """The arm `lab.inspect.summary` marks best by `metric` (`lab._ranking`: the counted
+    runs, their final values, the ranking); none when some counted run lacks the metric
+    (the summary refuses to rank then) or no arm has a number."""
+    keep = counted([(r.arm_id, r.stage, r.status) for r in runs])
+    mine = [r for r, ok in zip(runs, keep, strict=True) if ok]
+    if not mine:
         return None
     values: dict[int | None, list[float]] = {}
-    for r in counted:
-        values.setdefault(r.arm_id, []).append(finals[(r.run_id, metric)])
-    means = {arm_id: math.fsum(v) / len(v) for arm_id, v in values.items()}
-    ranked = sorted(
-        (a for a, m in means.items() if not math.isnan(m)),
-        key=lambda a: (-means[a] if mode == "max" else means[a], a is None, a or 0),
-    )
-    if not ranked or ranked[0] is None:
-        return None
-    return arm_order[ranked[0]][1]
+    for r in sorted(mine, key=lambda r: (r.arm_id is None, r.arm_id or 0)):  # arm order
+        got = values.setdefault(r.arm_id, [])
+        if (r.run_id, metric) in finals:
+            got.append(finals[(r.run_id, metric)])
+    lacking = any((r.run_id, metric) not in finals for r in mine)
+    best = rank_arms(values, mode, lacking=lacking).best
+    return arm_order[best][1] if best in arm_order else None
 
 
 # -- one experiment ---------------------------------------------------------------------------
@@ -301,6 +284,9 @@ def curves(
     gone = _gone(store)
     with connect(store.engine) as conn:
         experiment_id = store._experiment_id(conn, name)
+        config = conn.execute(
+            sa.select(SqlExperiment.config).where(SqlExperiment.experiment_id == experiment_id)
+        ).scalar_one()
         members = conn.execute(
             sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.arm_id, SqlArm.name, SqlRun.repeat,
                       SqlRun.stage, SqlRun.status)
@@ -334,8 +320,10 @@ def curves(
         status = "crashed" if r.run_id in gone else r.status
         if status in CURVE_STATUSES and r.stage == last_stage[r.arm_id]:
             arms.setdefault(r.arm_id, (r.name, []))[1].append(r.run_id)
-    ends = np.fromiter((hi - 1 for _, _, hi in bounds), np.int64, len(bounds))
-    answer_arms = [_arm_curve(arm, cut, run_ids, ends) for arm, run_ids in arms.values()]
+    declared = declaration(config).bounds or {}
+    answer_arms = [
+        _arm_curve(arm, cut, run_ids, declared.get(metric)) for arm, run_ids in arms.values()
+    ]
     answer_runs = []
     if runs:
         starts = np.searchsorted(cut.run_id, [r.run_id for r in members], side="left")
@@ -344,7 +332,7 @@ def curves(
             counted = cut.counted[a:b]
             answer_runs.append({
                 "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
-                "step": ends[cut.i[a:b]].tolist(),
+                "step": cut.step[a:b].tolist(),
                 "min": _listed(cut.low[a:b], counted), "max": _listed(cut.high[a:b], counted),
                 "last": cut.last[a:b].tolist(),
             })  # fmt: skip
@@ -357,12 +345,15 @@ def _t(df: int) -> float:
     return t_ppf(0.5 + CONFIDENCE / 2.0, df)
 
 
-def _arm_curve(arm: str | None, cut: _Cells, run_ids: list[int], ends: Any) -> dict[str, Any]:
+def _arm_curve(
+    arm: str | None, cut: _Cells, run_ids: list[int], bounds: tuple[float, float] | None
+) -> dict[str, Any]:
     """One arm's curve from its runs' cells: per bucket that any of its runs reached, the
-    mean of the runs' means with `lab._stats.spread`'s t interval (sample std, the t
-    quantile looked up once per df), and the envelope of their points; vectorized over the
-    cells (an arm of 10 runs at 1,000 buckets is 10,000 of them), each bucket's sums taken
-    in run order."""
+    last step any of them logged there, the mean of the runs' means with
+    `lab._stats.spread`'s t interval (sample std, the t quantile looked up once per df;
+    clipped to the metric's declared `bounds`), and the envelope of their points;
+    vectorized over the cells (an arm of 10 runs at 1,000 buckets is 10,000 of them), each
+    bucket's sums taken in run order."""
     mine = np.isin(cut.run_id, run_ids)
     b = cut.i[mine]
     reached = np.unique(b)
@@ -379,18 +370,26 @@ def _arm_curve(arm: str | None, cut: _Cells, run_ids: list[int], ends: Any) -> d
     np.maximum.at(highs, b[has], cut.high[mine][has])
     points = np.zeros(size, dtype=bool)
     points[b[has]] = True
-    n, mean, std, lows, highs, points = (x[reached] for x in (n, mean, std, lows, highs, points))
+    steps = np.full(size, -1, dtype=np.int64)
+    np.maximum.at(steps, b, cut.step[mine])
+    n, mean, std, lows, highs, points, steps = (
+        x[reached] for x in (n, mean, std, lows, highs, points, steps)
+    )
     n = n.astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         quantile = np.array([_t(int(k) - 1) if k >= 2 else math.nan for k in n])
         half = quantile * std / np.sqrt(n)
+    low, high = mean - half, mean + half
+    if bounds is not None:  # NaN stays NaN, as in `lab._stats.clip`
+        low = np.where(np.isnan(low), low, np.clip(low, *bounds))
+        high = np.where(np.isnan(high), high, np.clip(high, *bounds))
     return {
         "arm": arm,
-        "step": ends[reached].tolist(),
+        "step": steps.tolist(),
         "n": n.tolist(),
         "mean": _listed(mean, n >= 1),
-        "ci_low": _listed(mean - half, n >= 2),
-        "ci_high": _listed(mean + half, n >= 2),
+        "ci_low": _listed(low, n >= 2),
+        "ci_high": _listed(high, n >= 2),
         "min": _listed(lows, points),
         "max": _listed(highs, points),
     }
@@ -404,12 +403,13 @@ def _listed(values: Any, known: Any) -> list[float | None]:
 class _Cells:
     """A metric's cut, one entry per run and non-empty bucket, sorted by run then bucket,
     as numpy columns: `run_id`, bucket `i`, `low`, `high` and `mean` of the numbers
-    (NaN where `counted` is False: the bucket held NaN only), and the `last` value as
-    logged (NaN kept; NaN throughout when it was not asked for)."""
+    (NaN where `counted` is False: the bucket held NaN only), the `step` of the run's
+    last point in the bucket, and the `last` value as logged there (NaN kept; NaN
+    throughout when it was not asked for)."""
 
-    __slots__ = ("counted", "high", "i", "last", "low", "mean", "run_id")
+    __slots__ = ("counted", "high", "i", "last", "low", "mean", "run_id", "step")
 
-    def __init__(self, cells: list[tuple[int, int, Any, Any, Any, Any]]) -> None:
+    def __init__(self, cells: list[tuple[int, int, Any, Any, Any, int, Any]]) -> None:
         cells.sort(key=lambda c: (c[0], c[1]))
         nan = math.nan
         self.run_id = np.array([c[0] for c in cells], dtype=np.int64)
@@ -418,7 +418,8 @@ class _Cells:
         self.high = np.array([nan if c[3] is None else c[3] for c in cells], dtype=float)
         self.mean = np.array([nan if c[4] is None else c[4] for c in cells], dtype=float)
         self.counted = np.array([c[4] is not None for c in cells], dtype=bool)
-        self.last = np.array([nan if c[5] is None else c[5] for c in cells], dtype=float)
+        self.step = np.array([c[5] for c in cells], dtype=np.int64)
+        self.last = np.array([nan if c[6] is None else c[6] for c in cells], dtype=float)
 
     @classmethod
     def of(cls, columns: blocks.Columns | None, rest: list[tuple[Any, ...]], last: bool) -> _Cells:
@@ -431,7 +432,7 @@ class _Cells:
             mean = np.where(counted, columns.total / columns.count, np.nan)
         parts = {
             "run_id": columns.run_id, "i": columns.i, "low": columns.low,
-            "high": columns.high, "mean": mean, "counted": counted,
+            "high": columns.high, "mean": mean, "counted": counted, "step": columns.final,
             "last": columns.last if last else np.full(len(counted), np.nan),
         }  # fmt: skip
         order = None
@@ -466,7 +467,7 @@ def _cut(
     if sqlite and any(hi - lo >= 2 * BLOCK_STEPS for _, lo, hi in bounds):
         cells = blocks.cut_on(engine, key, run_ids, bounds, last=last)
         return _Cells([
-            (run_id, i, c[2], c[3], c[4] / c[5] if c[5] else None, c[6])
+            (run_id, i, c[2], c[3], c[4] / c[5] if c[5] else None, c[1], c[6])
             for (run_id, i), c in cells.items()
         ])  # fmt: skip
     with connect(engine) as conn:
@@ -506,8 +507,8 @@ def _cut_points(
     last: bool,
 ) -> dict[int, dict[int, tuple[Any, ...]]]:
     """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): (min, max,
-    mean, last value), min, max and mean without NaN (None when the bucket held NaN only),
-    the last value as logged (with `last`; else None), in one grouped query over the
+    mean, last step, last value), min, max and mean without NaN (None when the bucket held
+    NaN only), the last value as logged (with `last`; else None), in one grouped query over the
     metrics' (run_id, key, step) key.
 
     SQLite: the runs' buckets go into a temporary table in (run, bucket) order, joined to
@@ -545,8 +546,8 @@ def _cut_points(
         grouped = _PG_CURVE_CUT.format(last=_PG_LAST if last else "NULL")
         sql = sa.text(grouped).bindparams(sa.bindparam("run_ids", expanding=True))
     out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for run_id, i, low, high, mean, _step, value in conn.execute(sql, args):
-        out.setdefault(run_id, {})[int(i)] = (low, high, mean, _nan(value) if last else None)
+    for run_id, i, low, high, mean, step, value in conn.execute(sql, args):
+        out.setdefault(run_id, {})[int(i)] = (low, high, mean, step, _nan(value) if last else None)
     return out
 
 
@@ -697,14 +698,14 @@ def experiment(
             .where(SqlGroup.kind == "chain", SqlRun.run_id.in_(ids))
             .order_by(SqlGroup.group_id, SqlRun.stage, SqlRun.run_id)
         ).all()  # fmt: skip
-    ranked, ranked_mode = _ranking(exp["config"], keys)
     if metric is not None and metric not in keys:
         raise Rejected(
             404, f"experiment {name!r} has no metric {metric!r}; it has: "
                  f"{', '.join(keys) or 'none'}", "metric",
         )  # fmt: skip
-    chosen = metric or ranked or (keys[0] if keys else None)
-    chosen_mode = mode or (ranked_mode if chosen == ranked else "min")
+    wanted: Mode | None = mode  # type: ignore[assignment]  # checked above
+    chosen, chosen_mode = choose(metric, wanted, declaration(exp["config"]), keys)
+    chosen = chosen or (keys[0] if keys else None)
     summary: list[dict[str, Any]] = []
     why = None
     if chosen is not None:

@@ -971,8 +971,11 @@
             limit: 20 });
           const data = await api(`${base}/disagreements?${q}`);
           if (!mine()) return;
+          // correctness is shown only where it is defined (a discrete target): a
+          // regression's rows have it null, and their scores say how close they came
           const cols = ['example_id', 'input', 'target', 'output_a', 'output_b', 'score_a',
-            'score_b', 'correct_a', 'correct_b', 'diff'];
+            'score_b', 'correct_a', 'correct_b', 'diff'].filter((c) =>
+            !c.startsWith('correct_') || data.rows.some((r) => r[c] !== null));
           box.append(el('p', { class: 'muted', text: `A = ${state.a}, B = ${state.b}; ` +
             'each arm over its repeats, its latest eval; largest |diff| first' }),
           data.rows.length ? table('disagreements-table', cols.map((c) => ({ label: c, key: c })),
