@@ -65,6 +65,17 @@ _POLL_S = 0.05
 _LONGEST_WRITE_S = SQLITE_BUSY_TIMEOUT_MS / 1000
 
 
+class PartlyWritten(Exception):
+    """Raised by a write function that wrote the first `done` items of its batch, in order,
+    and not the others (why: `cause`). The writer keeps only the others, at the front of the
+    buffer; a write function that sends batches elsewhere (`lab.store.http.sender`) thus
+    never has the ones it delivered sent again."""
+
+    def __init__(self, done: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.done, self.cause = done, cause
+
+
 class _Flush:
     """A flush marker in the buffer: set once every item before it is committed, or once
     the writer gave up on them for now (then `error` says why)."""
@@ -308,6 +319,8 @@ class MetricWriter:
                 if marker is not None:
                     marker.done.set()
             else:
+                if isinstance(error, PartlyWritten):  # the first ones are written: done
+                    items = items[error.done :]
                 self._buffer.extendleft(reversed(items))  # back at the front, in order
                 beyond = self._out_of_reach()
                 stopping = stop or any(entry is _STOP for entry in beyond)
@@ -366,10 +379,12 @@ class MetricWriter:
         try:
             self._write(items)
         except Exception as exc:
+            cause = exc.cause if isinstance(exc, PartlyWritten) else exc
             if self._failing_since is None:
-                self._failing_since = time.monotonic()
-                log.warning("%s write failed (%s); retrying with backoff", self._what, exc)
-            self._last_error = exc
+                log.warning("%s write failed (%s); retrying with backoff", self._what, cause)
+            if self._failing_since is None or (isinstance(exc, PartlyWritten) and exc.done):
+                self._failing_since = time.monotonic()  # (some were written: it moves)
+            self._last_error = cause
             return exc if items else None  # a failed heartbeat alone is not an error
         self._failing_since = None
         self._last_error = None
