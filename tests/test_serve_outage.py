@@ -315,3 +315,39 @@ def test_lab_sync_never_sends_a_partial_or_empty_spool_file_and_says_so(
         f"{client}-000000000901.arrow.part",
         f"{client}-000000000902.arrow",
     ]  # the damaged files are left where they are
+
+
+# -- 413: a batch over the server's body limit --------------------------------------------------
+def test_a_batch_over_the_body_limit_is_sent_in_halves_and_one_step_over_it_is_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = serve(f"sqlite:///{tmp_path / 'lab.db'}", max_body=8192)
+    try:
+        store = HttpStore(served.url, token=served.write_token)
+        try:
+            exp = store.begin_experiment("big", config={}, seed=0, repeats=1)
+            group = store.add_group(exp, "g")
+            run = store.start_run(exp, group, run_key="r0", arm_id=None, repeat=0, stage=0,
+                                  seed=0, config={}, output_dir=None)  # fmt: skip
+            keys = [f"k{i:02d}" for i in range(20)]
+            with caplog.at_level(logging.WARNING, logger="lab.store.http"):
+                for step in range(1, 101):  # one batch of 2,000 rows, about 30 KB
+                    store.log_metrics(run, step, dict.fromkeys(keys, float(step)))
+                store.flush()
+                assert caplog.records == []  # sent in parts, none refused
+                store.log_metrics(run, 101, {f"x{i:04d}": 1.0 for i in range(1000)})
+                store.flush()
+        finally:
+            store.close()
+        warned = [r.getMessage() for r in caplog.records if r.name == "lab.store.http"]
+        assert len(warned) == 1
+        assert re.fullmatch(
+            rf"lab: {served.url} refused batch \d+ \(1000 metric rows of run {run}\) as too "
+            rf"large \(413: lab serve at {served.url} refused a body over its limit: the request "
+            r"body is over the server's limit of 8192 bytes; .*\); it is dropped, the run goes on",
+            warned[0],
+        ), warned
+        got = _count(served.store_url, "select count(*), count(distinct step) from metrics")
+        assert got == [(2000, 100)]  # every row of the batch, once; the step over it dropped
+    finally:
+        served.stop()

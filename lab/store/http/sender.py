@@ -408,14 +408,17 @@ def replay(client: HttpClient, item: Spooled, window_s: float | None = 0.0) -> s
 
 
 def refusal(client: HttpClient, kind: str, body: bytes, name: str, answer: Any) -> str:
-    """The line for a batch the server refused as bad data: what it held (how many rows or
-    writes, of which run), the status and the server's reason."""
+    """The line for a batch the server refused as it is (bad data, or too large even alone):
+    what it held (how many rows or writes, of which run), the status and the server's
+    reason."""
     try:
         held = describe(kind, body)
     except ValueError as exc:
         held = f"a damaged body: {exc}"
     why = mask(str(client._refused(answer)))
-    return f"{client.url.shown} refused {name} ({held}) as bad data ({answer.status_code}: {why})"
+    status = answer.status_code
+    how = "as too large" if status == 413 else "as bad data"
+    return f"{client.url.shown} refused {name} ({held}) {how} ({status}: {why})"
 
 
 def post(
