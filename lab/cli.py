@@ -667,6 +667,10 @@ def sync(
         )
     sent = replay(run_dir, url)
     typer.echo(f"sent {plural(sent, 'spooled batch', 'spooled batches')} to {url.shown}")
+    if sent.left:  # one line each, then exit 1: not everything spooled is in the store
+        for line in sent.left:
+            typer.echo(f"lab: not sent: {line}", err=True)
+        raise typer.Exit(1)
 
 
 @db_app.command("upgrade")

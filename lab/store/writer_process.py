@@ -40,6 +40,12 @@ in their threads, with one line that says so. Each one to the process is
 Ctrl-C or a SIGTERM to the training process's group leaves it writing until the training
 process has flushed at exit; it ends when its input closes, when the training process ends
 (however it ends: a SIGKILL included).
+
+A child the training process forks (a DataLoader worker, say) would inherit the two pipes and
+keep the process's input open after the training process died. So a forked child points
+its copies at /dev/null at once (`os.register_at_fork`), and, for children forked past that
+hook (by C code), the process also watches its parent: once the training process is gone
+(the process's parent changes), it ends after the batch it is writing.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -354,8 +361,25 @@ _process_lock = threading.Lock()
 
 
 def _forget_after_fork() -> None:
+    """In a forked child: forget the parent's writer process, and point the child's copies
+    of its pipes at /dev/null, so that they never keep it alive after the parent died (nor
+    take a frame: the file objects stay, and whatever they flush goes nowhere)."""
     global _process, _process_lock
-    _process, _process_lock = None, threading.Lock()
+    inherited, _process, _process_lock = _process, None, threading.Lock()
+    proc = inherited[1]._proc if inherited is not None else None
+    if proc is None:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError, ValueError):  # a pipe closed already
+                if pipe is not None:
+                    os.dup2(null, pipe.fileno())
+    finally:
+        os.close(null)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -418,7 +442,10 @@ def main() -> None:
     except OSError:
         return  # the training process ended before this one was ready: nothing to write
     stores: dict[int, Any] = {}
+    writing = threading.Lock()  # held while a frame is handled: the watch ends us between
+    threading.Thread(target=_watch_parent, args=(os.getppid(), writing), daemon=True).start()
     while (frame := _receive(source)) is not None:
+        writing.acquire()
         key, url, active, items = pickle.loads(frame)
         reply: BaseException | None = None
         try:
@@ -438,8 +465,26 @@ def main() -> None:
             _send(sink, _answer(reply))
         except OSError:
             break  # the training process is gone
-    for store in stores.values():
-        store.engine.dispose()
+        finally:
+            writing.release()
+    with writing:
+        for store in stores.values():
+            store.engine.dispose()
+
+
+#: How often the writer process looks whether the training process is still its parent.
+PARENT_POLL_S = 0.2
+
+
+def _watch_parent(parent: int, writing: threading.Lock) -> None:
+    """End the writer process once the training process that started it is gone, after the
+    frame being handled: a child it forked past `_forget_after_fork` (a C library's) could
+    otherwise hold the input open for as long as it lives. Every answered frame is
+    committed, so nothing the training process was told is written is lost."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    with writing:
+        os._exit(0)
 
 
 def _open(url: str) -> Any:

@@ -80,6 +80,7 @@ class HttpWrites:
                         max_pending=self._max_pending,
                         idle_s=1.0,
                         give_up_s=self.retry_s,
+                        window_env="LAB_HTTP_RETRY_S",
                     )
         return self._writer
 
@@ -108,8 +109,10 @@ class HttpWrites:
         return self._sender.spooled
 
     def flush(self) -> None:
-        """Return once everything queued so far is acknowledged by the server or spooled;
-        raises `ServerRejected` when the server refused a batch as malformed."""
+        """Return once everything queued so far is acknowledged by the server, spooled, or
+        dropped as bad data (with a warning line); raises `StoreError` when it could be
+        neither sent nor spooled for the retry window. (A refused token fails the run at its
+        next `log_metrics`; a flush spools, so that the run's end is kept with its rows.)"""
         if self._writer is not None:
             self._writer.flush()
 
@@ -118,11 +121,13 @@ class HttpWrites:
         connection; what stays spooled is named in one warning line with its ``lab sync``."""
         try:
             if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            self._sender.finish()
+                writer, self._writer = self._writer, None
+                writer.close()
         finally:
-            self._http.close()  # type: ignore[attr-defined]
+            try:
+                self._sender.finish()
+            finally:
+                self._http.close()  # type: ignore[attr-defined]
 
     def _post(self, path: str, body: dict[str, Any], *, retry: bool = False) -> Any:
         self._need_write()
@@ -235,7 +240,10 @@ class HttpWrites:
     # -- queued writes -------------------------------------------------------------------
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics (see `Store.log_metrics`); waits only while the buffer
-        is full, never on the network."""
+        is full, never on the network. Raises `TokenRejected` once the server refused the
+        token: the run stops there, its batches spooled."""
+        if self._sender.refused is not None:
+            raise self._sender.refused
         row = {}
         good = self._good_keys
         for key, value in metrics.items():
