@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger, mask
-from lab.errors import StoreUnreachable, TokenRejected
+from lab.errors import LabError, StoreUnreachable, TokenRejected
 from lab.store.http.spool import Spooled, spool_folder
 from lab.store.http.spool import write as write_spool
 
@@ -92,6 +93,9 @@ class Sender:
         self._heartbeat_s = heartbeat_s
         self._last_sent = time.monotonic()
         self.active: set[int] = set()  # runs started and not finished: heartbeats
+        self.driving: set[int] = set()  # experiments begun and not finished: heartbeats
+        self.driver: dict[str, Any] = {}  # this process, as the driver of those
+        self._driven_at = -math.inf
         self.last_steps: dict[int, int] = {}  # the highest step queued per run
         self.sent_batches = 0
 
@@ -106,11 +110,9 @@ class Sender:
         when the server refused a batch as malformed (`ServerRejected`)."""
         if self._spooled:
             self._replay(force=False)
-        if not items:
-            self._beat()
-            return
         for kind, seq, body, run_id in self._batches(items):
             self._deliver(kind, seq, body, run_id)
+        self._beat()
 
     def _batches(self, items: list[Any]) -> list[tuple[str, int, bytes, int | None]]:
         """Cut `items` into consecutive batches (kind, seq, body, first run id), numbered."""
@@ -252,20 +254,30 @@ class Sender:
             )
 
     def _beat(self) -> None:
-        """Keep the heartbeat of the runs started here while nothing else is sent."""
-        if self._spooled or not self.active:
+        """Keep the heartbeat of the runs started here while nothing else is sent (a batch
+        of metrics keeps theirs), and of the experiments driven here every half
+        `heartbeat_s`, whatever else is sent, naming this process as their driver."""
+        if self._spooled:
             return
-        if time.monotonic() - self._last_sent < self._heartbeat_s:
+        now = time.monotonic()
+        args: dict[str, Any] = {}
+        if self.active and now - self._last_sent >= self._heartbeat_s:
+            args["run_ids"] = sorted(self.active)
+        if self.driving and now - self._driven_at >= self._heartbeat_s / 2:
+            args.update(experiment_ids=sorted(self.driving), owner=self.driver)
+            self._driven_at = now
+        if not args:
             return
         self._seq += 1
         body = {
             "client_id": self.client_id,
             "seq": self._seq,
-            "ops": [{"op": "heartbeat", "args": {"run_ids": sorted(self.active)}}],
+            "ops": [{"op": "heartbeat", "args": args}],
         }
-        with contextlib.suppress(StoreUnreachable, TokenRejected):  # not data: never spooled
+        with contextlib.suppress(LabError):  # not data: never spooled, never fails a run
             post(self.client, self.client_id, self._seq, "json", dumps(body), 0.0)
-        self._last_sent = time.monotonic()
+        if "run_ids" in args:
+            self._last_sent = time.monotonic()
 
 
 def post(
