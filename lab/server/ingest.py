@@ -36,7 +36,7 @@ from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
-from lab.server.owners import access, as_id
+from lab.server.owners import Access, access, as_id
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
@@ -410,9 +410,10 @@ async def metrics_batch(
     client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
     body = await request.body()
     columns = _metric_columns(body)
-    runs = set(columns["run_id"])
-    await run_in_threadpool(access(request).check_write, runs=runs, field="body.run_id")
-    return await run_in_threadpool(_store_metrics, _store(request), client_id, seq, columns)
+    allowed = access(request)
+    return await run_in_threadpool(
+        _store_metrics, _store(request), allowed, client_id, seq, columns
+    )
 
 
 def _metric_columns(body: bytes) -> dict[str, list[Any]]:
@@ -452,8 +453,9 @@ def _metric_columns(body: bytes) -> dict[str, list[Any]]:
 
 
 def _store_metrics(
-    store: Store, client_id: str, seq: int, columns: dict[str, list[Any]]
+    store: Store, allowed: Access, client_id: str, seq: int, columns: dict[str, list[Any]]
 ) -> dict[str, Any]:
+    allowed.check_write(runs=set(columns["run_id"]), field="body.run_id")  # before any row
     rows = len(columns["run_id"])
 
     def write() -> bool:
@@ -497,10 +499,14 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
                 f"body.ops.{i}",
             )
         _op_ids(op, f"body.ops.{i}.args", runs, experiments)
-    if runs or experiments:  # every id the batch names, before any of it is stored
-        check = access(request).check_write
-        await run_in_threadpool(check, runs=runs, experiments=experiments, field="body.ops")
-    return await run_in_threadpool(_apply_ops, _store(request), client_id, seq, ops)
+    allowed = access(request)
+
+    def apply() -> dict[str, Any]:
+        if runs or experiments:  # every id the batch names, before any of it is stored
+            allowed.check_write(runs=runs, experiments=experiments, field="body.ops")
+        return _apply_ops(_store(request), client_id, seq, ops)
+
+    return await run_in_threadpool(apply)
 
 
 def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int]) -> None:

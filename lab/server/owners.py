@@ -28,12 +28,14 @@ read for GET and to write for every other method. Routes check the ids their bod
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Iterable
 from typing import Any
 
 import fastapi
 import sqlalchemy as sa
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
 from lab.server.app import Rejected
@@ -43,6 +45,15 @@ from lab.store.schema import SqlArm, SqlExperiment, SqlGroup, SqlRun
 
 #: Ids looked up in one query at most (SQLite binds at most 32,766 parameters).
 CHUNK = 1000
+# Text, built once: a Core select costs more to compile than to run, and this runs with
+# every batch a client sends.
+_RUNS = sa.text(
+    "SELECT r.run_id, r.experiment_id, e.name, e.created_by FROM runs r "
+    "JOIN experiments e ON e.experiment_id = r.experiment_id WHERE r.run_id IN :ids"
+).bindparams(sa.bindparam("ids", expanding=True))
+_EXPERIMENTS = sa.text(
+    "SELECT experiment_id, name, created_by FROM experiments WHERE experiment_id IN :ids"
+).bindparams(sa.bindparam("ids", expanding=True))
 
 
 def grant(name: str, scope: str = "write") -> str:
@@ -200,20 +211,11 @@ class Access:
         if new_runs or new_experiments:
             with connect(self.engine) as conn:
                 for chunk in _chunks(new_runs):
-                    for run_id, exp_id, name, created_by in conn.execute(
-                        sa.select(SqlRun.run_id, SqlRun.experiment_id, SqlExperiment.name,
-                                  SqlExperiment.created_by)
-                        .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-                        .where(SqlRun.run_id.in_(chunk))
-                    ):  # fmt: skip
+                    for run_id, exp_id, name, created_by in conn.execute(_RUNS, {"ids": chunk}):
                         self._runs[run_id] = exp_id
                         self._experiments[exp_id] = (name, created_by)
                 for chunk in _chunks(new_experiments):
-                    for exp_id, name, created_by in conn.execute(
-                        sa.select(SqlExperiment.experiment_id, SqlExperiment.name,
-                                  SqlExperiment.created_by)
-                        .where(SqlExperiment.experiment_id.in_(chunk))
-                    ):  # fmt: skip
+                    for exp_id, name, created_by in conn.execute(_EXPERIMENTS, {"ids": chunk}):
                         self._experiments[exp_id] = (name, created_by)
         for run_id in sorted(runs - self._runs.keys()):
             raise Rejected(
@@ -259,10 +261,12 @@ def _whole(text: Any) -> bool:
     )
 
 
-def guard(request: fastapi.Request) -> None:
+async def guard(request: fastapi.Request) -> None:
     """The check every API route runs after its scope check (see the module docstring):
     the ids in its path and query, to read for GET and HEAD, to write otherwise. An id that
-    is not a whole number is left to the route's validation (422)."""
+    is not a whole number is left to the route's validation (422). It waits on the store
+    only when there is something to look up (async: a request that names no id, or a read
+    by a token that reads everything, costs no thread)."""
     found = access(request)
     reading = request.method in ("GET", "HEAD")
     path, query = request.path_params, request.query_params
@@ -282,9 +286,7 @@ def guard(request: fastapi.Request) -> None:
         if _whole(key):
             ids[kind].append(int(key))
             field = f"{where}.{'run_id' if kind == 'runs' else 'experiment_id'}"
-    if not (ids["runs"] or ids["experiments"]):
+    if not (ids["runs"] or ids["experiments"]) or (reading and found.only is None):
         return
-    if reading:
-        found.check_read_ids(**ids, field=field)
-    else:
-        found.check_write(**ids, field=field)
+    check = found.check_read_ids if reading else found.check_write
+    await run_in_threadpool(functools.partial(check, **ids, field=field))
