@@ -36,6 +36,7 @@ from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
 from lab.server.app import Rejected
+from lab.server.owners import access
 from lab.server.read import LabJSON, StoreDep, bucket_bounds
 from lab.store import Store, blocks
 from lab.store.engine import connect
@@ -90,20 +91,24 @@ def _check_mode(mode: str | None) -> None:
 def _gone(store: Store) -> dict[int, str]:
     """Runs whose process is gone, with why: the read-only store shows them as crashed, as
     ``lab show`` does (and never writes it)."""
-    if not store.readonly:
-        return {}
-    return {run_id: why for run_id, _key, why, _same in store._gone_runs()}
+    return {run_id: gone.why for run_id, gone in store.crashed_now().runs.items()}
 
 
 # -- the experiments list ---------------------------------------------------------------------
 
 
 @router.get("/experiments", response_class=LabJSON)
-def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = StoreDep) -> Any:
+def experiments(
+    request: fastapi.Request,
+    q: str = "",
+    offset: int = 0,
+    limit: int = 50,
+    store: Store = StoreDep,
+) -> Any:
     """One page of experiments, newest first, those whose name holds `q` (any case) if
-    asked: status, runs done and planned, the best arm by the ranking metric, start, end
-    and duration. Paged in SQL, so a store of thousands of experiments answers as fast
-    as one of ten."""
+    asked (for a token limited to an experiment, that one): status, runs done and planned,
+    the best arm by the ranking metric, start, end and duration. Paged in SQL, so a store
+    of thousands of experiments answers as fast as one of ten."""
     if offset < 0:
         raise Rejected(400, f"offset={offset}: give 0 or more", "offset")
     if not 1 <= limit <= MAX_EXPERIMENTS:
@@ -111,6 +116,9 @@ def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = St
     where = sa.true()
     if q:
         where = sa.func.lower(SqlExperiment.name).contains(q.lower(), autoescape=True)
+    only = access(request).only
+    if only is not None:
+        where = sa.and_(where, SqlExperiment.name == only)
     current = SqlRun.superseded_at.is_(None)
     with connect(store.engine) as conn:
         total = conn.execute(sa.select(sa.func.count()).where(where)
@@ -154,7 +162,8 @@ def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = St
             sa.select(SqlArm.arm_id, SqlArm.experiment_id, SqlArm.name)
             .where(SqlArm.experiment_id.in_(ids)).order_by(SqlArm.arm_id)
         )}  # fmt: skip
-    gone = _gone(store)
+    crashed = store.crashed_now()  # runs and experiments whose process is gone
+    gone = crashed.runs
     per_exp: dict[int, list[Any]] = {}
     for run in runs:
         per_exp.setdefault(run.experiment_id, []).append(run)
@@ -166,7 +175,8 @@ def experiments(q: str = "", offset: int = 0, limit: int = 50, store: Store = St
         best = _best_arm(mine, metric, mode, finals, arm_order) if metric else None
         done = sum(1 for r in mine if r.status != "running" or r.run_id in gone)
         rows.append({
-            "name": e["name"], "status": e["status"], "runs_done": done,
+            "name": e["name"], "runs_done": done,
+            "status": "crashed" if exp_id in crashed.experiments else e["status"],
             "runs_total": max(len(mine), arms.get(exp_id, 0) * e["repeats"]),
             "best_arm": best, "metric": metric, "mode": mode,
             "started_at": e["created_at"], "ended_at": e["ended_at"],

@@ -38,6 +38,7 @@ from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
 from lab.server.bodies import metric_columns, ops_body
+from lab.server.owners import Access, access, as_id
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
@@ -52,6 +53,16 @@ CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 # -- bodies -----------------------------------------------------------------------------------
+class Owner(BaseModel):
+    """The client process that trains a run or drives an experiment: what tells a live one
+    from a crashed one."""
+
+    host: str | None = None
+    pid: int | None = None
+    process_start: float | None = None
+    boot_id: str | None = None
+
+
 class ExperimentIn(BaseModel):
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
@@ -59,6 +70,7 @@ class ExperimentIn(BaseModel):
     repeats: int = 1
     tags: list[str] = Field(default_factory=list)
     notes: str | None = None
+    owner: Owner | None = None
 
 
 class ArmIn(BaseModel):
@@ -71,15 +83,6 @@ class GroupIn(BaseModel):
     name: str
     kind: str = "repeats"
     arm_id: int | None = None
-
-
-class Owner(BaseModel):
-    """The client process that trains a run: what tells a live run from a crashed one."""
-
-    host: str | None = None
-    pid: int | None = None
-    process_start: float | None = None
-    boot_id: str | None = None
 
 
 class RunIn(BaseModel):
@@ -169,19 +172,28 @@ def _owner(owner: Owner | None) -> dict[str, Any] | None:
 # -- synchronous calls ------------------------------------------------------------------------
 @router.post("/experiments")
 def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> dict[str, int]:
-    """Create the experiment, or reopen the one of that name (`Store.begin_experiment`)."""
+    """Create the experiment, or reopen the one of that name (`Store.begin_experiment`),
+    driven by the client's process. A new one is recorded as created by this request's
+    token; one that exists is reopened only by a token that may write it (403 otherwise,
+    see `lab.server.owners`)."""
     store = _store(request)
-    exp_id = _call(
-        "body",
-        store.begin_experiment,
-        body.name,
-        config=body.config,
-        seed=body.seed,
-        repeats=body.repeats,
-        tags=body.tags,
-        notes=body.notes,
-    )
-    return {"experiment_id": exp_id}
+    allowed = access(request)
+
+    def begin() -> int:
+        with one_transaction(store.engine):
+            allowed.check_begin(body.name)
+            return store.begin_experiment(
+                body.name,
+                config=body.config,
+                seed=body.seed,
+                repeats=body.repeats,
+                tags=body.tags,
+                notes=body.notes,
+                owner=_owner(body.owner) or {},
+                created_by=allowed.token.name,
+            )
+
+    return {"experiment_id": _call("body", begin)}
 
 
 @router.post("/experiments/{experiment_id}/arms")
@@ -203,6 +215,7 @@ def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[s
 def add_group(experiment_id: int, body: GroupIn, request: fastapi.Request) -> dict[str, int]:
     """Record a group of runs (`Store.add_group`)."""
     store = _store(request)
+    access(request).check_parts(experiment_id, arm_id=body.arm_id)
     group_id = _call(
         "path.experiment_id",
         store.add_group,
@@ -219,6 +232,7 @@ def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fast
     """Claim a run before it starts (`Store.claim_run`): ``run_id`` when the client won it,
     ``finished`` (its record) when another process finished it; 409 while one trains it."""
     store = _store(request)
+    _check_run_parts(request, experiment_id, body)
     fields = body.model_dump(exclude={"owner"})
     run_id, finished = _call(
         "path.experiment_id",
@@ -236,6 +250,7 @@ def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fast
 def start_run(experiment_id: int, body: StartIn, request: fastapi.Request) -> dict[str, int]:
     """Record a run as `running` under the client's process (`Store.start_run`)."""
     store = _store(request)
+    _check_run_parts(request, experiment_id, body, claimed=body.claimed)
     fields = body.model_dump(exclude={"owner"})
     run_id = _call(
         "path.experiment_id",
@@ -286,6 +301,19 @@ def truncate_run(run_id: int, body: TruncateIn, request: fastapi.Request) -> dic
     """Drop a run's rows after a step, or all of them (`Store.truncate_run`)."""
     _call("path.run_id", _store(request).truncate_run, run_id, body.after_step)
     return {"ok": True}
+
+
+def _check_run_parts(
+    request: fastapi.Request, experiment_id: int, body: RunIn, claimed: int | None = None
+) -> None:
+    """404 unless the group, arm, parent run and claimed run a run's body names belong to
+    the experiment of its path: a client starts runs only inside an experiment it writes."""
+    access(request).check_parts(
+        experiment_id,
+        group_id=body.group_id,
+        arm_id=body.arm_id,
+        runs={"parent_run_id": body.parent_run_id, "claimed": claimed},
+    )
 
 
 # -- what a recording client reads before it starts -------------------------------------------
@@ -387,12 +415,16 @@ async def metrics_batch(
     client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
     body = await request.body()
     columns = metric_columns(body)  # bounded: see lab.server.bodies
-    return await run_in_threadpool(_store_metrics, _store(request), client_id, seq, columns)
+    allowed = access(request)
+    return await run_in_threadpool(
+        _store_metrics, _store(request), allowed, client_id, seq, columns
+    )
 
 
 def _store_metrics(
-    store: Store, client_id: str, seq: int, columns: dict[str, list[Any]]
+    store: Store, allowed: Access, client_id: str, seq: int, columns: dict[str, list[Any]]
 ) -> dict[str, Any]:
+    allowed.check_write(runs=set(columns["run_id"]), field="body.run_id")  # before any row
     rows = len(columns["run_id"])
 
     def write() -> bool:
@@ -419,6 +451,8 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     body = ops_body(await request.body())  # bounded: see lab.server.bodies
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
+    runs: set[int] = set()
+    experiments: set[int] = set()
     for i, op in enumerate(ops):
         known = isinstance(op, dict) and op.get("op") in OPS
         if not known or not isinstance(op.get("args"), dict):
@@ -427,7 +461,37 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
                 f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}',
                 f"body.ops.{i}",
             )
-    return await run_in_threadpool(_apply_ops, _store(request), client_id, seq, ops)
+        _op_ids(op, f"body.ops.{i}.args", runs, experiments)
+    allowed = access(request)
+
+    def apply() -> dict[str, Any]:
+        if runs or experiments:  # every id the batch names, before any of it is stored
+            allowed.check_write(runs=runs, experiments=experiments, field="body.ops")
+        return _apply_ops(_store(request), client_id, seq, ops)
+
+    return await run_in_threadpool(apply)
+
+
+def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int]) -> None:
+    """Add the run and experiment ids operation `op` writes to `runs` and `experiments`
+    (a 400 for an id that is not a whole number)."""
+    args = op["args"]
+    if op["op"] == "media":
+        rows = args.get("rows")
+        for j, row in enumerate(rows if isinstance(rows, list) else []):
+            if isinstance(row, dict) and "run_id" in row:
+                runs.add(as_id(row["run_id"], f"{where}.rows.{j}.run_id"))
+        return
+    if op["op"] == "heartbeat":
+        for name, into in (("run_ids", runs), ("experiment_ids", experiments)):
+            values = args.get(name) or []
+            if not isinstance(values, list):
+                raise Rejected(400, f"{where}.{name} must be a list of ids", f"{where}.{name}")
+            into.update(as_id(v, f"{where}.{name}") for v in values)
+        return
+    for name, into in (("run_id", runs), ("experiment_id", experiments)):
+        if name in args:
+            into.add(as_id(args[name], f"{where}.{name}"))
 
 
 def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -484,9 +548,20 @@ def _finish_experiment(store: Store, conn: sa.Connection, experiment_id: int, **
     store.finish_experiment(int(experiment_id), **kw)
 
 
-def _heartbeat(store: Store, conn: sa.Connection, run_ids: list[int]) -> None:
+def _heartbeat(
+    store: Store,
+    conn: sa.Connection,
+    run_ids: list[int] | None = None,
+    experiment_ids: list[int] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> None:
+    """The heartbeat of a client's running runs, and of the experiments it drives with the
+    client's process as their driver (`Store.drive`)."""
     if run_ids:
         conn.execute(store._beat, {"ids": sorted(int(i) for i in run_ids), "now": _now()})
+    if experiment_ids:
+        driver = Owner.model_validate(owner or {}).model_dump()
+        store.drive(conn, [int(i) for i in experiment_ids], driver)
 
 
 def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:

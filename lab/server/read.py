@@ -23,8 +23,9 @@ import sqlalchemy as sa
 from fastapi.responses import JSONResponse, Response
 
 from lab._json import finite_json
-from lab.errors import NoRun
+from lab.errors import NoExperiment, NoRun
 from lab.server.app import Rejected
+from lab.server.owners import access
 from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -98,11 +99,16 @@ StoreDep = fastapi.Depends(store_of)
 
 @router.get("/experiments", response_class=LabJSON)
 def list_experiments(
-    status: str | None = None, tag: str | None = None, store: Store = StoreDep
+    request: fastapi.Request,
+    status: str | None = None,
+    tag: str | None = None,
+    store: Store = StoreDep,
 ) -> Any:
     """Every experiment with its status and run counts, newest first (`Store.list_experiments`),
-    those of one `status` or carrying one `tag` if asked."""
-    rows = store.list_experiments()
+    those of one `status` or carrying one `tag` if asked; for a token limited to an
+    experiment, that one."""
+    readable = access(request).readable
+    rows = [r for r in store.list_experiments() if readable(r["name"])]
     if status is not None:
         rows = [r for r in rows if r["status"] == status]
     if tag is not None:
@@ -197,9 +203,12 @@ def summaries(name: str, key: str | None = None, store: Store = StoreDep) -> Any
         if key is not None:
             query = query.where(SqlSummary.key == key)
         rows = [dict(r) for r in conn.execute(query).mappings()]
+    gone = store.crashed_now().runs  # a run whose process is gone reads as crashed
     for row in rows:
         if row["last_value"] is None:  # SQLite keeps NaN as NULL
             row["last_value"] = math.nan
+        if row["run_id"] in gone and row["status"] == "running":
+            row["status"] = "crashed"
     return LabJSON(rows)
 
 
@@ -456,11 +465,22 @@ def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
 
 
 @router.get("/tables/{table}", response_class=Response)
-def table(table: str, experiment: str | None = None, store: Store = StoreDep) -> Any:
-    """Every row of one store table (of one `experiment` if asked) as an Arrow IPC stream:
-    what ``lab.inspect.connect("http://...")`` loads to build its views. JSON columns are
-    their text, NaN is NaN on every backend; token hashes are never served."""
-    return Response(to_ipc(read_table(store, table, experiment)), media_type=ARROW_STREAM)
+def table(
+    request: fastapi.Request, table: str, experiment: str | None = None, store: Store = StoreDep
+) -> Any:
+    """Every row of one store table (of one `experiment` if asked, and always of the one
+    a limited token reads) as an Arrow IPC stream: what ``lab.inspect.connect("http://...")``
+    loads to build its views. JSON columns are their text, NaN is NaN on every backend;
+    token hashes are never served."""
+    only = access(request).only
+    if only is not None and experiment is None:
+        try:
+            data = read_table(store, table, only)
+        except NoExperiment:  # not recorded yet: nothing of it to read
+            data = table_schema(table).empty_table()
+    else:
+        data = read_table(store, table, experiment)
+    return Response(to_ipc(data), media_type=ARROW_STREAM)
 
 
 @router.get("/experiments/{name:path}/export", response_class=Response)
@@ -527,6 +547,8 @@ def read_table(
             experiment_id = store._experiment_id(conn, experiment)
             query = query.where(_belongs(model, experiment_id, current=current))
         rows = conn.execute(query).all()
+    if table in ("runs", "experiments"):
+        rows = _judged(store, model, rows)
     schema = table_schema(table)
     arrays = []
     for i, (column, field) in enumerate(zip(copied, schema, strict=True)):
@@ -535,6 +557,29 @@ def read_table(
             values = [math.nan if v is None else v for v in values]
         arrays.append(pa.array(values, field.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _judged(store: Store, model: sa.Table, rows: list[Any]) -> list[Any]:
+    """The rows of `runs` or `experiments` with those whose process is gone shown as
+    crashed (`Store.crashed_now`), as ``lab ls`` and ``lab.inspect`` over the store itself
+    show them: a notebook reading through the server sees what one on the store sees."""
+    crashed = store.crashed_now()
+    gone = crashed.runs if model.name == "runs" else crashed.experiments
+    if not gone:
+        return rows
+    names = [c.name for c in model.columns]
+    key, status = names.index(model.name[:-1] + "_id"), names.index("status")
+    error = names.index("error") if "error" in names else None
+    out = []
+    for row in rows:
+        found = gone.get(row[key])
+        if found is not None and row[status] == "running":
+            row = list(row)
+            row[status] = "crashed"
+            if error is not None:
+                row[error] = found.why
+        out.append(row)
+    return out
 
 
 def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -145,6 +146,9 @@ class Sender:
         self._last_sent = time.monotonic()
         self._why: str | None = None  # why the spool is not replayed yet: the last refusal
         self.active: set[int] = set()  # runs started and not finished: heartbeats
+        self.driving: set[int] = set()  # experiments begun and not finished: heartbeats
+        self.driver: dict[str, Any] = {}  # this process, as the driver of those
+        self._driven_at = -math.inf
         self.last_steps: dict[int, int] = {}  # the highest step queued per run
         self.sent_batches = 0
         #: Set while the server refuses the token: the run fails with it (`HttpWrites`).
@@ -178,6 +182,7 @@ class Sender:
             queue.extendleft(reversed(halves))
             if not halves:
                 done += len(batch.items)
+        self._beat()
 
     def _batches(self, items: list[Any]) -> list[_Batch]:
         """Cut `items` into consecutive batches: runs of metric steps (up to `MAX_POINTS`
@@ -382,20 +387,30 @@ class Sender:
             )
 
     def _beat(self) -> None:
-        """Keep the heartbeat of the runs started here while nothing else is sent."""
-        if self._spooled or not self.active:
+        """Keep the heartbeat of the runs started here while nothing else is sent (a batch
+        of metrics keeps theirs), and of the experiments driven here every half
+        `heartbeat_s`, whatever else is sent, naming this process as their driver."""
+        if self._spooled:
             return
-        if time.monotonic() - self._last_sent < self._heartbeat_s:
+        now = time.monotonic()
+        args: dict[str, Any] = {}
+        if self.active and now - self._last_sent >= self._heartbeat_s:
+            args["run_ids"] = sorted(self.active)
+        if self.driving and now - self._driven_at >= self._heartbeat_s / 2:
+            args.update(experiment_ids=sorted(self.driving), owner=self.driver)
+            self._driven_at = now
+        if not args:
             return
         self._seq += 1
         body = {
             "client_id": self.client_id,
             "seq": self._seq,
-            "ops": [{"op": "heartbeat", "args": {"run_ids": sorted(self.active)}}],
+            "ops": [{"op": "heartbeat", "args": args}],
         }
-        with contextlib.suppress(LabError):  # not data: never spooled, never an error
+        with contextlib.suppress(LabError):  # not data: never spooled, never fails a run
             post(self.client, self.client_id, self._seq, "json", dumps(body), 0.0)
-        self._last_sent = time.monotonic()
+        if "run_ids" in args:
+            self._last_sent = time.monotonic()
 
 
 def _answered(exc: BaseException) -> str | None:

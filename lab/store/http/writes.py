@@ -65,6 +65,7 @@ class HttpWrites:
         self._writer_lock = threading.Lock()
         self._good_keys: set[str] = set()
         self._owner = this_owner()
+        self._sender.driver = self._owner
         #: Histogram and image rows, queued with the metrics (as `Store.media`).
         self.media = _Media(self)
 
@@ -151,10 +152,15 @@ class HttpWrites:
         tags: Sequence[str] = (),
         notes: str | None = None,
     ) -> int:
-        """Create the experiment, or reopen the one of that name; returns its id."""
+        """Create the experiment, or reopen the one of that name, driven by this process
+        (see `Store.begin_experiment`); returns its id. Its heartbeat is sent until
+        `finish_experiment`."""
         body = {"name": name, "config": config, "seed": seed, "repeats": repeats,
-                "tags": list(tags), "notes": notes}  # fmt: skip
-        return self._post("/experiments", body, retry=True)["experiment_id"]
+                "tags": list(tags), "notes": notes, "owner": self._owner}  # fmt: skip
+        exp_id = self._post("/experiments", body, retry=True)["experiment_id"]
+        self._sender.driving.add(exp_id)
+        _ = self.writer  # started now: it keeps the experiment's heartbeat
+        return exp_id
 
     def add_arm(
         self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
@@ -289,6 +295,7 @@ class HttpWrites:
         callback_errors: list[dict[str, Any]] | None = None,
     ) -> None:
         """Queue an experiment's end; sent after everything its runs queued."""
+        self._sender.driving.discard(experiment_id)
         self._queue(
             "finish_experiment",
             {"experiment_id": experiment_id, "status": status, "callback_errors": callback_errors},
