@@ -293,8 +293,9 @@ class TokenGate:
         self.outage = outage or Outage()
 
     async def _find(self, token: str) -> Any:
-        """The live token (`lab.server.auth.Token`: name, scope, experiment), or None; `_StoreDown` when the store fails (then the
-        request is answered 503, as a route's would be)."""
+        """The live token (`lab.server.auth.Token`: name, scope, experiment), or None;
+        `_StoreDown` when the store fails (then the request is answered 503, as a route's
+        would be)."""
         from starlette.concurrency import run_in_threadpool
 
         from lab.server.auth import find_token
