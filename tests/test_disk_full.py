@@ -141,11 +141,11 @@ def test_a_file_size_limit_fails_the_save_the_same_way(tmp_path: Path) -> None:
 def _fill(disk: Path) -> Path:
     """Fill `disk` to the last byte with one file; returns it (delete it to make room)."""
     filler = disk / "filler"
-    with filler.open("wb") as f:
+    # unbuffered: a buffered file keeps the bytes that did not fit, and fails again closing
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler
