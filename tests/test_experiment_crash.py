@@ -282,7 +282,8 @@ def test_of_two_drivers_the_experiment_runs_while_one_lives(store_url: str) -> N
     first = _begin(store_url, "driven", stay=True)
     try:
         second = _begin(store_url, "driven", stay=True)
-        assert _rows(store_url, "SELECT pid FROM experiments") == [(second.pid,)]  # the latest
+        # the driver recorded is the one that began or beat last: either, while both live
+        assert _rows(store_url, "SELECT pid FROM experiments") in ([(second.pid,)], [(first.pid,)])
         _kill(second)
         deadline = time.monotonic() + WAIT_S
         while _rows(store_url, "SELECT pid FROM experiments") != [(first.pid,)]:

@@ -90,7 +90,8 @@ def test_a_server_whose_store_fails_answers_503_and_the_run_spools_and_goes_on(
     assert len(spooled) == 1
     assert re.fullmatch(
         rf"lab: lab serve at {served.url} answered 503 for \d+\.\ds \(LAB_HTTP_RETRY_S\): the "
-        r"store behind the server did not answer; try again later; batches are spooled to "
+        r"store behind the server failed; try again later \(the server's log says why\); "
+        r"batches are spooled to "
         rf"{tmp_path / 'runs'}/offline/base-r0/{SPOOL_DIR} from batch \d+ on, the run goes on, "
         r"and they are replayed when the server answers \(or: lab sync RUN_DIR\)",
         spooled[0],
@@ -99,7 +100,8 @@ def test_a_server_whose_store_fails_answers_503_and_the_run_spools_and_goes_on(
     left = [r.getMessage() for r in caplog.records if "stay spooled" in r.getMessage()]
     assert left == [
         f"lab: {len(files)} batches stay spooled (lab serve at {served.url} answered 503: the "
-        "store behind the server did not answer; try again later); send them when it is back "
+        "store behind the server failed; try again later (the server's log says why)); send "
+        "them when it is back "
         f"with: lab sync {run_dir} --store {served.url}"
     ]
     assert full.filler is not None
@@ -130,8 +132,8 @@ def test_a_token_refused_mid_run_fails_the_run_and_drops_nothing(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Store(served.store_url)
-    try:  # the token the rows are sent with later (made before the run, as it would be)
-        fresh = create_token(store.engine, "tests-write-2", "write")
+    try:  # the token the rows are sent with later: an operator grants it the experiment
+        fresh = create_token(store.engine, "tests-write-2", "write", experiment="revoked")
     finally:
         store.close()
     monkeypatch.setenv("LAB_TOKEN", served.write_token)

@@ -548,7 +548,7 @@ def test_a_store_that_goes_away_is_a_503_and_one_log_line_per_outage(
             proxy.restore()
             assert _health(server, 200)["store"] == "ok"
             back = http.get("/api/v1/token", headers=bearer)
-            assert back.json() == {"name": "w", "scope": "write"}
+            assert back.json() == {"name": "w", "scope": "write", "experiment": None}
     assert {(a.status_code, a.text) for a in refused} == {
         (503, json.dumps({"detail": STORE_DOWN, "field": None}))
     }
