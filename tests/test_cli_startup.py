@@ -1,0 +1,100 @@
+"""What the `lab` commands that only read import: none of SQLAlchemy, Alembic, numpy, torch,
+pandas, DuckDB or pyarrow, each of which costs a command more CPU than its whole work
+(bench/cli_startup.py times them). Each command runs as a real subprocess on a real store
+(SQLite and PostgreSQL, and through a real `lab serve`), and says at exit what it imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from lab.server.auth import create_token
+from lab.store import Store
+from lab.store.migrations import head_revision
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("sqlalchemy", "alembic", "numpy", "torch", "pandas", "duckdb", "pyarrow")
+
+# runs the command as the console script does, then names the heavy modules it imported
+_COMMAND = """
+import json, sys
+heavy = json.loads(sys.argv[1])
+sys.argv = ["lab", *sys.argv[2:]]
+from lab.cli import main
+try:
+    main()
+finally:
+    print("imported:", json.dumps(sorted(m for m in heavy if m in sys.modules)), file=sys.stderr)
+"""
+
+
+def _imports(*args: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """Run ``lab ARGS``; its stdout and the heavy modules it imported."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COMMAND, json.dumps(HEAVY), *args],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    *_, last = out.stderr.splitlines()
+    assert last.startswith("imported: "), out.stderr
+    return out.stdout, json.loads(last.removeprefix("imported: "))
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _record(url: str) -> None:
+    """One experiment whose driver died: a completed run, and a run whose process died
+    while it was `running` (so the readers judge owners, as `lab ls` does), and a token."""
+    store = Store(url)
+    try:
+        exp_id = store.begin_experiment("exp", config={}, seed=0, repeats=2)
+        group_id = store.add_group(exp_id, "g")
+        for repeat in (0, 1):
+            run_id = store.start_run(
+                exp_id, group_id, run_key=f"r{repeat}", arm_id=None, repeat=repeat, stage=0,
+                seed=repeat, config={}, output_dir=None,
+            )  # fmt: skip
+            store.log_metrics(run_id, 1, {"loss": 1.0})
+            store.flush()
+        store.finish_run(run_id - 1, status="completed")
+        dead = {"pid": _dead_pid()}
+        with store.engine.begin() as conn:  # as a SIGKILL leaves them, by a pid now gone
+            for table in ("runs", "experiments"):
+                conn.execute(
+                    sa.text(f"UPDATE {table} SET pid = :pid, process_start = NULL, "
+                            "boot_id = NULL WHERE status = 'running'"), dead,
+                )  # fmt: skip
+        create_token(store.engine, "ci", "read")
+    finally:
+        store.close()
+
+
+def test_commands_that_only_read_import_no_heavy_library(store_url: str) -> None:
+    _record(store_url)
+    env = {"LAB_STORE_URL": store_url}
+    expected = {
+        ("--help",): "Run torch experiments as arms x repeats",
+        ("show", "--help"): "Show an experiment's arms",
+        ("db", "--help"): "Inspect and migrate the store's schema.",
+        ("ls",): "1 completed, 1 crashed",
+        ("show", "exp"): "exp: crashed, 2 runs, seed 0",
+        ("show", "exp", "--run", "r1"): "exp / r1: crashed",
+        ("db", "current"): f"{head_revision()} (head)",
+        ("token", "list"): "ci    read",
+    }
+    for args, line in expected.items():
+        stdout, imported = _imports(*args, env=env)
+        assert line in stdout, (args, stdout)
+        assert imported == [], args
