@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from lab.server.auth import create_token
 from lab.store import Store
 from lab.store.migrations import head_revision
+from tests.served import serve
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("sqlalchemy", "alembic", "numpy", "torch", "pandas", "duckdb", "pyarrow")
@@ -98,3 +99,19 @@ def test_commands_that_only_read_import_no_heavy_library(store_url: str) -> None
         stdout, imported = _imports(*args, env=env)
         assert line in stdout, (args, stdout)
         assert imported == [], args
+
+
+def test_reading_through_lab_serve_imports_no_heavy_library(sqlite_url: str) -> None:
+    _record(sqlite_url)
+    served = serve(sqlite_url)
+    try:
+        env = {"LAB_TOKEN": served.read_token}
+        for args, line in {
+            ("ls",): "1 completed, 1 crashed",
+            ("show", "exp"): "exp: crashed, 2 runs, seed 0",
+        }.items():
+            stdout, imported = _imports(*args, "--store", served.url, env=env)
+            assert line in stdout, (args, stdout)
+            assert imported == [], args
+    finally:
+        served.stop()
