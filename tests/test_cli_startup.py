@@ -115,3 +115,44 @@ def test_reading_through_lab_serve_imports_no_heavy_library(sqlite_url: str) -> 
             assert imported == [], args
     finally:
         served.stop()
+
+
+_TRAIN_LIB = """\
+import pydantic
+
+
+class Config(pydantic.BaseModel):
+    lr: float = 0.05
+    steps: int = 30
+
+
+def train(run):
+    import torch  # where it trains: checking the file needs none
+
+    return {"loss": float(torch.tensor(run.config.lr))}
+"""
+_SWEEP = """\
+name: sweep
+train: train_lib:train
+config: train_lib:Config
+arms: [{name: small, lr: 0.01}, {name: large, lr: 0.1}]
+repeats: 2
+callbacks:
+  - {kind: console_logger, params: {every: 10}}
+  - {kind: jsonl_logger}
+  - {kind: metric_saver, params: {every: 10}}
+summary: {metric: loss, mode: min}
+"""
+
+
+def test_checking_an_experiment_file_imports_what_its_module_imports(tmp_path: Path) -> None:
+    """``lab run FILE --dry-run`` imports the file's module, builds its callbacks and its
+    Experiment: lab itself adds no torch to what the module imports (nor SQLAlchemy for
+    the SqlLogger it would record with)."""
+    (tmp_path / "train_lib.py").write_text(_TRAIN_LIB)
+    (tmp_path / "sweep.yaml").write_text(_SWEEP)
+    stdout, imported = _imports("run", str(tmp_path / "sweep.yaml"), "--dry-run")
+    assert stdout.startswith("sweep: 2 arms x 2 repeats = 4 runs (serial)\n"), stdout
+    assert "callbacks: ConsoleLogger, JsonlLogger, MetricSaver, SqlLogger\n" in stdout
+    assert imported == []
+    assert not (tmp_path / "lab.db").exists()
