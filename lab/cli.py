@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` loa
     # numpy nor SQLAlchemy (tests/test_cli_startup.py)
     from lab.experiment import Experiment
     from lab.records import ExperimentResult, Summary
+    from lab.store.urls import StoreURL
 
 # Plain help text: Rich markup would swallow "[default: ...]" and give flags a "<bool>".
 app = typer.Typer(
@@ -781,7 +782,7 @@ def ui(
     serve_ui(store, port=port, open_browser=not no_open)
 
 
-def _token_url(store: str | None) -> Any:
+def _token_url(store: str | None) -> StoreURL:
     """The URL of the database that keeps the tokens: a SQL store, never a server (tokens
     are made where the database is, by whoever may open it)."""
     from lab.store.urls import resolve_url

@@ -2,6 +2,7 @@
 pandas, DuckDB or pyarrow, each of which costs a command more CPU than its whole work
 (bench/cli_startup.py times them). Each command runs as a real subprocess on a real store
 (SQLite and PostgreSQL, and through a real `lab serve`), and says at exit what it imported.
+And what they read without SQLAlchemy (`Reader`) is what a read-only `Store` reads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from lab.server.auth import create_token
 from lab.store import Store
 from lab.store.migrations import head_revision
+from lab.store.reader import Reader
 from tests.served import serve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,20 +58,24 @@ def _dead_pid() -> int:
 
 
 def _record(url: str) -> None:
-    """One experiment whose driver died: a completed run, and a run whose process died
-    while it was `running` (so the readers judge owners, as `lab ls` does), and a token."""
+    """One experiment whose driver died: a completed run, a run whose process died while it
+    was `running` (so the readers judge owners, as `lab ls` does), a superseded run (left
+    out by every reader), and a token."""
     store = Store(url)
     try:
         exp_id = store.begin_experiment("exp", config={}, seed=0, repeats=2)
         group_id = store.add_group(exp_id, "g")
-        for repeat in (0, 1):
-            run_id = store.start_run(
-                exp_id, group_id, run_key=f"r{repeat}", arm_id=None, repeat=repeat, stage=0,
+        ids = {}
+        for key, repeat in (("old", 0), ("r0", 0), ("r1", 1)):
+            ids[key] = store.start_run(
+                exp_id, group_id, run_key=key, arm_id=None, repeat=repeat, stage=0,
                 seed=repeat, config={}, output_dir=None,
             )  # fmt: skip
-            store.log_metrics(run_id, 1, {"loss": 1.0})
+            store.log_metrics(ids[key], 1, {"loss": 1.0})
             store.flush()
-        store.finish_run(run_id - 1, status="completed")
+            if key != "r1":
+                store.finish_run(ids[key], status="completed")
+        store.supersede_run(ids["old"], "old-superseded", None)
         dead = {"pid": _dead_pid()}
         with store.engine.begin() as conn:  # as a SIGKILL leaves them, by a pid now gone
             for table in ("runs", "experiments"):
@@ -99,6 +105,30 @@ def test_commands_that_only_read_import_no_heavy_library(store_url: str) -> None
         stdout, imported = _imports(*args, env=env)
         assert line in stdout, (args, stdout)
         assert imported == [], args
+
+
+def test_a_reader_reads_what_a_read_only_store_reads(store_url: str) -> None:
+    """The same statements through the driver alone and through SQLAlchemy: the same dicts,
+    crashed runs and experiments judged alike, superseded runs left out alike."""
+    _record(store_url)
+    store = Store(store_url, readonly=True)
+    reader = Reader(store_url)
+    try:
+        listed = reader.list_experiments()
+        assert listed == store.list_experiments()
+        assert [(e["name"], e["status"], e["runs_by_status"], e["superseded"]) for e in listed] == [
+            ("exp", "crashed", {"completed": 1, "crashed": 1}, 1)
+        ]
+        shown = reader.get_experiment("exp")
+        assert shown == store.get_experiment("exp")
+        assert [(r["run_key"], r["status"], r["step"]) for r in shown["runs"]] == [
+            ("r0", "completed", 1), ("r1", "crashed", 1)
+        ]  # fmt: skip
+        assert shown["superseded"] == 1
+        assert reader.revision == store.revision == head_revision()
+    finally:
+        reader.close()
+        store.close()
 
 
 def test_reading_through_lab_serve_imports_no_heavy_library(sqlite_url: str) -> None:
