@@ -14,12 +14,13 @@ import typer
 
 from lab._secrets import mask
 from lab._table import plural, render
-from lab.errors import ConfigError, LabError, Terminated
-from lab.records import FAILED
+from lab.errors import ConfigError, LabError, NoStore, Terminated
 
-if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` never load torch
+if TYPE_CHECKING:  # imported inside the commands: `lab --help` and `lab ls` load no torch,
+    # numpy nor SQLAlchemy (tests/test_cli_startup.py)
     from lab.experiment import Experiment
     from lab.records import ExperimentResult, Summary
+    from lab.store.urls import StoreURL
 
 # Plain help text: Rich markup would swallow "[default: ...]" and give flags a "<bool>".
 app = typer.Typer(
@@ -247,6 +248,7 @@ def run_file(
     when interrupted (after what finished, and the command that continues it).
     """
     from lab.experiment_file import plan, read_experiment_file
+    from lab.records import FAILED
     from lab.store import resolve_url
 
     spec = read_experiment_file(file, overrides or ())
@@ -274,16 +276,19 @@ def run_file(
 
 
 def _reading(store: str | None) -> Any:
-    """The store a command that only reads opens: a `Store` read-only, or for a `lab serve`
-    URL an `HttpStore` (token from LAB_TOKEN), which reads through the server."""
-    from lab.store import Store, resolve_url
+    """The store a command that only reads opens: a `Reader` (a SQL store read as a
+    read-only `Store` reads it, without SQLAlchemy), or for a `lab serve` URL an
+    `HttpStore` (token from LAB_TOKEN), which reads through the server."""
+    from lab.store.urls import HTTP_SCHEMES, resolve_url
 
     url = resolve_url(store)
-    if url.backend in ("http", "https"):
+    if url.backend in HTTP_SCHEMES:
         from lab.store.http import HttpStore
 
         return HttpStore(url)
-    return Store(url, readonly=True)
+    from lab.store.reader import Reader
+
+    return Reader(url)
 
 
 @app.command("ls")
@@ -777,11 +782,10 @@ def ui(
     serve_ui(store, port=port, open_browser=not no_open)
 
 
-def _token_store(store: str | None) -> Any:
-    """The database that keeps the tokens: a SQL store, never a server (tokens are made
-    where the database is, by whoever may open it)."""
-    from lab.store import Store
-    from lab.store.engine import resolve_url
+def _token_url(store: str | None) -> StoreURL:
+    """The URL of the database that keeps the tokens: a SQL store, never a server (tokens
+    are made where the database is, by whoever may open it)."""
+    from lab.store.urls import resolve_url
 
     url = resolve_url(store)
     if url.backend not in ("sqlite", "postgresql"):
@@ -789,7 +793,14 @@ def _token_store(store: str | None) -> Any:
             f"tokens live in the database behind the server: give --store the sqlite:/// or "
             f"postgresql:// URL that lab serve was started with, not {url.shown}"
         )
-    return Store(url)
+    return url
+
+
+def _token_store(store: str | None) -> Any:
+    """The store that keeps the tokens, opened to change them."""
+    from lab.store import Store
+
+    return Store(_token_url(store))
 
 
 @token_app.command("create")
@@ -834,13 +845,17 @@ def token_create(
 @_clean_errors
 def token_list(store: StoreOption = None) -> None:
     """List the tokens: names, scopes, when made and revoked (never the tokens)."""
-    from lab.server.auth import list_tokens
+    from lab.store.reader import Reader
 
-    s = _token_store(store)
     try:
-        rows = list_tokens(s.engine)
-    finally:
-        s.close()
+        s = Reader(_token_url(store), empty_ok=True)
+    except NoStore:  # no store there yet: no token either (lab token create makes both)
+        rows = []
+    else:
+        try:
+            rows = s.list_tokens()
+        finally:
+            s.close()
     if not rows:
         typer.echo("no tokens yet; make one: lab token create NAME --scope read|write|admin")
         return

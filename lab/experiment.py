@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
@@ -60,7 +60,6 @@ from lab.hooks import (
     LogContext,
 )
 from lab.loggers import store_sink
-from lab.loop.evals import Evaluator
 from lab.records import (
     FAILED,
     FINISHED,
@@ -89,7 +88,10 @@ from lab.runs import (
     run_in_worker,
 )
 from lab.sinks import StoreSink
-from lab.store.engine import resolve_url
+from lab.store.urls import resolve_url
+
+if TYPE_CHECKING:  # the loop brings torch: a run imports it, declaring an experiment does not
+    from lab.loop.evals import Evaluator
 
 __all__ = [  # the results are defined in lab.records, runs execute in lab.runs
     "EXECUTORS",

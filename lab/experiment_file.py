@@ -53,11 +53,10 @@ from lab.errors import ConfigError, StoreError
 from lab.experiment import Arm, Experiment, safe_name
 from lab.hooks import Callback
 from lab.loggers import store_sink
-from lab.loop.evals import Evaluator
 from lab.loop.metric_names import LOOP_METRICS, close_matches, logged_by, needed_by
 from lab.records import FAILED, ExperimentResult, Summary
 from lab.sinks import StoreSink
-from lab.store.engine import resolve_url
+from lab.store.urls import resolve_url
 
 __all__ = ["ArmEntry", "ExperimentFile", "SummaryEntry", "load_experiment", "plan",
            "read_experiment_file"]  # fmt: skip
@@ -214,7 +213,7 @@ class ExperimentFile(pydantic.BaseModel):
         if metric is not None and metric.partition("/")[0] not in self.benchmarks:
             callbacks.append(SummaryMetric(metric, f"{label}: summary.metric {metric!r}"))
         try:
-            benchmarks = [Evaluator(name, fn) for name, fn in functions.items()]
+            benchmarks = _evaluators(functions)
             arms = [Arm(a.name, stages=a.stages, carry=a.carry, resources=a.resources,
                         **a.overrides) for a in self.arms or []]  # fmt: skip
             return Experiment(
@@ -503,6 +502,16 @@ def _import(ref: str, folder: Path, label: str, field: str) -> tuple[Any, Any]:
             )
         obj = getattr(obj, part)
     return module, obj
+
+
+def _evaluators(functions: dict[str, Any]) -> list[Any]:
+    """The post-training benchmarks, an `Evaluator` each; the loop (and torch) is imported
+    only for a file that names some, so checking one that names none stays quick."""
+    if not functions:
+        return []
+    from lab.loop.evals import Evaluator
+
+    return [Evaluator(name, fn) for name, fn in functions.items()]
 
 
 def _function(ref: str, folder: Path, label: str, field: str) -> Any:

@@ -18,18 +18,20 @@ Sinks (the SQL store, wandb, a JSONL log) take the records from there.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from lab._metrics import check_key
 from lab._names import safe_name
 from lab._secrets import logger
 from lab.errors import ConfigError, MetricError
+
+if TYPE_CHECKING:  # numpy is imported where values are counted or drawn: the records need none
+    import numpy as np
 
 #: The folder of a run folder that holds its images.
 MEDIA_DIR = "media"
@@ -100,6 +102,8 @@ def histogram(values: Any, bins: int = 64, range: tuple[float, float] | None = N
         import torch
 
         values = values.detach().to(torch.float64).numpy()  # one copy (none if float64)
+    import numpy as np
+
     flat = _as_float64(values)
     nan = np.isnan(flat)
     posinf = np.isposinf(flat)
@@ -150,6 +154,8 @@ def _tensor_histogram(values: Any, bins: int, range: tuple[float, float] | None)
 def _edges(lo: float, hi: float, bins: int) -> np.ndarray:
     """The edges `numpy.histogram` uses for `bins` equal bins over [lo, hi] (one value:
     [v - 0.5, v + 0.5]); a `MetricError` line when float64 cannot make them distinct."""
+    import numpy as np
+
     if lo == hi:
         lo, hi = lo - 0.5, hi + 0.5
     with np.errstate(over="ignore", invalid="ignore"):
@@ -165,6 +171,8 @@ def _edges(lo: float, hi: float, bins: int) -> np.ndarray:
 def _as_float64(values: Any) -> np.ndarray:
     """`values` as a flat float64 array; one `MetricError` line for what is not numbers
     (complex numbers included: they have no order to bin by)."""
+    import numpy as np
+
     try:
         array = np.asarray(values)
     except (TypeError, ValueError) as exc:
@@ -184,7 +192,7 @@ def _check_range(range: Any) -> tuple[float, float]:
         lo, hi = (float(v) for v in range)
     except (TypeError, ValueError):
         raise ConfigError(f"histogram range={range!r}: give two numbers (low, high)") from None
-    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigError(f"histogram range={range!r}: give finite numbers with low < high")
     return lo, hi
 
@@ -286,6 +294,8 @@ def write_image(folder: str | os.PathLike[str], key: str, step: int, image: Any)
 
 def _pixels(key: str, step: int, image: Any) -> np.ndarray:
     """`image` as uint8 pixels, HxW or HxWxC (C = 3 or 4); see `write_image`."""
+    import numpy as np
+
     where = f"image {key!r} at step {step}"
     is_tensor = hasattr(image, "detach") and hasattr(image, "cpu")
     if is_tensor:

@@ -13,23 +13,23 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lab._reuse import (
     next_superseded_number,
     superseded_folder,
 )
 from lab._secrets import logger
-from lab._seeding import caller_rng_kept, seed_everything
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.hooks import (
     Callback,
     LogContext,
 )
-from lab.loop.checkpoints import CheckpointManager
-from lab.loop.evals import Evaluator
 from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
+
+if TYPE_CHECKING:  # the loop brings torch: imported where a run runs, not to plan one
+    from lab.loop.evals import Evaluator
 
 log = logger("lab.experiment")  # a run's messages are its experiment's
 
@@ -92,6 +92,8 @@ def execute_run(
     (Ctrl-C, SIGTERM), the interrupt, which the caller re-raises or reports; strict mode's
     `CallbackError` propagates at once.
     """
+    from lab._seeding import caller_rng_kept  # torch: imported where a run runs
+
     with caller_rng_kept():
         return _execute_seeded_run(job, hooks, arm_result, started)
 
@@ -131,6 +133,8 @@ class RunScope:
         run_dir = ctx.output_dir / job.run_key
         run_dir.mkdir(parents=True, exist_ok=True)
         hooks.run_key = job.run_key
+        from lab._seeding import seed_everything
+
         seed_everything(job.seed)
         self.spec = RunSpec(
             job.experiment, job.arm, job.repeat, job.stage, job.seed, job.run_key, job.config,
@@ -287,6 +291,8 @@ def _benchmark(
 
 def _final_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a chain's next stage starts from: the parent run's newest one."""
+    from lab.loop.checkpoints import CheckpointManager
+
     root = run_dir / "checkpoints"
     latest = CheckpointManager(root).get_latest_checkpoint_path() if root.is_dir() else None
     if latest is None:

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy.engine
+import sqlalchemy.exc
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lab
-import lab.store.engine as engine_module
+import lab.store.urls as urls_module
 from lab.errors import UnknownScheme
 from lab.hooks import Callback, LogContext
 from lab.loggers import SqlLogger, store_sink
@@ -28,19 +31,25 @@ def _train(run: Any) -> dict[str, float]:
 def test_a_store_url_is_parsed_once_from_experiment_to_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    parsed: list[str] = []
-    real = sqlalchemy.engine.make_url
+    read: list[str] = []  # by lab.store.urls
+    parsed: list[str] = []  # by SQLAlchemy, for the engine
+    real_parse, real_make_url = urls_module.parse, sqlalchemy.engine.make_url
+
+    def reading(url: str) -> Any:
+        read.append(url)
+        return real_parse(url)
 
     def counting(url: Any) -> Any:
         parsed.append(str(url))
-        return real(url)
+        return real_make_url(url)
 
-    monkeypatch.setattr(engine_module, "make_url", counting)
+    monkeypatch.setattr(urls_module, "parse", reading)
+    monkeypatch.setattr(sqlalchemy.engine, "make_url", counting)
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     exp = lab.Experiment("once", _train, repeats=2, store=url)
     result = exp.run()
     assert [r.status for r in result.runs] == ["completed", "completed"]
-    assert parsed == [url]
+    assert read == [url] and parsed == [url]
     assert resolve_url(exp.store) is exp.store
     store = Store(exp.store)
     try:
@@ -48,7 +57,7 @@ def test_a_store_url_is_parsed_once_from_experiment_to_engine(
         assert [e["name"] for e in store.list_experiments()] == ["once"]
     finally:
         store.close()
-    assert parsed == [url]
+    assert read == [url] and parsed == [url]
 
 
 def test_a_resolved_url_shows_no_password_and_pickles_as_its_text() -> None:
@@ -60,6 +69,89 @@ def test_a_resolved_url_shows_no_password_and_pickles_as_its_text() -> None:
     assert copy == url and copy.parsed == url.parsed and copy.shown == url.shown
     with pytest.raises(UnknownScheme, match="scheme 'mysql' is not supported"):
         resolve_url("mysql://x/y")
+
+
+# URLs as SQLAlchemy reads them, odd ones included: quoted user, password and database, a
+# port, IPv6, repeated and blank query values, postgres:// and a relative SQLite path
+SAME_AS_SQLALCHEMY = [
+    "sqlite:///lab.db",
+    "sqlite:////abs/path/lab.db",
+    "sqlite://",
+    "sqlite:///:memory:",
+    "sqlite:///file:mem?mode=memory&uri=true",
+    "sqlite:///a%20b/c+d%2Fe.db?timeout=5",
+    "postgresql://me:secret@db.example:5433/lab",
+    "postgres://me:p%40ss%3Aw%2Fd@db/lab?sslmode=require&application_name=x&b=1&b=2&e=",
+    "postgresql+psycopg://u@[::1]:5432/lab",
+    "postgresql://user%20name:pa+ss@host/db%20name",
+    "postgresql://:@host:/db",
+    "postgresql://host:port/db",
+    "postgresql:///lab?host=/var/run/postgresql",
+    "http://127.0.0.1:8765/",
+    "https://lab.example:443",
+    "mysql://x/y",
+    "not a url",
+    "sqlite:/lab.db",
+]
+
+
+def _as_sqlalchemy_reads(text: str) -> tuple[str, str, str] | str:
+    """What `resolve_url` made of `text` when it read it with SQLAlchemy itself."""
+    try:
+        parsed = sqlalchemy.engine.make_url(text)
+        parsed.port  # noqa: B018
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return "not a URL"
+    backend = parsed.get_backend_name()
+    if backend in ("http", "https"):
+        parsed = sqlalchemy.engine.make_url(text.rstrip("/"))
+        return text.rstrip("/"), parsed.render_as_string(hide_password=True), backend
+    if backend in ("postgresql", "postgres") and parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        return "not supported"
+    rendered = parsed.render_as_string(hide_password=False)
+    return rendered, parsed.render_as_string(hide_password=True), parsed.get_backend_name()
+
+
+@pytest.mark.parametrize("text", SAME_AS_SQLALCHEMY)
+def test_a_store_url_reads_as_sqlalchemy_reads_it(text: str) -> None:
+    """`lab.store.urls` reads a URL without SQLAlchemy (commands that only read never import
+    it), exactly as SQLAlchemy does: the same text, the same URL shown, the same backend,
+    and `parsed` the URL SQLAlchemy makes of it."""
+    expected = _as_sqlalchemy_reads(text)
+    try:
+        url = resolve_url(text)
+    except UnknownScheme as exc:
+        assert expected == ("not a URL" if "is not a URL" in str(exc) else "not supported")
+        return
+    assert (str(url), url.shown, url.backend) == expected
+    assert url.parsed == sqlalchemy.engine.make_url(str(url))
+    assert url.database == url.parsed.database
+
+
+@given(
+    st.tuples(
+        st.sampled_from(["sqlite", "postgresql", "postgresql+psycopg", "postgres"]),
+        st.none() | st.text(max_size=8),
+        st.none() | st.text(max_size=8),
+        st.none() | st.text(alphabet="abc.-_019", min_size=1, max_size=8),
+        st.none() | st.integers(0, 65535),
+        st.none() | st.text(max_size=12),
+        st.dictionaries(
+            st.text(min_size=1, max_size=4), st.text(min_size=1, max_size=4), max_size=3
+        ),
+    )
+)
+def test_any_store_url_reads_as_sqlalchemy_reads_it(parts: tuple[Any, ...]) -> None:
+    driver, user, password, host, port, database, query = parts
+    built = sqlalchemy.engine.URL.create(
+        driver, user, password if user is not None else None, host, port, database, query
+    ).render_as_string(hide_password=False)
+    expected = _as_sqlalchemy_reads(built)
+    url = resolve_url(built)
+    assert (str(url), url.shown, url.backend) == expected
+    assert url.parsed == sqlalchemy.engine.make_url(str(url))
 
 
 class DictSink(Callback):

@@ -18,7 +18,7 @@ from lab import Callback
 from lab._imports import pip_install
 from lab.callbacks import REGISTRY, build, register
 from lab.callbacks.params import PositiveInt
-from lab.callbacks.registry import _load_builtins
+from lab.callbacks.registry import _BUILTIN_KINDS, _load_builtins
 from lab.errors import ConfigError
 
 # Constructor arguments that are live objects, not configuration: a file cannot hold them.
@@ -64,6 +64,16 @@ def test_every_builtin_callback_is_registered_with_a_config_built_from_its_signa
                 assert field.is_required(), (kind, name)
             else:
                 assert field.default == default, (kind, name)
+
+
+def test_build_finds_each_builtin_kind_where_it_registers() -> None:
+    """`build` imports only the modules of the kinds it is given; its table of where each
+    kind registers is what importing every module of lab.callbacks and lab.loggers
+    registers."""
+    _builtin_callback_classes()
+    registered = {k: cls.__module__ for k, (cls, _) in REGISTRY.items()
+                  if cls.__module__.startswith("lab.")}  # fmt: skip
+    assert registered == _BUILTIN_KINDS
 
 
 YAML = """

@@ -166,7 +166,6 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
     `params` may be left out (the Config's defaults). ``critical: true`` marks that one
     callback critical: its failure fails the run instead of being recorded and counted.
     """
-    _load_builtins()
     if isinstance(specs, (Mapping, str, bytes)) or not isinstance(specs, Iterable):
         raise ConfigError(
             f"callbacks must be a list of {{kind, params}} specs, got {type(specs).__name__}; "
@@ -185,6 +184,10 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
         if not isinstance(critical, bool):
             raise ConfigError(f"callback spec #{i}: critical={critical!r}; use true or false")
         kind = spec["kind"]
+        if isinstance(kind, str) and kind not in REGISTRY and kind in _BUILTIN_KINDS:
+            _load(_BUILTIN_KINDS[kind])
+        if not isinstance(kind, str) or kind not in REGISTRY:
+            _load_builtins()  # to name every kind there is
         if not isinstance(kind, str) or kind not in REGISTRY:
             raise ConfigError(
                 f"unknown callback kind {kind!r}; known: {', '.join(sorted(REGISTRY))}"
@@ -216,24 +219,38 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
 
 def _load_builtins() -> None:
     """Import the modules whose classes register themselves."""
+    for module in sorted(set(_BUILTIN_KINDS.values())):
+        _load(module)
+
+
+def _load(module: str) -> None:
     import importlib
 
-    for module in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a module that exists but lacks a dependency: say so
-                raise
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # a module that exists but lacks a dependency: say so
+            raise
 
 
-_BUILTIN_MODULES = (
-    "lab.callbacks.averaging",
-    "lab.callbacks.files",
-    "lab.callbacks.monitors",
-    "lab.callbacks.notify",
-    "lab.callbacks.system",
-    "lab.loggers.console",
-    "lab.loggers.jsonl",
-    "lab.loggers.sql",
-    "lab.loggers.wandb",
-)
+#: Where each built-in kind registers itself: `build` imports only the modules of the kinds
+#: it is given (some bring torch; a file that names none of them is checked without it).
+#: tests/test_registry.py holds it equal to what importing the modules registers.
+_BUILTIN_KINDS = {
+    "model_averager": "lab.callbacks.averaging",
+    "config_saver": "lab.callbacks.files",
+    "metric_saver": "lab.callbacks.files",
+    "speed_monitor": "lab.callbacks.monitors",
+    "gpu_memory_monitor": "lab.callbacks.monitors",
+    "stability_monitor": "lab.callbacks.monitors",
+    "gradient_monitor": "lab.callbacks.monitors",
+    "profiler": "lab.callbacks.monitors",
+    "garbage_collector": "lab.callbacks.monitors",
+    "early_stopping": "lab.callbacks.monitors",
+    "notifier": "lab.callbacks.notify",
+    "system_monitor": "lab.callbacks.system",
+    "console_logger": "lab.loggers.console",
+    "jsonl_logger": "lab.loggers.jsonl",
+    "sql_logger": "lab.loggers.sql",
+    "wandb_logger": "lab.loggers.wandb",
+}

@@ -9,12 +9,12 @@ from lab.loggers.console import ConsoleLogger
 from lab.loggers.jsonl import JsonlLogger
 from lab.loggers.sql import SqlLogger
 from lab.loggers.wandb import WandbLogger  # wandb itself is imported only when a run starts
-from lab.store.engine import resolve_url
-from lab.store.store import Store
+from lab.store.urls import resolve_url
 
 if TYPE_CHECKING:
     from lab.sinks import StoreSink
     from lab.store.http import HttpStore
+    from lab.store.store import Store
 
 __all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger", "store_sink"]
 

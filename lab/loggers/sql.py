@@ -31,7 +31,9 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import pydantic
 
 from lab._secrets import logger
 from lab.callbacks.registry import register
@@ -40,8 +42,6 @@ from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
 from lab.store import open_store
-from lab.store.http import HttpStore  # (the type of `store`, checked when it is given)
-from lab.store.store import Store
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
         RunResult,
         TrainingBatch,
     )
+    from lab.store.http import HttpStore
+    from lab.store.store import Store
 
 log = logger("lab.loggers.sql")
 
@@ -73,7 +75,30 @@ def group_key(name: str) -> str:
     return f"sql:group:{name}"
 
 
-@register("sql_logger")
+def _a_store(value: Any) -> Any:
+    """`store` as `SqlLogger` takes it: a `Store`, an `HttpStore`, a URL or None. The two
+    classes are looked up only for a value that is neither text nor None (a store given
+    from Python, whose module is loaded already): declaring a `SqlLogger` (``lab run FILE
+    --dry-run``) loads neither SQLAlchemy nor httpx."""
+    if value is None or isinstance(value, str):
+        return value
+    from lab.store.http import HttpStore
+    from lab.store.store import Store
+
+    if isinstance(value, (Store, HttpStore)):
+        return value
+    raise ValueError("use a Store or a HttpStore or a string, or None")
+
+
+class SqlLoggerConfig(pydantic.BaseModel):
+    """The params of `SqlLogger`: its store."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    store: Annotated[Any, pydantic.AfterValidator(_a_store)] = None
+
+
+@register("sql_logger", SqlLoggerConfig)
 class SqlLogger(Callback):
     """Records experiments, runs, metrics, evals, predictions and checkpoints in a store.
 

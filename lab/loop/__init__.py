@@ -1,11 +1,28 @@
-"""The torch training loop, its checkpoints and its evaluators."""
+"""The torch training loop, its checkpoints and its evaluators.
 
-from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
-from lab.loop.evals import EvalContext, EvalResult, Evaluator
-from lab.loop.handle import RunHandle
-from lab.loop.records import LoopArtifacts, TrainingBatch
-from lab.loop.schedules import Schedule
-from lab.loop.training import TrainingLoop
+The names are imported on first use (PEP 562), as `lab`'s own: a module of the loop that
+needs no torch (`lab.loop.metric_names`) is imported without the ones that do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Where each name lives; ``lab.loop.<name>`` imports its module on first access.
+_WHERE: dict[str, str] = {
+    "CheckpointConfig": "lab.loop.checkpoints",
+    "CheckpointManager": "lab.loop.checkpoints",
+    "ManifestRow": "lab.loop.checkpoints",
+    "EvalContext": "lab.loop.evals",
+    "EvalResult": "lab.loop.evals",
+    "Evaluator": "lab.loop.evals",
+    "RunHandle": "lab.loop.handle",
+    "LoopArtifacts": "lab.loop.records",
+    "TrainingBatch": "lab.loop.records",
+    "Schedule": "lab.loop.schedules",
+    "TrainingLoop": "lab.loop.training",
+}
 
 __all__ = [
     "CheckpointConfig",
@@ -20,3 +37,25 @@ __all__ = [
     "TrainingBatch",
     "TrainingLoop",
 ]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, ManifestRow
+    from lab.loop.evals import EvalContext, EvalResult, Evaluator
+    from lab.loop.handle import RunHandle
+    from lab.loop.records import LoopArtifacts, TrainingBatch
+    from lab.loop.schedules import Schedule
+    from lab.loop.training import TrainingLoop
+
+
+def __getattr__(name: str) -> Any:
+    """Import a name's module the first time the name is used, then keep it."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lab.loop' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

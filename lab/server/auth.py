@@ -107,20 +107,6 @@ def _live(engine: Engine, token: str, *more: Any) -> Any:
     return None if row.revoked_at is not None else row
 
 
-def list_tokens(engine: Engine) -> list[dict[str, Any]]:
-    """Every token's name, scope, the experiment it is limited to (None: all), and when it
-    was made and revoked (None: live), oldest first. Never the hash: what an operator needs
-    to decide what to revoke, nothing that helps a guess."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                SqlToken.name, SqlToken.scope, SqlToken.experiment, SqlToken.created_at,
-                SqlToken.revoked_at,
-            ).order_by(SqlToken.token_id)
-        ).all()  # fmt: skip
-    return [row._asdict() for row in rows]
-
-
 def revoke_token(engine: Engine, name: str) -> datetime | None:
     """Revoke the token named `name`: every request that carries it is refused from now on
     (each request looks its token up). Returns when it was revoked before, or None if it

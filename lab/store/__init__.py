@@ -1,16 +1,29 @@
-"""The SQL store: schema, migrations, buffered writes and reads."""
+"""The SQL store: schema, migrations, buffered writes and reads.
+
+`Store` is imported on first use (PEP 562): it brings SQLAlchemy, which commands that only
+read (`lab.store.reader.Reader`) never import.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lab.store.engine import DEFAULT_URL, HTTP_SCHEMES, resolve_url
-from lab.store.store import Store
+from lab.store.urls import DEFAULT_URL, HTTP_SCHEMES, resolve_url
 
 if TYPE_CHECKING:
     from lab.store.http import HttpStore
+    from lab.store.store import Store
 
 __all__ = ["DEFAULT_URL", "Store", "open_store", "resolve_url"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Store`, imported the first time it is used."""
+    if name == "Store":
+        from lab.store.store import Store
+
+        return Store
+    raise AttributeError(f"module 'lab.store' has no attribute {name!r}")
 
 
 def open_store(url: str | None = None, **kwargs: Any) -> Store | HttpStore:
@@ -22,4 +35,6 @@ def open_store(url: str | None = None, **kwargs: Any) -> Store | HttpStore:
         from lab.store.http import HttpStore
 
         return HttpStore(resolved, **kwargs)
+    from lab.store.store import Store
+
     return Store(resolved, **kwargs)

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, NamedTuple
-
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lab.store._values import _now
-from lab.store.engine import connect, transaction
 from lab.store.liveness import START_TOLERANCE_S, boot_id, owner_gone, process_start
-from lab.store.schema import SqlExperiment, SqlRun
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from lab.store.sql import Sql
 
 HEARTBEAT_S = 30.0  # how often a running run's heartbeat is refreshed, at the least
 STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
@@ -41,15 +42,17 @@ _DRIVING: set[tuple[str, int]] = set()
 
 class Gone(NamedTuple):
     """A `running` row whose owner is gone: its id, its name (run key or experiment name),
-    why, its heartbeat as judged, and the condition that the row still shows the owner
-    judged here (a row another process took over, or whose owner beat again meanwhile,
-    stays as it is)."""
+    why, the owner as judged (pid, process start, heartbeat: `mark_crashed` marks the row
+    only while it still shows them, so a row another process took over, or whose owner
+    beat again meanwhile, stays as it is), and its experiment's id."""
 
     id: int
     name: str
     why: str
+    pid: int | None
+    process_start: float | None
     heartbeat_at: datetime | None
-    same: Any
+    experiment_id: int
 
 
 class Crashed(NamedTuple):
@@ -60,50 +63,27 @@ class Crashed(NamedTuple):
     experiments: dict[int, Gone]
 
 
-class Crashes:
-    """The crash detection part of `lab.store.Store`."""
+# the running runs with their owners, and the running experiments with their drivers
+_RUNNING_RUNS = (
+    "SELECT run_id, run_key, experiment_id, host, pid, process_start, boot_id, heartbeat_at "
+    "FROM runs WHERE status = 'running'"
+)
+_RUNNING_EXPERIMENTS = (
+    "SELECT experiment_id, name, host, pid, process_start, boot_id, heartbeat_at "
+    "FROM experiments WHERE status = 'running'"
+)
+
+
+class CrashReads:
+    """The crash judgement, as every reader makes it (`lab.store.Store`, and the reader
+    commands open, `lab.store.reader.Reader`): which `running` rows have lost their owner."""
 
     url: str
-    engine: Engine
     readonly: bool
     stale_after_s: float
+    if TYPE_CHECKING:
 
-    def mark_crashed(self) -> list[str]:
-        """Mark `running` runs whose owner is gone as `crashed`, then `running` experiments
-        whose driver is gone and that have no live running run; returns the runs' keys.
-
-        `lab.store.liveness.owner_gone` decides: on this host and boot, an owner is gone
-        when its process no longer exists or its pid now belongs to another process (a
-        SIGKILL or an OOM kill leaves the row `running`); elsewhere, when its heartbeat is
-        older than `stale_after_s` (the metric writer of a live run or driver refreshes it
-        every `heartbeat_s` at the least). Rows recorded before heartbeats existed (NULL)
-        are judged by pid only; an experiment recorded before drivers were (no driver at
-        all) is never judged.
-        """
-        now = _now()
-        runs, experiments = self._judge(now)
-        if not runs and not experiments:
-            return []
-        marked = []
-        with transaction(self.engine) as conn:
-            for gone in runs:
-                done = conn.execute(
-                    sa.update(SqlRun)
-                    .where(gone.same)
-                    .values(status="crashed", error=gone.why, ended_at=now)
-                )
-                if done.rowcount:
-                    marked.append(gone.name)
-            live = sa.exists().where(
-                SqlRun.experiment_id == SqlExperiment.experiment_id, SqlRun.status == "running"
-            )
-            for gone in experiments:  # after its runs: a run still running is a live one
-                conn.execute(
-                    sa.update(SqlExperiment)
-                    .where(gone.same, ~live)
-                    .values(status="crashed", ended_at=now)
-                )
-        return marked
+        def _reading(self) -> AbstractContextManager[Sql]: ...
 
     def crashed_now(self) -> Crashed:
         """The runs and experiments a read-only store shows as crashed (and never marks so):
@@ -119,39 +99,30 @@ class Crashes:
         driver is gone and none of whose running runs has a live owner: one read of each
         table, one judgement per running row."""
         now = now or _now()
-        with connect(self.engine) as conn:
-            running = conn.execute(
-                sa.select(
-                    SqlRun.run_id, SqlRun.run_key, SqlRun.experiment_id, SqlRun.host, SqlRun.pid,
-                    SqlRun.process_start, SqlRun.boot_id, SqlRun.heartbeat_at,
-                ).where(SqlRun.status == "running")
-            ).all()  # fmt: skip
-            driven = conn.execute(
-                sa.select(
-                    SqlExperiment.experiment_id, SqlExperiment.name, SqlExperiment.host,
-                    SqlExperiment.pid, SqlExperiment.process_start, SqlExperiment.boot_id,
-                    SqlExperiment.heartbeat_at,
-                ).where(SqlExperiment.status == "running")
-            ).all()  # fmt: skip
+        with self._reading() as sql:
+            running = sql.rows(_RUNNING_RUNS)
+            driven = sql.rows(_RUNNING_EXPERIMENTS)
+            when = sql.time
         runs: list[Gone] = []
         alive: set[int] = set()  # experiments with a run whose owner lives
         for run_id, key, exp_id, host, pid, started, boot, beat in running:
+            beat = when(beat)
             why = self._owner_gone(run_id, host, pid, started, boot, beat, now)
             if why is None:
                 alive.add(exp_id)
                 continue
-            same = _unchanged(SqlRun, SqlRun.run_id == run_id, pid, started, beat)
-            runs.append(Gone(run_id, key, f"{why} while the run was running", beat, same))
+            runs.append(Gone(run_id, key, f"{why} while the run was running", pid, started,
+                             beat, exp_id))  # fmt: skip
         experiments: list[Gone] = []
         for exp_id, name, host, pid, started, boot, beat in driven:
             if exp_id in alive:
                 continue  # one of its runs trains under a live process
+            beat = when(beat)
             why = self._owner_gone(exp_id, host, pid, started, boot, beat, now, held=_DRIVING)
             if why is None:
                 continue
-            same = _unchanged(SqlExperiment, SqlExperiment.experiment_id == exp_id, pid, started,
-                              beat)  # fmt: skip
-            experiments.append(Gone(exp_id, name, f"{why} while it ran", beat, same))
+            experiments.append(Gone(exp_id, name, f"{why} while it ran", pid, started, beat,
+                                    exp_id))  # fmt: skip
         return runs, experiments
 
     def _owner_gone(
@@ -187,13 +158,63 @@ class Crashes:
         )  # fmt: skip
 
 
-def _unchanged(model: Any, which: Any, pid: int | None, started: float | None,
-               beat: datetime | None) -> Any:  # fmt: skip
+class Crashes(CrashReads):
+    """The crash detection part of `lab.store.Store`: the judgement, and marking it."""
+
+    engine: Engine
+
+    def mark_crashed(self) -> list[str]:
+        """Mark `running` runs whose owner is gone as `crashed`, then `running` experiments
+        whose driver is gone and that have no live running run; returns the runs' keys.
+
+        `lab.store.liveness.owner_gone` decides: on this host and boot, an owner is gone
+        when its process no longer exists or its pid now belongs to another process (a
+        SIGKILL or an OOM kill leaves the row `running`); elsewhere, when its heartbeat is
+        older than `stale_after_s` (the metric writer of a live run or driver refreshes it
+        every `heartbeat_s` at the least). Rows recorded before heartbeats existed (NULL)
+        are judged by pid only; an experiment recorded before drivers were (no driver at
+        all) is never judged.
+        """
+        now = _now()
+        runs, experiments = self._judge(now)
+        if not runs and not experiments:
+            return []
+        import sqlalchemy as sa
+
+        from lab.store.engine import transaction
+        from lab.store.schema import SqlExperiment, SqlRun
+
+        marked = []
+        with transaction(self.engine) as conn:
+            for gone in runs:
+                done = conn.execute(
+                    sa.update(SqlRun)
+                    .where(_unchanged(SqlRun, SqlRun.run_id == gone.id, gone))
+                    .values(status="crashed", error=gone.why, ended_at=now)
+                )
+                if done.rowcount:
+                    marked.append(gone.name)
+            live = sa.exists().where(
+                SqlRun.experiment_id == SqlExperiment.experiment_id, SqlRun.status == "running"
+            )
+            for gone in experiments:  # after its runs: a run still running is a live one
+                same = _unchanged(SqlExperiment, SqlExperiment.experiment_id == gone.id, gone)
+                conn.execute(
+                    sa.update(SqlExperiment)
+                    .where(same, ~live)
+                    .values(status="crashed", ended_at=now)
+                )
+        return marked
+
+
+def _unchanged(model: Any, which: Any, gone: Gone) -> Any:
     """The condition that row `which` of `model` (runs or experiments) is still `running`
     under the owner judged: a row another process took over, or whose owner beat again
     meanwhile, is left as it is."""
+    import sqlalchemy as sa
+
     return sa.and_(
-        which, model.status == "running", model.pid.is_not_distinct_from(pid),
-        model.process_start.is_not_distinct_from(started),
-        model.heartbeat_at.is_not_distinct_from(beat),
+        which, model.status == "running", model.pid.is_not_distinct_from(gone.pid),
+        model.process_start.is_not_distinct_from(gone.process_start),
+        model.heartbeat_at.is_not_distinct_from(gone.heartbeat_at),
     )  # fmt: skip

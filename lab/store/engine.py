@@ -1,4 +1,10 @@
-"""Store URLs, engines and the one helper that opens a transaction."""
+"""Engines, the checks made before a store is opened, and the one helper that opens a
+transaction.
+
+SQLAlchemy is imported by the functions that make and use engines, not by this module:
+commands that only read open a store through `reader_connection` (the DB-API driver itself,
+with the same checks and the same one-line errors) and never import it.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +19,11 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from typing import TYPE_CHECKING, Any
 
 from lab._json import finite_json
 from lab._secrets import mask
 from lab.errors import (
-    ConfigError,
     NoStore,
     NotADatabase,
     SchemaTooOld,
@@ -32,98 +33,21 @@ from lab.errors import (
     StoreUnreachable,
     UnknownScheme,
 )
+from lab.store.tables import TABLES
 
-DEFAULT_URL = "sqlite:///lab.db"
-#: The schemes of a `lab serve` server's URL.
-HTTP_SCHEMES = ("http", "https")
+# URLs are read by lab.store.urls, and named here too, where the engines are made from them
+from lab.store.urls import DEFAULT_URL as DEFAULT_URL
+from lab.store.urls import HTTP_SCHEMES as HTTP_SCHEMES
+from lab.store.urls import StoreURL as StoreURL
+from lab.store.urls import resolve_url as resolve_url
+from lab.store.urls import shown as shown
+
+if TYPE_CHECKING:  # SQLAlchemy is imported where an engine is made: reading a store needs none
+    import sqlalchemy as sa
+    from sqlalchemy.engine import Connection, Engine
+
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 _WRITE = "lab_write"  # execution option: this connection's transactions write
-
-
-class StoreURL(str):
-    """A store URL resolved once: the text (password included) and its parsed form.
-
-    `resolve_url` returns one, and gives one it is handed back as it is, so an
-    `Experiment`, its `SqlLogger`, the `Store` and its engine share one parse of the URL.
-    It pickles as its text, resolved again on arrival (a worker process).
-    """
-
-    parsed: URL
-
-    def __new__(cls, text: str, parsed: URL) -> StoreURL:
-        self = super().__new__(cls, text)
-        self.parsed = parsed
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (resolve_url, (str(self),))
-
-    def __copy__(self) -> StoreURL:
-        return self  # immutable, as a str is
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> StoreURL:
-        return self
-
-    @property
-    def shown(self) -> str:
-        """The URL as it may be printed: its password hidden."""
-        return self.parsed.render_as_string(hide_password=True)
-
-    @property
-    def backend(self) -> str:
-        """``sqlite``, ``postgresql``, or ``http``/``https`` (a `lab serve` server)."""
-        return self.parsed.get_backend_name()
-
-
-def resolve_url(url: str | None = None) -> StoreURL:
-    """The store URL to use: the argument, else ``LAB_STORE_URL``, else ``sqlite:///lab.db``.
-
-    The one place a store URL is read: everything that opens a store (`Store`, the CLI,
-    `lab.inspect`, `SqlLogger`, `Experiment`) passes its argument through here, and a
-    `StoreURL` passes through unchanged. ``postgresql://`` is read as psycopg 3, the driver
-    `lab` ships with. ``http(s)://host:port`` names a `lab serve` server; its token comes
-    from ``LAB_TOKEN``, never from the URL, so a URL with a user or password is refused.
-    """
-    if isinstance(url, StoreURL):
-        return url
-    chosen = url or os.environ.get("LAB_STORE_URL") or DEFAULT_URL
-    try:
-        parsed = make_url(chosen)
-        parsed.port  # noqa: B018  # a port that is not a number fails here, not at connect
-    except (ArgumentError, ValueError):
-        raise UnknownScheme(
-            f"store URL {mask(chosen)!r} is not a URL; use sqlite:///path/to/lab.db "
-            "or postgresql://user:password@host/dbname"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend in HTTP_SCHEMES:  # a `lab serve` server: lab.store.http.HttpStore
-        if parsed.username is not None or parsed.password is not None:
-            raise ConfigError(
-                f"store URL {mask(chosen)!r} carries a user or password; give the server's "
-                "URL without them and the token in LAB_TOKEN"
-            )
-        text = chosen.rstrip("/")
-        return StoreURL(text, make_url(text))
-    if backend in ("postgresql", "postgres"):  # SQLAlchemy itself no longer reads postgres://
-        if parsed.drivername in ("postgresql", "postgres"):
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        elif parsed.drivername != "postgresql+psycopg":
-            raise UnknownScheme(
-                f"store URL driver {parsed.drivername!r} is not supported; "
-                "use postgresql:// (psycopg 3)"
-            )
-    elif backend != "sqlite":
-        raise UnknownScheme(
-            f"store URL scheme {parsed.drivername!r} is not supported; "
-            "use sqlite:///path/to/lab.db, postgresql://user:password@host/dbname or "
-            "http(s)://host:port (a lab serve server)"
-        )
-    return StoreURL(parsed.render_as_string(hide_password=False), parsed)
-
-
-def shown(url: str) -> str:
-    """A store URL as it may be printed: its password hidden."""
-    return resolve_url(url).shown
 
 
 def dumps_json(value: Any) -> str:
@@ -142,20 +66,18 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
     the file and its folder exactly as they were. `create=False` refuses a SQLite file that
     does not exist (`NoStore`) instead of creating it and its folder.
     """
-    url = resolve_url(url)
+    import sqlalchemy as sa
+    from sqlalchemy.exc import NoSuchModuleError
+
+    url = _sql_url(url)
     parsed = url.parsed
-    if url.backend in HTTP_SCHEMES:
-        raise UnknownScheme(
-            f"{url.shown} is a lab serve server, not a SQL store; open it with "
-            "lab.store.open_store(url) or lab.store.http.HttpStore(url)"
-        )
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, parsed.database, readonly=readonly, create=create)
         else:
             connect_args: dict[str, Any] = {"connect_timeout": 10}
             if readonly:
-                connect_args["options"] = "-c default_transaction_read_only=on"
+                connect_args["options"] = _PG_READ_ONLY
             engine = sa.create_engine(
                 parsed, json_serializer=dumps_json, pool_pre_ping=True, connect_args=connect_args
             )
@@ -171,7 +93,67 @@ def make_engine(url: str, *, readonly: bool = False, create: bool = True) -> Eng
     return engine
 
 
+def _sql_url(url: str) -> StoreURL:
+    """`url` resolved, refused when it names a `lab serve` server rather than a database."""
+    url = resolve_url(url)
+    if url.backend in HTTP_SCHEMES:
+        raise UnknownScheme(
+            f"{url.shown} is a lab serve server, not a SQL store; open it with "
+            "lab.store.open_store(url) or lab.store.http.HttpStore(url)"
+        )
+    return url
+
+
+def reader_connection(url: str) -> Any:
+    """A DB-API connection to the store at `url` for commands that only read, made without
+    SQLAlchemy: a SQLite file opened by `sqlite3` as `make_engine` opens it read-only
+    (checked first, never created, ``mode=ro``), or a `psycopg` connection whose
+    transactions are read-only. A store that cannot be opened is one line, as `connect`
+    says it. `lab.store.reader.Reader` reads through it, with `lab.store.sql.Sql`."""
+    url = _sql_url(url)
+    if url.backend == "sqlite":
+        database = url.database
+        target, uri = ":memory:", False
+        if database and database != ":memory:":
+            path = Path(database).expanduser()
+            _check_sqlite_file(path, url)
+            target, uri = _readonly_uri(path), True
+        try:
+            conn = sqlite3.connect(
+                target, uri=uri, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+            )
+            _sqlite_reader_pragmas(conn, None)
+            _remember_file(conn, None)
+        except sqlite3.Error as exc:
+            operational = isinstance(exc, sqlite3.OperationalError)
+            raise connect_error(exc, url.shown, "sqlite", operational=operational) from None
+        return conn
+    try:
+        import psycopg
+    except ModuleNotFoundError as exc:
+        raise UnknownScheme(
+            f"the driver for {url.parts.drivername!r} is not installed ({exc.name}); "
+            "run: pip install 'lab[postgres]'"
+        ) from None
+    parts = url.parts
+    try:  # the keywords SQLAlchemy's psycopg dialect gives, its connect_args last
+        return psycopg.connect(
+            host=parts.host, port=parts.port, user=parts.username, password=parts.password,
+            dbname=parts.database, autocommit=True,
+            **{**parts.query, "connect_timeout": 10, "options": _PG_READ_ONLY},
+        )  # fmt: skip
+    except psycopg.Error as exc:
+        operational = isinstance(exc, psycopg.OperationalError)
+        raise connect_error(exc, url.shown, "postgresql", operational=operational) from None
+
+
+#: A read-only PostgreSQL session: every transaction in it is read-only.
+_PG_READ_ONLY = "-c default_transaction_read_only=on"
+
+
 def _sqlite_engine(url: StoreURL, database: str | None, *, readonly: bool, create: bool) -> Engine:
+    import sqlalchemy as sa
+
     connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     options: dict[str, Any] = {}
     if database and database != ":memory:":
@@ -205,17 +187,13 @@ def _sqlite_engine(url: StoreURL, database: str | None, *, readonly: bool, creat
     return engine
 
 
-def _shown(url: str) -> str:
-    return resolve_url(url).shown
-
-
 _MAGIC = b"SQLite format 3\x00"
 
 
 def _no_store(path: Path, url: str, why: str) -> NoStore:
     return NoStore(
         f"no store at {path} ({why}); record an experiment into it (lab run, lab quickstart) "
-        f"or create an empty one: lab db upgrade --store {_shown(url)}"
+        f"or create an empty one: lab db upgrade --store {shown(url)}"
     )
 
 
@@ -364,7 +342,12 @@ _OLDER: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 def mark_older(engine: Engine, revision: str, head: str) -> None:
     """Note that `engine`'s database is at `revision`, older than `head`: a read that
     needs what the upgrade adds then says to run ``lab db upgrade``."""
-    _OLDER[engine] = f"{revision}, older than this lab's {head},"
+    _OLDER[engine] = older(revision, head)
+
+
+def older(revision: str, head: str) -> str:
+    """How `reading_error` names a revision older than this lab's `head`."""
+    return f"{revision}, older than this lab's {head},"
 
 
 def sqlite_error(exc: BaseException, where: str) -> StoreError | None:
@@ -391,25 +374,34 @@ def sqlite_error(exc: BaseException, where: str) -> StoreError | None:
 
 
 def _reading_error(ctx: sa.engine.ExceptionContext) -> None:
-    """A read-only engine's errors as one line: a bad file, or a schema too old to read."""
-    orig = ctx.original_exception
+    """A read-only engine's errors as one line (`reading_error`)."""
     engine = ctx.engine
     where = engine.url.render_as_string(hide_password=True) if engine is not None else "the store"
+    mapped = reading_error(ctx.original_exception, where, _OLDER.get(engine) if engine else None)
+    if mapped is not None:
+        raise mapped from None
+
+
+def reading_error(orig: BaseException, where: str, older: str | None) -> StoreError | None:
+    """What a read of a store opened read-only raised, as one line: a bad file, or a schema
+    too old to read (`older`: its revision, from `older`, when it is older than this lab's);
+    None for any other error. Every reader maps its driver's errors through here: a
+    read-only engine, and `lab.store.sql.Sql` over a driver's own connection."""
     if isinstance(orig, sqlite3.DatabaseError):
         mapped = sqlite_error(orig, where)
         if mapped is not None:
-            raise mapped from None
-    older = _OLDER.get(engine) if engine is not None else None
+            return mapped
     missing = type(orig).__name__ in ("UndefinedColumn", "UndefinedTable") or (
         isinstance(orig, sqlite3.OperationalError)
         and str(orig).startswith(("no such column", "no such table"))
     )
     if older and missing:
         reason = str(orig).strip().splitlines()[0]
-        raise SchemaTooOld(
+        return SchemaTooOld(
             f"{where} is at schema revision {older} and cannot be read as it is "
             f"({reason}); upgrade it (a backup is made first): lab db upgrade --store {where}"
-        ) from None
+        )
+    return None
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -432,8 +424,6 @@ def _refused(cur: Any) -> bool:
     leaves it byte for byte as it was. Reading the table names writes nothing; a file in
     WAL mode already, a new one and a lab store are switched (or kept) as before.
     """
-    from lab.store.schema import TABLES  # the models: only where a store is written
-
     if cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
         return False
     names = {row[0] for row in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -482,28 +472,42 @@ def connect(engine: Engine) -> Connection:
     Every read and write of the store connects through here, so a server that went away
     in the middle of an experiment is one line that names it, not a driver traceback.
     """
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
     try:
         return engine.connect()
     except DBAPIError as exc:
-        url = engine.url.render_as_string(hide_password=True)
-        if isinstance(exc.orig, sqlite3.DatabaseError):
-            mapped = sqlite_error(exc.orig, url)
-            if mapped is not None:
-                raise mapped from None
-        reason = mask(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc))
-        if isinstance(exc, OperationalError) and engine.dialect.name == "sqlite":
-            raise StoreError(
-                f"cannot open the store at {url} ({reason}); check the path and its "
-                "permissions, or fix LAB_STORE_URL / the store URL"
-            ) from None
-        if isinstance(exc, OperationalError):
-            raise StoreUnreachable(
-                f"cannot reach the store at {url} ({reason}); start the server or fix "
-                "LAB_STORE_URL / the store URL"
-            ) from None
-        raise StoreError(  # the driver refused the URL itself: an unknown option, say
-            f"cannot connect to the store at {url} ({reason}); fix LAB_STORE_URL / the store URL"
+        where = engine.url.render_as_string(hide_password=True)
+        operational = isinstance(exc, OperationalError)
+        raise connect_error(
+            exc.orig or exc, where, engine.dialect.name, operational=operational
         ) from None
+
+
+def connect_error(
+    orig: BaseException, where: str, dialect: str, *, operational: bool
+) -> StoreError:
+    """Why a store could not be connected to, as one line that says what to do: a bad
+    SQLite file, a path that cannot be opened, a server that does not answer
+    (`operational`: the driver's OperationalError), or a URL the driver refused."""
+    if isinstance(orig, sqlite3.DatabaseError):
+        mapped = sqlite_error(orig, where)
+        if mapped is not None:
+            return mapped
+    reason = mask(str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__)
+    if operational and dialect == "sqlite":
+        return StoreError(
+            f"cannot open the store at {where} ({reason}); check the path and its "
+            "permissions, or fix LAB_STORE_URL / the store URL"
+        )
+    if operational:
+        return StoreUnreachable(
+            f"cannot reach the store at {where} ({reason}); start the server or fix "
+            "LAB_STORE_URL / the store URL"
+        )
+    return StoreError(  # the driver refused the URL itself: an unknown option, say
+        f"cannot connect to the store at {where} ({reason}); fix LAB_STORE_URL / the store URL"
+    )
 
 
 @contextmanager

@@ -26,6 +26,7 @@ import socket
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 #: Two readings of one process's start time agree to within this many seconds (psutil
 #: derives it from the boot time and clock ticks; a reused pid starts much later).
@@ -82,6 +83,17 @@ def boot_id() -> str | None:
         return f"boot:{psutil.boot_time():.0f}"
     except Exception:
         return None
+
+
+def this_owner() -> dict[str, Any]:
+    """This process as a run's owner: host, pid, process start time and boot id, which
+    `mark_crashed` judges to tell a live run from one whose process is gone."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": process_start(),
+        "boot_id": boot_id(),
+    }
 
 
 def owner_gone(

@@ -25,25 +25,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
-
 from lab._secrets import logger
 from lab.errors import NotALabStore, SchemaTooNew, StoreError
-
-if TYPE_CHECKING:  # Alembic is imported where a schema changes: reading a store needs none
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
 from lab.store.engine import (
     _WRITE,
     SQLITE_BUSY_TIMEOUT_MS,
     connect,
-    make_engine,
+    reader_connection,
     resolve_url,
     transaction,
 )
-from lab.store.schema import TABLES
+from lab.store.sql import Sql
+from lab.store.tables import TABLES
+
+if TYPE_CHECKING:  # Alembic and SQLAlchemy are imported where a schema changes: reading needs none
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.engine import Connection, Engine
 
 log = logger(__name__)
 # The backup notice is printed to stderr by `upgrade` itself; without this, logging's
@@ -147,17 +145,31 @@ def is_known(revision: str) -> bool:
     return bool(revision) and revision in revisions()
 
 
-def _revision_of(conn: Connection) -> str | None:
+_SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+# the tables (plain and partitioned) of the schema that names without one resolve to
+_PG_TABLES = (
+    "SELECT c.relname FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+)
+
+
+def table_names(sql: Sql) -> list[str]:
+    """The tables of the database, sorted (PostgreSQL: of its current schema, where lab's
+    tables and Alembic's ``alembic_version`` are made)."""
+    return [name for (name,) in sql.rows(_SQLITE_TABLES if sql.dialect == "sqlite" else _PG_TABLES)]
+
+
+def revision_of(sql: Sql) -> str | None:
     """The revision recorded in the database (None: never migrated), as Alembic reads it:
     the one row of ``alembic_version``."""
-    if not sa.inspect(conn).has_table("alembic_version"):
+    if "alembic_version" not in table_names(sql):
         return None
-    rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+    rows = [version for (version,) in sql.rows("SELECT version_num FROM alembic_version")]
     if len(rows) > 1:
-        url = conn.engine.url.render_as_string(hide_password=True)
         raise NotALabStore(
-            f"{url} records {len(rows)} schema revisions ({', '.join(sorted(rows))}); lab's "
-            "schema has one line of revisions, so this is not a lab store"
+            f"{sql.where} records {len(rows)} schema revisions ({', '.join(sorted(rows))}); "
+            "lab's schema has one line of revisions, so this is not a lab store"
         )
     return rows[0] if rows else None
 
@@ -165,7 +177,7 @@ def _revision_of(conn: Connection) -> str | None:
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, or None when it has never been migrated."""
     with engine.connect() as conn:
-        return _revision_of(conn)
+        return revision_of(Sql(conn))
 
 
 @contextmanager
@@ -211,6 +223,8 @@ def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
     """
     with migration_transaction(engine) as conn:  # SQLite: BEGIN IMMEDIATE, the write lock
         if conn.dialect.name == "postgresql":
+            import sqlalchemy as sa
+
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(PG_MIGRATION_LOCK_KEY)))
         before = _check(conn)
         target = _resolve(revision)
@@ -220,13 +234,11 @@ def upgrade(engine: Engine, revision: str = "head") -> Upgraded:
             from alembic import command
 
             command.upgrade(alembic_config(conn), revision)
-        after = _revision_of(conn)
+        after = revision_of(Sql(conn))
     return Upgraded(before, after, backup)
 
 
-def readable_revision(
-    engine: Engine, *, empty_ok: bool = False, newer_ok: bool = False
-) -> str | None:
+def readable_revision(sql: Sql, *, empty_ok: bool = False, newer_ok: bool = False) -> str | None:
     """The revision of a database that commands which only read may read, after refusing
     what they cannot: an empty database (unless `empty_ok`, returning None), someone
     else's tables, a newer schema (unless `newer_ok`). Nothing is created, migrated or
@@ -236,20 +248,17 @@ def readable_revision(
     upgrade would add is refused with the ``lab db upgrade`` line (see
     `lab.store.engine.mark_older`).
     """
-    url = engine.url.render_as_string(hide_password=True)
-    with connect(engine) as conn:
-        current = _revision_of(conn)
-        if current is not None and is_known(current):
-            return current
-        tables = sorted(
-            t for t in sa.inspect(conn).get_table_names() if not t.startswith("sqlite_")
-        )
+    url = sql.where
+    current = revision_of(sql)
+    if current is not None and is_known(current):
+        return current
+    tables = [t for t in table_names(sql) if not t.startswith("sqlite_")]
     ours = sorted(set(TABLES) & set(tables))
     if current is not None:
         if ours and newer_ok:
             return current
         if ours:
-            raise _too_new(engine, current)
+            raise _too_new(url, current)
         raise NotALabStore(
             f"{url} is not a lab store: its alembic_version says {current} and it holds none "
             "of lab's tables; point --store / LAB_STORE_URL at a lab store"
@@ -277,11 +286,12 @@ def read_revision(url: str | None = None) -> str | None:
     """The revision of the store at `url` (None: an empty database), read without creating,
     migrating or writing anything; refuses a missing store, a file that is not one, and
     someone else's tables. What ``lab db current`` prints."""
-    engine = make_engine(resolve_url(url), readonly=True)
+    url = resolve_url(url)
+    conn = reader_connection(url)
     try:
-        return readable_revision(engine, empty_ok=True, newer_ok=True)
+        return readable_revision(Sql(conn, where=url.shown), empty_ok=True, newer_ok=True)
     finally:
-        engine.dispose()
+        conn.close()
 
 
 def ensure_schema(engine: Engine) -> None:
@@ -291,11 +301,11 @@ def ensure_schema(engine: Engine) -> None:
     store never waits for another process's writes.
     """
     with engine.connect() as conn:
-        current = _revision_of(conn)
+        current = revision_of(Sql(conn))
     if current == head_revision():
         return
     if current is not None and not is_known(current):  # refused at once, without the lock
-        raise _too_new(engine, current)
+        raise _too_new(engine.url.render_as_string(hide_password=True), current)
     # Anything else is judged under the lock: on PostgreSQL two reads outside it may see
     # two different moments (before and after another process's migration commits).
     upgrade(engine)
@@ -329,10 +339,11 @@ def _moves_up(before: str | None, target: str | None) -> bool:
 
 def _check(conn: Connection) -> str | None:
     """The current revision, after refusing a newer schema or a database that isn't ours."""
-    current = _revision_of(conn)
-    url = conn.engine.url.render_as_string(hide_password=True)
+    sql = Sql(conn)
+    current = revision_of(sql)
+    url = sql.where
     if current is None:
-        ours = set(TABLES) & set(sa.inspect(conn).get_table_names())
+        ours = set(TABLES) & set(table_names(sql))
         if ours:
             raise NotALabStore(
                 f"{url} has tables named like lab's ({', '.join(sorted(ours))}) but no "
@@ -340,12 +351,11 @@ def _check(conn: Connection) -> str | None:
             )
         return None
     if not is_known(current):
-        raise _too_new(conn.engine, current)
+        raise _too_new(url, current)
     return current
 
 
-def _too_new(engine: Engine, current: str) -> SchemaTooNew:
-    url = engine.url.render_as_string(hide_password=True)
+def _too_new(url: str, current: str) -> SchemaTooNew:
     return SchemaTooNew(
         f"{url} is at schema revision {current}, newer than this lab knows "
         f"({head_revision()}); upgrade lab: pip install -U lab"

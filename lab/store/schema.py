@@ -18,6 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from lab._names import MAX_KEY, MAX_NAME
+from lab.store.tables import DERIVED_TABLES as DERIVED_TABLES  # named with the models too
+from lab.store.tables import PRIVATE_TABLES as PRIVATE_TABLES
+from lab.store.tables import TABLES as TABLES
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -360,25 +363,6 @@ class SqlIngestBatch(Base):
     received_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
-TABLES = (
-    "experiments",
-    "arms",
-    "groups",
-    "runs",
-    "metrics",
-    "summaries",
-    "evals",
-    "predictions",
-    "checkpoints",
-    "histograms",
-    "images",
-)
-
-#: The tables of `lab serve`'s own bookkeeping (token hashes, batches received): no
-#: experiment's record, so never exported, never shown by `lab.inspect`, never served.
-PRIVATE_TABLES = ("tokens", "ingest_batches")
-
-
 def copied_columns(table: str) -> list[sa.Column[Any]]:
     """The columns of store table `table` that its copies for analysis carry (`lab.inspect`'s
     views, the server's ``/tables``, an export): all but an image's PNG bytes
@@ -386,10 +370,6 @@ def copied_columns(table: str) -> list[sa.Column[Any]]:
     columns = Base.metadata.tables[table].columns
     return [c for c in columns if not (table == "images" and c.name == "data")]
 
-
-#: Tables derived from others and rebuilt from them (`metric_blocks` from `metrics`): no
-#: record of their own, so never exported nor shown by `lab.inspect`.
-DERIVED_TABLES = ("metric_blocks",)
 
 #: Steps per row of `metric_blocks`: about the square root of the points per bucket of a
 #: big series cut for a plot (a million points at 2,000 buckets: 500 per bucket), where

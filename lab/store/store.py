@@ -3,10 +3,12 @@
 It opens the store at a URL (migrating it to this version's schema) and composes the parts
 that do the work, one module each: `lab.store.writes` (every write: metrics through the
 buffered `lab.store.writer`, every other write one short transaction), `lab.store.reads`
-(plain dicts: the ORM rows never leave this package), `lab.store.crashes` (runs whose
-process is gone), `lab.store.summaries` (per-key summaries kept with the metrics) and
-`lab.store.blocks` (per-block envelopes kept with the metrics, for cutting series);
-histograms and images are queued by `lab.store.media`.
+(plain dicts: the ORM rows never leave this package), `lab.store.listing` (what ``lab ls``
+and ``lab show`` print, read alike by the `lab.store.reader.Reader` that commands which
+only read open), `lab.store.crashes` (runs whose process is gone), `lab.store.summaries`
+(per-key summaries kept with the metrics) and `lab.store.blocks` (per-block envelopes kept
+with the metrics, for cutting series); histograms and images are queued by
+`lab.store.media`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +31,17 @@ from lab.store.blocks import Blocks, block_merge, block_put
 from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
     check_reachable,
+    connect,
     make_engine,
     mark_older,
     resolve_url,
 )
+from lab.store.listing import Listing
 from lab.store.media import MediaRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.reads import Reads
 from lab.store.schema import SqlExperiment, SqlRun, SqlSummary
+from lab.store.sql import Sql
 from lab.store.statements import upsert
 from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
@@ -53,7 +60,7 @@ __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "che
 WRITERS = ("auto", "thread", "process")
 
 
-class Store(Writes, Reads, Crashes, Summaries, Blocks):
+class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
     """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
 
     >>> store = Store("sqlite:///:memory:")
@@ -107,7 +114,8 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
             check_reachable(self.engine)
             if readonly and self.engine.url.database not in (None, "", ":memory:"):
                 migrate = False
-                self.revision = readable_revision(self.engine)
+                with self._reading() as sql:
+                    self.revision = readable_revision(sql)
                 if self.revision != head_revision():
                     mark_older(self.engine, str(self.revision), head_revision())
             elif migrate:  # (an in-memory store is private to this process: given a schema)
@@ -173,6 +181,12 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
 
     def __repr__(self) -> str:
         return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    @contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        """A connection to read through (`lab.store.listing`, the crash judgement)."""
+        with connect(self.engine) as conn:
+            yield Sql(conn)
 
     def _insert(self, table: Any) -> Any:
         module = postgresql if self.dialect == "postgresql" else sqlite

@@ -35,8 +35,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import sqlalchemy.exc as sa_exc
-
 from lab._env import seconds_from_env
 from lab._secrets import logger, mask
 from lab._signals import unwind_on_sigterm
@@ -49,14 +47,17 @@ log = logger("lab.store")
 MetricItem = tuple[int, int, dict[str, float], float]
 
 DEFAULT_GIVE_UP_S = 120.0
-#: Errors that no retry can fix: the store refused the rows themselves.
-_REJECTED = (
-    sa_exc.IntegrityError,
-    sa_exc.DataError,
-    sa_exc.ProgrammingError,
-    TypeError,
-    ValueError,
-)
+
+
+def rejected(error: BaseException) -> bool:
+    """Whether no retry can fix `error`: the store refused the rows themselves (a
+    constraint, a value, the statement), not an outage. SQLAlchemy's errors are looked up
+    where one is met: a writer that sends to a `lab serve` server never imports it."""
+    import sqlalchemy.exc as sa_exc
+
+    refusals = (sa_exc.IntegrityError, sa_exc.DataError, sa_exc.ProgrammingError)
+    return isinstance(error, (*refusals, TypeError, ValueError))
+
 
 _STOP = object()
 #: How often a thread waiting on the writer (`flush`, `close`, a full buffer) looks up.
@@ -241,14 +242,14 @@ class MetricWriter:
         error = self._last_error
         if since is None or error is None:
             return False
-        return isinstance(error, _REJECTED) or time.monotonic() - since >= self._give_up_s
+        return rejected(error) or time.monotonic() - since >= self._give_up_s
 
     def _not_written(self, *, stopping: bool = False) -> StoreError:
         error = self._last_error
         since = self._failing_since
         seconds = 0.0 if since is None else time.monotonic() - since
         n = self.unwritten()
-        if isinstance(error, _REJECTED):
+        if rejected(error):
             why = f"the store rejected them ({_reason(error)})"
         else:
             why = f"the store has failed for {seconds:.1f}s ({_reason(error)})"

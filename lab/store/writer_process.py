@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from lab._secrets import logger
-from lab.store.writer import _REJECTED, MetricItem, _reason
+from lab.store.writer import MetricItem, _reason, rejected
 
 log = logger("lab.store")
 
@@ -514,5 +514,5 @@ def _answer(error: BaseException | None) -> bytes:
         pickle.loads(text)
         return text
     except Exception:
-        kind: type[Exception] = ValueError if isinstance(error, _REJECTED) else OSError
+        kind: type[Exception] = ValueError if rejected(error) else OSError
         return pickle.dumps(kind(_reason(error)), _PROTOCOL)

@@ -7,8 +7,6 @@ Metrics are buffered (see `lab.store.writer`); every other write is one short tr
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -25,7 +23,7 @@ from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now, _text
 from lab.store.crashes import _DRIVING, _HELD
 from lab.store.engine import dumps_json, transaction
-from lab.store.liveness import boot_id, process_start
+from lab.store.liveness import this_owner
 from lab.store.schema import (
     SqlArm,
     SqlCheckpoint,
@@ -823,17 +821,6 @@ def _check_run(conn: Connection, run_id: int) -> None:
     because the run does not exist is refused, never acknowledged."""
     if conn.execute(sa.select(SqlRun.run_id).where(SqlRun.run_id == run_id)).first() is None:
         raise _no_run(run_id)
-
-
-def this_owner() -> dict[str, Any]:
-    """This process as a run's owner: host, pid, process start time and boot id, which
-    `mark_crashed` judges to tell a live run from one whose process is gone."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "process_start": process_start(),
-        "boot_id": boot_id(),
-    }
 
 
 def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:

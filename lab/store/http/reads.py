@@ -14,9 +14,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-import pyarrow as pa
 
 from lab._json import NON_FINITE, floats_back
+
+if TYPE_CHECKING:  # pyarrow is imported by the reads that answer Arrow: lab ls needs none
+    import pyarrow as pa
 
 _TIMES = ("created_at", "ended_at", "started_at")
 
@@ -119,6 +121,8 @@ class HttpReads:
         their text, NaN as NaN. What `lab.inspect.connect` builds its views over."""
         params = {"experiment": experiment} if experiment is not None else None
         answer = self._request("GET", f"/tables/{_part(name)}", params=params)
+        import pyarrow as pa
+
         return pa.ipc.open_stream(answer.content).read_all()
 
     def export(
@@ -133,6 +137,8 @@ class HttpReads:
         )
         if format == "parquet":
             return answer.content
+        import pyarrow as pa
+
         return pa.ipc.open_stream(answer.content).read_all()
 
 

@@ -24,8 +24,8 @@ from lab.errors import MetricError, TokenRejected
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.crashes import HEARTBEAT_S
 from lab.store.http.sender import Op, Sender, dumps
+from lab.store.liveness import this_owner
 from lab.store.writer import MetricWriter
-from lab.store.writes import this_owner
 
 if TYPE_CHECKING:
     import httpx

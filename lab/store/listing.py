@@ -1,0 +1,192 @@
+"""What ``lab ls`` and ``lab show`` read: every experiment with its run counts, and one
+experiment with its arms and runs, as plain dicts.
+
+Written once, as SQL text run through `lab.store.sql.Sql`, and read alike by a `Store`
+(over its SQLAlchemy connection) and by the `lab.store.reader.Reader` that commands which
+only read open (over the driver's own connection, without SQLAlchemy); `lab serve` answers
+with the same dicts. A read-only reader shows runs and experiments whose process is gone as
+crashed (`lab.store.crashes`), without writing it.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from lab._json import floats_back
+from lab.errors import NoExperiment
+
+if TYPE_CHECKING:
+    from lab.store.crashes import Crashed
+    from lab.store.sql import Sql
+
+_EXPERIMENTS = (
+    "SELECT experiment_id, name, status, repeats, created_at, tags, notes "
+    "FROM experiments ORDER BY experiment_id DESC"
+)
+# current runs (not superseded) by experiment and status
+_RUN_COUNTS = (
+    "SELECT experiment_id, status, count(*) FROM runs WHERE superseded_at IS NULL "
+    "GROUP BY experiment_id, status"
+)
+_ARM_COUNTS = "SELECT experiment_id, count(*) FROM arms GROUP BY experiment_id"
+# points from summaries: one row per run and key, however long the runs
+_POINTS = (
+    'SELECT r.experiment_id, sum(s."count") FROM runs r '
+    "JOIN summaries s ON s.run_id = r.run_id WHERE r.superseded_at IS NULL "
+    "GROUP BY r.experiment_id"
+)
+_SUPERSEDED = (
+    "SELECT experiment_id, count(*) FROM runs WHERE superseded_at IS NOT NULL "
+    "GROUP BY experiment_id"
+)
+_EXPERIMENT = (
+    "SELECT experiment_id, name, status, seed, repeats, config, created_at, ended_at, "
+    "callback_errors, tags, notes FROM experiments WHERE name = :name"
+)
+_NAMES = "SELECT name FROM experiments"
+_ARMS = "SELECT name, overrides FROM arms WHERE experiment_id = :id ORDER BY arm_id"
+_RUN_FIELDS = (
+    "run_id", "run_key", "arm", "repeat", "stage", "seed", "status", "error", "summary",
+    "callback_errors", "tags", "notes", "provenance", "traceback", "host", "pid",
+    "started_at", "ended_at",
+)  # fmt: skip
+_RUNS = (
+    'SELECT r.run_id, r.run_key, a.name, r."repeat", r.stage, r.seed, r.status, r.error, '
+    "r.summary, r.callback_errors, r.tags, r.notes, r.provenance, r.traceback, r.host, "
+    "r.pid, r.started_at, r.ended_at, r.superseded_at "
+    "FROM runs r LEFT OUTER JOIN arms a ON a.arm_id = r.arm_id "
+    "WHERE r.experiment_id = :id ORDER BY r.run_id"
+)
+_JSON_FIELDS = ("summary", "callback_errors", "tags", "provenance")
+_TIME_FIELDS = ("started_at", "ended_at")
+# each run's metrics: the last value of each key, and its newest step
+_LATEST = (
+    'SELECT s.run_id, s."key", s.last_step, s.last_value FROM summaries s '
+    "JOIN runs r ON r.run_id = s.run_id WHERE r.experiment_id = :id"
+)
+
+
+class Listing:
+    """The listing part of every SQL reader (`lab.store.Store`, `lab.store.reader.Reader`):
+    each gives `_reading` (a `Sql` over one of its connections) and `crashed_now`."""
+
+    if TYPE_CHECKING:
+
+        def _reading(self) -> AbstractContextManager[Sql]: ...
+
+        def crashed_now(self) -> Crashed: ...
+
+    def list_experiments(self) -> list[dict[str, Any]]:
+        """Every experiment with its status and its run counts by status, newest first.
+
+        Superseded runs (see `Experiment(fresh=True)`) are left out of the counts and
+        points; `superseded` counts them. Read-only, the runs and experiments whose process
+        is gone show as crashed (`crashed_now`), as `mark_crashed` would mark them.
+        """
+        crashed = self.crashed_now()
+        with self._reading() as sql:
+            experiments = sql.rows(_EXPERIMENTS)
+            by_status: dict[int, dict[str, int]] = {}
+            for exp_id, status, n in sql.rows(_RUN_COUNTS):
+                by_status.setdefault(exp_id, {})[status] = n
+            arm_counts = dict(sql.rows(_ARM_COUNTS))
+            points = dict(sql.rows(_POINTS))
+            superseded = dict(sql.rows(_SUPERSEDED))
+            when, loaded = sql.time, sql.json
+        for gone in crashed.runs.values():  # shown as crashed; never written so
+            per = by_status[gone.experiment_id]
+            per["running"] -= 1
+            per["crashed"] = per.get("crashed", 0) + 1
+            if not per["running"]:
+                del per["running"]
+        return [
+            {
+                "name": name,
+                "status": "crashed" if exp_id in crashed.experiments else status,
+                "arms": arm_counts.get(exp_id, 0),
+                "repeats": repeats,
+                "runs": sum(by_status.get(exp_id, {}).values()),
+                "runs_by_status": by_status.get(exp_id, {}),
+                "points": int(points.get(exp_id) or 0),
+                "superseded": superseded.get(exp_id, 0),
+                "created_at": when(created_at),
+                "tags": loaded(tags) or [],
+                "notes": notes,
+            }
+            for exp_id, name, status, repeats, created_at, tags, notes in experiments
+        ]
+
+    def get_experiment(self, name: str) -> dict[str, Any]:
+        """An experiment with its tags and notes, its arms and runs (status, newest step,
+        error, final metrics, tags, notes, provenance), and the failures of its
+        experiment-level callbacks.
+
+        A run's metrics are the last value of each key from `summaries` (so a running or
+        crashed run shows where it got to), overlaid with the final metrics it returned.
+        Superseded runs are left out; `superseded` counts them.
+        """
+        with self._reading() as sql:
+            found = sql.rows(_EXPERIMENT, name=name)
+            if not found:
+                known = sorted(n for (n,) in sql.rows(_NAMES))
+                hint = f"; known: {', '.join(known)}" if known else ""
+                raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+            (exp_id, name, status, seed, repeats, config, created_at, ended_at, failures, tags,
+             notes) = found[0]  # fmt: skip
+            arms = sql.rows(_ARMS, id=exp_id)
+            runs = sql.rows(_RUNS, id=exp_id)
+            latest: dict[int, dict[str, Any]] = {}
+            for run_id, key, step, value in sql.rows(_LATEST, id=exp_id):
+                per = latest.setdefault(run_id, {"step": 0, "values": {}})
+                per["step"] = max(per["step"], step)
+                per["values"][key] = math.nan if value is None else value
+            when, loaded = sql.time, sql.json
+        # Read-only: a run or an experiment whose process is gone is shown as crashed, never
+        # marked so.
+        crashed = self.crashed_now()
+        gone = {run_id: g.why for run_id, g in crashed.runs.items()}
+        current = []
+        for *fields, superseded_at in runs:
+            if superseded_at is None:
+                run = dict(zip(_RUN_FIELDS, fields, strict=True))
+                run.update({k: loaded(run[k]) for k in _JSON_FIELDS})
+                run.update({k: when(run[k]) for k in _TIME_FIELDS})
+                current.append(
+                    _with_latest(run, latest.get(run["run_id"]), gone.get(run["run_id"]))
+                )
+        return {
+            "name": name,
+            "status": "crashed" if exp_id in crashed.experiments else status,
+            "seed": seed,
+            "repeats": repeats,
+            "config": loaded(config),
+            "created_at": when(created_at),
+            "ended_at": when(ended_at),
+            "callback_errors": loaded(failures),
+            "tags": loaded(tags) or [],
+            "notes": notes,
+            "arms": [{"name": arm, "overrides": loaded(overrides)} for arm, overrides in arms],
+            "runs": current,
+            "superseded": len(runs) - len(current),
+        }
+
+
+def _with_latest(
+    run: dict[str, Any], latest: dict[str, Any] | None, gone: str | None
+) -> dict[str, Any]:
+    """A run's record with its newest step and its metrics' last values from `summaries`,
+    then the final metrics the run returned (which add post-training evals) over them;
+    `gone`: why a `running` run is crashed, when a read-only store shows it so."""
+    values = dict(latest["values"]) if latest else {}
+    values.update(floats_back(run["summary"] or {}))
+    shown = {
+        **run,
+        "step": latest["step"] if latest else None,
+        "summary": values,
+        "tags": run["tags"] or [],
+    }
+    if gone is not None:
+        shown.update(status="crashed", error=gone)
+    return shown
