@@ -34,7 +34,15 @@ db_app = typer.Typer(
 )
 app.add_typer(db_app, name="db")
 token_app = typer.Typer(
-    help="Make, list and revoke the tokens a lab serve server accepts.",
+    help=(
+        "Make, list and revoke the tokens a lab serve server accepts.\n\n"
+        "Scopes: read reads every experiment; write reads, and writes the experiments it "
+        "created through the server; admin reads and writes every experiment. A token made "
+        "with --experiment EXP reads and writes only EXP, whoever created it: how an operator "
+        "grants an experiment another token made, or one recorded by a local process (which "
+        "only such a token or an admin token may write through the server). Writing an "
+        "experiment the token may not is answered 403; docs/serve.md, 'Who may write what'."
+    ),
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -667,6 +675,10 @@ def sync(
         )
     sent = replay(run_dir, url)
     typer.echo(f"sent {plural(sent, 'spooled batch', 'spooled batches')} to {url.shown}")
+    if sent.left:  # one line each, then exit 1: not everything spooled is in the store
+        for line in sent.left:
+            typer.echo(f"lab: not sent: {line}", err=True)
+        raise typer.Exit(1)
 
 
 @db_app.command("upgrade")
@@ -785,8 +797,21 @@ def _token_store(store: str | None) -> Any:
 def token_create(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Token name (who holds it)")],
     scope: Annotated[
-        str, typer.Option(metavar="read|write", help="read: read only; write: read and write")
+        str,
+        typer.Option(
+            metavar="read|write|admin",
+            help="read: read only; write: read, and write the experiments it creates (or "
+            "--experiment); admin: read and write every experiment",
+        ),
     ] = "read",
+    experiment: Annotated[
+        str | None,
+        typer.Option(
+            metavar="EXP",
+            help="Limit the token to this one experiment (it need not exist yet): all it "
+            "reads, and with --scope write all it writes, whoever created it",
+        ),
+    ] = None,
     store: StoreOption = None,
 ) -> None:
     """Make a token and print it, once: the store keeps only its hash."""
@@ -794,12 +819,13 @@ def token_create(
 
     s = _token_store(store)
     try:
-        token = create_token(s.engine, name, scope)  # type: ignore[arg-type]
+        token = create_token(s.engine, name, scope, experiment)  # type: ignore[arg-type]
     finally:
         s.close()
     typer.echo(token)
+    only = f" limited to experiment {experiment!r}" if experiment is not None else ""
     typer.echo(
-        f"made {scope} token {name!r}; it is shown this once, keep it (e.g. LAB_TOKEN)",
+        f"made {scope} token {name!r}{only}; it is shown this once, keep it (e.g. LAB_TOKEN)",
         err=True,
     )
 
@@ -816,7 +842,7 @@ def token_list(store: StoreOption = None) -> None:
     finally:
         s.close()
     if not rows:
-        typer.echo("no tokens yet; make one: lab token create NAME --scope read|write")
+        typer.echo("no tokens yet; make one: lab token create NAME --scope read|write|admin")
         return
 
     def when(t: Any) -> str:
@@ -824,8 +850,17 @@ def token_list(store: StoreOption = None) -> None:
 
     typer.echo(
         render(
-            ("name", "scope", "created (UTC)", "revoked (UTC)"),
-            [(r["name"], r["scope"], when(r["created_at"]), when(r["revoked_at"])) for r in rows],
+            ("name", "scope", "experiment", "created (UTC)", "revoked (UTC)"),
+            [
+                (
+                    r["name"],
+                    r["scope"],
+                    r["experiment"] or "",
+                    when(r["created_at"]),
+                    when(r["revoked_at"]),
+                )
+                for r in rows
+            ],
         )
     )
 

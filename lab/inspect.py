@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 import pyarrow as pa
@@ -51,6 +51,9 @@ from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
 from lab.store.schema import TABLES, Base, copied_columns
 from lab.store.store import Store
+
+if TYPE_CHECKING:
+    from lab.store.crashes import Crashed
 
 log = logger("lab.inspect")
 
@@ -105,6 +108,8 @@ def connect(
     store = Store(resolve_url(os.fspath(url) if url is not None else None), readonly=True)
     try:
         missing = _missing_columns(store)
+        # judged before DuckDB opens the file: its SQLite is another library in this process
+        crashed = None if _lacks_owners(missing) else store.crashed_now()
         con = duckdb.connect()
         used = None
         if mode in ("auto", "attach"):
@@ -123,13 +128,19 @@ def connect(
         if used is None:
             _copy_through_arrow(con, store, missing)
             used = "arrow"
-        _create_views(con, nan_is_null=store.dialect == "sqlite", missing=missing)
+        _create_views(con, nan_is_null=store.dialect == "sqlite", missing=missing, crashed=crashed)
         con.execute("CREATE TABLE lab_source AS SELECT ? AS url, ? AS mode", [_shown(store), used])
         if used == "attach":
             _STORES[con] = store.url
         return con
     finally:
         store.close()
+
+
+def _lacks_owners(missing: dict[str, set[str]]) -> bool:
+    """Whether an older store lacks the columns that tell a live run or experiment from a
+    crashed one (it is then read as it is)."""
+    return bool(missing.get("experiments", set()) & {"pid", "heartbeat_at"})
 
 
 def _shown(store: Store) -> str:
@@ -358,31 +369,52 @@ def _create_views(
     *,
     nan_is_null: bool,
     missing: dict[str, set[str]] | None = None,
+    crashed: Crashed | None = None,
 ) -> None:
+    """The views over the store's tables (schema ``store``). `crashed`: the runs and
+    experiments whose process is gone, which the `runs` and `experiments` views show as
+    crashed while their row is the one judged (still `running`, the same heartbeat), as
+    ``lab ls`` shows them; nothing is written."""
+    _gone_table(con, crashed)
     for name in TABLES:
-        columns = []
+        exprs = {}
         lacks = (missing or {}).get(name, set())
         for column in copied_columns(name):
-            quoted = f'"{column.name}"'
+            quoted = f's."{column.name}"'
             if column.name in lacks:  # an older revision's store: NULL until it is upgraded
                 kind = "JSON" if isinstance(column.type, sa.JSON) else None
                 kind = kind or _DUCK_TYPES.get(str(_arrow_type(column)), "VARCHAR")
-                columns.append(f"NULL::{kind} AS {quoted}")
+                exprs[column.name] = f"NULL::{kind}"
             elif isinstance(column.type, sa.JSON):
-                columns.append(f"{quoted}::JSON AS {quoted}")
+                exprs[column.name] = f"{quoted}::JSON"
             elif (name, column.name) in _NAN_AS_NULL and nan_is_null:
-                columns.append(f"coalesce({quoted}, 'nan'::DOUBLE) AS {quoted}")
+                exprs[column.name] = f"coalesce({quoted}, 'nan'::DOUBLE)"
             else:
-                columns.append(quoted)
-        select = f'SELECT {", ".join(columns)} FROM store."{name}"'
+                exprs[column.name] = quoted
+        source = f'store."{name}" s'
+        if name in ("runs", "experiments"):  # a row whose process is gone reads as crashed
+            source += (
+                f" LEFT JOIN lab_gone g ON g.gone_table = '{name}' AND "
+                f"g.gone_id = {exprs[name[:-1] + '_id']} AND {exprs['status']} = 'running' "
+                f"AND g.gone_beat IS NOT DISTINCT FROM {exprs['heartbeat_at']}"
+            )
+            exprs["status"] = (
+                f"CASE WHEN g.gone_id IS NULL THEN {exprs['status']} ELSE 'crashed' END"
+            )
+            if "error" in exprs:
+                exprs["error"] = (
+                    f"CASE WHEN g.gone_id IS NULL THEN {exprs['error']} ELSE g.gone_why END"
+                )
+        columns = ", ".join(f'{expr} AS "{column}"' for column, expr in exprs.items())
+        select = f"SELECT {columns} FROM {source}"
         if _absent(name, missing or {}):  # an older store without this table: no rows
-            select = f"SELECT {', '.join(columns)} WHERE false"
+            select = f"SELECT {columns} WHERE false"
         if name in _JOINED:  # with the run's experiment, arm, repeat and key
             con.execute(_JOINED[name].format(select=select))
             continue
         if name == "runs":  # superseded runs (fresh=True) are kept, in all_runs only
             con.execute(f"CREATE VIEW all_runs AS {select}")
-            select += " WHERE superseded_at IS NULL"
+            select += f" WHERE {exprs['superseded_at']} IS NULL"
         con.execute(f'CREATE VIEW "{name}" AS {select}')
     con.execute(
         """
@@ -413,6 +445,24 @@ def _create_views(
         FROM experiments WHERE tags IS NOT NULL
         """
     )
+
+
+def _gone_table(con: duckdb.DuckDBPyConnection, crashed: Crashed | None) -> None:
+    """``lab_gone``: the rows the views show as crashed (table, id, heartbeat as judged,
+    why), as judged when the connection was made."""
+    con.execute(
+        "CREATE TABLE lab_gone (gone_table VARCHAR, gone_id BIGINT, gone_beat TIMESTAMP, "
+        "gone_why VARCHAR)"
+    )
+    if crashed is None:
+        return
+    rows = [
+        (table, g.id, g.heartbeat_at, g.why)
+        for table, found in (("runs", crashed.runs), ("experiments", crashed.experiments))
+        for g in found.values()
+    ]
+    if rows:
+        con.executemany("INSERT INTO lab_gone VALUES (?, ?, ?, ?)", rows)
 
 
 # One row per run: the fields of `runs.provenance` a question usually needs, as columns.

@@ -27,7 +27,7 @@ from lab.hooks import (
     Callback,
     LogContext,
 )
-from lab.loop.checkpoints import LATEST_FILE, CheckpointManager
+from lab.loop.checkpoints import CheckpointManager
 from lab.loop.evals import Evaluator
 from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
 
@@ -288,7 +288,7 @@ def _benchmark(
 def _final_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a chain's next stage starts from: the parent run's newest one."""
     root = run_dir / "checkpoints"
-    latest = CheckpointManager(root).read_latest() if (root / LATEST_FILE).exists() else None
+    latest = CheckpointManager(root).get_latest_checkpoint_path() if root.is_dir() else None
     if latest is None:
         raise CheckpointError(
             f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import httpx
 
+from lab.server.app import MAX_BODY
 from lab.server.auth import create_token
 from lab.store import Store
 
 _SERVE = (
     "import sys, uvicorn; from lab.server import create_app; "
-    "uvicorn.run(create_app(sys.argv[1]), host='127.0.0.1', port=int(sys.argv[2]), "
-    "log_level='warning')"
+    "uvicorn.run(create_app(sys.argv[1], max_body=int(sys.argv[3])), host='127.0.0.1', "
+    "port=int(sys.argv[2]), log_level='warning')"
 )
 
 
@@ -40,6 +41,7 @@ class Served:
     write_token: str = ""
     read_token: str = ""
     process: subprocess.Popen | None = None
+    max_body: int = MAX_BODY  # lab serve's --max-body
 
     @property
     def url(self) -> str:
@@ -49,7 +51,8 @@ class Served:
         """Start the server (again, on the same port) and wait until its health check answers."""
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, self.store_url, str(self.port)], env=env
+            [sys.executable, "-c", _SERVE, self.store_url, str(self.port), str(self.max_body)],
+            env=env,
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -85,12 +88,13 @@ class Served:
         )
 
 
-def serve(store_url: str) -> Served:
-    """Create the store's schema, make a write and a read token, and start a server."""
+def serve(store_url: str, *, max_body: int = MAX_BODY) -> Served:
+    """Create the store's schema, make a write and a read token, and start a server that
+    takes bodies of up to `max_body` bytes."""
     store = Store(store_url)
     try:
         write = create_token(store.engine, "tests-write", "write")
         read = create_token(store.engine, "tests-read", "read")
     finally:
         store.close()
-    return Served(store_url, write_token=write, read_token=read).start()
+    return Served(store_url, write_token=write, read_token=read, max_body=max_body).start()

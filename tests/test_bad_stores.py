@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from alembic import command
 
 import lab.inspect
-from lab.errors import NoStore, NotALabStore, SchemaTooOld
+from lab.errors import NoStore, NotALabStore, SchemaTooNew, SchemaTooOld
 from lab.store import Store
 from lab.store.migrations import alembic_config, head_revision
 
@@ -112,10 +112,11 @@ def _make(kind: str, folder: Path, template: Path) -> Case:
         data = template.read_bytes()
         db.write_bytes(data[: len(data) // 2])
         return Case(f"sqlite:///{db}")
-    if kind == "foreign":  # someone else's SQLite file
+    if kind in ("foreign", "foreign, named like lab's"):  # someone else's SQLite file
+        table = "customers" if kind == "foreign" else "runs"  # runs: and no alembic_version
         con = sqlite3.connect(db)
-        con.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
-        con.execute("INSERT INTO customers VALUES (1, 'ada')")
+        con.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT)")
+        con.execute(f"INSERT INTO {table} VALUES (1, 'ada')")
         con.commit()
         con.close()
         return Case(f"sqlite:///{db}")
@@ -170,6 +171,8 @@ def _argv(command_name: str, case: Case, folder: Path, files: Path) -> list[str]
         return ["tag", case.experiment, "+kept", *store]
     if command_name == "quickstart":
         return ["quickstart", "--steps", "1", "--output-dir", str(folder / "runs"), *store]
+    if command_name == "token create":
+        return ["token", "create", "ci", "--scope", "write", *store]
     raise AssertionError(command_name)
 
 
@@ -186,6 +189,7 @@ MATRIX = [
     *((c, k) for c in ("db upgrade", "run") for k in ("read-only file", "read-only folder")),
     *(("quickstart", k) for k in ("not a database", "read-only folder", "bad scheme")),
     *(("tag", k) for k in (*EVERYONE, "read-only file", "read-only folder", "unknown experiment")),
+    *((c, "foreign, named like lab's") for c in ("db upgrade", "quickstart", "token create")),
 ]
 
 
@@ -292,6 +296,47 @@ def test_refusals_say_what_is_wrong(tmp_path: Path, template: Path) -> None:
     assert empty.stat().st_size == 0
 
 
+def _scalar(db: Path, sql: str) -> str:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchone()[0]
+    finally:
+        con.close()
+
+
+def _journal_mode(db: Path) -> str:
+    return _scalar(db, "PRAGMA journal_mode")
+
+
+def test_a_refused_file_named_like_lab_is_left_byte_for_byte(
+    tmp_path: Path, template: Path
+) -> None:
+    _make("foreign, named like lab's", tmp_path, template)
+    db = tmp_path / "lab.db"
+    before = db.read_bytes()
+    with pytest.raises(NotALabStore) as info:
+        Store(f"sqlite:///{db}")
+    assert str(info.value) == (
+        f"sqlite:///{db} has tables named like lab's (runs) but no alembic_version; point "
+        "--store / LAB_STORE_URL at a lab store or a new database"
+    )
+    assert db.read_bytes() == before  # the header still says "rollback journal"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.db"]  # no -wal, no -shm
+    assert _journal_mode(db) == "delete"
+    # a new file and a lab store are still switched to WAL when they are first opened
+    Store(f"sqlite:///{tmp_path / 'new.db'}").close()
+    assert _journal_mode(tmp_path / "new.db") == "wal"
+    con = sqlite3.connect(tmp_path / "old.db")  # a lab store left in rollback-journal mode
+    con.execute("CREATE TABLE alembic_version (version_num TEXT)")
+    con.execute("CREATE TABLE runs (run_id INTEGER)")
+    con.execute("INSERT INTO alembic_version VALUES ('9999')")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaTooNew):
+        Store(f"sqlite:///{tmp_path / 'old.db'}")
+    assert _journal_mode(tmp_path / "old.db") == "wal"
+
+
 def test_export_onto_a_file_is_one_line_and_keeps_the_file(tmp_path: Path, template: Path) -> None:
     target = tmp_path / "report.txt"
     target.write_text("keep me\n")
@@ -367,11 +412,7 @@ def _downgrade(url: str, revision: str) -> None:
 
 
 def _revision(db: Path) -> str:
-    con = sqlite3.connect(db)
-    try:
-        return con.execute("SELECT version_num FROM alembic_version").fetchone()[0]
-    finally:
-        con.close()
+    return _scalar(db, "SELECT version_num FROM alembic_version")
 
 
 def test_a_store_one_revision_behind_is_read_without_upgrading(tmp_path: Path) -> None:

@@ -169,3 +169,110 @@ def test_bookkeeping_restored_from_a_checkpoint_is_checked_like_the_manifest(
     assert (root / "manifest.jsonl").read_bytes() == manifest  # nothing appended
     assert m.checkpoints() == [1, 2]
     assert _snapshot(outside) == before
+
+
+def _counting_fit(run_dir: Path, steps: int, losses: list[int]) -> Any:
+    """A bare fit of `steps` steps, saving every 2, that counts the steps it trains."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+
+    def loss(m: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        losses.append(1)
+        return m(batch).sum()
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return TrainingLoop(model, opt, [torch.ones(1, 2)], loss, steps,
+                        checkpoint=CheckpointConfig(every=2)).fit(run_dir=run_dir)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["absolute", "dotdot", "a link to a file outside", "names a link that leads out",
+     "missing folder", "incomplete folder", "removed", "unrecorded", "garbage", "empty"],
+)  # fmt: skip
+def test_a_bad_latest_file_stops_the_resume_before_any_step(tmp_path: Path, bad: str) -> None:
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    trained: list[int] = []
+    _counting_fit(run_dir, 4, trained)
+    assert len(trained) == 4 and CheckpointManager(root).checkpoints() == [2, 4]
+    outside = _outside(tmp_path)
+    before = _snapshot(outside)
+    latest = root / "latest"
+    available = "delete or fix that file (available steps: [2, 4])"
+    not_inside = f"latest in {root} names {{}}, which is not a folder inside it; a checkpoint "
+    not_inside += "is named by its step_* folder: fix or delete that file"
+    if bad == "absolute":
+        latest.write_text(str(outside))
+        message = not_inside.format(repr(str(outside)))
+    elif bad == "dotdot":
+        latest.write_text("../../precious")
+        message = not_inside.format("'../../precious'")
+    elif bad == "a link to a file outside":
+        (tmp_path / "name").write_text("step_000002")
+        latest.unlink()
+        latest.symlink_to(tmp_path / "name")
+        message = f"{latest} is a link to {tmp_path / 'name'}; nothing outside {root} is read: "
+        message += available
+    elif bad == "names a link that leads out":
+        (root / "step_000009").symlink_to(outside, target_is_directory=True)
+        latest.write_text("step_000009")
+        message = (f"{root / 'step_000009'} is a link to {outside}, outside the checkpoint "
+                   f"folder {root}; nothing there is loaded or removed: replace the link by the "
+                   "folder itself")  # fmt: skip
+    elif bad == "missing folder":
+        shutil.rmtree(root / "step_000004")
+        latest.write_text("step_000004\n")
+        message = f"{latest} names 'step_000004', a checkpoint that is missing or incomplete; "
+        message += "delete or fix that file (available steps: [2])"
+    elif bad == "incomplete folder":
+        (root / "step_000004" / "COMPLETE").unlink()
+        message = f"{latest} names 'step_000004', a checkpoint that is missing or incomplete; "
+        message += "delete or fix that file (available steps: [2])"
+    elif bad == "removed":
+        row = json.loads((root / "manifest.jsonl").read_text().splitlines()[0])
+        removal = {**row, "event": "remove", "reason": "by hand"}
+        with (root / "manifest.jsonl").open("a") as f:
+            f.write(json.dumps(removal) + "\n")
+        latest.write_text("step_000002")
+        message = f"{latest} names 'step_000002', a checkpoint that was removed (by hand); "
+        message += "delete or fix that file (available steps: [4])"
+    elif bad == "unrecorded":  # a complete folder that no save row records
+        shutil.copytree(root / "step_000002", root / "step_000003")
+        latest.write_text("step_000003")
+        message = f"{latest} names 'step_000003', a checkpoint that no save row of "
+        message += f"manifest.jsonl records; {available}"
+    elif bad == "garbage":
+        latest.write_bytes(b"\xff\xfe\x00garbage")
+        message = f"cannot read {latest}: UnicodeDecodeError: "
+    else:
+        latest.write_text("")
+        message = not_inside.format("''")
+    trained.clear()
+    with pytest.raises(CheckpointError) as info:
+        _counting_fit(run_dir, 8, trained)
+    if bad == "garbage":
+        assert str(info.value).startswith(message)
+        assert str(info.value).endswith(f"; {available}") and "\n" not in str(info.value)
+    else:
+        assert str(info.value) == message
+    assert trained == []  # not one step trained from another checkpoint
+    assert _snapshot(outside) == before
+    with pytest.raises(CheckpointError):  # the manager's own lookup says the same
+        CheckpointManager(root).get_latest_checkpoint_path()
+
+
+def test_a_latest_that_cannot_be_updated_is_removed_not_left_naming_a_removed_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "checkpoints"
+    m = CheckpointManager(root, CheckpointConfig(every=1, keep_last=1), "r")
+    m.save(1, {"w": torch.zeros(2)}, {"metrics": {}})
+    (root / "tmp_latest").mkdir()  # writing the new `latest` fails for real
+    m.save(2, {"w": torch.ones(2)}, {"metrics": {}})  # retention removes step 1
+    assert [r.getMessage() for r in caplog.records if "latest" in r.getMessage()] == [
+        f"cannot update {root / 'latest'} ([Errno 21] Is a directory: "
+        f"'{root / 'tmp_latest'}'); removed it"
+    ]
+    assert not (root / "latest").exists() and m.checkpoints() == [2]
+    assert CheckpointManager(root).get_latest_checkpoint_path() == root / "step_000002"

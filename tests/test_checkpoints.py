@@ -490,6 +490,13 @@ def test_orphans_and_missing_folders_are_not_checkpoints(
         "the latest, never removed; load it by path",
     ]
     assert again.checkpoints() == [1, 2]
+    with pytest.raises(CheckpointError) as info:  # `latest` still names the lost step 3
+        again.get_latest_checkpoint_path()
+    assert str(info.value) == (
+        f"{tmp_path / 'latest'} names 'step_000003', a checkpoint that is missing or "
+        "incomplete; delete or fix that file (available steps: [1, 2])"
+    )
+    (tmp_path / "latest").unlink()  # as it says: the manifest then names the newest
     assert again.get_latest_checkpoint_path() == tmp_path / "step_000002"
     with pytest.raises(CheckpointError) as info:
         again.resolve(3)

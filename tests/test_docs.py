@@ -102,7 +102,9 @@ def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert out.splitlines()[-4] == (  # its packed points: step 40, offset 8, is NaN
         "[6, 7, 8, 9] (0.02564102564102564, 0.025, nan, 0.023809523809523808)"
     )
-    table = out.splitlines()[-9:-5]  # final_metrics: acc, grad, loss (any order), under a header
+    # an experiment whose driver stopped without finishing it (crashed experiments)
+    assert out.splitlines()[-6] == "[('driven', 'crashed')]"
+    table = out.splitlines()[-10:-6]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 
 

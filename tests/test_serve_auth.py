@@ -173,7 +173,9 @@ def test_token_create_prints_it_once_and_the_store_keeps_only_its_hash(store_url
     listed = lab("token", "list", "--store", store_url)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["name", "scope", "created", "(UTC)", "revoked", "(UTC)"]
+    assert lines[0].split() == [
+        "name", "scope", "experiment", "created", "(UTC)", "revoked", "(UTC)"
+    ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [
         ["ci", "write"], ["notebooks", "read"], ["plain", "read"]
     ]  # fmt: skip
@@ -181,9 +183,34 @@ def test_token_create_prints_it_once_and_the_store_keeps_only_its_hash(store_url
         assert secret not in listed.stdout + listed.stderr
 
 
+def test_token_create_makes_admin_tokens_and_tokens_limited_to_one_experiment(
+    sqlite_url: str,
+) -> None:
+    limited = lab("token", "create", "helper", "--scope", "write", "--experiment", "my exp",
+                  "--store", sqlite_url)  # fmt: skip
+    assert limited.returncode == 0, limited.stderr
+    assert limited.stderr == (
+        "made write token 'helper' limited to experiment 'my exp'; it is shown this once, "
+        "keep it (e.g. LAB_TOKEN)\n"
+    )
+    admin = lab("token", "create", "root", "--scope", "admin", "--store", sqlite_url)
+    assert admin.stderr.startswith("made admin token 'root';"), admin.stderr
+    both = lab("token", "create", "x", "--scope", "admin", "--experiment", "e",
+               "--store", sqlite_url)  # fmt: skip
+    assert (both.returncode, both.stdout, both.stderr) == (
+        1, "", "error: an admin token reads and writes every experiment; leave --experiment "
+        "out, or make a write token limited to it\n",
+    )  # fmt: skip
+    rows = lab("token", "list", "--store", sqlite_url).stdout.splitlines()
+    assert [r.split()[:4] for r in rows[1:]] == [
+        ["helper", "write", "my", "exp"], ["root", "admin", *rows[2].split()[2:4]]
+    ]  # fmt: skip
+    assert rows[0].index("experiment") == rows[1].index("my exp")
+
+
 def test_token_revoke_and_every_refusal_is_one_line(store_url: str) -> None:
     assert lab("token", "list", "--store", store_url).stdout == (
-        "no tokens yet; make one: lab token create NAME --scope read|write\n"
+        "no tokens yet; make one: lab token create NAME --scope read|write|admin\n"
     )
     make_token(store_url, "ci")
     revoked = lab("token", "revoke", "ci", "--store", store_url)
@@ -199,7 +226,10 @@ def test_token_revoke_and_every_refusal_is_one_line(store_url: str) -> None:
     for argv, line in [
         (("revoke", "nope"), "error: no token named 'nope'; lab token list shows the tokens"),
         (("create", "ci"), "error: a revoked token named 'ci' exists; pick another name"),
-        (("create", "x", "--scope", "admin"), "error: scope 'admin': use one of read, write"),
+        (
+            ("create", "x", "--scope", "owner"),
+            "error: scope 'owner': use one of read, write, admin",
+        ),
     ]:
         refused = lab("token", *argv, "--store", store_url)
         assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", line + "\n")
@@ -249,7 +279,7 @@ def test_lab_serve_binds_another_address_only_with_a_live_token(
         answer = httpx.get(
             server.url + "/api/v1/token", headers={"Authorization": f"Bearer {token}"}
         )
-        assert answer.json() == {"name": "live", "scope": "write"}
+        assert answer.json() == {"name": "live", "scope": "write", "experiment": None}
     finally:
         log = server.stop()
     assert log.splitlines()[0] == (
@@ -300,7 +330,7 @@ def test_every_endpoint_but_health_wants_a_live_token(lab_serve: Tokens) -> None
     }
     with httpx.Client(base_url=url, timeout=30) as client:
         live = client.get("/api/v1/token", headers={"Authorization": f"Bearer {gone}"})
-        assert live.json() == {"name": "gone", "scope": "write"}
+        assert live.json() == {"name": "gone", "scope": "write", "experiment": None}
         assert lab("token", "revoke", "gone", "--store", store_url).returncode == 0
         headers_of["revoked"] = ({"Authorization": f"Bearer {gone}"}, WRONG_TOKEN)
         for method, path, _tags in [*operations, ("GET", "/api/v1/no/such/route", [])]:
@@ -313,6 +343,7 @@ def test_every_endpoint_but_health_wants_a_live_token(lab_serve: Tokens) -> None
         assert client.get("/api/v1/token", headers=reader).json() == {
             "name": "tests-read",
             "scope": "read",
+            "experiment": None,
         }
         writes = [(m, p) for m, p, tags in operations if "write" in tags]
         for method, path in writes:  # the write API, once merged: every route of it
@@ -535,7 +566,7 @@ def test_https_with_a_certificate_the_client_trusts(
     try:
         bearer = {"Authorization": f"Bearer {token}"}
         answer = httpx.get(server.url + "/api/v1/token", headers=bearer, verify=trusted)
-        assert answer.json() == {"name": "w", "scope": "write"}
+        assert answer.json() == {"name": "w", "scope": "write", "experiment": None}
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             httpx.get(server.url + HEALTH)  # not trusted by default
         with pytest.raises(httpx.TransportError):

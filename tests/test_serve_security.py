@@ -318,26 +318,23 @@ def test_the_client_cuts_its_batches_inside_the_servers_limits() -> None:
     assert MAX_POINTS <= MAX_BATCH_ROWS and MAX_OPS <= MAX_BATCH_OPS
     sender = Sender(None, "c", lambda run_id: None, heartbeat_s=60.0)  # type: ignore[arg-type]
     step = {f"k{i}": 0.5 for i in range(100_000)}
-    cut = sender._batches([(1, s, step, 0.0) for s in range(5)])
-    rows = [pa.ipc.open_stream(body).read_all().num_rows for _kind, _seq, body, _run in cut]
-    assert [(kind, seq) for kind, seq, _body, _run in cut] == [
-        ("arrow", 1),
-        ("arrow", 2),
-        ("arrow", 3),
-    ]
+    cut = [sender._number(batch) for batch in sender._batches([(1, s, step, 0.0)
+                                                                for s in range(5)])]  # fmt: skip
+    rows = [pa.ipc.open_stream(batch.body).read_all().num_rows for batch in cut]
+    assert [(batch.kind, batch.seq) for batch in cut] == [("arrow", 1), ("arrow", 2), ("arrow", 3)]
     assert rows == [200_000, 200_000, 100_000]
     many = [Op("set_callback_errors", {"run_id": 7, "callback_errors": [i]}, 7)
             for i in range(2 * MAX_OPS + 5)]  # fmt: skip
     big = [Op("set_provenance", {"run_id": 8, "provenance": {"x": "y" * 3_000_000}}, 8)
            for _ in range(7)]  # fmt: skip
-    cut = sender._batches([*many, *big])
-    bodies = [json.loads(body) for _kind, _seq, body, _run in cut]
+    cut = [sender._number(batch) for batch in sender._batches([*many, *big])]
+    bodies = [json.loads(batch.body) for batch in cut]
     assert [(b["client_id"], b["seq"], len(b["ops"])) for b in bodies] == [
         ("c", 4, MAX_OPS), ("c", 5, MAX_OPS), ("c", 6, 5 + 2), ("c", 7, 2), ("c", 8, 2),
         ("c", 9, 1),
     ]  # fmt: skip
-    assert [run for *_, run in cut] == [7, 7, 7, 8, 8, 8]
-    assert all(len(body) <= MAX_OPS_BYTES + 64 for _k, _s, body, _r in cut)
+    assert [batch.run_id for batch in cut] == [7, 7, 7, 8, 8, 8]
+    assert all(len(batch.body) <= MAX_OPS_BYTES + 64 for batch in cut)
     ops = [op for b in bodies for op in b["ops"]]
     assert ops[: 2 * MAX_OPS + 5] == [
         {"op": "set_callback_errors", "args": {"run_id": 7, "callback_errors": [i]}}
@@ -551,7 +548,7 @@ def test_a_store_that_goes_away_is_a_503_and_one_log_line_per_outage(
             proxy.restore()
             assert _health(server, 200)["store"] == "ok"
             back = http.get("/api/v1/token", headers=bearer)
-            assert back.json() == {"name": "w", "scope": "write"}
+            assert back.json() == {"name": "w", "scope": "write", "experiment": None}
     assert {(a.status_code, a.text) for a in refused} == {
         (503, json.dumps({"detail": STORE_DOWN, "field": None}))
     }

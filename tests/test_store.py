@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from lab import EvalResult
 from lab.errors import (
     NoExperiment,
+    NoRun,
     NotALabStore,
     SchemaTooNew,
     StoreError,
@@ -1013,3 +1014,37 @@ def test_a_resume_at_the_last_step_drops_the_post_training_metrics(
     summaries = _rows(store_url, sql, r=run_id)
     assert [r["key"] for r in summaries] == ["loss", "val/acc"]
     assert store.last_step(_new_run(store, "other")) is None
+
+
+def test_a_write_to_a_run_or_experiment_the_store_lacks_is_refused_not_acknowledged(
+    store: Store,
+) -> None:
+    run_id = _new_run(store)
+    missing = 987654321
+    line = f"no run with id {missing} in the store; lab show EXPERIMENT lists its runs"
+    for write in (
+        lambda: store.truncate_run(missing),
+        lambda: store.truncate_run(missing, after_step=3),
+        lambda: store.release_run(missing, "gone"),
+        lambda: store.supersede_run(missing, "r0~1", None),
+        lambda: store.finish_run(missing, status="completed"),
+        lambda: store.finish_run(missing, status="completed", tags=["x"], notes="n"),
+        lambda: store.set_provenance(missing, {"git": None}),
+        lambda: store.set_callback_errors(missing, []),
+    ):
+        with pytest.raises(NoRun) as refused:
+            write()
+        assert str(refused.value) == line
+    with pytest.raises(NoExperiment) as refused:
+        store.finish_experiment(missing, status="completed")
+    assert str(refused.value) == f"no experiment with id {missing} in the store; lab ls lists them"
+    # a run that exists and that another process holds is left as it is, without an error
+    store.release_run(run_id, "not mine", owner={"host": "elsewhere", "pid": 1})
+    assert _rows(store.url, "SELECT run_id, status, error FROM runs") == [
+        {"run_id": run_id, "status": "running", "error": None}
+    ]
+    store.finish_run(run_id, status="completed", tags=["kept"])
+    ((status, tags),) = [
+        tuple(r.values()) for r in _rows(store.url, "SELECT status, tags FROM runs")
+    ]
+    assert (status, _json(tags)) == ("completed", ["kept"])

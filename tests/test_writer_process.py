@@ -578,3 +578,38 @@ def test_a_writer_process_replaced_by_another_protocol_mid_run_loses_no_row(
         store.close()
         monkeypatch.undo()
         writer_process._forget_after_fork()
+
+
+FORKS = {
+    # a DataLoader worker: Python's fork, whose hook points the child's pipes at /dev/null;
+    # the pipes are held (as the writer thread holds them while it sends a batch), so that
+    # they do not just get closed with the parent's writer process object in the child
+    "os.fork": "from lab.store import writer_process; held = writer_process._shared()._proc; "
+    "pid = os.fork()",
+    # a C library's fork(2), past Python's hooks: the child keeps the pipes open
+    "fork(2)": "import ctypes; pid = ctypes.PyDLL(None).fork()",
+}
+
+
+@pytest.mark.parametrize("fork", FORKS)
+def test_a_child_forked_after_the_writer_started_does_not_keep_it_alive(
+    sqlite_url: str, tmp_path: Path, fork: str
+) -> None:
+    end = f"""store.flush()
+    {FORKS[fork]}
+    if pid == 0:  # the child: lives on, as a worker does, until it is told to end
+        import time; time.sleep(120); os._exit(0)
+    print('forked', pid, flush=True); import time; time.sleep(120)"""
+    child = _script(tmp_path, EXIT_SCRIPT.format(url=sqlite_url, end=end))
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    writer = int(proc.stdout.readline())
+    forked = int(proc.stdout.readline().split()[1])
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT_S)
+        _wait_gone(writer)  # within WAIT_S, while the child lives on
+        assert not _gone(forked)
+    finally:
+        os.kill(forked, signal.SIGKILL)
+    assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 6000  # the flushed rows

@@ -527,7 +527,15 @@ class CheckpointManager:
         return self.checkpoints()
 
     def get_latest_checkpoint_path(self) -> Path | None:
-        """The newest committed checkpoint folder (the one to resume from), or None."""
+        """The newest committed checkpoint folder (the one to resume from), or None.
+
+        The manifest decides which one that is. A `latest` file, where there is one, must
+        name a committed checkpoint (it names the one before the newest after a kill between
+        the manifest row and its own update); one that names anything else (a folder
+        outside, a missing or incomplete one, garbage) is a CheckpointError, so a resume
+        never starts from another step than the one the folder says without a word.
+        """
+        self.read_latest()
         committed = self._committed()
         return self.root / committed[-1].save.path if committed else None
 
@@ -665,17 +673,34 @@ class CheckpointManager:
     def read_latest(self) -> Path | None:
         """The checkpoint the `latest` file names (None without one), checked like a row.
 
-        `latest` is a plain file anyone can edit, so what it names must be a complete,
-        unremoved checkpoint folder inside the root, or this raises CheckpointError.
+        `latest` is a plain file anyone can edit, so what it names must be a committed
+        checkpoint (a save row of the manifest, not removed since, whose folder inside the
+        root is complete), or this raises CheckpointError naming the file and the fix.
         """
         path = self.root / LATEST_FILE
+        fix = f"delete or fix that file ({self._available()})"
+        if path.is_symlink():
+            raise CheckpointError(
+                f"{path} is a link to {os.readlink(path)}; nothing outside {self.root} is "
+                f"read: {fix}"
+            )
         try:
             name = path.read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}") from exc
-        return self.resolve(self._inside(name, source=LATEST_FILE))
+            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}; {fix}") from exc
+        folder = self._inside(name, source=LATEST_FILE)
+        entry = self._entry_named(name)
+        if entry is None:
+            why = "no save row of manifest.jsonl records"
+        elif entry.removal is not None:
+            why = f"was removed ({entry.removal.reason})"
+        elif not _is_complete(folder):
+            why = "is missing or incomplete"
+        else:
+            return folder
+        raise CheckpointError(f"{path} names {name!r}, a checkpoint that {why}; {fix}")
 
     def load(self, target: str | Path | int, *, trusted: bool | None = None) -> dict[str, Any]:
         """The saved state of a checkpoint (a folder, a step, or "latest"), on the CPU.
@@ -1169,12 +1194,15 @@ class CheckpointManager:
             raise
 
     def _point_latest(self, name: str) -> None:
-        """Point `latest` at `name`; the manifest stays authoritative if this fails."""
+        """Point `latest` at `name`; the manifest stays authoritative if this fails, and the
+        old `latest` is removed then, so that it cannot name a checkpoint retention removes
+        (which `read_latest` would refuse)."""
         tmp = self.root / f"{TMP_PREFIX}{LATEST_FILE}"
         try:
             _write_durable(tmp, name.encode())
             os.replace(tmp, self.root / LATEST_FILE)
         except OSError as exc:
-            log.warning("cannot update %s: %s", self.root / LATEST_FILE, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            log.warning("cannot update %s (%s); removed it", self.root / LATEST_FILE, exc)
+            for path in (tmp, self.root / LATEST_FILE):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)

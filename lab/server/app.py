@@ -76,10 +76,12 @@ class Health(BaseModel):
 
 
 class TokenInfo(BaseModel):
-    """The name and scope of the token a request carries."""
+    """The name and scope of the token a request carries, and the one experiment it is
+    limited to (null: none)."""
 
     name: str
     scope: Literal["read", "write", "admin"]
+    experiment: str | None
 
 
 class Rejected(Exception):
@@ -285,16 +287,16 @@ OPEN_PATHS = frozenset(
 )
 NO_TOKEN = (
     "no token: every endpoint but /api/v1/health needs Authorization: Bearer <token> (make "
-    "one with lab token create NAME --scope read|write)"
+    "one with lab token create NAME --scope read|write|admin)"
 )
 
 
 class TokenGate:
     """Pure ASGI middleware: a request to the API (anything under ``/api/`` but
     `OPEN_PATHS`) without a live token is answered 401 before its body is read or its route
-    is looked up, so a client without a token learns nothing and costs nothing. The token's
-    name and scope go into the request's state (``request.state.token``) for the routes'
-    scope check.
+    is looked up, so a client without a token learns nothing and costs nothing. The token
+    (`lab.server.auth.Token`: name, scope, experiment) goes into the request's state
+    (``request.state.token``) for the routes' scope and ownership checks.
 
     The token comes from the ``Authorization: Bearer`` header, or, for a GET or HEAD only,
     from the web UI's session cookie (`lab.server.ui.COOKIE`), which counts as a read token
@@ -308,9 +310,10 @@ class TokenGate:
         self.app, self.store = app, store
         self.outage = outage or Outage()
 
-    async def _find(self, token: str) -> tuple[str, str] | None:
-        """The token's (name, scope), or None; `_StoreDown` when the store fails (then the
-        request is answered 503, as a route's would be)."""
+    async def _find(self, token: str) -> Any:
+        """The live token (`lab.server.auth.Token`: name, scope, experiment), or None;
+        `_StoreDown` when the store fails (then the request is answered 503, as a route's
+        would be)."""
         from starlette.concurrency import run_in_threadpool
 
         from lab.server.auth import find_token
@@ -325,10 +328,10 @@ class TokenGate:
         self.outage.answered()
         return found
 
-    async def _cookie(self, scope: Scope) -> tuple[str, str] | bool | None:
-        """The live token of the session cookie as (name, "read"); None for a cookie whose
-        token is wrong or revoked; False when there is no cookie or the method may not use
-        it."""
+    async def _cookie(self, scope: Scope) -> Any:
+        """The live token of the session cookie, with the read scope; None for a cookie
+        whose token is wrong or revoked; False when there is no cookie or the method may not
+        use it."""
         from starlette.requests import cookie_parser
 
         from lab.server.ui import COOKIE
@@ -342,7 +345,7 @@ class TokenGate:
         if not token.strip():
             return False
         found = await self._find(token.strip())
-        return None if found is None else (found[0], "read")
+        return None if found is None else found._replace(scope="read")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -412,7 +415,9 @@ class LocalReader:
             if host.rsplit(":", 1)[0] not in LOCAL_HOSTS:
                 await _send_json(send, 421, LOCAL_ONLY, "header.host")
                 return
-            scope.setdefault("state", {})["token"] = ("local", "read")
+            from lab.server.auth import Token
+
+            scope.setdefault("state", {})["token"] = Token("local", "read")
         await self.app(scope, receive, send)
 
 
@@ -437,7 +442,7 @@ def create_app(
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
-    from lab.server import dashboard, ingest, read, ui
+    from lab.server import dashboard, ingest, owners, read, ui
     from lab.server.openapi import problems, with_models
     from lab.server.ops import OpsBatch
     from lab.store.migrations import head_revision
@@ -542,13 +547,12 @@ def create_app(
 
     def scoped(scope: str) -> Callable[..., None]:
         """A dependency that lets a request through when its token (checked by `TokenGate`)
-        has `scope`; a write token reads too. The bearer scheme is declared so that the
-        OpenAPI schema says how to authenticate."""
+        has `scope`; a write or admin token reads too. The bearer scheme is declared so that
+        the OpenAPI schema says how to authenticate."""
         bearer = fastapi.security.HTTPBearer(auto_error=False)
 
         def check(request: Request, _credentials: Any = fastapi.Depends(bearer)) -> None:
-            _name, have = request.state.token
-            if scope == "write" and have != "write":
+            if scope == "write" and request.state.token.scope not in ("write", "admin"):
                 raise Rejected(
                     403, "a read token cannot write; use a write token", "header.authorization"
                 )
@@ -599,10 +603,14 @@ def create_app(
         responses=problems(*everywhere),
     )
     def whoami(request: Request) -> TokenInfo:
-        """The name and scope of the token this request carries: how a client checks its
-        token (and whether it may write) before it sends anything."""
-        name, scope = request.state.token
-        return TokenInfo(name=name, scope=scope)
+        """The name and scope of the token this request carries, and the one experiment it
+        is limited to (null: none): how a client checks its token (and whether it may write)
+        before it sends anything."""
+        token = request.state.token
+        return TokenInfo(name=token.name, scope=token.scope, experiment=token.experiment)
+
+    def checked(scope: str) -> list[Any]:  # the scope, then the ids the request names
+        return [fastapi.Depends(scoped(scope)), fastapi.Depends(owners.guard)]
 
     # Every route past the token gate may answer these; each route declares its own besides.
     answers = problems(*everywhere, 422)
@@ -610,17 +618,15 @@ def create_app(
         app.include_router(
             ingest.router,
             prefix=API,
-            dependencies=[fastapi.Depends(scoped("write"))],
+            dependencies=checked("write"),
             responses={**answers, **problems(400, 403)},
         )
         with_models(app, OpsBatch)  # the ops batch: read within bounds, not by FastAPI
-    app.include_router(
-        read.router, prefix=API, dependencies=[fastapi.Depends(scoped("read"))], responses=answers
-    )
+    app.include_router(read.router, prefix=API, dependencies=checked("read"), responses=answers)
     app.include_router(
         dashboard.router,
         prefix=f"{API}/dashboard",
-        dependencies=[fastapi.Depends(scoped("read"))],
+        dependencies=checked("read"),
         responses=answers,
     )
     ui.mount(app, auth=auth)

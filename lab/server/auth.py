@@ -1,8 +1,10 @@
 """Tokens: made once, kept only as a hash, compared in constant time.
 
 A token is ``lab_`` + 43 URL-safe random characters (256 bits). The store keeps its SHA-256
-hash (`lab.store.schema.SqlToken`), so a stolen database holds no usable token. A ``write``
-token may also read; a ``read`` token may not write.
+hash (`lab.store.schema.SqlToken`), so a stolen database holds no usable token. A ``read``
+token reads; a ``write`` token reads too, and writes the experiments it owns; an ``admin``
+token reads and writes every experiment. A token may be limited to one experiment, which
+is then all it reads and writes (`lab.server.owners` has the whole model).
 """
 
 from __future__ import annotations
@@ -11,18 +13,27 @@ import hashlib
 import hmac
 import secrets
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lab._names import MAX_NAME
+from lab._names import MAX_NAME, check_name
 from lab.errors import ConfigError, NoToken
 from lab.store.engine import transaction
 from lab.store.schema import TOKEN_SCOPES, SqlToken
 
-Scope = Literal["read", "write"]
+Scope = Literal["read", "write", "admin"]
 PREFIX = "lab_"
+
+
+class Token(NamedTuple):
+    """A live token as a request carries it: its name, its scope, and the one experiment
+    (by name) it is limited to, or None."""
+
+    name: str
+    scope: str
+    experiment: str | None = None
 
 
 def hash_token(token: str) -> str:
@@ -30,13 +41,22 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_token(engine: Engine, name: str, scope: Scope) -> str:
+def create_token(engine: Engine, name: str, scope: Scope, experiment: str | None = None) -> str:
     """Make a token named `name` with `scope`, store its hash, and return the token: the
-    only time it exists in the clear."""
+    only time it exists in the clear. `experiment` limits it to that one experiment (which
+    need not exist yet): how an operator grants a write token an experiment another token
+    or a local process recorded."""
     if scope not in TOKEN_SCOPES:
         raise ConfigError(f"scope {scope!r}: use one of {', '.join(TOKEN_SCOPES)}")
     if not name or len(name) > MAX_NAME or not name.isprintable():
         raise ConfigError(f"token name {name!r}: use 1 to {MAX_NAME} printable characters")
+    if experiment is not None:
+        check_name("experiment", experiment, MAX_NAME)
+        if scope == "admin":
+            raise ConfigError(
+                "an admin token reads and writes every experiment; leave --experiment out, "
+                "or make a write token limited to it"
+            )
     token = PREFIX + secrets.token_urlsafe(32)
     with transaction(engine) as conn:
         taken = conn.execute(sa.select(SqlToken.revoked_at).where(SqlToken.name == name)).first()
@@ -51,43 +71,53 @@ def create_token(engine: Engine, name: str, scope: Scope) -> str:
                 token_hash=hash_token(token),
                 created_at=datetime.now(UTC).replace(tzinfo=None),
                 revoked_at=None,
+                # only when given: a store migrated up to an older revision has no column
+                **({} if experiment is None else {"experiment": experiment}),
             )
         )
     return token
 
 
-def find_token(engine: Engine, token: str) -> tuple[str, Scope] | None:
-    """The name and scope of a live (not revoked) `token`, or None for a token the store
-    does not know or has revoked. The lookup is by hash, and the hash is compared again in
-    constant time, so no timing tells how much of a guess was right."""
+def find_token(engine: Engine, token: str) -> Token | None:
+    """The name, scope and experiment of a live (not revoked) `token`, or None for a token
+    the store does not know or has revoked. The lookup is by hash, and the hash is compared
+    again in constant time, so no timing tells how much of a guess was right."""
+    row = _live(engine, token, SqlToken.experiment)
+    return None if row is None else Token(row.name, row.scope, row.experiment)
+
+
+def token_scope(engine: Engine, token: str) -> Scope | None:
+    """The scope of a live `token`, or None (see `find_token`); it reads only the columns
+    every revision with tokens has."""
+    row = _live(engine, token)
+    return None if row is None else row.scope
+
+
+def _live(engine: Engine, token: str, *more: Any) -> Any:
+    """The row of a live `token` (name, hash, scope, revoked_at and `more` columns)."""
     digest = hash_token(token)
     with engine.connect() as conn:
         row = conn.execute(
             sa.select(
-                SqlToken.name, SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at
+                SqlToken.name, SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at, *more
             ).where(SqlToken.token_hash == digest)
         ).first()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
-    return None if row.revoked_at is not None else (row.name, row.scope)
-
-
-def token_scope(engine: Engine, token: str) -> Scope | None:
-    """The scope of a live `token`, or None (see `find_token`)."""
-    found = find_token(engine, token)
-    return None if found is None else found[1]
+    return None if row.revoked_at is not None else row
 
 
 def list_tokens(engine: Engine) -> list[dict[str, Any]]:
-    """Every token's name, scope, and when it was made and revoked (None: live), oldest
-    first. Never the hash: what an operator needs to decide what to revoke, nothing that
-    helps a guess."""
+    """Every token's name, scope, the experiment it is limited to (None: all), and when it
+    was made and revoked (None: live), oldest first. Never the hash: what an operator needs
+    to decide what to revoke, nothing that helps a guess."""
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(
-                SqlToken.name, SqlToken.scope, SqlToken.created_at, SqlToken.revoked_at
+                SqlToken.name, SqlToken.scope, SqlToken.experiment, SqlToken.created_at,
+                SqlToken.revoked_at,
             ).order_by(SqlToken.token_id)
-        ).all()
+        ).all()  # fmt: skip
     return [row._asdict() for row in rows]
 
 

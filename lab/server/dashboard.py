@@ -47,6 +47,7 @@ from lab.server.openapi import (
     problems,
     ranged,
 )
+from lab.server.owners import access
 from lab.server.read import (
     ArmRow,
     CheckpointEntry,
@@ -273,9 +274,7 @@ def _check_mode(mode: str | None) -> None:
 def _gone(store: Store) -> dict[int, str]:
     """Runs whose process is gone, with why: the read-only store shows them as crashed, as
     ``lab show`` does (and never writes it)."""
-    if not store.readonly:
-        return {}
-    return {run_id: why for run_id, _key, why, _same in store._gone_runs()}
+    return {run_id: gone.why for run_id, gone in store.crashed_now().runs.items()}
 
 
 # -- the experiments list ---------------------------------------------------------------------
@@ -288,15 +287,16 @@ def _gone(store: Store) -> dict[int, str]:
     responses=problems(400),
 )
 def experiments(
+    request: fastapi.Request,
     q: Text = "",
     offset: int = ranged(0, 0, EXACT),
     limit: int = ranged(50, 1, MAX_EXPERIMENTS),
     store: Store = StoreDep,
 ) -> Any:
     """One page of experiments, newest first, those whose name holds `q` (any case) if
-    asked: status, runs done and planned, the best arm by the ranking metric, start, end
-    and duration. Paged in SQL, so a store of thousands of experiments answers as fast
-    as one of ten."""
+    asked (for a token limited to an experiment, that one): status, runs done and planned,
+    the best arm by the ranking metric, start, end and duration. Paged in SQL, so a store
+    of thousands of experiments answers as fast as one of ten."""
     if not 0 <= offset <= EXACT:
         raise Rejected(400, f"offset={offset}: give 0 to {EXACT}", "offset")
     if not 1 <= limit <= MAX_EXPERIMENTS:
@@ -304,6 +304,9 @@ def experiments(
     where = sa.true()
     if q:
         where = sa.func.lower(SqlExperiment.name).contains(q.lower(), autoescape=True)
+    only = access(request).only
+    if only is not None:
+        where = sa.and_(where, SqlExperiment.name == only)
     current = SqlRun.superseded_at.is_(None)
     with connect(store.engine) as conn:
         total = conn.execute(sa.select(sa.func.count()).where(where)
@@ -347,7 +350,8 @@ def experiments(
             sa.select(SqlArm.arm_id, SqlArm.experiment_id, SqlArm.name)
             .where(SqlArm.experiment_id.in_(ids)).order_by(SqlArm.arm_id)
         )}  # fmt: skip
-    gone = _gone(store)
+    crashed = store.crashed_now()  # runs and experiments whose process is gone
+    gone = crashed.runs
     per_exp: dict[int, list[Any]] = {}
     for run in runs:
         per_exp.setdefault(run.experiment_id, []).append(run)
@@ -359,7 +363,8 @@ def experiments(
         best = _best_arm(mine, metric, mode, finals, arm_order) if metric else None
         done = sum(1 for r in mine if r.status != "running" or r.run_id in gone)
         rows.append({
-            "name": e["name"], "status": e["status"], "runs_done": done,
+            "name": e["name"], "runs_done": done,
+            "status": "crashed" if exp_id in crashed.experiments else e["status"],
             "runs_total": max(len(mine), arms.get(exp_id, 0) * e["repeats"]),
             "best_arm": best, "metric": metric, "mode": mode,
             "started_at": e["created_at"], "ended_at": e["ended_at"],
@@ -422,7 +427,7 @@ def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, A
     "/experiments/{name:text}/runs",
     response_class=LabJSON,
     response_model=RunsTable,
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def experiment_runs(name: ExperimentName, store: Store = StoreDep) -> Any:
     """An experiment's runs table: each current run's arm, repeat, stage, seed, status
@@ -464,7 +469,7 @@ def _relation_rows(relation: Any) -> list[dict[str, Any]]:
     "/experiments/{name:text}/curves",
     response_class=LabJSON,
     response_model=Curves,
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def curves(
     name: ExperimentName,
@@ -833,7 +838,7 @@ def _check_eval(conn: sa.Connection, experiment_id: int, name: str, eval: str) -
     "/experiments/{name:text}/disagreements",
     response_class=LabJSON,
     response_model=Rows,
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def disagreements(
     name: ExperimentName,
@@ -869,7 +874,7 @@ def disagreements(
     "/experiments/{name:text}/breakdown",
     response_class=LabJSON,
     response_model=Rows,
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def breakdown(
     name: ExperimentName, eval: Text, store: Store = StoreDep, duck: Any = AnalysisDep
@@ -887,7 +892,7 @@ def breakdown(
     "/experiments/{name:text}",
     response_class=LabJSON,
     response_model=ExperimentPage,
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def experiment(
     name: ExperimentName,
@@ -974,7 +979,7 @@ def _run(conn: sa.Connection, run_id: int) -> Any:
 
 
 @router.get(
-    "/runs/{run_id}", response_class=LabJSON, response_model=RunPage, responses=problems(404)
+    "/runs/{run_id}", response_class=LabJSON, response_model=RunPage, responses=problems(403, 404)
 )
 def run(run_id: RunId, store: Store = StoreDep) -> Any:
     """A run page's data in one answer: the run (config, status, error and traceback,
@@ -1064,7 +1069,7 @@ NO_BYTES = (
             "description": "The image's PNG",
             "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
         },
-        **problems(404),
+        **problems(403, 404),
     },
 )
 def image(

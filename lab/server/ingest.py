@@ -51,7 +51,8 @@ from lab.server.openapi import (
     problems,
     read_body,
 )
-from lab.server.ops import BATCH, OpsBatch
+from lab.server.ops import BATCH, OpsBatch, Owner
+from lab.server.owners import Access, access, as_id
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
@@ -97,6 +98,7 @@ class ExperimentIn(Body):
     repeats: Int32 = 1
     tags: list[Tag] = Field(default_factory=list)
     notes: str | None = None
+    owner: Owner | None = None
 
 
 class ArmIn(Body):
@@ -109,15 +111,6 @@ class GroupIn(Body):
     name: Name
     kind: Literal[GROUP_KINDS] = "repeats"  # type: ignore[valid-type]
     arm_id: Id | None = None
-
-
-class Owner(Body):
-    """The client process that trains a run: what tells a live run from a crashed one."""
-
-    host: Annotated[str, _stored(255)] | None = None
-    pid: Int32 | None = None
-    process_start: float | None = None
-    boot_id: Annotated[str, _stored(64)] | None = None
 
 
 class RunIn(Body):
@@ -294,19 +287,28 @@ def _owner(owner: Owner | None) -> dict[str, Any] | None:
 # -- synchronous calls ------------------------------------------------------------------------
 @router.post("/experiments")
 def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> ExperimentId:
-    """Create the experiment, or reopen the one of that name (`Store.begin_experiment`)."""
+    """Create the experiment, or reopen the one of that name (`Store.begin_experiment`),
+    driven by the client's process. A new one is recorded as created by this request's
+    token; one that exists is reopened only by a token that may write it (403 otherwise,
+    see `lab.server.owners`)."""
     store = _store(request)
-    exp_id = _call(
-        "body",
-        store.begin_experiment,
-        body.name,
-        config=body.config,
-        seed=body.seed,
-        repeats=body.repeats,
-        tags=body.tags,
-        notes=body.notes,
-    )
-    return ExperimentId(experiment_id=exp_id)
+    allowed = access(request)
+
+    def begin() -> int:
+        with one_transaction(store.engine):
+            allowed.check_begin(body.name)
+            return store.begin_experiment(
+                body.name,
+                config=body.config,
+                seed=body.seed,
+                repeats=body.repeats,
+                tags=body.tags,
+                notes=body.notes,
+                owner=_owner(body.owner) or {},
+                created_by=allowed.token.name,
+            )
+
+    return ExperimentId(experiment_id=_call("body", begin))
 
 
 @router.post("/experiments/{experiment_id}/arms", responses=problems(404))
@@ -328,6 +330,7 @@ def add_arm(experiment_id: ExperimentPath, body: ArmIn, request: fastapi.Request
 def add_group(experiment_id: ExperimentPath, body: GroupIn, request: fastapi.Request) -> GroupId:
     """Record a group of runs (`Store.add_group`)."""
     store = _store(request)
+    access(request).check_parts(experiment_id, arm_id=body.arm_id)
     group_id = _call(
         "path.experiment_id",
         store.add_group,
@@ -348,6 +351,7 @@ def claim_run(
     """Claim a run before it starts (`Store.claim_run`): ``run_id`` when the client won it,
     ``finished`` (its record) when another process finished it; 409 while one trains it."""
     store = _store(request)
+    _check_run_parts(request, experiment_id, body)
     fields = body.model_dump(exclude={"owner"})
     run_id, finished = _call(
         "path.experiment_id",
@@ -371,9 +375,10 @@ def start_run(
 ) -> RunId:
     """Record a run as `running` under the client's process (`Store.start_run`)."""
     store = _store(request)
+    _check_run_parts(request, experiment_id, body, claimed=body.claimed)
     fields = body.model_dump(exclude={"owner"})
     run_id = _call(
-        "path.experiment_id",
+        "path.experiment",
         store.start_run,
         experiment_id,
         owner=_owner(body.owner) or {},
@@ -425,6 +430,19 @@ def truncate_run(run_id: RunPath, body: TruncateIn, request: fastapi.Request) ->
     return Done(ok=True)
 
 
+def _check_run_parts(
+    request: fastapi.Request, experiment_id: int, body: RunIn, claimed: int | None = None
+) -> None:
+    """404 unless the group, arm, parent run and claimed run a run's body names belong to
+    the experiment of its path: a client starts runs only inside an experiment it writes."""
+    access(request).check_parts(
+        experiment_id,
+        group_id=body.group_id,
+        arm_id=body.arm_id,
+        runs={"parent_run_id": body.parent_run_id, "claimed": claimed},
+    )
+
+
 # -- what a recording client reads before it starts -------------------------------------------
 @router.post("/records/mark_crashed")
 def mark_crashed(request: fastapi.Request) -> Crashed:
@@ -450,7 +468,7 @@ def run_keys(name: NamePath, request: fastapi.Request) -> list[str]:
     return _call("path.name", _store(request).run_keys, name)
 
 
-@router.get("/records/runs")
+@router.get("/records/runs", responses=problems(404))
 def find_run(
     experiment_id: Annotated[int, fastapi.Query(ge=1, le=INT32)],
     run_key: Annotated[str, fastapi.Query(pattern=NO_NUL)],
@@ -461,7 +479,7 @@ def find_run(
     return MaybeRunId(run_id=found)
 
 
-@router.get("/records/runs/{run_id}/last_step")
+@router.get("/records/runs/{run_id}/last_step", responses=problems(404))
 def last_step(run_id: RunPath, request: fastapi.Request) -> LastStep:
     """A run's last metric step, or null (`Store.last_step`)."""
     return LastStep(last_step=_call("path.run_id", _store(request).last_step, run_id))
@@ -532,10 +550,16 @@ async def metrics_batch(
     client_id, seq = _batch_id(x_lab_client, x_lab_seq, "X-Lab-")
     body = await request.body()
     columns = metric_columns(body)  # bounded: see lab.server.bodies
-    return await run_in_threadpool(_store_metrics, _store(request), client_id, seq, columns)
+    allowed = access(request)
+    return await run_in_threadpool(
+        _store_metrics, _store(request), allowed, client_id, seq, columns
+    )
 
 
-def _store_metrics(store: Store, client_id: str, seq: int, columns: dict[str, list[Any]]) -> Stored:
+def _store_metrics(
+    store: Store, allowed: Access, client_id: str, seq: int, columns: dict[str, list[Any]]
+) -> Stored:
+    allowed.check_write(runs=set(columns["run_id"]), field="body.run_id")  # before any row
     rows = len(columns["run_id"])
 
     def write() -> bool:
@@ -562,6 +586,8 @@ async def ops_batch(request: fastapi.Request) -> Stored:
     body = ops_body(await request.body())  # bounded: see lab.server.bodies
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
+    runs: set[int] = set()
+    experiments: set[int] = set()
     for i, op in enumerate(ops):
         known = isinstance(op, dict) and isinstance(op.get("op"), str) and op["op"] in OPS
         if not known or not isinstance(op.get("args"), dict):
@@ -570,13 +596,44 @@ async def ops_batch(request: fastapi.Request) -> Stored:
                 f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}',
                 f"body.ops.{i}",
             )
-    try:
-        BATCH.validate_python(body)
+    try:  # the ops as declared (`lab.server.ops`), their ids and numbers as whole numbers
+        ops = [op.model_dump() for op in BATCH.validate_python(body).ops]
     except ValidationError as exc:
         raise RequestValidationError(
             [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
         ) from None
-    return await run_in_threadpool(_apply_ops, _store(request), client_id, seq, ops)
+    for i, op in enumerate(ops):
+        _op_ids(op, f"body.ops.{i}.args", runs, experiments)
+    allowed = access(request)
+
+    def apply() -> Stored:
+        if runs or experiments:  # every id the batch names, before any of it is stored
+            allowed.check_write(runs=runs, experiments=experiments, field="body.ops")
+        return _apply_ops(_store(request), client_id, seq, ops)
+
+    return await run_in_threadpool(apply)
+
+
+def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int]) -> None:
+    """Add the run and experiment ids operation `op` writes to `runs` and `experiments`
+    (a 400 for an id that is not a whole number)."""
+    args = op["args"]
+    if op["op"] == "media":
+        rows = args.get("rows")
+        for j, row in enumerate(rows if isinstance(rows, list) else []):
+            if isinstance(row, dict) and "run_id" in row:
+                runs.add(as_id(row["run_id"], f"{where}.rows.{j}.run_id"))
+        return
+    if op["op"] == "heartbeat":
+        for name, into in (("run_ids", runs), ("experiment_ids", experiments)):
+            values = args.get(name) or []
+            if not isinstance(values, list):
+                raise Rejected(400, f"{where}.{name} must be a list of ids", f"{where}.{name}")
+            into.update(as_id(v, f"{where}.{name}") for v in values)
+        return
+    for name, into in (("run_id", runs), ("experiment_id", experiments)):
+        if name in args:
+            into.add(as_id(args[name], f"{where}.{name}"))
 
 
 def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]) -> Stored:
@@ -633,9 +690,20 @@ def _finish_experiment(store: Store, conn: sa.Connection, experiment_id: int, **
     store.finish_experiment(int(experiment_id), **kw)
 
 
-def _heartbeat(store: Store, conn: sa.Connection, run_ids: list[int]) -> None:
+def _heartbeat(
+    store: Store,
+    conn: sa.Connection,
+    run_ids: list[int] | None = None,
+    experiment_ids: list[int] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> None:
+    """The heartbeat of a client's running runs, and of the experiments it drives with the
+    client's process as their driver (`Store.drive`)."""
     if run_ids:
         conn.execute(store._beat, {"ids": sorted(int(i) for i in run_ids), "now": _now()})
+    if experiment_ids:
+        driver = Owner.model_validate(owner or {}).model_dump()
+        store.drive(conn, [int(i) for i in experiment_ids], driver)
 
 
 def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:

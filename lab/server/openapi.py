@@ -52,7 +52,8 @@ WHY: dict[int, str] = {
     400: "The request asks for something the server refuses (the line says what and why), "
     "or its body cannot be read",
     401: "No token, or one the store does not know or has revoked",
-    403: "The token may not do this: a read token cannot write",
+    403: "The token may not do this: a read token writes nothing, a write token only the "
+    "experiments it created, a token limited to an experiment reads and writes no other",
     404: "What the request names is not in the store",
     408: "The request body stopped arriving (the server's --timeout-body)",
     409: "The request conflicts with what the store holds: a run another process trains",

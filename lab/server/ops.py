@@ -41,6 +41,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+class Owner(BaseModel):
+    """The client process that trains a run or drives an experiment: what tells a live one
+    from a crashed one. Other keys are ignored."""
+
+    model_config = ConfigDict(strict=True)
+
+    host: Annotated[str, Field(pattern=NO_NUL, max_length=255)] | None = None
+    pid: Int32 | None = None
+    process_start: float | None = None
+    boot_id: Annotated[str, Field(pattern=NO_NUL, max_length=64)] | None = None
+
+
 class EvalIn(BaseModel):
     """An `EvalResult` without its predictions (sent beside it); other keys are ignored."""
 
@@ -107,7 +119,12 @@ class FinishExperiment(Strict):
 
 
 class Heartbeat(Strict):
-    run_ids: list[Id]
+    """The heartbeat of a client's running runs, and of the experiments it drives with the
+    client's process (`owner`) as their driver."""
+
+    run_ids: list[Id] | None = None
+    experiment_ids: list[Id] | None = None
+    owner: Owner | None = None
 
 
 class HistogramRow(BaseModel):

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from lab._json import finite_json
-from lab.errors import NoRun
+from lab.errors import NoExperiment, NoRun
 from lab.server.app import Rejected
 from lab.server.openapi import (
     NAME_IN_PATH,
@@ -39,6 +39,7 @@ from lab.server.openapi import (
     problems,
     ranged,
 )
+from lab.server.owners import access
 from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -313,11 +314,16 @@ Text = Annotated[str, fastapi.Query(pattern=NO_NUL)]
 
 @router.get("/experiments", response_class=LabJSON, response_model=list[ExperimentRow])
 def list_experiments(
-    status: str | None = None, tag: str | None = None, store: Store = StoreDep
+    request: fastapi.Request,
+    status: str | None = None,
+    tag: str | None = None,
+    store: Store = StoreDep,
 ) -> Any:
     """Every experiment with its status and run counts, newest first (`Store.list_experiments`),
-    those of one `status` or carrying one `tag` if asked."""
-    rows = store.list_experiments()
+    those of one `status` or carrying one `tag` if asked; for a token limited to an
+    experiment, that one."""
+    readable = access(request).readable
+    rows = [r for r in store.list_experiments() if readable(r["name"])]
     if status is not None:
         rows = [r for r in rows if r["status"] == status]
     if tag is not None:
@@ -329,7 +335,7 @@ def list_experiments(
     "/experiments/{experiment:text}/runs",
     response_class=LabJSON,
     response_model=list[ConfiguredRun],
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def list_runs(
     request: fastapi.Request,
@@ -397,7 +403,7 @@ def _json_or_text(text: str) -> Any:
     "/experiments/{name:text}/summaries",
     response_class=LabJSON,
     response_model=list[SummaryRow],
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def summaries(name: ExperimentName, key: Text | None = None, store: Store = StoreDep) -> Any:
     """One row per current run and metric key (of one `key` if asked): the run's experiment,
@@ -430,9 +436,12 @@ def summaries(name: ExperimentName, key: Text | None = None, store: Store = Stor
         if key is not None:
             query = query.where(SqlSummary.key == key)
         rows = [dict(r) for r in conn.execute(query).mappings()]
+    gone = store.crashed_now().runs  # a run whose process is gone reads as crashed
     for row in rows:
         if row["last_value"] is None:  # SQLite keeps NaN as NULL
             row["last_value"] = math.nan
+        if row["run_id"] in gone and row["status"] == "running":
+            row["status"] = "crashed"
     return LabJSON(rows)
 
 
@@ -449,7 +458,7 @@ def _check_run(conn: sa.Connection, run_id: int) -> None:
     "/runs/{run_id}/series",
     response_class=LabJSON,
     response_model=Series,
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def series(
     run_id: RunId,
@@ -573,7 +582,7 @@ ORDER BY b.i
     "/runs/{run_id}/predictions",
     response_class=LabJSON,
     response_model=PredictionPage,
-    responses=problems(400, 404),
+    responses=problems(400, 403, 404),
 )
 def predictions(
     run_id: RunId,
@@ -655,7 +664,7 @@ def _step_is(step: str) -> Any:
     "/runs/{run_id}/evals",
     response_class=LabJSON,
     response_model=list[EvalRow],
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def evals(run_id: RunId, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
@@ -684,7 +693,7 @@ def evals(run_id: RunId, store: Store = StoreDep) -> Any:
     "/runs/{run_id}/checkpoints",
     response_class=LabJSON,
     response_model=list[CheckpointRow],
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def checkpoints(run_id: RunId, store: Store = StoreDep) -> Any:
     """A run's checkpoint manifest rows in the order they were written: saves and removals,
@@ -709,17 +718,27 @@ def checkpoints(run_id: RunId, store: Store = StoreDep) -> Any:
 @router.get(
     "/tables/{table}",
     response_class=Response,
-    responses={200: ARROW_ANSWER, **problems(404)},
+    responses={200: ARROW_ANSWER, **problems(403, 404)},
 )
 def table(
+    request: fastapi.Request,
     table: str = fastapi.Path(json_schema_extra={"enum": list(SERVED_TABLES)}),
     experiment: Text | None = None,
     store: Store = StoreDep,
 ) -> Any:
-    """Every row of one store table (of one `experiment` if asked) as an Arrow IPC stream:
-    what ``lab.inspect.connect("http://...")`` loads to build its views. JSON columns are
-    their text, NaN is NaN on every backend; token hashes are never served."""
-    return Response(to_ipc(read_table(store, table, experiment)), media_type=ARROW_STREAM)
+    """Every row of one store table (of one `experiment` if asked, and always of the one
+    a limited token reads) as an Arrow IPC stream: what ``lab.inspect.connect("http://...")``
+    loads to build its views. JSON columns are their text, NaN is NaN on every backend;
+    token hashes are never served."""
+    only = access(request).only
+    if only is not None and experiment is None:
+        try:
+            data = read_table(store, table, only)
+        except NoExperiment:  # not recorded yet: nothing of it to read
+            data = table_schema(table).empty_table()
+    else:
+        data = read_table(store, table, experiment)
+    return Response(to_ipc(data), media_type=ARROW_STREAM)
 
 
 @router.get(
@@ -733,7 +752,7 @@ def table(
                 PARQUET: {"schema": {"type": "string", "format": "binary"}},
             },
         },
-        **problems(400, 404),
+        **problems(400, 403, 404),
     },
 )
 def export(
@@ -802,6 +821,8 @@ def read_table(
             experiment_id = store._experiment_id(conn, experiment)
             query = query.where(_belongs(model, experiment_id, current=current))
         rows = conn.execute(query).all()
+    if table in ("runs", "experiments"):
+        rows = _judged(store, model, rows)
     schema = table_schema(table)
     arrays = []
     for i, (column, field) in enumerate(zip(copied, schema, strict=True)):
@@ -810,6 +831,29 @@ def read_table(
             values = [math.nan if v is None else v for v in values]
         arrays.append(pa.array(values, field.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _judged(store: Store, model: sa.Table, rows: list[Any]) -> list[Any]:
+    """The rows of `runs` or `experiments` with those whose process is gone shown as
+    crashed (`Store.crashed_now`), as ``lab ls`` and ``lab.inspect`` over the store itself
+    show them: a notebook reading through the server sees what one on the store sees."""
+    crashed = store.crashed_now()
+    gone = crashed.runs if model.name == "runs" else crashed.experiments
+    if not gone:
+        return rows
+    names = [c.name for c in model.columns]
+    key, status = names.index(model.name[:-1] + "_id"), names.index("status")
+    error = names.index("error") if "error" in names else None
+    out = []
+    for row in rows:
+        found = gone.get(row[key])
+        if found is not None and row[status] == "running":
+            row = list(row)
+            row[status] = "crashed"
+            if error is not None:
+                row[error] = found.why
+        out.append(row)
+    return out
 
 
 def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
@@ -831,7 +875,7 @@ def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
     "/experiments/{name:text}",
     response_class=LabJSON,
     response_model=ExperimentRecord,
-    responses=problems(404),
+    responses=problems(403, 404),
 )
 def get_experiment(name: ExperimentName, store: Store = StoreDep) -> Any:
     """One experiment, its arms and runs with their last metric values: what ``lab show``

@@ -1,8 +1,16 @@
-"""Crash detection: which `running` runs have lost their process, and marking them `crashed`.
+"""Crash detection: which `running` runs and experiments have lost their process, and
+marking them `crashed`.
 
 A running run's row names its host, pid, process start time and boot id, and its heartbeat
 is refreshed with each batch of metrics; `lab.store.liveness.owner_gone` judges them. The
 claim (`lab.store.writes`) and ``lab rm`` ask `_owner_gone` before they take over a run.
+
+An experiment's row names its driver the same way: the process that began it
+(`Store.begin_experiment`: `Experiment.run`, `lab.start_run`, a bare fit), the latest one
+when several drive it, whose writer keeps the experiment's heartbeat while it drives it
+(and records itself as the driver again with each beat, so that of two drivers the one
+still alive holds it). A `running` experiment is crashed when its driver is gone and none
+of its runs is `running` under a live process: a run that trains keeps its experiment alive.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -18,7 +26,7 @@ from sqlalchemy.engine import Engine
 from lab.store._values import _now
 from lab.store.engine import connect, transaction
 from lab.store.liveness import START_TOLERANCE_S, boot_id, owner_gone, process_start
-from lab.store.schema import SqlRun
+from lab.store.schema import SqlExperiment, SqlRun
 
 HEARTBEAT_S = 30.0  # how often a running run's heartbeat is refreshed, at the least
 STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
@@ -26,6 +34,30 @@ STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
 # row of this very pid that is not here was left behind (an earlier attempt in this process
 # that could not record its end), not trained now.
 _HELD: set[tuple[str, int]] = set()
+# (store URL, experiment id) of every experiment this process began and has not finished:
+# as `_HELD`, for the experiments this process drives.
+_DRIVING: set[tuple[str, int]] = set()
+
+
+class Gone(NamedTuple):
+    """A `running` row whose owner is gone: its id, its name (run key or experiment name),
+    why, its heartbeat as judged, and the condition that the row still shows the owner
+    judged here (a row another process took over, or whose owner beat again meanwhile,
+    stays as it is)."""
+
+    id: int
+    name: str
+    why: str
+    heartbeat_at: datetime | None
+    same: Any
+
+
+class Crashed(NamedTuple):
+    """What a read-only reader shows as crashed without writing it, by run id and by
+    experiment id."""
+
+    runs: dict[int, Gone]
+    experiments: dict[int, Gone]
 
 
 class Crashes:
@@ -33,68 +65,109 @@ class Crashes:
 
     url: str
     engine: Engine
+    readonly: bool
     stale_after_s: float
 
     def mark_crashed(self) -> list[str]:
-        """Mark `running` runs whose owner is gone as `crashed`; returns their run keys.
+        """Mark `running` runs whose owner is gone as `crashed`, then `running` experiments
+        whose driver is gone and that have no live running run; returns the runs' keys.
 
-        `lab.store.liveness.owner_gone` decides: on this host and boot, a run is gone when
-        its process no longer exists or its pid now belongs to another process (a SIGKILL
-        or an OOM kill leaves it `running`); elsewhere, when its heartbeat is older than
-        `stale_after_s` (the metric writer of a live run refreshes it every `heartbeat_s`
-        at the least). Runs recorded before heartbeats existed (NULL) are judged by pid only.
+        `lab.store.liveness.owner_gone` decides: on this host and boot, an owner is gone
+        when its process no longer exists or its pid now belongs to another process (a
+        SIGKILL or an OOM kill leaves the row `running`); elsewhere, when its heartbeat is
+        older than `stale_after_s` (the metric writer of a live run or driver refreshes it
+        every `heartbeat_s` at the least). Rows recorded before heartbeats existed (NULL)
+        are judged by pid only; an experiment recorded before drivers were (no driver at
+        all) is never judged.
         """
         now = _now()
-        gone = self._gone_runs(now)
-        if not gone:
+        runs, experiments = self._judge(now)
+        if not runs and not experiments:
             return []
         marked = []
         with transaction(self.engine) as conn:
-            for _run_id, key, why, same in gone:
+            for gone in runs:
                 done = conn.execute(
-                    sa.update(SqlRun).where(same).values(status="crashed", error=why, ended_at=now)
+                    sa.update(SqlRun)
+                    .where(gone.same)
+                    .values(status="crashed", error=gone.why, ended_at=now)
                 )
                 if done.rowcount:
-                    marked.append(key)
+                    marked.append(gone.name)
+            live = sa.exists().where(
+                SqlRun.experiment_id == SqlExperiment.experiment_id, SqlRun.status == "running"
+            )
+            for gone in experiments:  # after its runs: a run still running is a live one
+                conn.execute(
+                    sa.update(SqlExperiment)
+                    .where(gone.same, ~live)
+                    .values(status="crashed", ended_at=now)
+                )
         return marked
 
-    def _gone_runs(self, now: datetime | None = None) -> list[tuple[int, str, str, Any]]:
-        """The `running` runs whose owner is gone (see `mark_crashed`): (run id, run key,
-        error, the condition that the row still shows the owner judged here)."""
+    def crashed_now(self) -> Crashed:
+        """The runs and experiments a read-only store shows as crashed (and never marks so):
+        those `mark_crashed` would mark now. Empty for a store that writes, which marks
+        them when it opens."""
+        if not self.readonly:
+            return Crashed({}, {})
+        runs, experiments = self._judge()
+        return Crashed({g.id: g for g in runs}, {g.id: g for g in experiments})
+
+    def _judge(self, now: datetime | None = None) -> tuple[list[Gone], list[Gone]]:
+        """The `running` runs whose owner is gone, and the `running` experiments whose
+        driver is gone and none of whose running runs has a live owner: one read of each
+        table, one judgement per running row."""
         now = now or _now()
         with connect(self.engine) as conn:
             running = conn.execute(
                 sa.select(
-                    SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid, SqlRun.process_start,
-                    SqlRun.boot_id, SqlRun.heartbeat_at,
+                    SqlRun.run_id, SqlRun.run_key, SqlRun.experiment_id, SqlRun.host, SqlRun.pid,
+                    SqlRun.process_start, SqlRun.boot_id, SqlRun.heartbeat_at,
                 ).where(SqlRun.status == "running")
             ).all()  # fmt: skip
-        gone: list[tuple[int, str, str, Any]] = []
-        for run_id, key, host, pid, started, boot, beat in running:
+            driven = conn.execute(
+                sa.select(
+                    SqlExperiment.experiment_id, SqlExperiment.name, SqlExperiment.host,
+                    SqlExperiment.pid, SqlExperiment.process_start, SqlExperiment.boot_id,
+                    SqlExperiment.heartbeat_at,
+                ).where(SqlExperiment.status == "running")
+            ).all()  # fmt: skip
+        runs: list[Gone] = []
+        alive: set[int] = set()  # experiments with a run whose owner lives
+        for run_id, key, exp_id, host, pid, started, boot, beat in running:
             why = self._owner_gone(run_id, host, pid, started, boot, beat, now)
-            if why is not None:
-                # only if the row still shows the owner judged here: a run that another
-                # process took over, or whose owner beat again meanwhile, stays as it is
-                same = sa.and_(
-                    SqlRun.run_id == run_id, SqlRun.status == "running",
-                    SqlRun.pid.is_not_distinct_from(pid),
-                    SqlRun.process_start.is_not_distinct_from(started),
-                    SqlRun.heartbeat_at.is_not_distinct_from(beat),
-                )  # fmt: skip
-                gone.append((run_id, key, f"{why} while the run was running", same))
-        return gone
+            if why is None:
+                alive.add(exp_id)
+                continue
+            same = _unchanged(SqlRun, SqlRun.run_id == run_id, pid, started, beat)
+            runs.append(Gone(run_id, key, f"{why} while the run was running", beat, same))
+        experiments: list[Gone] = []
+        for exp_id, name, host, pid, started, boot, beat in driven:
+            if exp_id in alive:
+                continue  # one of its runs trains under a live process
+            why = self._owner_gone(exp_id, host, pid, started, boot, beat, now, held=_DRIVING)
+            if why is None:
+                continue
+            same = _unchanged(SqlExperiment, SqlExperiment.experiment_id == exp_id, pid, started,
+                              beat)  # fmt: skip
+            experiments.append(Gone(exp_id, name, f"{why} while it ran", beat, same))
+        return runs, experiments
 
     def _owner_gone(
         self,
-        run_id: int,
+        row_id: int,
         host: str | None,
         pid: int | None,
         started: float | None,
         boot: str | None,
         beat: datetime | None,
         now: datetime | None = None,
+        *,
+        held: set[tuple[str, int]] = _HELD,
     ) -> str | None:
-        """Why the process that owns a `running` run is gone, or None while it may be alive
+        """Why the process that owns a `running` run (or, with `held` `_DRIVING`, drives a
+        `running` experiment) is gone, or None while it may be alive
         (`lab.store.liveness.owner_gone`, with this store's `stale_after_s`).
 
         The one liveness check of the store: `mark_crashed`, the run claim and
@@ -105,9 +178,22 @@ class Crashes:
             mine = process_start()
             if started is not None and mine is not None:
                 ours = abs(started - mine) < START_TOLERANCE_S and boot == boot_id()
-            if ours and (self.url, run_id) not in _HELD:
-                return f"this process (pid {pid}) left it running and no longer trains it"
+            if ours and (self.url, row_id) not in held:
+                work = "drives" if held is _DRIVING else "trains"
+                return f"this process (pid {pid}) left it running and no longer {work} it"
         return owner_gone(
             host=host, pid=pid, process_start=started, boot_id=boot, heartbeat_at=beat,
             stale_after_s=self.stale_after_s, now=now,
         )  # fmt: skip
+
+
+def _unchanged(model: Any, which: Any, pid: int | None, started: float | None,
+               beat: datetime | None) -> Any:  # fmt: skip
+    """The condition that row `which` of `model` (runs or experiments) is still `running`
+    under the owner judged: a row another process took over, or whose owner beat again
+    meanwhile, is left as it is."""
+    return sa.and_(
+        which, model.status == "running", model.pid.is_not_distinct_from(pid),
+        model.process_start.is_not_distinct_from(started),
+        model.heartbeat_at.is_not_distinct_from(beat),
+    )  # fmt: skip

@@ -423,8 +423,26 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _refused(cur: Any) -> bool:
+    """Whether the database is one `lab` refuses to open for writing: tables named like
+    lab's but no ``alembic_version`` (someone else's file, see `lab.store.migrations`).
+
+    Switching a file to WAL rewrites its header and leaves ``-wal``/``-shm`` beside it, so
+    a file that is about to be refused is left in its own journal mode: the refusal then
+    leaves it byte for byte as it was. Reading the table names writes nothing; a file in
+    WAL mode already, a new one and a lab store are switched (or kept) as before.
+    """
+    from lab.store.schema import TABLES  # the models: only where a store is written
+
+    if cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        return False
+    names = {row[0] for row in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return "alembic_version" not in names and not names.isdisjoint(TABLES)
+
+
 def _set_wal(cur: Any) -> None:
-    """Switch to WAL, retrying while another connection holds the lock that takes.
+    """Switch to WAL (unless the file is to be refused: `_refused`), retrying while another
+    connection holds the lock that takes.
 
     Turning a new file to WAL needs an exclusive lock, and SQLite answers "database is
     locked" at once there rather than calling the busy handler: processes opening a new
@@ -434,7 +452,8 @@ def _set_wal(cur: Any) -> None:
     delay = 0.001
     while True:
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
+            if not _refused(cur):
+                cur.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:

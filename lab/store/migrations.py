@@ -336,7 +336,7 @@ def _check(conn: Connection) -> str | None:
         if ours:
             raise NotALabStore(
                 f"{url} has tables named like lab's ({', '.join(sorted(ours))}) but no "
-                "alembic_version; point LAB_STORE_URL at a new database"
+                "alembic_version; point --store / LAB_STORE_URL at a lab store or a new database"
             )
         return None
     if not is_known(current):

@@ -4,7 +4,7 @@ never leave this package)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -14,12 +14,18 @@ from lab.errors import NoExperiment
 from lab.store.engine import connect
 from lab.store.schema import SqlArm, SqlExperiment, SqlMetric, SqlRun, SqlSummary
 
+if TYPE_CHECKING:
+    from lab.store.crashes import Crashed
+
 
 class Reads:
     """The reading part of `lab.store.Store`."""
 
     engine: Engine
     readonly: bool
+    if TYPE_CHECKING:
+
+        def crashed_now(self) -> Crashed: ...
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
@@ -102,8 +108,10 @@ class Reads:
         """Every experiment with its status and its run counts by status, newest first.
 
         Superseded runs (see `Experiment(fresh=True)`) are left out of the counts and
-        points; `superseded` counts them.
+        points; `superseded` counts them. Read-only, the runs and experiments whose process
+        is gone show as crashed (`crashed_now`), as `mark_crashed` would mark them.
         """
+        crashed = self.crashed_now()
         current = SqlRun.superseded_at.is_(None)
         counts = (
             sa.select(SqlRun.experiment_id, SqlRun.status, sa.func.count().label("n"))
@@ -120,11 +128,9 @@ class Reads:
             by_status: dict[int, dict[str, int]] = {}
             for exp_id, status, n in conn.execute(sa.select(counts)):
                 by_status.setdefault(exp_id, {})[status] = n
-            if self.readonly:  # show runs whose process is gone as crashed; never write it
+            if crashed.runs:  # show runs whose process is gone as crashed; never write it
                 for exp_id in conn.execute(
-                    sa.select(SqlRun.experiment_id).where(
-                        SqlRun.run_id.in_([run_id for run_id, *_ in self._gone_runs()])
-                    )
+                    sa.select(SqlRun.experiment_id).where(SqlRun.run_id.in_(list(crashed.runs)))
                 ).scalars():
                     per = by_status[exp_id]
                     per["running"] -= 1
@@ -154,7 +160,7 @@ class Reads:
         return [
             {
                 "name": e["name"],
-                "status": e["status"],
+                "status": "crashed" if e["experiment_id"] in crashed.experiments else e["status"],
                 "arms": arm_counts.get(e["experiment_id"], 0),
                 "repeats": e["repeats"],
                 "runs": sum(by_status.get(e["experiment_id"], {}).values()),
@@ -238,11 +244,13 @@ class Reads:
                 per = latest.setdefault(run_id, {"step": 0, "values": {}})
                 per["step"] = max(per["step"], step)
                 per["values"][key] = math.nan if value is None else value
-        # Read-only: a run whose process is gone is shown as crashed, never marked so.
-        gone = {run_id: why for run_id, _, why, _ in self._gone_runs()} if self.readonly else {}
+        # Read-only: a run or an experiment whose process is gone is shown as crashed, never
+        # marked so.
+        crashed = self.crashed_now()
+        gone = {run_id: g.why for run_id, g in crashed.runs.items()}
         return {
             "name": exp["name"],
-            "status": exp["status"],
+            "status": "crashed" if exp["experiment_id"] in crashed.experiments else exp["status"],
             "seed": exp["seed"],
             "repeats": exp["repeats"],
             "config": exp["config"],

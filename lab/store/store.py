@@ -11,6 +11,7 @@ histograms and images are queued by `lab.store.media`.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path
@@ -23,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from lab._names import TAG_LIMIT, check_tags
 from lab.errors import ConfigError
 from lab.store.blocks import Blocks, block_merge, block_put
-from lab.store.crashes import HEARTBEAT_S, STALE_AFTER_S, Crashes
+from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes
 from lab.store.engine import (
     check_reachable,
     make_engine,
@@ -33,12 +34,12 @@ from lab.store.engine import (
 from lab.store.media import MediaRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.reads import Reads
-from lab.store.schema import SqlRun, SqlSummary
+from lab.store.schema import SqlExperiment, SqlRun, SqlSummary
 from lab.store.statements import upsert
 from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
-from lab.store.writes import _METRIC_UPSERT, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
+from lab.store.writes import _METRIC_UPSERT, _OWNER, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
 
 #: The writer thread's pause between batches when it writes them itself, and when it hands
 #: them to the writer process (see `Store._write_interval`).
@@ -133,10 +134,13 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
                 lambda: tuple(self._active),
                 fallback=self._write_metrics,
                 auto=chosen == "auto",
+                driving=self._driving_due,
             )
         #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
         self.media = MediaRows(self.engine, give_up_s=give_up_s)
         self._active: set[int] = set()  # runs started here and not finished: heartbeats
+        self._driving: set[int] = set()  # experiments begun here and not finished: heartbeats
+        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
         self._good_keys: set[str] = set()  # metric keys checked already
         mark = "%s" if self.dialect == "postgresql" else "?"
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
@@ -153,6 +157,14 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
             .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")
             .values(heartbeat_at=sa.bindparam("now"))
         )
+        # a live driver's heartbeat: it drives the experiment (a crashed one runs again)
+        self._drive = (
+            sa.update(SqlExperiment)
+            .where(SqlExperiment.experiment_id.in_(ids),
+                   SqlExperiment.status.in_(("running", "crashed")))
+            .values(status="running", ended_at=None, heartbeat_at=sa.bindparam("now"),
+                    **{k: sa.bindparam(f"driver_{k}") for k in _OWNER})
+        )  # fmt: skip
         self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
             SqlSummary.run_id.in_(ids)
         )
@@ -219,7 +231,11 @@ class Store(Writes, Reads, Crashes, Summaries, Blocks):
         self.media.flush()
 
     def close(self) -> None:
-        """Flush and stop the writer, and release the connections."""
+        """Flush and stop the writer, and release the connections. An experiment begun here
+        and not finished is no longer driven by this process: its heartbeat stops, and
+        `mark_crashed` judges it by its runs and its driver from now on."""
+        for exp_id in self._driving:
+            _DRIVING.discard((self.url, exp_id))
         try:
             if self._writer is not None:
                 self._writer.close()

@@ -5,14 +5,19 @@ deque (an append is atomic, so the common case takes no lock). The writer thread
 every `interval_s` (or at once for a flush or a full buffer) and writes whatever piled up
 in one transaction.
 
-Nothing is ever dropped. When the buffer is full, `put` waits (back-pressure). A write that
-fails stays at the front of the buffer, in order, and is tried again with a growing backoff
-(capped at `max_backoff_s`) for as long as the writer runs. `flush` returns once everything
-put before it is committed. It raises `StoreError`, with the number of rows still unwritten,
-when the store has been failing for `give_up_s` (a lost server that does not come back), or
-at once when the store rejects the rows outright (a constraint or a bad value, which no
-retry can fix). The rows stay buffered either way, so a later `flush` succeeds once the store
-takes them. `close` gives the store one last window of `give_up_s` and raises if that fails.
+Nothing is ever dropped. When the buffer is full, `put` waits (back-pressure); a failed
+batch on its way back counts as buffered, so a failing store never makes the buffer grow
+past its bound. A write that fails stays at the front of the buffer, in order, and is tried
+again with a growing backoff (capped at `max_backoff_s`) for as long as the writer runs.
+`flush` returns once everything put before it is committed. It raises `StoreError`, with the
+number of rows still unwritten, when the store has been failing for `give_up_s` (a lost
+server that does not come back, a full disk), at once when the store rejects the rows
+outright (a constraint or a bad value, which no retry can fix), and when one write has not
+returned for `give_up_s` past SQLite's busy timeout. The rows stay buffered either way, so a
+later `flush` succeeds once the store takes them. `close` gives the store one last window of
+`give_up_s` and raises if that fails. Every wait here is bounded that way, wherever its
+flush marker sits in the buffer (a writer that gives up answers every flush still waiting),
+and polls, so a SIGTERM to the waiting thread takes effect at once.
 
 Every live writer is flushed and closed when the interpreter exits (`atexit`), and a SIGTERM
 to the main thread is turned into `Terminated`, an exception that unwinds the training code
@@ -36,6 +41,7 @@ from lab._env import seconds_from_env
 from lab._secrets import logger, mask
 from lab._signals import unwind_on_sigterm
 from lab.errors import StoreError
+from lab.store.engine import SQLITE_BUSY_TIMEOUT_MS
 
 log = logger("lab.store")
 
@@ -53,6 +59,21 @@ _REJECTED = (
 )
 
 _STOP = object()
+#: How often a thread waiting on the writer (`flush`, `close`, a full buffer) looks up.
+_POLL_S = 0.05
+#: The longest one healthy write may take: SQLite's busy timeout, behind another writer.
+_LONGEST_WRITE_S = SQLITE_BUSY_TIMEOUT_MS / 1000
+
+
+class PartlyWritten(Exception):
+    """Raised by a write function that wrote the first `done` items of its batch, in order,
+    and not the others (why: `cause`). The writer keeps only the others, at the front of the
+    buffer; a write function that sends batches elsewhere (`lab.store.http.sender`) thus
+    never has the ones it delivered sent again."""
+
+    def __init__(self, done: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.done, self.cause = done, cause
 
 
 class _Flush:
@@ -79,7 +100,8 @@ class MetricWriter:
     nothing was written for that long, `write([])` is called anyway, so the
     store can refresh the heartbeats of its running runs. `what` names the rows in messages
     and in the thread's name ("metric", "media"). `on_start` runs first in the writer
-    thread (a writer process opens the store there, before the first batch).
+    thread (a writer process opens the store there, before the first batch). `window_env`
+    names the setting of `give_up_s` in messages (``LAB_HTTP_RETRY_S`` for a server).
     """
 
     def __init__(
@@ -95,13 +117,19 @@ class MetricWriter:
         idle_s: float | None = None,
         what: str = "metric",
         on_start: Callable[[], None] | None = None,
+        window_env: str = "LAB_STORE_RETRY_S",
     ) -> None:
         self._write = write
         self._on_start = on_start
+        self._window_env = window_env
         self._what = what
         self._interval_s = interval_s
         self._buffer: deque[Any] = deque()
         self._max_pending = max_pending
+        # What `put` lets the buffer hold: `max_pending`, less a failed batch that is out of
+        # the buffer for its retry (it comes back), so a failing store caps the buffer.
+        self._room_for = max_pending
+        self._taken_at = time.monotonic()  # when the batch now out was taken (odd cycle)
         self._room = threading.Condition()
         self._max_batch = max_batch
         self._backoff_s = backoff_s
@@ -127,20 +155,18 @@ class MetricWriter:
     # -- the training thread's side ------------------------------------------------------
     def put(self, run_id: int, step: int, metrics: dict[str, float], wall_time: float) -> None:
         """Buffer one step's metrics; waits only while the buffer is full."""
-        if len(self._buffer) >= self._max_pending:
+        if len(self._buffer) >= self._room_for:
             self._wait_for_room()
         self._buffer.append((run_id, step, metrics, wall_time))
 
     def _wait_for_room(self) -> None:
         with self._room:
-            while len(self._buffer) >= self._max_pending:
-                if not self._thread.is_alive():
-                    self._raise_final()
-                    raise StoreError("the metric writer has stopped; this store is closed")
+            while len(self._buffer) >= self._room_for:
+                self._raise_if_waited_out()
                 if self._given_up():
                     raise self._not_written()
                 self._wake.set()
-                self._room.wait(0.05)
+                self._room.wait(_POLL_S)
 
     def flush(self) -> None:
         """Return once every item put so far is committed; raise `StoreError` when the store
@@ -155,19 +181,26 @@ class MetricWriter:
         self._asked.append(None)
         self._buffer.append(marker)
         self._wake.set()
-        marker.done.wait()
+        while not marker.done.wait(_POLL_S):
+            self._raise_if_waited_out()
         if marker.error is not None:
             raise marker.error from marker.error.__cause__
 
     def close(self) -> None:
         """Flush, then stop the writer thread; raise `StoreError` if the store still failed
-        after one last `give_up_s` (the rows it could not write are lost with the process)."""
+        after one last `give_up_s`, or one write hung that long (the rows it could not write
+        are lost with the process)."""
         _live.discard(self)
         if self._thread.is_alive():
             self._asked.append(None)
             self._buffer.append(_STOP)
             self._wake.set()
-            self._thread.join()
+            while self._thread.is_alive():
+                self._thread.join(_POLL_S)
+                hung = self._hung()
+                if hung is not None:
+                    self._final = hung
+                    break
         self._raise_final()
 
     def unwritten(self) -> int:
@@ -176,6 +209,33 @@ class MetricWriter:
         return sum(len(item[2]) for item in items if type(item) is tuple)
 
     # -- errors ----------------------------------------------------------------------------
+    def _raise_if_waited_out(self) -> None:
+        """Raise why a thread waiting on the writer should stop waiting: the writer thread
+        ended, or one write has not returned for `_hung` to call it hung. (A store that has
+        failed for `give_up_s` answers every flush waiting itself.)"""
+        if not self._thread.is_alive():
+            self._raise_final()
+            raise StoreError(
+                f"the {self._what} writer has stopped with {self.unwritten()} rows unwritten; "
+                "this store is closed"
+            )
+        hung = self._hung()
+        if hung is not None:
+            raise hung
+
+    def _hung(self) -> StoreError | None:
+        """The error for a write that has not returned for `give_up_s` past the longest a
+        healthy write may wait (SQLite's busy timeout, behind another process's write), or
+        None while it has not."""
+        seconds = time.monotonic() - self._taken_at
+        if self._cycle % 2 == 0 or seconds < self._give_up_s + _LONGEST_WRITE_S:
+            return None
+        return StoreError(
+            f"{self._what} rows are not written: one write to the store has not returned for "
+            f"{seconds:.1f}s; they are kept and retried ({self._window_env} sets how long to "
+            f"wait, now {self._give_up_s:g}s)"
+        )
+
     def _given_up(self) -> bool:
         since = self._failing_since
         error = self._last_error
@@ -199,7 +259,7 @@ class MetricWriter:
         return _chained(
             StoreError(
                 f"{n} {self._what} rows are not written: {why}; they are kept and retried "
-                f"(LAB_STORE_RETRY_S sets how long to wait, now {self._give_up_s:g}s)"
+                f"({self._window_env} sets how long to wait, now {self._give_up_s:g}s)"
             ),
             error,
         )
@@ -244,8 +304,11 @@ class MetricWriter:
                 time.sleep(self._delay)  # back off; flushes wait for the retry
                 self._delay = min(self._delay * 2, self._max_backoff_s)
             self._wake.clear()
+            self._taken_at = time.monotonic()
             self._cycle += 1  # odd: before anything leaves the buffer (see `flush`)
             items, marker, stop = self._take()
+            if self._failing_since is not None:  # a retry: the batch counts as buffered
+                self._room_for = max(self._max_pending - len(items), 0)
             idle = (
                 not items
                 and self._idle_s is not None
@@ -256,13 +319,20 @@ class MetricWriter:
                 if marker is not None:
                     marker.done.set()
             else:
+                if isinstance(error, PartlyWritten):  # the first ones are written: done
+                    items = items[error.done :]
                 self._buffer.extendleft(reversed(items))  # back at the front, in order
-                if self._given_up() or (stop and self._window_over()):
-                    if marker is not None:
-                        marker.error = self._not_written()
-                        marker.done.set()
-                    if stop:
+                beyond = self._out_of_reach()
+                stopping = stop or any(entry is _STOP for entry in beyond)
+                if self._given_up() or (stopping and self._window_over()):
+                    error = self._not_written()
+                    for entry in (marker, *beyond):
+                        if type(entry) is _Flush and not entry.done.is_set():
+                            entry.error = error
+                            entry.done.set()
+                    if stopping:
                         self._final = self._not_written(stopping=True)
+                        self._room_for = self._max_pending
                         self._notify_room()
                         return
                 else:  # the flush or the stop waits for the retry, behind the kept items
@@ -271,6 +341,7 @@ class MetricWriter:
                         self._buffer.insert(len(items), entry)
                         self._asked.append(None)  # waiting again, to be taken again
                     stop = False
+            self._room_for = self._max_pending
             self._cycle += 1  # even: what was taken is committed, or back in the buffer
             self._notify_room()
             if stop:
@@ -285,6 +356,21 @@ class MetricWriter:
                 # chase the training thread with tiny transactions.
                 self._wake.set()
 
+    def _out_of_reach(self) -> list[Any]:
+        """The flush markers and the stop that a retry cannot reach while the items in front
+        keep failing: those behind `max_batch` items or more (each retry takes the same
+        front batch, which fails again). A writer that gives up answers them too, so no flush
+        waits for ever behind a store that fails."""
+        found = []
+        ahead = 0
+        for entry in list(self._buffer):  # one C call: a snapshot
+            if type(entry) is _Flush or entry is _STOP:
+                if ahead >= self._max_batch:
+                    found.append(entry)
+            else:
+                ahead += 1
+        return found
+
     def _window_over(self) -> bool:
         since = self._failing_since
         return since is not None and time.monotonic() - since >= self._give_up_s
@@ -293,10 +379,12 @@ class MetricWriter:
         try:
             self._write(items)
         except Exception as exc:
+            cause = exc.cause if isinstance(exc, PartlyWritten) else exc
             if self._failing_since is None:
-                self._failing_since = time.monotonic()
-                log.warning("%s write failed (%s); retrying with backoff", self._what, exc)
-            self._last_error = exc
+                log.warning("%s write failed (%s); retrying with backoff", self._what, cause)
+            if self._failing_since is None or (isinstance(exc, PartlyWritten) and exc.done):
+                self._failing_since = time.monotonic()  # (some were written: it moves)
+            self._last_error = cause
             return exc if items else None  # a failed heartbeat alone is not an error
         self._failing_since = None
         self._last_error = None

@@ -34,12 +34,19 @@ it is ready (``("lab metric writer", PROTOCOL)``, sent once it has imported the 
 process that names another protocol (lab upgraded or replaced on disk while the program
 ran, and a writer process started again from the new code) is ended, and the stores write
 in their threads, with one line that says so. Each one to the process is
-``(store key, URL, active run ids, items)``, the URL with its password (a pipe, never
-``ps``), or ``(store key, None, ...)`` when that store is closed; each answer is ``None``
+``(store key, URL, active run ids, driving, items)``, the URL with its password (a pipe,
+never ``ps``), `driving` the experiments whose heartbeat is due with their driver (or
+None), or ``(store key, None, ...)`` when that store is closed; each answer is ``None``
 (done) or the exception. The process ignores SIGINT and runs in a session of its own, so a
 Ctrl-C or a SIGTERM to the training process's group leaves it writing until the training
 process has flushed at exit; it ends when its input closes, when the training process ends
 (however it ends: a SIGKILL included).
+
+A child the training process forks (a DataLoader worker, say) would inherit the two pipes and
+keep the process's input open after the training process died. So a forked child points
+its copies at /dev/null at once (`os.register_at_fork`), and, for children forked past that
+hook (by C code), the process also watches its parent: once the training process is gone
+(the process's parent changes), it ends after the batch it is writing.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -67,13 +75,18 @@ _HEADER = struct.Struct("<Q")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _CHILD = "from lab.store.writer_process import main; main()"
 #: The version of the frames below; the process names it in its first frame.
-PROTOCOL = 1
+PROTOCOL = 2
 _HELLO = "lab metric writer"
 #: In auto mode (`Store`'s default) a store writes its first points in its own writer
 #: thread, and asks for the writer process once it has written this many: a short run, a
 #: test, a command that records a few rows never pays for starting one (0.5-2 s of CPU).
 #: A store opened while the process already runs and is ready hands it every batch.
 AUTO_AFTER_POINTS = 2_000
+
+
+#: Experiments whose heartbeat is due, and the process that drives them (host, pid,
+#: process_start, boot_id): what a batch carries besides its rows (`Store._driving_due`).
+Driving = tuple[list[int], dict[str, Any]]
 
 
 class WriterDied(OSError):
@@ -85,9 +98,10 @@ class WriterProcess:
 
     `url` must name a store that another process can open (a SQLite file by absolute path,
     or a server); `active` returns the run ids whose heartbeat the store keeps (sent with
-    each batch, so that an idle `write([])` still refreshes them). Each one is a channel of
-    the one writer process this process shares among its stores, which it starts if none
-    runs yet. `close` tells the process to let go of this store (its connections).
+    each batch, so that an idle `write([])` still refreshes them), and `driving` the
+    experiments whose heartbeat is due, with their driver (None when none is). Each one is
+    a channel of the one writer process this process shares among its stores, which it
+    starts if none runs yet. `close` tells the process to let go of this store (its connections).
 
     `fallback` writes a batch in this process: it is used from the start when no writer
     process can run here at all (one that ends before it ever answered, twice: an
@@ -99,12 +113,14 @@ class WriterProcess:
         self,
         url: str,
         active: Callable[[], Iterable[int]],
-        fallback: Callable[[list[MetricItem]], None] | None = None,
+        fallback: Callable[..., None] | None = None,
         *,
         auto: bool = False,
+        driving: Callable[[], Driving | None] = lambda: None,
     ) -> None:
         self._url = url
         self._active = active
+        self._driving = driving
         self._fallback = fallback
         self._local = False  # True once no writer process could run: `fallback` writes
         self._key = next(_keys)
@@ -146,17 +162,18 @@ class WriterProcess:
             self._points += sum(len(metrics) for _, _, metrics, _ in items)
             return
         active = sorted(self._active())
-        if not items and not active:
+        driving = self._driving()
+        if not items and not active and driving is None:
             return  # nothing to write and no heartbeat to keep
         shared = _shared()
         try:
-            reply = shared.exchange((self._key, self._url, active, items), len(items))
+            reply = shared.exchange((self._key, self._url, active, driving, items), len(items))
         except WriterDied:
             if (shared.answered and shared.refused is None) or self._fallback is None:
                 raise
             log.warning(shared.why_local())
             self._local = True
-            self._fallback(items)
+            self._fallback(items, driving)
             return
         if reply is not None:
             raise reply
@@ -169,7 +186,7 @@ class WriterProcess:
         if self._closed or self._local or (self._waiting and not self._join()):
             return
         with contextlib.suppress(OSError):  # no runs: no heartbeat, so nothing is written
-            _shared().exchange((self._key, self._url, [], []), 0)
+            _shared().exchange((self._key, self._url, [], None, []), 0)
 
     def _join(self) -> bool:
         """Auto mode: whether the writer process is ready to take this store's batches;
@@ -345,7 +362,7 @@ class _Process:
             if proc is None or proc.poll() is not None or not self._ready:
                 return  # a process not ready yet was never sent a store
             with contextlib.suppress(OSError):
-                self._send_and_wait(pickle.dumps((key, None, (), ()), _PROTOCOL))
+                self._send_and_wait(pickle.dumps((key, None, (), None, ()), _PROTOCOL))
 
 
 _keys = itertools.count(1)
@@ -354,8 +371,25 @@ _process_lock = threading.Lock()
 
 
 def _forget_after_fork() -> None:
+    """In a forked child: forget the parent's writer process, and point the child's copies
+    of its pipes at /dev/null, so that they never keep it alive after the parent died (nor
+    take a frame: the file objects stay, and whatever they flush goes nowhere)."""
     global _process, _process_lock
-    _process, _process_lock = None, threading.Lock()
+    inherited, _process, _process_lock = _process, None, threading.Lock()
+    proc = inherited[1]._proc if inherited is not None else None
+    if proc is None:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError, ValueError):  # a pipe closed already
+                if pipe is not None:
+                    os.dup2(null, pipe.fileno())
+    finally:
+        os.close(null)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -418,8 +452,11 @@ def main() -> None:
     except OSError:
         return  # the training process ended before this one was ready: nothing to write
     stores: dict[int, Any] = {}
+    writing = threading.Lock()  # held while a frame is handled: the watch ends us between
+    threading.Thread(target=_watch_parent, args=(os.getppid(), writing), daemon=True).start()
     while (frame := _receive(source)) is not None:
-        key, url, active, items = pickle.loads(frame)
+        writing.acquire()
+        key, url, active, driving, items = pickle.loads(frame)
         reply: BaseException | None = None
         try:
             if url is None:  # the store was closed in the training process
@@ -431,15 +468,33 @@ def main() -> None:
                 if store is None:
                     store = stores[key] = _open(url)
                 store._active = set(active)
-                store._write_metrics(items)
+                store._write_metrics(items, driving)
         except Exception as exc:
             reply = exc
         try:
             _send(sink, _answer(reply))
         except OSError:
             break  # the training process is gone
-    for store in stores.values():
-        store.engine.dispose()
+        finally:
+            writing.release()
+    with writing:
+        for store in stores.values():
+            store.engine.dispose()
+
+
+#: How often the writer process looks whether the training process is still its parent.
+PARENT_POLL_S = 0.2
+
+
+def _watch_parent(parent: int, writing: threading.Lock) -> None:
+    """End the writer process once the training process that started it is gone, after the
+    frame being handled: a child it forked past `_forget_after_fork` (a C library's) could
+    otherwise hold the input open for as long as it lives. Every answered frame is
+    committed, so nothing the training process was told is written is lost."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    with writing:
+        os._exit(0)
 
 
 def _open(url: str) -> Any:

@@ -21,9 +21,9 @@ from lab._json import floats_back
 from lab._metrics import as_number, check_key
 from lab._names import MAX_KEY, MAX_NAME, check_name, check_tags, storable_text
 from lab._reuse import busy_message
-from lab.errors import ConfigError, NoRun, RunBusy
+from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now, _text
-from lab.store.crashes import _HELD
+from lab.store.crashes import _DRIVING, _HELD
 from lab.store.engine import dumps_json, transaction
 from lab.store.liveness import boot_id, process_start
 from lab.store.schema import (
@@ -42,8 +42,11 @@ from lab.store.statements import update, upsert
 if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
     from lab.store.writer import MetricItem
+    from lab.store.writer_process import Driving
 
 _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
+#: The columns that name the process owning a run or driving an experiment.
+_OWNER = ("host", "pid", "process_start", "boot_id")
 _INF = math.inf
 
 
@@ -81,6 +84,10 @@ class Writes:
     _prediction_insert: str
     _run_has_rows: str
     _beat: Any
+    _drive: Any
+    _driving: set[int]
+    _driven_at: float
+    heartbeat_s: float
 
     def begin_experiment(
         self,
@@ -91,13 +98,21 @@ class Writes:
         repeats: int,
         tags: Sequence[str] = (),
         notes: str | None = None,
+        owner: dict[str, Any] | None = None,
+        created_by: str | None = None,
     ) -> int:
         """Create the experiment, or reopen the one of that name; returns its id.
 
         `tags` join the experiment's tags (those added earlier, by ``lab tag`` too, stay);
-        `notes`, when given, replace its notes.
+        `notes`, when given, replace its notes. The experiment is `running` under its
+        driver: this process, whose metric writer keeps the experiment's heartbeat until
+        `finish_experiment` (see `lab.store.crashes`), or `owner` (host, pid, process_start,
+        boot_id, as in `start_run`) when another process drives it (a `lab serve` client).
+        A later driver takes it over, a crashed experiment included. `created_by` (the
+        `lab serve` token that creates it) is recorded only when the experiment is new.
         """
         check_name("experiment", name, MAX_NAME)
+        who = this_owner() if owner is None else owner
         values = {
             "name": name,
             "status": "running",
@@ -106,13 +121,23 @@ class Writes:
             "repeats": repeats,
             "callback_errors": None,
             "ended_at": None,
+            **{k: who.get(k) for k in _OWNER},
+            "heartbeat_at": _now(),
         }
         add = check_tags(tags)
         with transaction(self.engine) as conn:
+            if created_by is not None:
+                known = sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
+                if conn.execute(known).first() is None:
+                    values["created_by"] = created_by
             exp_id = self._upsert(conn, SqlExperiment, values, ["name"], "experiment_id")
             if add or notes is not None:
                 where = SqlExperiment.experiment_id == exp_id
                 self._annotate(conn, SqlExperiment, where, add=add, remove=[], notes=notes)
+        if owner is None:
+            self._driving.add(exp_id)
+            _DRIVING.add((self.url, exp_id))
+            _ = self.writer  # started now: it keeps the experiment's heartbeat
         return exp_id
 
     def add_arm(
@@ -337,7 +362,7 @@ class Writes:
         _HELD.discard((self.url, run_id))
         who = this_owner() if owner is None else owner
         with transaction(self.engine) as conn:
-            conn.execute(
+            done = conn.execute(
                 sa.update(SqlRun)
                 .where(
                     SqlRun.run_id == run_id,
@@ -346,11 +371,14 @@ class Writes:
                     SqlRun.host == who.get("host"),
                 )
                 .values(status="failed", error=_free_text(error), ended_at=_now())
-            )
+            ).rowcount
+            if not done:
+                _check_run(conn, run_id)
 
     def supersede_run(self, run_id: int, run_key: str, output_dir: str | None) -> None:
         """Mark a run superseded (kept, left out of every reader) under a new key and
-        folder; a run that is running, or superseded already, raises `RunBusy`."""
+        folder; a run that is running, or superseded already, raises `RunBusy`, one the
+        store does not hold `NoRun`."""
         with transaction(self.engine) as conn:
             done = conn.execute(
                 sa.update(SqlRun)
@@ -358,6 +386,8 @@ class Writes:
                        SqlRun.status != "running")
                 .values(superseded_at=_now(), run_key=run_key, output_dir=output_dir)
             ).rowcount  # fmt: skip
+            if done != 1:
+                _check_run(conn, run_id)
         if done != 1:
             raise RunBusy(f"run {run_key} started or was superseded meanwhile; run again")
 
@@ -369,10 +399,12 @@ class Writes:
         its earlier record. A run resumed from the checkpoint at step N keeps what it logged
         up to N, and the steps it trains again are written anew, never twice. Post-training
         evals (step NULL) always go: they run again at the end. So do the metrics they wrote
-        (``<eval>/<key>`` at the run's last step), even when that step is N.
+        (``<eval>/<key>`` at the run's last step), even when that step is N. A run the store
+        does not hold raises `NoRun`.
         """
         self.flush()
         with transaction(self.engine) as conn:
+            _check_run(conn, run_id)
             if (
                 after_step is None
                 and not conn.exec_driver_sql(self._run_has_rows, (run_id,) * 7).first()
@@ -425,7 +457,7 @@ class Writes:
         check_key(key, step)
         self._good_keys.add(key)
 
-    def _write_metrics(self, items: list[MetricItem]) -> None:
+    def _write_metrics(self, items: list[MetricItem], driving: Driving | None = None) -> None:
         # Plain tuples through the driver's executemany: the writer thread holds the GIL
         # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
         rows: list[tuple[Any, ...]] = []
@@ -454,7 +486,7 @@ class Writes:
                     s[4] = value
                 if value > s[5]:
                     s[5] = value
-        self._commit_metrics(rows, acc)
+        self._commit_metrics(rows, acc, driving)
 
     def write_metric_columns(
         self,
@@ -490,10 +522,18 @@ class Writes:
         self._commit_metrics(rows, acc)
 
     def _commit_metrics(
-        self, rows: list[tuple[Any, ...]], acc: dict[int, dict[str, list[Any]]]
+        self,
+        rows: list[tuple[Any, ...]],
+        acc: dict[int, dict[str, list[Any]]],
+        driving: Driving | None = None,
     ) -> None:
+        """Write a batch's rows and summaries, and the heartbeats of the runs started here
+        and of the experiments driven here (`driving`: handed over by the process that
+        drives them, else this store's own, when due), in one transaction."""
         beating = set(acc) | self._active
-        if not rows and not beating:
+        if driving is None:
+            driving = self._driving_due()
+        if not rows and not beating and driving is None:
             return
         with transaction(self.engine) as conn:
             if rows:
@@ -502,6 +542,28 @@ class Writes:
                 self._block(conn, rows, acc, again)
             if beating:
                 conn.execute(self._beat, {"ids": sorted(beating), "now": _now()})
+            if driving is not None:
+                self.drive(conn, *driving)
+
+    def drive(self, conn: Connection, experiment_ids: Sequence[int], owner: dict[str, Any]) -> None:
+        """Refresh the heartbeat of experiments that `owner` (host, pid, process_start,
+        boot_id) drives, and record it as their driver: of two processes that drive one
+        experiment, the one still alive holds it. A crashed one runs again (a live driver
+        says so); a finished one stays finished."""
+        if experiment_ids:
+            params = {f"driver_{k}": owner.get(k) for k in _OWNER}
+            conn.execute(self._drive, {"ids": sorted(experiment_ids), "now": _now(), **params})
+
+    def _driving_due(self) -> Driving | None:
+        """The experiments this process drives whose heartbeat is due (every half
+        `heartbeat_s`), with this process as their driver; None when none is."""
+        if not self._driving:
+            return None
+        now = time.monotonic()
+        if now - self._driven_at < self.heartbeat_s / 2:
+            return None
+        self._driven_at = now
+        return sorted(self._driving), this_owner()
 
     def write_eval(
         self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
@@ -582,9 +644,6 @@ class Writes:
         _HELD.discard((self.url, run_id))
         add = check_tags(tags)
         with transaction(self.engine) as conn:
-            if add or notes is not None:
-                where = SqlRun.run_id == run_id
-                self._annotate(conn, SqlRun, where, add=add, remove=[], notes=notes)
             values = {
                 "status": status,
                 "error": _free_text(error),
@@ -593,25 +652,33 @@ class Writes:
                 "callback_errors": _failures(callback_errors),
                 "ended_at": _now(),
             }
-            conn.execute(
+            done = conn.execute(
                 update(SqlRun.__table__, tuple(values), "run_id"), {**values, "run_id": run_id}
-            )
+            ).rowcount
+            if not done:
+                raise _no_run(run_id)
+            if add or notes is not None:
+                where = SqlRun.run_id == run_id
+                self._annotate(conn, SqlRun, where, add=add, remove=[], notes=notes)
 
     def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
         """Record a run's provenance after its start: `SqlLogger` starts a run while git is
         still being read, so the run's first steps never wait for git's processes."""
         with transaction(self.engine) as conn:
             stmt = update(SqlRun.__table__, ("provenance",), "run_id")
-            conn.execute(stmt, {"provenance": provenance, "run_id": run_id})
+            if not conn.execute(stmt, {"provenance": provenance, "run_id": run_id}).rowcount:
+                raise _no_run(run_id)
 
     def set_callback_errors(self, run_id: int, callback_errors: list[dict[str, Any]]) -> None:
         """Replace the callback failures recorded on a run."""
         with transaction(self.engine) as conn:
-            conn.execute(
+            done = conn.execute(
                 sa.update(SqlRun)
                 .where(SqlRun.run_id == run_id)
                 .values(callback_errors=_failures(callback_errors))
-            )
+            ).rowcount
+        if not done:
+            raise _no_run(run_id)
 
     def finish_experiment(
         self,
@@ -621,13 +688,22 @@ class Writes:
         callback_errors: list[dict[str, Any]] | None = None,
     ) -> None:
         """Record an experiment's final status and the failures of its experiment-level
-        callbacks (NULL when there were none)."""
+        callbacks (NULL when there were none); this process drives it no more (its
+        heartbeat stops). An experiment the store does not hold raises `NoExperiment`."""
+        self._driving.discard(experiment_id)
+        _DRIVING.discard((self.url, experiment_id))
         with transaction(self.engine) as conn:
             stmt = update(
                 SqlExperiment.__table__, ("status", "callback_errors", "ended_at"), "experiment_id"
             )
             values = {"status": status, "callback_errors": callback_errors or None}
-            conn.execute(stmt, {**values, "ended_at": _now(), "experiment_id": experiment_id})
+            done = conn.execute(
+                stmt, {**values, "ended_at": _now(), "experiment_id": experiment_id}
+            ).rowcount
+        if not done:
+            raise NoExperiment(
+                f"no experiment with id {experiment_id} in the store; lab ls lists them"
+            )
 
     def tag(
         self,
@@ -737,6 +813,17 @@ def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
         s[3], s[6] = value, wall_time
     elif step < s[1]:
         s[1] = step
+
+
+def _no_run(run_id: int) -> NoRun:
+    return NoRun(f"no run with id {run_id} in the store; lab show EXPERIMENT lists its runs")
+
+
+def _check_run(conn: Connection, run_id: int) -> None:
+    """Raise `NoRun` unless the store holds run `run_id`: a write that changed no row
+    because the run does not exist is refused, never acknowledged."""
+    if conn.execute(sa.select(SqlRun.run_id).where(SqlRun.run_id == run_id)).first() is None:
+        raise _no_run(run_id)
 
 
 def this_owner() -> dict[str, Any]:

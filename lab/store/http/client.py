@@ -131,9 +131,10 @@ class HttpClient:
         that may is retried, with a capped exponential backoff, on a connection failure, a
         timeout and 408/429/502/503/504, for up to `window_s` (default the retry window);
         one that may not is retried only when the connection failed before it was sent.
-        Then: `StoreUnreachable`. A 4xx answer becomes `lab`'s error for it (401/403
-        `TokenRejected`, 400 `ConfigError`, 404 `NoExperiment`, 409 `RunBusy`, others
-        `ServerRejected`), with the server's one line.
+        Then: `StoreUnreachable`, for a server that does not answer as for one that answers
+        that it cannot take the call now (503: its store is down). A 4xx answer becomes
+        `lab`'s error for it (401/403 `TokenRejected`, 400 `ConfigError`, 404 `NoExperiment`,
+        409 `RunBusy`, others `ServerRejected`), with the server's one line.
         """
         retry = method == "GET" if retry is None else retry
         window = self.retry_s if window_s is None else window_s
@@ -153,7 +154,7 @@ class HttpClient:
                 if status < 300 or status in allow:
                     return answer
                 if not (retry and status in _RETRY_STATUS) or time.monotonic() + delay > deadline:
-                    raise self._refused(answer)
+                    raise self._refused(answer, time.monotonic() - deadline + window)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF_S)
 
@@ -163,7 +164,18 @@ class HttpClient:
             f"); start it (lab serve --store URL) or check the URL and the network"
         )
 
-    def _refused(self, answer: httpx.Response) -> StoreError | ConfigError | RunBusy:
+    def _refused(
+        self, answer: httpx.Response, waited: float = 0.0
+    ) -> StoreError | ConfigError | RunBusy:
+        """`lab`'s error for an answer that is not a success, after `waited` seconds; its
+        `status` attribute is the answer's HTTP status."""
+        error = self._error_for(answer, waited)
+        error.status = answer.status_code  # type: ignore[union-attr]
+        return error
+
+    def _error_for(
+        self, answer: httpx.Response, waited: float
+    ) -> StoreError | ConfigError | RunBusy:
         status = answer.status_code
         try:
             body = answer.json()
@@ -185,6 +197,11 @@ class HttpClient:
             return NoExperiment(detail or f"{where} knows no such record")
         if status == 409:
             return RunBusy(detail)
+        if status in _RETRY_STATUS:  # the server is there, and cannot take it now
+            how_long = f" for {waited:.1f}s (LAB_HTTP_RETRY_S)" if waited >= 0.05 else ""
+            return StoreUnreachable(
+                f"{where} answered {status}{how_long}: {detail or 'try again later'}"
+            )
         if status == 413:
             return ServerRejected(f"{where} refused a body over its limit: {detail}")
         if status < 500:

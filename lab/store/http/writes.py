@@ -65,6 +65,7 @@ class HttpWrites:
         self._writer_lock = threading.Lock()
         self._good_keys: set[str] = set()
         self._owner = this_owner()
+        self._sender.driver = self._owner
         #: Histogram and image rows, queued with the metrics (as `Store.media`).
         self.media = _Media(self)
 
@@ -80,6 +81,7 @@ class HttpWrites:
                         max_pending=self._max_pending,
                         idle_s=1.0,
                         give_up_s=self.retry_s,
+                        window_env="LAB_HTTP_RETRY_S",
                     )
         return self._writer
 
@@ -108,8 +110,10 @@ class HttpWrites:
         return self._sender.spooled
 
     def flush(self) -> None:
-        """Return once everything queued so far is acknowledged by the server or spooled;
-        raises `ServerRejected` when the server refused a batch as malformed."""
+        """Return once everything queued so far is acknowledged by the server, spooled, or
+        dropped as bad data (with a warning line); raises `StoreError` when it could be
+        neither sent nor spooled for the retry window. (A refused token fails the run at its
+        next `log_metrics`; a flush spools, so that the run's end is kept with its rows.)"""
         if self._writer is not None:
             self._writer.flush()
 
@@ -118,11 +122,13 @@ class HttpWrites:
         connection; what stays spooled is named in one warning line with its ``lab sync``."""
         try:
             if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            self._sender.finish()
+                writer, self._writer = self._writer, None
+                writer.close()
         finally:
-            self._http.close()  # type: ignore[attr-defined]
+            try:
+                self._sender.finish()
+            finally:
+                self._http.close()  # type: ignore[attr-defined]
 
     def _post(self, path: str, body: dict[str, Any], *, retry: bool = False) -> Any:
         self._need_write()
@@ -146,10 +152,15 @@ class HttpWrites:
         tags: Sequence[str] = (),
         notes: str | None = None,
     ) -> int:
-        """Create the experiment, or reopen the one of that name; returns its id."""
+        """Create the experiment, or reopen the one of that name, driven by this process
+        (see `Store.begin_experiment`); returns its id. Its heartbeat is sent until
+        `finish_experiment`."""
         body = {"name": name, "config": config, "seed": seed, "repeats": repeats,
-                "tags": list(tags), "notes": notes}  # fmt: skip
-        return self._post("/experiments", body, retry=True)["experiment_id"]
+                "tags": list(tags), "notes": notes, "owner": self._owner}  # fmt: skip
+        exp_id = self._post("/experiments", body, retry=True)["experiment_id"]
+        self._sender.driving.add(exp_id)
+        _ = self.writer  # started now: it keeps the experiment's heartbeat
+        return exp_id
 
     def add_arm(
         self, experiment_id: int, name: str, *, overrides: dict[str, Any], config: dict[str, Any]
@@ -235,7 +246,10 @@ class HttpWrites:
     # -- queued writes -------------------------------------------------------------------
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics (see `Store.log_metrics`); waits only while the buffer
-        is full, never on the network."""
+        is full, never on the network. Raises `TokenRejected` once the server refused the
+        token: the run stops there, its batches spooled."""
+        if self._sender.refused is not None:
+            raise self._sender.refused
         row = {}
         good = self._good_keys
         for key, value in metrics.items():
@@ -281,6 +295,7 @@ class HttpWrites:
         callback_errors: list[dict[str, Any]] | None = None,
     ) -> None:
         """Queue an experiment's end; sent after everything its runs queued."""
+        self._sender.driving.discard(experiment_id)
         self._queue(
             "finish_experiment",
             {"experiment_id": experiment_id, "status": status, "callback_errors": callback_errors},
