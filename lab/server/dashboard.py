@@ -39,9 +39,9 @@ from lab.errors import NoRun
 from lab.server.app import Rejected
 from lab.server.openapi import (
     EXACT,
-    ExperimentName,
+    NamePath,
     Number,
-    RunId,
+    RunPath,
     Timestamp,
     one_of,
     problems,
@@ -429,7 +429,7 @@ def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, A
     response_model=RunsTable,
     responses=problems(403, 404),
 )
-def experiment_runs(name: ExperimentName, store: Store = StoreDep) -> Any:
+def experiment_runs(name: NamePath, store: Store = StoreDep) -> Any:
     """An experiment's runs table: each current run's arm, repeat, stage, seed, status
     (crashed when its process is gone), config, final metrics, times and error. The UI
     polls it while the experiment is live."""
@@ -472,7 +472,7 @@ def _relation_rows(relation: Any) -> list[dict[str, Any]]:
     responses=problems(400, 403, 404),
 )
 def curves(
-    name: ExperimentName,
+    name: NamePath,
     metric: Text,
     buckets: int = ranged(600, 1, MAX_CURVE_BUCKETS),
     runs: bool = False,
@@ -841,7 +841,7 @@ def _check_eval(conn: sa.Connection, experiment_id: int, name: str, eval: str) -
     responses=problems(400, 403, 404),
 )
 def disagreements(
-    name: ExperimentName,
+    name: NamePath,
     eval: Text,
     arm_a: Text,
     arm_b: Text,
@@ -876,9 +876,7 @@ def disagreements(
     response_model=Rows,
     responses=problems(403, 404),
 )
-def breakdown(
-    name: ExperimentName, eval: Text, store: Store = StoreDep, duck: Any = AnalysisDep
-) -> Any:
+def breakdown(name: NamePath, eval: Text, store: Store = StoreDep, duck: Any = AnalysisDep) -> Any:
     """Per arm, slice and metric of eval `eval`'s breakdowns, the mean across repeats and
     its 95% interval: `lab.inspect.breakdown`, its columns and rows as they are."""
     import lab.inspect
@@ -895,7 +893,7 @@ def breakdown(
     responses=problems(400, 403, 404),
 )
 def experiment(
-    name: ExperimentName,
+    name: NamePath,
     metric: Text | None = None,
     mode: str | None = one_of(None, "min", "max"),
     store: Store = StoreDep,
@@ -981,7 +979,7 @@ def _run(conn: sa.Connection, run_id: int) -> Any:
 @router.get(
     "/runs/{run_id}", response_class=LabJSON, response_model=RunPage, responses=problems(403, 404)
 )
-def run(run_id: RunId, store: Store = StoreDep) -> Any:
+def run(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run page's data in one answer: the run (config, status, error and traceback,
     callback errors, times, its chain's parent), a summary of each metric series, its
     evals with their prediction counts, its checkpoint manifest (saves and removals, with
@@ -1073,7 +1071,7 @@ NO_BYTES = (
     },
 )
 def image(
-    run_id: RunId,
+    run_id: RunPath,
     key: Text,
     step: Annotated[int, fastapi.Query(ge=-EXACT, le=EXACT)],
     request: fastapi.Request,

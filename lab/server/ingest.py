@@ -40,13 +40,16 @@ from lab.server.app import Rejected
 from lab.server.bodies import metric_columns, ops_body
 from lab.server.openapi import (
     INT32,
-    NAME_IN_PATH,
     NO_NUL,
+    ExperimentPath,
     Id,
     Int32,
     Int53,
+    KeptText,
     Key,
     Name,
+    NamePath,
+    RunPath,
     Tag,
     problems,
     read_body,
@@ -64,17 +67,11 @@ router = fastapi.APIRouter(tags=["write"])
 T = TypeVar("T")
 #: A client id: what `HttpStore` makes (a uuid4 in hex), or any short plain name.
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: A batch's sequence number in its header: a whole number from 1 below 2**63.
+#: A batch's sequence number in its header: a whole number from 1, of at most 18 digits.
 SEQ = re.compile(r"^0*[1-9][0-9]{0,17}$")
 #: Base64 as an image's bytes travel: padded, no other character. With `lab.media.png_size`
 #: and the size check of `_image_data`, what `lab.server.ops.PNG_BASE64` declares.
 BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
-
-ExperimentPath = Annotated[
-    int, fastapi.Path(ge=1, le=INT32, description="the experiment's id (as it was created)")
-]
-RunPath = Annotated[int, fastapi.Path(ge=1, le=INT32, description="the run's id")]
-NamePath = Annotated[str, fastapi.Path(pattern=NO_NUL, description=NAME_IN_PATH)]
 
 
 # -- bodies -----------------------------------------------------------------------------------
@@ -83,12 +80,6 @@ NamePath = Annotated[str, fastapi.Path(pattern=NO_NUL, description=NAME_IN_PATH)
 # the store checks them by, and refused with the store's own line (400).
 class Body(BaseModel):
     model_config = ConfigDict(strict=True)
-
-
-def _stored(limit: int | None = None) -> Any:
-    """Text the store keeps as it is, in a column of `limit` characters: no NUL, which
-    PostgreSQL cannot hold."""
-    return Field(pattern=NO_NUL, max_length=limit)
 
 
 class ExperimentIn(Body):
@@ -121,9 +112,9 @@ class RunIn(Body):
     stage: Int32 = 0
     seed: Int32 = 0
     config: dict[str, Any] = Field(default_factory=dict)
-    output_dir: Annotated[str, _stored()] | None = None
+    output_dir: KeptText | None = None
     parent_run_id: Id | None = None
-    config_hash: Annotated[str, _stored(64)] | None = None
+    config_hash: Annotated[KeptText, Field(max_length=64)] | None = None
     owner: Owner | None = None
 
 
@@ -144,7 +135,7 @@ class ReleaseIn(Body):
 
 class SupersedeIn(Body):
     run_key: Key
-    output_dir: Annotated[str, _stored()] | None = None
+    output_dir: KeptText | None = None
 
 
 class TruncateIn(Body):

@@ -56,7 +56,8 @@ WHY: dict[int, str] = {
     "experiments it created, a token limited to an experiment reads and writes no other",
     404: "What the request names is not in the store",
     408: "The request body stopped arriving (the server's --timeout-body)",
-    409: "The request conflicts with what the store holds: a run another process trains",
+    409: "The request conflicts with what the store holds: a run another process trains, "
+    "or recorded meanwhile with other settings",
     413: "The request body is over the server's --max-body, or holds more than one batch may",
     421: "The request was not addressed to 127.0.0.1 or localhost (lab ui answers those only)",
     422: "A parameter or a body field is missing or of the wrong type (``field`` names it)",
@@ -116,6 +117,8 @@ def one_of(default: str | None, *values: str, **kwargs: Any) -> Any:
 #: A pattern for text with no NUL character, which PostgreSQL cannot hold and so no name,
 #: key or value in the store holds: a parameter that is looked up in the store.
 NO_NUL = r"^[^\x00]*$"
+#: Text the store keeps as it is (a path, a host): no NUL, which PostgreSQL cannot hold.
+KeptText = Annotated[str, Field(pattern=NO_NUL)]
 #: The characters Python counts as whitespace (what ``str.strip`` removes), spelled out for
 #: a character class: ``\s`` means other sets in other engines.
 SPACE = r"\t-\r\x1c- \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -131,8 +134,9 @@ def _whole(value: Any) -> Any:
     return value
 
 
-#: A whole number in a body (see `_whole`), within `low`..`high`.
 def whole(low: int, high: int) -> Any:
+    """The type of a whole number in a body, within `low`..`high` (see `_whole`): what
+    the document declares ``integer`` with its bounds, and no more nor less."""
     return Annotated[int, Field(strict=False, ge=low, le=high), BeforeValidator(_whole)]
 
 
@@ -167,6 +171,10 @@ Tag = Annotated[str, Field(json_schema_extra={"pattern": TAG.pattern})]
 #: What the document says of an experiment's name in a path.
 NAME_IN_PATH = "the experiment's name (a / in it sent as %2F)"
 #: An experiment's name in a path.
-ExperimentName = Annotated[str, fastapi.Path(pattern=NO_NUL, description=NAME_IN_PATH)]
+NamePath = Annotated[str, fastapi.Path(pattern=NO_NUL, description=NAME_IN_PATH)]
+#: An experiment's id in a path (the write API's).
+ExperimentPath = Annotated[
+    int, fastapi.Path(ge=1, le=INT32, description="the experiment's id (as it was created)")
+]
 #: A run's id in a path.
-RunId = Annotated[int, fastapi.Path(ge=1, le=INT32, description="the run's id")]
+RunPath = Annotated[int, fastapi.Path(ge=1, le=INT32, description="the run's id")]

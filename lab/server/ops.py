@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
 
-from lab.server.openapi import EXACT, NO_NUL, Id, Int32, Int53, Key, Tag, whole
+from lab.server.openapi import EXACT, Id, Int32, Int53, KeptText, Key, Tag, whole
 from lab.store.schema import EXPERIMENT_STATUSES, RUN_STATUSES
 
 #: The earliest and latest time (epoch seconds) a checkpoint row may carry: years 1 to 9999.
@@ -31,7 +31,6 @@ PNG_BASE64 = (
     r"(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 )
 
-Stored = Annotated[str, Field(pattern=NO_NUL)]
 Seconds = Annotated[float, Field(ge=FIRST_TIME, le=LAST_TIME, allow_inf_nan=False)]
 
 
@@ -47,10 +46,10 @@ class Owner(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    host: Annotated[str, Field(pattern=NO_NUL, max_length=255)] | None = None
+    host: Annotated[KeptText, Field(max_length=255)] | None = None
     pid: Int32 | None = None
     process_start: float | None = None
-    boot_id: Annotated[str, Field(pattern=NO_NUL, max_length=64)] | None = None
+    boot_id: Annotated[KeptText, Field(max_length=64)] | None = None
 
 
 class EvalIn(BaseModel):
@@ -78,11 +77,11 @@ class CheckpointIn(Strict):
 
     run_key: str
     step: Int53
-    path: Stored
+    path: KeptText
     event: Literal["save", "remove"]
     time: Seconds
     metrics: dict[str, Any] = Field(default_factory=dict)
-    reason: Stored | None = None
+    reason: KeptText | None = None
     kind: Literal["regular", "ephemeral", "fixed"] = "regular"
 
 
@@ -156,7 +155,7 @@ class ImageRow(BaseModel):
     run_id: Id
     key: Key
     step: Int53
-    path: Stored
+    path: KeptText
     width: Int32
     height: Int32
     wall_time: float

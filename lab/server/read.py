@@ -31,9 +31,9 @@ from lab.server.app import Rejected
 from lab.server.openapi import (
     NAME_IN_PATH,
     NO_NUL,
-    ExperimentName,
+    NamePath,
     Number,
-    RunId,
+    RunPath,
     Timestamp,
     one_of,
     problems,
@@ -405,7 +405,7 @@ def _json_or_text(text: str) -> Any:
     response_model=list[SummaryRow],
     responses=problems(403, 404),
 )
-def summaries(name: ExperimentName, key: Text | None = None, store: Store = StoreDep) -> Any:
+def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) -> Any:
     """One row per current run and metric key (of one `key` if asked): the run's experiment,
     arm, repeat, key and status, and the metric's count, first and last step, last value,
     min and max; what ``lab.inspect``'s ``final_metrics`` view holds, without a scan of
@@ -461,7 +461,7 @@ def _check_run(conn: sa.Connection, run_id: int) -> None:
     responses=problems(400, 403, 404),
 )
 def series(
-    run_id: RunId,
+    run_id: RunPath,
     key: Text,
     buckets: int | None = ranged(None, 1, MAX_BUCKETS),
     store: Store = StoreDep,
@@ -585,7 +585,7 @@ ORDER BY b.i
     responses=problems(400, 403, 404),
 )
 def predictions(
-    run_id: RunId,
+    run_id: RunPath,
     eval: Text | None = None,  # the query parameter's name
     step: str | None = fastapi.Query(None, json_schema_extra={"pattern": STEP.pattern}),
     limit: int = ranged(1000, 1, MAX_PAGE),
@@ -666,7 +666,7 @@ def _step_is(step: str) -> Any:
     response_model=list[EvalRow],
     responses=problems(403, 404),
 )
-def evals(run_id: RunId, store: Store = StoreDep) -> Any:
+def evals(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
     metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
     counts = (
@@ -695,7 +695,7 @@ def evals(run_id: RunId, store: Store = StoreDep) -> Any:
     response_model=list[CheckpointRow],
     responses=problems(403, 404),
 )
-def checkpoints(run_id: RunId, store: Store = StoreDep) -> Any:
+def checkpoints(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's checkpoint manifest rows in the order they were written: saves and removals,
     with step, path, metrics and reason."""
     with connect(store.engine) as conn:
@@ -756,7 +756,7 @@ def table(
     },
 )
 def export(
-    name: ExperimentName,
+    name: NamePath,
     format: str = one_of("arrow", "arrow", "parquet"),
     table: str = one_of("metrics", *SERVED_TABLES),
     store: Store = StoreDep,
@@ -877,7 +877,7 @@ def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
     response_model=ExperimentRecord,
     responses=problems(403, 404),
 )
-def get_experiment(name: ExperimentName, store: Store = StoreDep) -> Any:
+def get_experiment(name: NamePath, store: Store = StoreDep) -> Any:
     """One experiment, its arms and runs with their last metric values: what ``lab show``
     prints (`Store.get_experiment`). Registered last: a name may hold ``/`` (sent as
     ``%2F``), so the routes under an experiment must be tried first."""
