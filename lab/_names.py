@@ -70,28 +70,47 @@ def storable_text(text: str | None) -> str | None:
 
 TAG_LIMIT = 64  # characters in one tag, as W&B
 
+#: The characters no tag holds: whitespace (what ``str.isspace`` calls so), control and
+#: format characters (Unicode Cc and Cf: invisible, or moving text about on a terminal) and
+#: private-use ones. Written out, not read from `unicodedata`, so that the rule is the same
+#: on every Python and fits a regular expression (the server's OpenAPI document states it).
+NOT_IN_TAG = (
+    "\x00- \x7f-\xa0\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u1680\u180e"
+    "\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000\ue000-\uf8ff\ufeff"
+    "\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000f0000-\U000ffffd"
+    "\U00100000-\U0010fffd"
+)
+#: A tag: 1 to `TAG_LIMIT` characters, none of `NOT_IN_TAG`, not starting with ``+`` or
+#: ``-`` (``lab tag`` reads those as add and remove).
+TAG = re.compile(f"^[^+\\-{NOT_IN_TAG}][^{NOT_IN_TAG}]{{0,{TAG_LIMIT - 1}}}$")
+
 
 def check_tags(tags: Sequence[str] | str) -> list[str]:
-    """Tags as a list, each checked: a non-empty string of at most `TAG_LIMIT` characters,
-    with no whitespace, and not starting with ``+`` or ``-`` (``lab tag`` reads those as
-    add and remove). A `ConfigError` names the bad one."""
+    """Tags as a list, each checked (`TAG`): a non-empty string of at most `TAG_LIMIT`
+    characters, with no whitespace, control or format character, and not starting with
+    ``+`` or ``-`` (``lab tag`` reads those as add and remove). A `ConfigError` names the bad
+    one."""
     if isinstance(tags, str):
         raise ConfigError(f"tags={tags!r}: give a list of tags, e.g. [{tags!r}]")
     out = []
     for tag in tags:
-        if (
-            not isinstance(tag, str)
-            or not tag
-            or len(tag) > TAG_LIMIT
-            or tag[0] in "+-"
-            or any(c.isspace() or not c.isprintable() for c in tag)
-        ):
+        if not isinstance(tag, str) or TAG.fullmatch(tag) is None or not _utf8(tag):
             raise ConfigError(
                 f"tag {tag!r}: use 1 to {TAG_LIMIT} printable characters, no spaces, not "
                 "starting with + or -"
             )
         out.append(tag)
     return out
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid unicode (no lone surrogate), as the store must encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -81,7 +81,8 @@ class NoToken(LabError, KeyError):
 
 
 class RunBusy(LabError):
-    """A run is being trained by a live process: nobody else may train it now."""
+    """A run is being trained by a live process, or was just recorded by another one with
+    other settings: nobody else may train it now."""
 
 
 class LossError(LabError, TypeError):

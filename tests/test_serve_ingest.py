@@ -319,10 +319,11 @@ def test_malformed_batches_are_refused_with_one_line_and_store_nothing(served: S
             json={"client_id": "c1", "seq": 1, "ops": [{"op": "drop_table", "args": {}}]},
         )
     assert [r.status_code for r in (not_arrow, no_seq, bad_key, no_run, bad_op)] == [
-        400, 400, 400, 404, 400,
+        400, 422, 400, 404, 400,
     ]  # fmt: skip
     assert not_arrow.json()["detail"].startswith("the body is not an Arrow IPC stream")
-    assert no_seq.json()["detail"] == "X-Lab-seq must be a whole number >= 1"
+    assert no_seq.json() == {"detail": "header.x-lab-seq: Field required",
+                             "field": "header.x-lab-seq"}  # fmt: skip
     assert bad_op.json()["detail"].startswith('ops.0: each op is {"op": one of write_eval')
     assert _count(served.store_url, "select count(*) from metrics") == [(0,)]
     assert _count(served.store_url, "select count(*) from ingest_batches") == [(0,)]

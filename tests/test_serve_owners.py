@@ -127,7 +127,8 @@ def test_a_second_write_token_cannot_touch_a_run_it_did_not_create(served: Serve
             ("finish", {"status": "failed"}),
         ]:
             answer = http.post(f"{API}/experiments/{exp_id}/{path}", json=body)
-            _refused(answer, 403, refusal, "path.experiment_id")
+            field = "path.experiment" if path == "runs" else "path.experiment_id"
+            _refused(answer, 403, refusal, field)
         # the same name again: reopening it is writing it
         _refused(http.post(f"{API}/experiments", json={"name": "alices"}), 403, refusal,
                  "body.name")  # fmt: skip
@@ -290,6 +291,10 @@ def test_an_admin_token_writes_every_experiment_a_local_one_included(served: Ser
     ]  # fmt: skip
 
 
+#: A checkpoint row as the OpenAPI document declares it.
+CHECKPOINT = {"run_key": "r0", "step": 1, "path": "p", "event": "save", "time": 0.0}
+
+
 def test_writes_naming_runs_or_experiments_the_store_lacks_answer_404_and_store_nothing(
     served: Served,
 ) -> None:
@@ -318,7 +323,7 @@ def test_writes_naming_runs_or_experiments_the_store_lacks_answer_404_and_store_
                      "body.run_id")  # fmt: skip
             for op in [
                 {"op": "finish_run", "args": {"run_id": 987654321, "status": "completed"}},
-                {"op": "write_checkpoint", "args": {"run_id": 987654321, "row": {}}},
+                {"op": "write_checkpoint", "args": {"run_id": 987654321, "row": CHECKPOINT}},
                 {"op": "heartbeat", "args": {"run_ids": [run_id, 987654321]}},
             ]:
                 _refused(_ops(http, "c404", 2, op), 404, missing_run, "body.ops")

@@ -13,6 +13,7 @@ import pytest
 
 import lab.inspect
 from lab import Experiment, RunSpec
+from lab._names import check_tags
 from lab.errors import ConfigError, NoExperiment, NoRun
 from lab.experiment_file import load_experiment
 from lab.store import Store
@@ -211,3 +212,18 @@ def test_lab_tag_applies_its_changes_in_order(
         assert store.get_experiment("order")["tags"] == tags.split()
     finally:
         store.close()
+
+
+def test_a_tag_is_checked_by_one_rule_that_the_server_states() -> None:
+    """`lab._names.TAG`: no whitespace, control, format or private-use character, written
+    out, so a code point this Python's Unicode tables do not name yet is taken like any
+    other, and the OpenAPI document states the very rule the store checks."""
+    from lab._names import TAG
+    from lab.server.ingest import ExperimentIn
+
+    for bad in ("zero\u200bwidth", "right\u202eleft", "private\ue000", "del\x7f", "wide\u3000"):
+        with pytest.raises(ConfigError, match=r"^tag .*: use 1 to 64 printable characters"):
+            check_tags([bad])
+    assert check_tags(["\U0007ca79", "é", "v1.2"]) == ["\U0007ca79", "é", "v1.2"]
+    declared = ExperimentIn.model_json_schema()["properties"]["tags"]["items"]["pattern"]
+    assert declared == TAG.pattern

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lab._imports import require
 from lab._secrets import logger, mask, register
@@ -40,6 +40,7 @@ from lab.errors import (
 from lab.store import Store
 
 require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
+from pydantic import BaseModel, Field  # noqa: E402
 from starlette.exceptions import HTTPException  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 
@@ -64,6 +65,23 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+class Health(BaseModel):
+    """The health check's answer: whether the server is up and its store answers."""
+
+    status: Literal["ok", "degraded"]
+    store: Literal["ok", "unreachable"]
+    schema_: str = Field(alias="schema", description="the store's schema revision")
+
+
+class TokenInfo(BaseModel):
+    """The name and scope of the token a request carries, and the one experiment it is
+    limited to (null: none)."""
+
+    name: str
+    scope: Literal["read", "write", "admin"]
+    experiment: str | None
 
 
 class Rejected(Exception):
@@ -425,6 +443,8 @@ def create_app(
     from fastapi.responses import JSONResponse
 
     from lab.server import dashboard, ingest, owners, read, ui
+    from lab.server.openapi import problems, with_models
+    from lab.server.ops import OpsBatch
     from lab.store.migrations import head_revision
 
     if not isinstance(max_body, int) or max_body < 1:
@@ -467,11 +487,15 @@ def create_app(
     @app.exception_handler(HTTPException)
     async def http_error(request: Any, exc: HTTPException) -> Any:
         detail, field = exc.detail, getattr(exc, "field", None)
+        headers = dict(exc.headers or {})
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no endpoint {request.method} {request.url.path}; /openapi.json lists them"
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}"
-        return answer(exc.status_code, _one_line(detail), field, **(exc.headers or {}))
+            headers["Allow"] = ", ".join(app.state.methods.allowed(request.url.path))
+        elif exc.status_code == 400 and detail == "There was an error parsing the body":
+            detail, field = "the body is not JSON in UTF-8; send a JSON body", "body"
+        return answer(exc.status_code, _one_line(detail), field, **headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Any, exc: RequestValidationError) -> Any:
@@ -536,11 +560,19 @@ def create_app(
         return check
 
     probed = [0.0]  # when the health check may ask the store again
+    # What any request past the token gate may be answered, whatever its route: no live
+    # token (401; off loopback, 421, without tokens), a body that stalls (408) or is too
+    # large (413), a store that fails (503).
+    everywhere = (401 if auth else 421, 408, 413, 503)
 
     @app.get(
         f"{API}/health",
         tags=["health"],
-        responses={503: {"description": "The server is up and its store fails"}},
+        response_model=Health,
+        responses={
+            503: {"model": Health, "description": "The server is up and its store fails"},
+            **problems(408, 413),
+        },
     )
     def health() -> Any:
         """Whether the server is up and its store answers, and the store's schema revision
@@ -564,28 +596,70 @@ def create_app(
             return JSONResponse(body, 503)
         return {"status": "ok", "store": "ok", "schema": schema}
 
-    @app.get(f"{API}/token", tags=["health"], dependencies=[fastapi.Depends(scoped("read"))])
-    def whoami(request: Request) -> dict[str, str | None]:
+    @app.get(
+        f"{API}/token",
+        tags=["health"],
+        dependencies=[fastapi.Depends(scoped("read"))],
+        responses=problems(*everywhere),
+    )
+    def whoami(request: Request) -> TokenInfo:
         """The name and scope of the token this request carries, and the one experiment it
         is limited to (null: none): how a client checks its token (and whether it may write)
         before it sends anything."""
         token = request.state.token
-        return {"name": token.name, "scope": token.scope, "experiment": token.experiment}
+        return TokenInfo(name=token.name, scope=token.scope, experiment=token.experiment)
 
     def checked(scope: str) -> list[Any]:  # the scope, then the ids the request names
         return [fastapi.Depends(scoped(scope)), fastapi.Depends(owners.guard)]
 
+    # Every route past the token gate may answer these; each route declares its own besides.
+    answers = problems(*everywhere, 422)
     if writes:
-        app.include_router(ingest.router, prefix=API, dependencies=checked("write"))
-    app.include_router(read.router, prefix=API, dependencies=checked("read"))
-    app.include_router(dashboard.router, prefix=f"{API}/dashboard", dependencies=checked("read"))
+        app.include_router(
+            ingest.router,
+            prefix=API,
+            dependencies=checked("write"),
+            responses={**answers, **problems(400, 403)},
+        )
+        with_models(app, OpsBatch)  # the ops batch: read within bounds, not by FastAPI
+    app.include_router(read.router, prefix=API, dependencies=checked("read"), responses=answers)
+    app.include_router(
+        dashboard.router,
+        prefix=f"{API}/dashboard",
+        dependencies=checked("read"),
+        responses=answers,
+    )
     ui.mount(app, auth=auth)
+    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest.router.routes if writes else [])]
+    mounted += [(f"{API}{r.path}", r.methods) for r in read.router.routes]
+    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard.router.routes]
+    mounted += [(r.path, r.methods) for r in app.router.routes if getattr(r, "methods", None)]
+    app.state.methods = Methods(mounted)
     app.add_middleware(BodyLimit, max_body=max_body, body_timeout=body_timeout)
     if auth:  # added last: the outermost, runs first
         app.add_middleware(TokenGate, store=the_store, outage=outage)
     else:
         app.add_middleware(LocalReader)
     return app
+
+
+class Methods:
+    """Which methods the app answers at each of its routes' paths: what a 405 names in its
+    ``Allow`` header. Two routes may share one path (``GET`` and ``POST`` of
+    ``/api/v1/experiments``), so the header lists the methods of every route at the path
+    of the first route the request's path matches, as the OpenAPI document lists them."""
+
+    def __init__(self, routes: list[tuple[str, set[str]]]) -> None:
+        from starlette.routing import compile_path
+
+        self.routes = [(*compile_path(path)[:2], methods) for path, methods in routes]
+
+    def allowed(self, path: str) -> list[str]:
+        """The methods at the path `path` is at, sorted; none for a path of no route."""
+        at = next((form for regex, form, _ in self.routes if regex.match(path)), None)
+        found = (m for regex, form, methods in self.routes if form == at and regex.match(path)
+                 for m in methods)  # fmt: skip
+        return sorted(set(found))
 
 
 def _check_seconds(option: str, seconds: float) -> None:

@@ -24,20 +24,41 @@ import math
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import fastapi
 import numpy as np
 import sqlalchemy as sa
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from lab._ranking import COUNTED_STATUSES, Mode, choose, counted, declaration, rank_arms
 from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
 from lab.server.app import Rejected
+from lab.server.openapi import (
+    EXACT,
+    NamePath,
+    Number,
+    RunPath,
+    Timestamp,
+    one_of,
+    problems,
+    ranged,
+)
 from lab.server.owners import access
-from lab.server.read import LabJSON, StoreDep, bucket_bounds
+from lab.server.read import (
+    ArmRow,
+    CheckpointEntry,
+    Envelope,
+    EvalEntry,
+    LabJSON,
+    RunFacts,
+    StoreDep,
+    Text,
+    bucket_bounds,
+)
 from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -65,6 +86,168 @@ MAX_DISAGREEMENTS = 10_000
 #: The statuses of the runs an arm's curves are drawn from: those `lab.inspect` counts, and
 #: the running ones, so a live experiment's curves grow as it runs.
 CURVE_STATUSES = (*COUNTED_STATUSES, "running")
+
+
+# -- answers ----------------------------------------------------------------------------------
+class ExperimentLine(BaseModel):
+    """An experiment in the list: status, runs done and planned, the best arm by the
+    ranking metric, start, end and duration."""
+
+    name: str
+    status: str
+    runs_done: int
+    runs_total: int
+    best_arm: str | None
+    metric: str | None
+    mode: Mode
+    started_at: Timestamp
+    ended_at: Timestamp | None
+    duration_s: Number | None
+
+
+class ExperimentsPage(BaseModel):
+    """One page of the experiments list, and how many experiments match in all."""
+
+    total: int
+    offset: int
+    limit: int
+    rows: list[ExperimentLine]
+
+
+class RunLine(RunFacts):
+    """A run in an experiment's runs table: with its config, final metrics and duration."""
+
+    config: dict[str, Any]
+    final: dict[str, Any]
+    duration_s: Number | None
+
+
+class RunsTable(BaseModel):
+    """An experiment's runs table."""
+
+    runs: list[RunLine]
+
+
+class ArmCurve(BaseModel):
+    """An arm's curve: per bucket its runs reached, the last step logged there, how many
+    runs had a value, their mean and its interval, and the lowest and highest point."""
+
+    arm: str | None
+    step: list[int]
+    n: list[int]
+    mean: list[Number | None]
+    ci_low: list[Number | None]
+    ci_high: list[Number | None]
+    min: list[Number | None]
+    max: list[Number | None]
+
+
+class RunCurve(Envelope):
+    """A run's own curve: per bucket its last step there, min, max and last value."""
+
+    run_id: int
+    run_key: str
+    arm: str | None
+    step: list[int]
+
+
+class Curves(BaseModel):
+    """The learning curves of one metric: per arm, and per run when asked."""
+
+    metric: str
+    buckets: int
+    arms: list[ArmCurve]
+    runs: list[RunCurve]
+
+
+class Rows(BaseModel):
+    """Rows of one of `lab.inspect`'s analyses, with its columns as they are."""
+
+    rows: list[dict[str, Any]]
+
+
+class Chain(BaseModel):
+    """A continual chain: its group, its arm and its runs, stage by stage."""
+
+    group: str
+    arm: str | None
+    runs: list[int]
+
+
+class ExperimentPage(BaseModel):
+    """An experiment page's data: config, tags, notes and times, arms, metric keys and eval
+    names, the arm summary of one metric, the runs table and the chains."""
+
+    name: str
+    status: str
+    config: dict[str, Any]
+    tags: list[str]
+    notes: str | None
+    started_at: Timestamp
+    ended_at: Timestamp | None
+    duration_s: Number | None
+    repeats: int
+    live: bool
+    arms: list[ArmRow]
+    metrics: list[str]
+    metric: str | None
+    mode: Mode
+    evals: list[str]
+    summary: list[dict[str, Any]]
+    summary_error: str | None
+    runs: list[RunLine]
+    chains: list[Chain]
+
+
+class MetricLine(BaseModel):
+    """A summary of one of a run's metric series."""
+
+    key: str
+    count: int
+    first_step: int
+    last_step: int
+    last: Number
+    min: Number | None
+    max: Number | None
+
+
+class HistogramLine(BaseModel):
+    """The newest histogram of one key: bin edges and counts, and the NaN and ±inf counts."""
+
+    key: str
+    step: int
+    edges: list[Any]
+    counts: list[Any]
+    nan: int
+    posinf: int
+    neginf: int
+
+
+class ImageLine(BaseModel):
+    """An image of a run, and the URL of its PNG."""
+
+    key: str
+    step: int
+    width: int
+    height: int
+    url: str
+
+
+class RunPage(RunFacts):
+    """A run page's data: the run, its metrics, evals, checkpoints, histograms and images."""
+
+    experiment: str
+    config: dict[str, Any]
+    traceback: str | None
+    callback_errors: list[Any]
+    duration_s: Number | None
+    parent_run_id: int | None
+    live: bool
+    metrics: list[MetricLine]
+    evals: list[EvalEntry]
+    checkpoints: list[CheckpointEntry]
+    histograms: list[HistogramLine]
+    images: list[ImageLine]
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -97,20 +280,25 @@ def _gone(store: Store) -> dict[int, str]:
 # -- the experiments list ---------------------------------------------------------------------
 
 
-@router.get("/experiments", response_class=LabJSON)
+@router.get(
+    "/experiments",
+    response_class=LabJSON,
+    response_model=ExperimentsPage,
+    responses=problems(400),
+)
 def experiments(
     request: fastapi.Request,
-    q: str = "",
-    offset: int = 0,
-    limit: int = 50,
+    q: Text = "",
+    offset: int = ranged(0, 0, EXACT),
+    limit: int = ranged(50, 1, MAX_EXPERIMENTS),
     store: Store = StoreDep,
 ) -> Any:
     """One page of experiments, newest first, those whose name holds `q` (any case) if
     asked (for a token limited to an experiment, that one): status, runs done and planned,
     the best arm by the ranking metric, start, end and duration. Paged in SQL, so a store
     of thousands of experiments answers as fast as one of ten."""
-    if offset < 0:
-        raise Rejected(400, f"offset={offset}: give 0 or more", "offset")
+    if not 0 <= offset <= EXACT:
+        raise Rejected(400, f"offset={offset}: give 0 to {EXACT}", "offset")
     if not 1 <= limit <= MAX_EXPERIMENTS:
         raise Rejected(400, f"limit={limit}: a page holds 1 to {MAX_EXPERIMENTS} rows", "limit")
     where = sa.true()
@@ -235,8 +423,13 @@ def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, A
     return exp, runs
 
 
-@router.get("/experiments/{name:path}/runs", response_class=LabJSON)
-def experiment_runs(name: str, store: Store = StoreDep) -> Any:
+@router.get(
+    "/experiments/{name:text}/runs",
+    response_class=LabJSON,
+    response_model=RunsTable,
+    responses=problems(403, 404),
+)
+def experiment_runs(name: NamePath, store: Store = StoreDep) -> Any:
     """An experiment's runs table: each current run's arm, repeat, stage, seed, status
     (crashed when its process is gone), config, final metrics, times and error. The UI
     polls it while the experiment is live."""
@@ -272,9 +465,18 @@ def _relation_rows(relation: Any) -> list[dict[str, Any]]:
     return [dict(zip(relation.columns, row, strict=True)) for row in relation.fetchall()]
 
 
-@router.get("/experiments/{name:path}/curves", response_class=LabJSON)
+@router.get(
+    "/experiments/{name:text}/curves",
+    response_class=LabJSON,
+    response_model=Curves,
+    responses=problems(400, 403, 404),
+)
 def curves(
-    name: str, metric: str, buckets: int = 600, runs: bool = False, store: Store = StoreDep
+    name: NamePath,
+    metric: Text,
+    buckets: int = ranged(600, 1, MAX_CURVE_BUCKETS),
+    runs: bool = False,
+    store: Store = StoreDep,
 ) -> Any:
     """Learning curves of `metric`: the experiment's steps of it cut into `buckets` equal
     ranges (`bucket_bounds`), and per arm and bucket the mean across its runs of each run's
@@ -632,13 +834,18 @@ def _check_eval(conn: sa.Connection, experiment_id: int, name: str, eval: str) -
         )  # fmt: skip
 
 
-@router.get("/experiments/{name:path}/disagreements", response_class=LabJSON)
+@router.get(
+    "/experiments/{name:text}/disagreements",
+    response_class=LabJSON,
+    response_model=Rows,
+    responses=problems(400, 403, 404),
+)
 def disagreements(
-    name: str,
-    eval: str,
-    arm_a: str,
-    arm_b: str,
-    limit: int = 20,
+    name: NamePath,
+    eval: Text,
+    arm_a: Text,
+    arm_b: Text,
+    limit: int = ranged(20, 1, MAX_DISAGREEMENTS),
     store: Store = StoreDep,
     duck: Any = AnalysisDep,
 ) -> Any:
@@ -663,8 +870,13 @@ def disagreements(
     return LabJSON({"rows": rows})
 
 
-@router.get("/experiments/{name:path}/breakdown", response_class=LabJSON)
-def breakdown(name: str, eval: str, store: Store = StoreDep, duck: Any = AnalysisDep) -> Any:
+@router.get(
+    "/experiments/{name:text}/breakdown",
+    response_class=LabJSON,
+    response_model=Rows,
+    responses=problems(403, 404),
+)
+def breakdown(name: NamePath, eval: Text, store: Store = StoreDep, duck: Any = AnalysisDep) -> Any:
     """Per arm, slice and metric of eval `eval`'s breakdowns, the mean across repeats and
     its 95% interval: `lab.inspect.breakdown`, its columns and rows as they are."""
     import lab.inspect
@@ -674,11 +886,16 @@ def breakdown(name: str, eval: str, store: Store = StoreDep, duck: Any = Analysi
     return LabJSON({"rows": _relation_rows(lab.inspect.breakdown(duck, name, eval))})
 
 
-@router.get("/experiments/{name:path}", response_class=LabJSON)
+@router.get(
+    "/experiments/{name:text}",
+    response_class=LabJSON,
+    response_model=ExperimentPage,
+    responses=problems(400, 403, 404),
+)
 def experiment(
-    name: str,
-    metric: str | None = None,
-    mode: str | None = None,
+    name: NamePath,
+    metric: Text | None = None,
+    mode: str | None = one_of(None, "min", "max"),
     store: Store = StoreDep,
     duck: Any = AnalysisDep,
 ) -> Any:
@@ -759,8 +976,10 @@ def _run(conn: sa.Connection, run_id: int) -> Any:
     return found
 
 
-@router.get("/runs/{run_id}", response_class=LabJSON)
-def run(run_id: int, store: Store = StoreDep) -> Any:
+@router.get(
+    "/runs/{run_id}", response_class=LabJSON, response_model=RunPage, responses=problems(403, 404)
+)
+def run(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run page's data in one answer: the run (config, status, error and traceback,
     callback errors, times, its chain's parent), a summary of each metric series, its
     evals with their prediction counts, its checkpoint manifest (saves and removals, with
@@ -840,9 +1059,23 @@ NO_BYTES = (
 )
 
 
-@router.get("/runs/{run_id}/image", response_class=Response)
+@router.get(
+    "/runs/{run_id}/image",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The image's PNG",
+            "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **problems(403, 404),
+    },
+)
 def image(
-    run_id: int, key: str, step: int, request: fastapi.Request, store: Store = StoreDep
+    run_id: RunPath,
+    key: Text,
+    step: Annotated[int, fastapi.Query(ge=-EXACT, le=EXACT)],
+    request: fastapi.Request,
+    store: Store = StoreDep,
 ) -> Any:
     """The PNG of one image row of a run: the bytes the store keeps. A server never opens a
     file to answer it, since a row's path is whatever its writer sent.

@@ -20,17 +20,17 @@ reads and writes them), so they round-trip as data.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import fastapi
 import sqlalchemy as sa
 import sqlalchemy.exc as sa_exc
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
@@ -38,89 +38,195 @@ from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
 from lab.server.app import Rejected
 from lab.server.bodies import metric_columns, ops_body
+from lab.server.openapi import (
+    INT32,
+    NO_NUL,
+    ExperimentPath,
+    Id,
+    Int32,
+    Int53,
+    KeptText,
+    Key,
+    Name,
+    NamePath,
+    RunPath,
+    Tag,
+    problems,
+    read_body,
+)
+from lab.server.ops import BATCH, OpsBatch, Owner
 from lab.server.owners import Access, access, as_id
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.crashes import _HELD
 from lab.store.engine import one_transaction
-from lab.store.schema import SqlIngestBatch
+from lab.store.schema import EXPERIMENT_STATUSES, GROUP_KINDS, SqlIngestBatch
 
 router = fastapi.APIRouter(tags=["write"])
 
 T = TypeVar("T")
 #: A client id: what `HttpStore` makes (a uuid4 in hex), or any short plain name.
-CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: A batch's sequence number in its header: a whole number from 1, of at most 18 digits.
+SEQ = re.compile(r"^0*[1-9][0-9]{0,17}$")
+#: Base64 as an image's bytes travel: padded, no other character. With `lab.media.png_size`
+#: and the size check of `_image_data`, what `lab.server.ops.PNG_BASE64` declares.
+BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
 
 
 # -- bodies -----------------------------------------------------------------------------------
-class Owner(BaseModel):
-    """The client process that trains a run or drives an experiment: what tells a live one
-    from a crashed one."""
-
-    host: str | None = None
-    pid: int | None = None
-    process_start: float | None = None
-    boot_id: str | None = None
+# Strict: a body's values are taken as the types they are declared, never converted (true is
+# no step, "1" no id); other keys are ignored. Names, keys and tags are declared by the rules
+# the store checks them by, and refused with the store's own line (400).
+class Body(BaseModel):
+    model_config = ConfigDict(strict=True)
 
 
-class ExperimentIn(BaseModel):
-    name: str
+class ExperimentIn(Body):
+    name: Name
     config: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
-    repeats: int = 1
-    tags: list[str] = Field(default_factory=list)
+    seed: Int32 = 0
+    repeats: Int32 = 1
+    tags: list[Tag] = Field(default_factory=list)
     notes: str | None = None
     owner: Owner | None = None
 
 
-class ArmIn(BaseModel):
-    name: str
+class ArmIn(Body):
+    name: Name
     overrides: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
 
 
-class GroupIn(BaseModel):
-    name: str
-    kind: str = "repeats"
-    arm_id: int | None = None
+class GroupIn(Body):
+    name: Name
+    kind: Literal[GROUP_KINDS] = "repeats"  # type: ignore[valid-type]
+    arm_id: Id | None = None
 
 
-class RunIn(BaseModel):
-    group_id: int
-    run_key: str
-    arm_id: int | None = None
-    repeat: int = 0
-    stage: int = 0
-    seed: int = 0
+class RunIn(Body):
+    group_id: Id
+    run_key: Key
+    arm_id: Id | None = None
+    repeat: Int32 = 0
+    stage: Int32 = 0
+    seed: Int32 = 0
     config: dict[str, Any] = Field(default_factory=dict)
-    output_dir: str | None = None
-    parent_run_id: int | None = None
-    config_hash: str | None = None
+    output_dir: KeptText | None = None
+    parent_run_id: Id | None = None
+    config_hash: Annotated[KeptText, Field(max_length=64)] | None = None
     owner: Owner | None = None
 
 
 class StartIn(RunIn):
     provenance: dict[str, Any] | None = None
-    claimed: int | None = None
+    claimed: Id | None = None
 
 
-class FinishExperimentIn(BaseModel):
-    status: str
+class FinishExperimentIn(Body):
+    status: Literal[EXPERIMENT_STATUSES]  # type: ignore[valid-type]
     callback_errors: list[dict[str, Any]] | None = None
 
 
-class ReleaseIn(BaseModel):
+class ReleaseIn(Body):
     error: str
     owner: Owner | None = None
 
 
-class SupersedeIn(BaseModel):
+class SupersedeIn(Body):
+    run_key: Key
+    output_dir: KeptText | None = None
+
+
+class TruncateIn(Body):
+    after_step: Int53 | None = None
+
+
+# -- answers ----------------------------------------------------------------------------------
+class ExperimentId(BaseModel):
+    experiment_id: int
+
+
+class ArmId(BaseModel):
+    arm_id: int
+
+
+class GroupId(BaseModel):
+    group_id: int
+
+
+class RunId(BaseModel):
+    run_id: int
+
+
+class MaybeRunId(BaseModel):
+    run_id: int | None
+
+
+class Finished(BaseModel):
+    """A run another process finished: its status and final metrics."""
+
+    status: str
+    summary: dict[str, Any]
+
+
+class Claim(BaseModel):
+    """A claim's outcome: ``run_id`` when the client won the run, else ``finished``."""
+
+    run_id: int | None
+    finished: Finished | None
+
+
+class Done(BaseModel):
+    ok: Literal[True]
+
+
+class Crashed(BaseModel):
+    run_keys: list[str]
+
+
+class PreviousRun(BaseModel):
+    """A current run, as a later attempt judges whether it may reuse it."""
+
     run_key: str
-    output_dir: str | None = None
+    status: str
+    seed: int
+    stage: int
+    config: dict[str, Any]
+    config_hash: str | None
+    summary: dict[str, Any]
+    host: str | None
+    pid: int | None
+    started_at: str
+    train: Any
 
 
-class TruncateIn(BaseModel):
-    after_step: int | None = None
+class CurrentRun(BaseModel):
+    """A current run: its id, key, status, folder and owner."""
+
+    run_id: int
+    run_key: str
+    status: str
+    output_dir: str | None
+    host: str | None
+    pid: int | None
+    started_at: str
+
+
+class LastStep(BaseModel):
+    last_step: int | None
+
+
+class Scope(BaseModel):
+    scope: Literal["write"]
+
+
+class Stored(BaseModel):
+    """A batch's acknowledgement: the ``rows`` it stored (0 when it was stored before)."""
+
+    client_id: str
+    seq: int
+    rows: int
 
 
 # -- answers and errors -----------------------------------------------------------------------
@@ -171,7 +277,7 @@ def _owner(owner: Owner | None) -> dict[str, Any] | None:
 
 # -- synchronous calls ------------------------------------------------------------------------
 @router.post("/experiments")
-def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> dict[str, int]:
+def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> ExperimentId:
     """Create the experiment, or reopen the one of that name (`Store.begin_experiment`),
     driven by the client's process. A new one is recorded as created by this request's
     token; one that exists is reopened only by a token that may write it (403 otherwise,
@@ -193,11 +299,11 @@ def begin_experiment(body: ExperimentIn, request: fastapi.Request) -> dict[str, 
                 created_by=allowed.token.name,
             )
 
-    return {"experiment_id": _call("body", begin)}
+    return ExperimentId(experiment_id=_call("body", begin))
 
 
-@router.post("/experiments/{experiment_id}/arms")
-def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[str, int]:
+@router.post("/experiments/{experiment_id}/arms", responses=problems(404))
+def add_arm(experiment_id: ExperimentPath, body: ArmIn, request: fastapi.Request) -> ArmId:
     """Record an arm of an experiment (`Store.add_arm`)."""
     store = _store(request)
     arm_id = _call(
@@ -208,11 +314,11 @@ def add_arm(experiment_id: int, body: ArmIn, request: fastapi.Request) -> dict[s
         overrides=body.overrides,
         config=body.config,
     )
-    return {"arm_id": arm_id}
+    return ArmId(arm_id=arm_id)
 
 
-@router.post("/experiments/{experiment_id}/groups")
-def add_group(experiment_id: int, body: GroupIn, request: fastapi.Request) -> dict[str, int]:
+@router.post("/experiments/{experiment_id}/groups", responses=problems(404))
+def add_group(experiment_id: ExperimentPath, body: GroupIn, request: fastapi.Request) -> GroupId:
     """Record a group of runs (`Store.add_group`)."""
     store = _store(request)
     access(request).check_parts(experiment_id, arm_id=body.arm_id)
@@ -224,11 +330,15 @@ def add_group(experiment_id: int, body: GroupIn, request: fastapi.Request) -> di
         kind=body.kind,
         arm_id=body.arm_id,
     )
-    return {"group_id": group_id}
+    return GroupId(group_id=group_id)
 
 
-@router.post("/experiments/{experiment_id}/claims")
-def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fastapi.Response:
+@router.post(
+    "/experiments/{experiment_id}/claims", response_model=Claim, responses=problems(404, 409)
+)
+def claim_run(
+    experiment_id: ExperimentPath, body: RunIn, request: fastapi.Request
+) -> fastapi.Response:
     """Claim a run before it starts (`Store.claim_run`): ``run_id`` when the client won it,
     ``finished`` (its record) when another process finished it; 409 while one trains it."""
     store = _store(request)
@@ -246,14 +356,20 @@ def claim_run(experiment_id: int, body: RunIn, request: fastapi.Request) -> fast
     return _json({"run_id": run_id, "finished": finished})
 
 
-@router.post("/experiments/{experiment_id}/runs")
-def start_run(experiment_id: int, body: StartIn, request: fastapi.Request) -> dict[str, int]:
+@router.post("/experiments/{experiment}/runs", responses=problems(404, 409))
+def start_run(
+    body: StartIn,
+    request: fastapi.Request,
+    experiment_id: Annotated[
+        int, fastapi.Path(alias="experiment", ge=1, le=INT32, description="the experiment's id")
+    ],
+) -> RunId:
     """Record a run as `running` under the client's process (`Store.start_run`)."""
     store = _store(request)
     _check_run_parts(request, experiment_id, body, claimed=body.claimed)
     fields = body.model_dump(exclude={"owner"})
     run_id = _call(
-        "path.experiment_id",
+        "path.experiment",
         store.start_run,
         experiment_id,
         owner=_owner(body.owner) or {},
@@ -263,13 +379,13 @@ def start_run(experiment_id: int, body: StartIn, request: fastapi.Request) -> di
     # leaves a run that goes stale and is marked crashed, as a local one would.
     store._active.discard(run_id)
     _HELD.discard((store.url, run_id))
-    return {"run_id": run_id}
+    return RunId(run_id=run_id)
 
 
-@router.post("/experiments/{experiment_id}/finish")
+@router.post("/experiments/{experiment_id}/finish", responses=problems(404))
 def finish_experiment(
-    experiment_id: int, body: FinishExperimentIn, request: fastapi.Request
-) -> dict[str, bool]:
+    experiment_id: ExperimentPath, body: FinishExperimentIn, request: fastapi.Request
+) -> Done:
     """Record an experiment's final status (`Store.finish_experiment`)."""
     store = _store(request)
     _call(
@@ -279,28 +395,30 @@ def finish_experiment(
         status=body.status,
         callback_errors=body.callback_errors,
     )
-    return {"ok": True}
+    return Done(ok=True)
 
 
-@router.post("/runs/{run_id}/release")
-def release_run(run_id: int, body: ReleaseIn, request: fastapi.Request) -> dict[str, bool]:
+@router.post("/runs/{run_id}/release", responses=problems(404))
+def release_run(run_id: RunPath, body: ReleaseIn, request: fastapi.Request) -> Done:
     """Record a claimed run that never started as failed (`Store.release_run`)."""
     _call("path.run_id", _store(request).release_run, run_id, body.error, _owner(body.owner) or {})
-    return {"ok": True}
+    return Done(ok=True)
 
 
-@router.post("/runs/{run_id}/supersede")
-def supersede_run(run_id: int, body: SupersedeIn, request: fastapi.Request) -> dict[str, bool]:
-    """Set a run aside under a new key (`Store.supersede_run`)."""
+@router.post("/runs/{run_id}/supersede", responses=problems(404, 409))
+def supersede_run(run_id: RunPath, body: SupersedeIn, request: fastapi.Request) -> Done:
+    """Set a run aside under a new key (`Store.supersede_run`); the key is checked as a
+    run's key is, so that it fits the store's column on every backend."""
+    _call("body.run_key", check_name, "run key", body.run_key, MAX_KEY)
     _call("path.run_id", _store(request).supersede_run, run_id, body.run_key, body.output_dir)
-    return {"ok": True}
+    return Done(ok=True)
 
 
-@router.post("/runs/{run_id}/truncate")
-def truncate_run(run_id: int, body: TruncateIn, request: fastapi.Request) -> dict[str, bool]:
+@router.post("/runs/{run_id}/truncate", responses=problems(404))
+def truncate_run(run_id: RunPath, body: TruncateIn, request: fastapi.Request) -> Done:
     """Drop a run's rows after a step, or all of them (`Store.truncate_run`)."""
     _call("path.run_id", _store(request).truncate_run, run_id, body.after_step)
-    return {"ok": True}
+    return Done(ok=True)
 
 
 def _check_run_parts(
@@ -318,49 +436,52 @@ def _check_run_parts(
 
 # -- what a recording client reads before it starts -------------------------------------------
 @router.post("/records/mark_crashed")
-def mark_crashed(request: fastapi.Request) -> dict[str, list[str]]:
+def mark_crashed(request: fastapi.Request) -> Crashed:
     """Mark the runs whose process is gone `crashed` (`Store.mark_crashed`)."""
-    return {"run_keys": _call("body", _store(request).mark_crashed)}
+    return Crashed(run_keys=_call("body", _store(request).mark_crashed))
 
 
-@router.get("/records/experiments/{name}/previous_runs")
-def previous_runs(name: str, request: fastapi.Request) -> fastapi.Response:
+@router.get("/records/experiments/{name}/previous_runs", response_model=dict[str, PreviousRun])
+def previous_runs(name: NamePath, request: fastapi.Request) -> fastapi.Response:
     """The current runs of an experiment, by run key (`Store.previous_runs`)."""
     return _json(_call("path.name", _store(request).previous_runs, name))
 
 
-@router.get("/records/experiments/{name}/current_runs")
-def current_runs(name: str, request: fastapi.Request) -> fastapi.Response:
+@router.get("/records/experiments/{name}/current_runs", response_model=list[CurrentRun])
+def current_runs(name: NamePath, request: fastapi.Request) -> fastapi.Response:
     """The current runs of an experiment, as rows (`Store.current_runs`)."""
     return _json(_call("path.name", _store(request).current_runs, name))
 
 
 @router.get("/records/experiments/{name}/run_keys")
-def run_keys(name: str, request: fastapi.Request) -> list[str]:
+def run_keys(name: NamePath, request: fastapi.Request) -> list[str]:
     """Every run key an experiment recorded (`Store.run_keys`)."""
     return _call("path.name", _store(request).run_keys, name)
 
 
-@router.get("/records/runs")
-def find_run(experiment_id: int, run_key: str, request: fastapi.Request) -> dict[str, int | None]:
+@router.get("/records/runs", responses=problems(404))
+def find_run(
+    experiment_id: Annotated[int, fastapi.Query(ge=1, le=INT32)],
+    run_key: Annotated[str, fastapi.Query(pattern=NO_NUL)],
+    request: fastapi.Request,
+) -> MaybeRunId:
     """The id of an experiment's run by key, or null (`Store.find_run`)."""
-    return {
-        "run_id": _call("query.experiment_id", _store(request).find_run, experiment_id, run_key)
-    }
+    found = _call("query.experiment_id", _store(request).find_run, experiment_id, run_key)
+    return MaybeRunId(run_id=found)
 
 
-@router.get("/records/runs/{run_id}/last_step")
-def last_step(run_id: int, request: fastapi.Request) -> dict[str, int | None]:
+@router.get("/records/runs/{run_id}/last_step", responses=problems(404))
+def last_step(run_id: RunPath, request: fastapi.Request) -> LastStep:
     """A run's last metric step, or null (`Store.last_step`)."""
-    return {"last_step": _call("path.run_id", _store(request).last_step, run_id)}
+    return LastStep(last_step=_call("path.run_id", _store(request).last_step, run_id))
 
 
 # -- ordered, idempotent batches --------------------------------------------------------------
 @router.get("/batches/check")
-def check_write() -> dict[str, str]:
+def check_write() -> Scope:
     """Answers 200 to a write token (401 wrong or revoked, 403 a read token): what a client
     asks when it opens, so a bad token stops it before anything runs."""
-    return {"scope": "write"}
+    return Scope(scope="write")
 
 
 def _field(where: str, name: str) -> str:
@@ -368,15 +489,15 @@ def _field(where: str, name: str) -> str:
     return f"header.x-lab-{name.replace('_id', '')}" if where else f"body.{name}"
 
 
-def _batch_id(client_id: str | None, seq: Any, where: str) -> tuple[str, int]:
-    if client_id is None or not CLIENT_ID.fullmatch(client_id):
+def _batch_id(client_id: Any, seq: Any, where: str) -> tuple[str, int]:
+    if not isinstance(client_id, str) or not CLIENT_ID.fullmatch(client_id):
         raise Rejected(
             400,
             f"{where}client_id must be 1 to 64 letters, digits, '_', '.' or '-'",
             _field(where, "client_id"),
         )
     try:
-        number = int(seq)
+        number = 0 if isinstance(seq, str) and not SEQ.fullmatch(seq) else int(seq)
     except (TypeError, ValueError):
         number = 0
     if isinstance(seq, bool) or number < 1 or number >= 2**63:
@@ -400,15 +521,20 @@ def _record_batch(store: Store, conn: sa.Connection, client_id: str, seq: int, r
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/vnd.apache.arrow.stream": {"schema": {"type": "string"}}},
+            "content": {
+                "application/vnd.apache.arrow.stream": {
+                    "schema": {"type": "string", "format": "binary"}
+                }
+            },
         }
     },
+    responses=problems(404),
 )
 async def metrics_batch(
     request: fastapi.Request,
-    x_lab_client: str | None = fastapi.Header(default=None),
-    x_lab_seq: str | None = fastapi.Header(default=None),
-) -> dict[str, Any]:
+    x_lab_client: str = fastapi.Header(json_schema_extra={"pattern": CLIENT_ID.pattern}),
+    x_lab_seq: str = fastapi.Header(json_schema_extra={"pattern": SEQ.pattern}),
+) -> Stored:
     """Store a batch of metric rows: an Arrow IPC stream with columns run_id (int64), step
     (int64), key (string), value (float64; NaN and ±inf kept) and wall_time (float64,
     optional), identified by the X-Lab-Client and X-Lab-Seq headers."""
@@ -423,7 +549,7 @@ async def metrics_batch(
 
 def _store_metrics(
     store: Store, allowed: Access, client_id: str, seq: int, columns: dict[str, list[Any]]
-) -> dict[str, Any]:
+) -> Stored:
     allowed.check_write(runs=set(columns["run_id"]), field="body.run_id")  # before any row
     rows = len(columns["run_id"])
 
@@ -438,11 +564,11 @@ def _store_metrics(
             return True
 
     fresh = _call("body", write)
-    return {"client_id": client_id, "seq": seq, "rows": rows if fresh else 0}
+    return Stored(client_id=client_id, seq=seq, rows=rows if fresh else 0)
 
 
-@router.post("/batches/ops")
-async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
+@router.post("/batches/ops", openapi_extra=read_body(OpsBatch), responses=problems(404))
+async def ops_batch(request: fastapi.Request) -> Stored:
     """Apply a batch of writes in order, in one transaction: a JSON object
     ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
     of write_eval, write_checkpoint, finish_run, set_callback_errors, set_provenance,
@@ -454,17 +580,24 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     runs: set[int] = set()
     experiments: set[int] = set()
     for i, op in enumerate(ops):
-        known = isinstance(op, dict) and op.get("op") in OPS
+        known = isinstance(op, dict) and isinstance(op.get("op"), str) and op["op"] in OPS
         if not known or not isinstance(op.get("args"), dict):
             raise Rejected(
                 400,
                 f'ops.{i}: each op is {{"op": one of {", ".join(OPS)}, "args": {{...}}}}',
                 f"body.ops.{i}",
             )
+    try:  # the ops as declared (`lab.server.ops`), their ids and numbers as whole numbers
+        ops = [op.model_dump() for op in BATCH.validate_python(body).ops]
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        ) from None
+    for i, op in enumerate(ops):
         _op_ids(op, f"body.ops.{i}.args", runs, experiments)
     allowed = access(request)
 
-    def apply() -> dict[str, Any]:
+    def apply() -> Stored:
         if runs or experiments:  # every id the batch names, before any of it is stored
             allowed.check_write(runs=runs, experiments=experiments, field="body.ops")
         return _apply_ops(_store(request), client_id, seq, ops)
@@ -494,7 +627,7 @@ def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int
             into.add(as_id(args[name], f"{where}.{name}"))
 
 
-def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
+def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]) -> Stored:
     def write() -> bool:
         with one_transaction(store.engine) as conn:
             if not _record_batch(store, conn, client_id, seq, len(ops)):
@@ -507,7 +640,7 @@ def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]
             return True
 
     fresh = _call("body", write)
-    return {"client_id": client_id, "seq": seq, "rows": len(ops) if fresh else 0}
+    return Stored(client_id=client_id, seq=seq, rows=len(ops) if fresh else 0)
 
 
 def _write_eval(
@@ -595,13 +728,16 @@ def _image_data(text: Any) -> dict[str, Any]:
     kept them)."""
     if text is None:
         return {"data": None}
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, TypeError, ValueError):
-        raise ConfigError("media rows: an image's data must be its PNG's bytes in base64") from None
-    size = png_size(data)
+    if not isinstance(text, str) or not BASE64.fullmatch(text):
+        raise ConfigError("media rows: an image's data must be its PNG's bytes in base64")
+    size = png_size(data := base64.b64decode(text))
     if size is None:
         raise ConfigError("media rows: an image's data is not a PNG; send the PNG's bytes")
+    if max(size) > INT32:
+        raise ConfigError(
+            f"media rows: an image's PNG says it is {size[0]} x {size[1]} pixels; the store "
+            f"holds sizes up to {INT32}"
+        )
     return {"data": data, "width": size[0], "height": size[1]}
 
 

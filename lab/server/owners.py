@@ -266,12 +266,17 @@ async def guard(request: fastapi.Request) -> None:
     the ids in its path and query, to read for GET and HEAD, to write otherwise. An id that
     is not a whole number is left to the route's validation (422). It waits on the store
     only when there is something to look up (async: a request that names no id, or a read
-    by a token that reads everything, costs no thread)."""
+    by a token that reads everything, costs no thread).
+
+    ``/experiments/{experiment}/runs`` is one path for two routes (the OpenAPI document
+    holds one template per path): its ``experiment`` is the experiment's name to read its
+    runs (GET), its id to start one (POST)."""
     found = access(request)
     reading = request.method in ("GET", "HEAD")
     path, query = request.path_params, request.query_params
     for field, name in (
         ("path.name", path.get("name")),
+        ("path.experiment", path.get("experiment") if reading else None),
         ("query.experiment", query.get("experiment")),
     ):
         if isinstance(name, str):
@@ -279,13 +284,14 @@ async def guard(request: fastapi.Request) -> None:
     ids: dict[str, list[int]] = {"runs": [], "experiments": []}
     field = None
     for where, key, kind in (
-        ("path", path.get("run_id"), "runs"),
-        ("path", path.get("experiment_id"), "experiments"),
-        ("query", query.get("experiment_id"), "experiments"),
+        ("path.run_id", path.get("run_id"), "runs"),
+        ("path.experiment_id", path.get("experiment_id"), "experiments"),
+        ("path.experiment", None if reading else path.get("experiment"), "experiments"),
+        ("query.experiment_id", query.get("experiment_id"), "experiments"),
     ):
         if _whole(key):
             ids[kind].append(int(key))
-            field = f"{where}.{'run_id' if kind == 'runs' else 'experiment_id'}"
+            field = where
     if not (ids["runs"] or ids["experiments"]) or (reading and found.only is None):
         return
     check = found.check_read_ids if reading else found.check_write

@@ -13,18 +13,32 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import threading
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import fastapi
 import pyarrow as pa
 import sqlalchemy as sa
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from lab._json import finite_json
 from lab.errors import NoExperiment, NoRun
 from lab.server.app import Rejected
+from lab.server.openapi import (
+    NAME_IN_PATH,
+    NO_NUL,
+    NamePath,
+    Number,
+    RunPath,
+    Timestamp,
+    one_of,
+    problems,
+    ranged,
+)
 from lab.server.owners import access
 from lab.store import Store, blocks
 from lab.store.engine import connect
@@ -44,6 +58,16 @@ from lab.store.schema import (
 
 router = fastapi.APIRouter(tags=["read"])
 
+
+class AnyText(PathConvertor):
+    """The ``{name:text}`` of a route: any text, ``/`` and line breaks included, as an
+    experiment's name may hold them (starlette's ``path`` stops at a line break)."""
+
+    regex = "[\\s\\S]*"
+
+
+register_url_convertor("text", AnyText())
+
 #: Tables ``/tables`` serves: what `lab.inspect.connect` builds its views over (never the
 #: server's own `PRIVATE_TABLES`: token hashes, ingest bookkeeping).
 SERVED_TABLES = TABLES
@@ -52,6 +76,10 @@ NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 #: The most predictions one page holds, and the most buckets one series is cut into.
 MAX_PAGE = 10_000
 MAX_BUCKETS = 100_000
+#: A ``step`` of the predictions: a step number, or ``final`` (the eval after training).
+STEP = re.compile(r"^(?:final|-?[0-9]{1,18})$")
+#: A page cursor of the predictions, as ``next`` gives it: the eval's id and the row's idx.
+CURSOR = re.compile(r"^([0-9]{1,18})\.([0-9]{1,18})$")
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 PARQUET = "application/vnd.apache.parquet"
 
@@ -94,10 +122,197 @@ def store_of(request: fastapi.Request) -> Store:
 StoreDep = fastapi.Depends(store_of)
 
 
+# -- answers ----------------------------------------------------------------------------------
+class ExperimentRow(BaseModel):
+    """An experiment in the list: its status, and its runs counted by status."""
+
+    name: str
+    status: str
+    arms: int
+    repeats: int
+    runs: int
+    runs_by_status: dict[str, int]
+    points: int
+    superseded: int
+    created_at: Timestamp
+    tags: list[str]
+    notes: str | None
+
+
+class RunFacts(BaseModel):
+    """What every answer about a run says of it: its arm, repeat, stage and seed, its
+    status (crashed when its process is gone) and error, when it started and ended."""
+
+    run_id: int
+    run_key: str
+    arm: str | None
+    repeat: int
+    stage: int
+    seed: int
+    status: str
+    error: str | None
+    started_at: Timestamp
+    ended_at: Timestamp | None
+
+
+class RunRow(RunFacts):
+    """A current run of an experiment, with its traceback, its newest step and the last
+    value of each metric (``summary``)."""
+
+    summary: dict[str, Any]
+    callback_errors: list[Any] | None
+    tags: list[str]
+    notes: str | None
+    provenance: dict[str, Any] | None
+    traceback: str | None
+    host: str | None
+    pid: int | None
+    step: int | None
+
+
+class ConfiguredRun(RunRow):
+    """A current run with its config."""
+
+    config: dict[str, Any]
+
+
+class ArmRow(BaseModel):
+    """An arm of an experiment: its name and its overrides of the base config."""
+
+    name: str
+    overrides: dict[str, Any]
+
+
+class ExperimentRecord(BaseModel):
+    """An experiment with its arms and current runs: what ``lab show`` prints."""
+
+    name: str
+    status: str
+    seed: int
+    repeats: int
+    config: dict[str, Any]
+    created_at: Timestamp
+    ended_at: Timestamp | None
+    callback_errors: list[Any] | None
+    tags: list[str]
+    notes: str | None
+    arms: list[ArmRow]
+    runs: list[RunRow]
+    superseded: int
+
+
+class SummaryRow(BaseModel):
+    """One current run and metric key: the metric's count, first and last step, last value,
+    min and max (NaN left out of those two; null when every value was NaN)."""
+
+    run_id: int
+    run_key: str
+    arm: str | None
+    repeat: int
+    stage: int
+    status: str
+    key: str
+    count: int
+    first_step: int
+    last_step: int
+    last_value: Number
+    min_value: Number | None
+    max_value: Number | None
+
+
+class Envelope(BaseModel):
+    """A series cut into buckets: per bucket the min and max of its values (NaN left out;
+    null when every value was NaN) and its last value."""
+
+    min: list[Number | None]
+    max: list[Number | None]
+    last: list[Number]
+
+
+class Series(Envelope):
+    """A run's series of one key, cut into buckets, with each bucket's first and last step."""
+
+    run_id: int
+    key: str
+    points: int
+    buckets: int
+    step_min: list[int]
+    step_max: list[int]
+
+
+class Prediction(BaseModel):
+    """One prediction row, with the name and step of its eval (step null: after training)."""
+
+    eval_id: int
+    eval: str
+    step: int | None
+    idx: int
+    example_id: str | None
+    input: str | None
+    output: str | None
+    target: str | None
+    score: Number | None
+    extras: dict[str, Any] | None
+
+
+class PredictionPage(BaseModel):
+    """One page of prediction rows, and the cursor of the next page (null on the last)."""
+
+    predictions: list[Prediction]
+    next: str | None
+
+
+class EvalEntry(BaseModel):
+    """An evaluation of a run: its name, step (null after training), metrics, breakdowns,
+    tags, seconds, error and number of prediction rows."""
+
+    eval_id: int
+    name: str
+    step: int | None
+    metrics: dict[str, Any]
+    breakdowns: dict[str, Any]
+    tags: dict[str, Any]
+    seconds: Number
+    error: str | None
+    predictions: int
+
+
+class EvalRow(EvalEntry):
+    """An evaluation of a run, with when it was recorded."""
+
+    created_at: Timestamp
+
+
+class CheckpointEntry(BaseModel):
+    """A checkpoint manifest row: a save or a removal, with its step, path and metrics."""
+
+    step: int
+    path: str
+    event: str
+    metrics: dict[str, Any]
+    reason: str | None
+    created_at: Timestamp
+
+
+class CheckpointRow(CheckpointEntry):
+    """A checkpoint manifest row, with its id."""
+
+    checkpoint_id: int
+
+
+#: The answer of an Arrow IPC stream, as the document declares it.
+ARROW_ANSWER = {
+    "description": "An Arrow IPC stream",
+    "content": {ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}},
+}
+#: Query parameters that are text looked up in the store.
+Text = Annotated[str, fastapi.Query(pattern=NO_NUL)]
+
+
 # -- experiments and runs ---------------------------------------------------------------------
 
 
-@router.get("/experiments", response_class=LabJSON)
+@router.get("/experiments", response_class=LabJSON, response_model=list[ExperimentRow])
 def list_experiments(
     request: fastapi.Request,
     status: str | None = None,
@@ -116,11 +331,24 @@ def list_experiments(
     return LabJSON(rows)
 
 
-@router.get("/experiments/{name:path}/runs", response_class=LabJSON)
-def list_runs(name: str, request: fastapi.Request, store: Store = StoreDep) -> Any:
+@router.get(
+    "/experiments/{experiment:text}/runs",
+    response_class=LabJSON,
+    response_model=list[ConfiguredRun],
+    responses=problems(400, 403, 404),
+)
+def list_runs(
+    request: fastapi.Request,
+    name: Annotated[
+        str, fastapi.Path(alias="experiment", pattern=NO_NUL, description=NAME_IN_PATH)
+    ],
+    status: str | None = None,
+    store: Store = StoreDep,
+) -> Any:
     """An experiment's current runs with their config and last metric values, filtered by
     ``status=`` and by config fields: ``config.lr=0.01``, ``config.model.width=64`` (dotted
-    into nested configs; the value is read as JSON when it parses, else as a string)."""
+    into nested configs; the value is read as JSON when it parses, else as a string); any
+    other parameter is refused (400)."""
     wanted: list[tuple[list[str], Any]] = []
     status = None
     for field, text in request.query_params.multi_items():
@@ -171,8 +399,13 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-@router.get("/experiments/{name:path}/summaries", response_class=LabJSON)
-def summaries(name: str, key: str | None = None, store: Store = StoreDep) -> Any:
+@router.get(
+    "/experiments/{name:text}/summaries",
+    response_class=LabJSON,
+    response_model=list[SummaryRow],
+    responses=problems(403, 404),
+)
+def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) -> Any:
     """One row per current run and metric key (of one `key` if asked): the run's experiment,
     arm, repeat, key and status, and the metric's count, first and last step, last value,
     min and max; what ``lab.inspect``'s ``final_metrics`` view holds, without a scan of
@@ -221,11 +454,16 @@ def _check_run(conn: sa.Connection, run_id: int) -> None:
         raise NoRun(f"no run with id {run_id} in the store; list them: GET /experiments/NAME/runs")
 
 
-@router.get("/runs/{run_id}/series", response_class=LabJSON)
+@router.get(
+    "/runs/{run_id}/series",
+    response_class=LabJSON,
+    response_model=Series,
+    responses=problems(400, 403, 404),
+)
 def series(
-    run_id: int,
-    key: str,
-    buckets: int | None = None,
+    run_id: RunPath,
+    key: Text,
+    buckets: int | None = ranged(None, 1, MAX_BUCKETS),
     store: Store = StoreDep,
 ) -> Any:
     """One run's series of `key`, cut into at most `buckets` equal ranges of steps, each
@@ -340,13 +578,18 @@ ORDER BY b.i
 """
 
 
-@router.get("/runs/{run_id}/predictions", response_class=LabJSON)
+@router.get(
+    "/runs/{run_id}/predictions",
+    response_class=LabJSON,
+    response_model=PredictionPage,
+    responses=problems(400, 403, 404),
+)
 def predictions(
-    run_id: int,
-    eval: str | None = None,  # the query parameter's name
-    step: str | None = None,
-    limit: int = 1000,
-    after: str | None = None,
+    run_id: RunPath,
+    eval: Text | None = None,  # the query parameter's name
+    step: str | None = fastapi.Query(None, json_schema_extra={"pattern": STEP.pattern}),
+    limit: int = ranged(1000, 1, MAX_PAGE),
+    after: str | None = fastapi.Query(None, json_schema_extra={"pattern": CURSOR.pattern}),
     store: Store = StoreDep,
 ) -> Any:
     """One page of a run's prediction rows, in (eval, idx) order, of one eval name and step
@@ -395,32 +638,35 @@ def predictions(
 def _cursor(after: str | None) -> tuple[int, int] | None:
     if after is None:
         return None
-    try:
-        eval_id, idx = after.split(".")
-        return int(eval_id), int(idx)
-    except ValueError:
+    found = CURSOR.fullmatch(after)
+    if found is None:
         raise Rejected(
             400,
             f"after={after!r} is not a page cursor; pass the 'next' of the page before",
             "after",
-        ) from None
+        )
+    return int(found[1]), int(found[2])
 
 
 def _step_is(step: str) -> Any:
-    if step == "final":
-        return SqlEval.step.is_(None)
-    try:
-        return SqlEval.step == int(step)
-    except ValueError:
+    if STEP.fullmatch(step) is None:
         raise Rejected(
             400,
             f"step={step!r}: give a step number, or 'final' for the eval after training",
             "step",
-        ) from None
+        )
+    if step == "final":
+        return SqlEval.step.is_(None)
+    return SqlEval.step == int(step)
 
 
-@router.get("/runs/{run_id}/evals", response_class=LabJSON)
-def evals(run_id: int, store: Store = StoreDep) -> Any:
+@router.get(
+    "/runs/{run_id}/evals",
+    response_class=LabJSON,
+    response_model=list[EvalRow],
+    responses=problems(403, 404),
+)
+def evals(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
     metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
     counts = (
@@ -443,8 +689,13 @@ def evals(run_id: int, store: Store = StoreDep) -> Any:
         return LabJSON([dict(r) for r in rows])
 
 
-@router.get("/runs/{run_id}/checkpoints", response_class=LabJSON)
-def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
+@router.get(
+    "/runs/{run_id}/checkpoints",
+    response_class=LabJSON,
+    response_model=list[CheckpointRow],
+    responses=problems(403, 404),
+)
+def checkpoints(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's checkpoint manifest rows in the order they were written: saves and removals,
     with step, path, metrics and reason."""
     with connect(store.engine) as conn:
@@ -464,9 +715,16 @@ def checkpoints(run_id: int, store: Store = StoreDep) -> Any:
 # -- whole tables -----------------------------------------------------------------------------
 
 
-@router.get("/tables/{table}", response_class=Response)
+@router.get(
+    "/tables/{table}",
+    response_class=Response,
+    responses={200: ARROW_ANSWER, **problems(403, 404)},
+)
 def table(
-    request: fastapi.Request, table: str, experiment: str | None = None, store: Store = StoreDep
+    request: fastapi.Request,
+    table: str = fastapi.Path(json_schema_extra={"enum": list(SERVED_TABLES)}),
+    experiment: Text | None = None,
+    store: Store = StoreDep,
 ) -> Any:
     """Every row of one store table (of one `experiment` if asked, and always of the one
     a limited token reads) as an Arrow IPC stream: what ``lab.inspect.connect("http://...")``
@@ -483,9 +741,25 @@ def table(
     return Response(to_ipc(data), media_type=ARROW_STREAM)
 
 
-@router.get("/experiments/{name:path}/export", response_class=Response)
+@router.get(
+    "/experiments/{name:text}/export",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The table as an Arrow IPC stream, or as a Parquet file",
+            "content": {
+                ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
+                PARQUET: {"schema": {"type": "string", "format": "binary"}},
+            },
+        },
+        **problems(400, 403, 404),
+    },
+)
 def export(
-    name: str, format: str = "arrow", table: str = "metrics", store: Store = StoreDep
+    name: NamePath,
+    format: str = one_of("arrow", "arrow", "parquet"),
+    table: str = one_of("metrics", *SERVED_TABLES),
+    store: Store = StoreDep,
 ) -> Any:
     """One table of an experiment's rows (the tables ``lab export`` writes; `table`
     defaults to ``metrics``) as an Arrow IPC stream (``format=arrow``) or a Parquet file
@@ -597,8 +871,13 @@ def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
     return model.c.eval_id.in_(evals)
 
 
-@router.get("/experiments/{name:path}", response_class=LabJSON)
-def get_experiment(name: str, store: Store = StoreDep) -> Any:
+@router.get(
+    "/experiments/{name:text}",
+    response_class=LabJSON,
+    response_model=ExperimentRecord,
+    responses=problems(403, 404),
+)
+def get_experiment(name: NamePath, store: Store = StoreDep) -> Any:
     """One experiment, its arms and runs with their last metric values: what ``lab show``
     prints (`Store.get_experiment`). Registered last: a name may hold ``/`` (sent as
     ``%2F``), so the routes under an experiment must be tried first."""

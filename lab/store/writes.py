@@ -243,8 +243,9 @@ class Writes:
         Only a new run, a `failed` or `crashed` one, or a `running` one whose process is
         gone can be claimed. A run that another process finished meanwhile comes back as
         ``(None, its record)`` (status and final metrics) to be reused; one that a live
-        process holds raises `RunBusy`; one recorded meanwhile with another `config_hash`
-        raises `ConfigError`. `owner`: as in `start_run`.
+        process holds raises `RunBusy`, and so does one recorded meanwhile with another
+        `config_hash` (a conflict with what the store holds, answered 409 over HTTP as a
+        busy run is). `owner`: as in `start_run`.
         """
         values = self._run_values(
             experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
@@ -345,7 +346,7 @@ class Writes:
                 and row["config_hash"] is not None
                 and row["config_hash"] != values["config_hash"]
             ):
-                raise ConfigError(
+                raise RunBusy(
                     f"{where} was just recorded with other settings by another process; use a "
                     "new experiment name, or start afresh with fresh=True (--fresh on the "
                     "command line)"
