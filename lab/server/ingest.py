@@ -32,6 +32,7 @@ import sqlalchemy.exc as sa_exc
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from lab._metrics import check_key
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
 from lab.media import png_size
@@ -357,10 +358,16 @@ def last_step(run_id: int, request: fastapi.Request) -> dict[str, int | None]:
 
 # -- ordered, idempotent batches --------------------------------------------------------------
 @router.get("/batches/check")
-def check_write() -> dict[str, str]:
+def check_write(request: fastapi.Request) -> dict[str, Any]:
     """Answers 200 to a write token (401 wrong or revoked, 403 a read token): what a client
-    asks when it opens, so a bad token stops it before anything runs."""
-    return {"scope": "write"}
+    asks when it opens, so a bad token stops it before anything runs. The answer names the
+    store's schema revision (as the health check does) and the operations an ops batch may
+    hold, so that a client opens with this one request and sends only what this server
+    takes."""
+    from lab.store.migrations import head_revision
+
+    schema = _store(request).revision or head_revision()
+    return {"scope": "write", "schema": schema, "ops": list(OPS)}
 
 
 def _field(where: str, name: str) -> str:
@@ -446,8 +453,9 @@ async def ops_batch(request: fastapi.Request) -> dict[str, Any]:
     """Apply a batch of writes in order, in one transaction: a JSON object
     ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
     of write_eval, write_checkpoint, finish_run, set_callback_errors, set_provenance,
-    finish_experiment, heartbeat and media (the `Store` method's keyword arguments; see
-    `lab.store.http`). At most `lab.server.bodies.MAX_BATCH_OPS` ops in one batch."""
+    finish_experiment, heartbeat, media, metrics (metric rows, as the columns of a metrics
+    batch) and truncate_run (the `Store` method's keyword arguments; see `lab.store.http`).
+    At most `lab.server.bodies.MAX_BATCH_OPS` ops in one batch."""
     body = ops_body(await request.body())  # bounded: see lab.server.bodies
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
@@ -476,6 +484,12 @@ def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int
     """Add the run and experiment ids operation `op` writes to `runs` and `experiments`
     (a 400 for an id that is not a whole number)."""
     args = op["args"]
+    if op["op"] == "metrics":
+        ids = args.get("run_id")
+        if not isinstance(ids, list):
+            raise Rejected(400, f"{where}.run_id must be a list of ids", f"{where}.run_id")
+        runs.update(as_id(v, f"{where}.run_id") for v in set(ids))
+        return
     if op["op"] == "media":
         rows = args.get("rows")
         for j, row in enumerate(rows if isinstance(rows, list) else []):
@@ -508,6 +522,49 @@ def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]
 
     fresh = _call("body", write)
     return {"client_id": client_id, "seq": seq, "rows": len(ops) if fresh else 0}
+
+
+def _metrics(
+    store: Store,
+    conn: sa.Connection,
+    run_id: list[Any],
+    step: list[Any],
+    key: list[Any],
+    value: list[Any],
+    wall_time: list[Any],
+) -> None:
+    """Metric rows in a JSON batch, in order with its other writes: the columns of a
+    ``/batches/metrics`` body (run_id, step, key, value, wall_time) as equally long lists,
+    values as JSON numbers (``NaN``, ``Infinity`` and ``-Infinity`` kept)."""
+    columns = {"run_id": run_id, "step": step, "key": key, "value": value,
+               "wall_time": wall_time}  # fmt: skip
+    if any(not isinstance(c, list) or len(c) != len(run_id) for c in columns.values()):
+        raise ConfigError("metrics: run_id, step, key, value and wall_time are lists of one length")
+    for name in ("run_id", "step"):
+        if any(type(v) is not int or not -(2**63) <= v < 2**63 for v in columns[name]):
+            raise ConfigError(f"metrics: {name} holds a value that is not a whole number")
+    if any(type(word) is not str for word in key):
+        raise ConfigError("metrics: key holds a value that is not a string")
+    first: dict[str, int] = {}
+    for word, at in zip(key, step, strict=True):
+        first.setdefault(word, at)
+    for word, at in first.items():
+        check_key(word, at)
+    for name in ("value", "wall_time"):
+        if any(type(v) is not float and type(v) is not int for v in columns[name]):
+            raise ConfigError(f"metrics: {name} holds a value that is not a number")
+        columns[name] = [float(v) for v in columns[name]]
+    store.write_metric_columns(run_id, step, key, columns["value"], columns["wall_time"])
+
+
+def _truncate_run(
+    store: Store, conn: sa.Connection, run_id: int, after_step: int | None = None
+) -> None:
+    """A run's rows after a step, or all of them, dropped in order with the batch's other
+    writes (`Store.truncate_run`)."""
+    if after_step is not None and type(after_step) is not int:
+        raise ConfigError("truncate_run: after_step must be a whole number or null")
+    store.truncate_run(int(run_id), after_step)
 
 
 def _write_eval(
@@ -614,4 +671,6 @@ OPS: dict[str, Callable[..., None]] = {
     "finish_experiment": _finish_experiment,
     "heartbeat": _heartbeat,
     "media": _media,
+    "metrics": _metrics,
+    "truncate_run": _truncate_run,
 }
