@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -393,6 +394,35 @@ def test_a_resumed_run_drops_its_rows_after_the_checkpoint_in_order_with_its_wri
     assert sorted(step for step, _ in loss) == list(range(1, 31))
     for table in want:
         assert got[table] == want[table], table
+
+
+def test_a_run_another_client_trains_is_refused_with_the_line_a_local_store_gives(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs an experiment finds are read with their times as `datetime`, as from a local
+    store, so the line that names the process training one says since when."""
+    import socket
+
+    from lab.errors import RunBusy
+
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    other = HttpStore(served.url)
+    try:
+        exp = other.begin_experiment("busy", config={}, seed=0, repeats=1)
+        group = other.add_group(exp, "base")
+        other.start_run(exp, group, run_key="base-r0", arm_id=None, repeat=0, stage=0, seed=0,
+                        config={}, output_dir=None)  # fmt: skip
+        with pytest.raises(RunBusy) as busy:
+            Experiment("busy", train=train_30, output_dir=str(tmp_path), store=served.url).run()
+    finally:
+        other.close()
+    assert re.fullmatch(
+        rf"run base-r0 of experiment 'busy' is being trained by pid {os.getpid()} on "
+        rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; "
+        r"wait for it to end and run again \(finished runs are reused\), or use another "
+        r"experiment name",
+        str(busy.value),
+    ), str(busy.value)
 
 
 def test_provenance_read_after_a_run_started_reaches_the_server(

@@ -26,6 +26,7 @@ from lab._metrics import as_number, check_key
 from lab.errors import MetricError, TokenRejected
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.crashes import HEARTBEAT_S
+from lab.store.http.reads import _times
 from lab.store.http.sender import MAX_JSON_POINTS, Op, Sender, dumps
 from lab.store.writer import MetricWriter
 from lab.store.writes import this_owner
@@ -259,12 +260,15 @@ class HttpWrites:
         return self._post("/records/mark_crashed", {}, retry=True)["run_keys"]
 
     def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
-        """The current runs of `experiment`, by run key (see `Store.previous_runs`)."""
-        return self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
+        """The current runs of `experiment`, by run key (see `Store.previous_runs`), their
+        times as `datetime`, as `Store` gives them."""
+        runs = self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
+        return {key: _times(row) for key, row in runs.items()}
 
     def current_runs(self, experiment: str) -> list[dict[str, Any]]:
         """The current runs of `experiment`, as rows."""
-        return self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
+        rows = self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
+        return [_times(row) for row in rows]
 
     def run_keys(self, experiment: str) -> list[str]:
         """Every run key `experiment` has recorded, superseded ones included."""
