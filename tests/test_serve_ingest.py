@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -34,7 +35,7 @@ from lab.loop import CheckpointConfig, Evaluator, TrainingLoop
 from lab.records import EvalResult, RunSpec
 from lab.store import Store, open_store
 from lab.store.http import HttpStore
-from lab.store.http.spool import SPOOL_DIR
+from lab.store.http.spool import SPOOL_DIR, describe
 from tests.served import Served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ class Config(pydantic.BaseModel):
     lr: float = 0.05
 
 
-def _experiment(store: str, folder: Path, **kw: Any) -> Experiment:
+def _experiment(store: Any, folder: Path, **kw: Any) -> Experiment:
     return Experiment(
         "through-http",
         train=train,
@@ -192,6 +193,235 @@ def test_an_experiment_through_http_records_the_same_rows_as_the_local_store(
     for table in want:
         assert got[table] == want[table], table
     assert list((tmp_path / "remote").rglob(f"{SPOOL_DIR}/*")) == []
+
+
+# -- how many requests an experiment makes ---------------------------------------------------
+FAIL_AFTER: dict[str, int | None] = {"steps": None}
+
+
+def _fit_30(run: RunSpec, lr: float, fail_after: int | None = None, **kw: Any) -> Any:
+    """30 steps and an eval every 10; the loss raises after `fail_after` steps if given."""
+    torch.manual_seed(run.seed)
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+    model = torch.nn.Linear(4, 1)
+    taken = [0]
+
+    def loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        taken[0] += 1
+        if fail_after is not None and taken[0] > fail_after:
+            raise RuntimeError("the machine went away")
+        return _loss(m, batch)
+
+    evaluators = [Evaluator("val", lambda m: {"loss": _loss(m, (x, y)).item()}, every=10)]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return TrainingLoop(model, opt, [(x, y)], loss, 30, evaluators=evaluators, **kw).fit(run)
+
+
+def train_30(run: RunSpec) -> Any:
+    """The small experiment's run."""
+    return _fit_30(run, run.config.lr)
+
+
+def train_resumable(run: RunSpec) -> Any:
+    """A checkpoint every 5 steps; fails after `FAIL_AFTER` steps if set."""
+    checkpoint = CheckpointConfig(every=5, keep_last=1)
+    return _fit_30(run, 0.05, FAIL_AFTER["steps"], checkpoint=checkpoint)
+
+
+def _counted(served: Served, monkeypatch: pytest.MonkeyPatch, sent: list[str]) -> HttpStore:
+    """An `HttpStore` whose httpx client records each request it sends in `sent`, and whose
+    writer sends only when asked (a flush, the close), never on its own clock: the count
+    is then the protocol's, whatever the machine's speed."""
+    import functools
+
+    import httpx
+
+    import lab.store.http.writes as writes
+
+    class Counted(httpx.Client):
+        def __init__(self, **kw: Any) -> None:
+            record = lambda r: sent.append(f"{r.method} {r.url.path.removeprefix('/api/v1')}")  # noqa: E731
+            super().__init__(event_hooks={"request": [record]}, **kw)
+
+    monkeypatch.setattr(httpx, "Client", Counted)
+    paced = functools.partial(writes.MetricWriter, interval_s=3600.0)
+    monkeypatch.setattr(writes, "MetricWriter", paced)
+    return HttpStore(served.url, token=served.write_token, heartbeat_s=3600.0)
+
+
+def test_a_small_experiment_makes_one_request_to_start_a_run_and_one_to_end_it(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 arms x 2 repeats x 30 steps: a run is claimed (which starts it: no start, no
+    truncate of its own), and its rows, evals, truncation, provenance and end go in one
+    batch at its end; opening the store is one request."""
+    from lab.loggers import SqlLogger
+
+    sent: list[str] = []
+    store = _counted(served, monkeypatch, sent)
+    try:
+        result = Experiment(
+            "small", train=train_30, base_config=Config(), repeats=2, store=False,
+            arms=[Arm("slow", lr=0.01), Arm("fast", lr=0.1)], output_dir=str(tmp_path),
+            callbacks=[SqlLogger(store)],
+        ).run()  # fmt: skip
+    finally:
+        store.close()
+    assert [r.status for r in result.runs] == ["completed"] * 4
+    run = ["POST /experiments/1/claims", "POST /batches/ops"]
+    assert sent == [
+        "GET /batches/check",
+        "POST /records/mark_crashed",
+        "GET /records/experiments/small/previous_runs",
+        "POST /experiments",
+        "POST /experiments/1/arms",
+        "POST /experiments/1/arms",
+        "POST /experiments/1/groups", *run, *run,
+        "POST /experiments/1/groups", *run, *run,
+        "POST /batches/ops",  # the last run's end, the experiment's end
+    ]  # fmt: skip
+    steps = "select r.run_key, count(*) from metrics m join runs r using (run_id) "
+    assert _count(served.store_url, steps + "where key = 'loss' group by 1 order by 1") == [
+        ("fast-r0", 30), ("fast-r1", 30), ("slow-r0", 30), ("slow-r1", 30),
+    ]  # fmt: skip
+    evals = "select count(*), count(distinct run_id) from evals where name = 'val'"
+    assert _count(served.store_url, evals) == [(12, 4)]
+    assert _count(served.store_url, "select count(*) from runs where provenance is null") == [(0,)]
+
+
+def test_few_metric_rows_travel_among_the_writes_and_many_as_arrow() -> None:
+    """`Sender._batches` for a server that takes the metrics op: steps between two writes
+    join their JSON batch as one metrics op (a step each, NaN and inf kept), in order; a
+    run of steps over `MAX_JSON_POINTS` points is an Arrow batch."""
+    from lab.store.http.sender import MAX_JSON_POINTS, Op, Sender
+
+    sender = Sender(None, "c", lambda run_id: None, heartbeat_s=60.0, json_points=MAX_JSON_POINTS)  # type: ignore[arg-type]
+    few = [(1, 0, {"loss": 0.5}, 10.0), (1, 1, {"loss": math.nan, "lr": math.inf}, 11.0)]
+    evaluated = Op("write_eval", {"run_id": 1, "result": {"name": "val", "step": 1}}, 1)
+    wide = {f"k{i}": 0.25 for i in range(MAX_JSON_POINTS // 2 + 1)}
+    many = [(1, 2, wide, 12.0), (1, 3, wide, 13.0)]
+    ended = Op("finish_run", {"run_id": 1, "status": "completed"}, 1)
+    cut = [sender._number(b) for b in sender._batches([*few, evaluated, *many, ended])]
+    assert [(b.kind, b.seq, b.run_id) for b in cut] == [("json", 1, 1), ("arrow", 2, 1),
+                                                       ("json", 3, 1)]  # fmt: skip
+    first = json.loads(cut[0].body)
+    assert first["ops"][0]["op"] == "metrics" and first["ops"][1:] == [
+        {"op": "write_eval", "args": {"run_id": 1, "result": {"name": "val", "step": 1}}}
+    ]
+    assert repr(first["ops"][0]["args"]) == repr({"steps": [
+        {"run_id": 1, "step": 0, "wall_time": 10.0, "values": {"loss": 0.5}},
+        {"run_id": 1, "step": 1, "wall_time": 11.0, "values": {"loss": math.nan, "lr": math.inf}},
+    ]})  # fmt: skip
+    assert describe("json", cut[0].body) == "3 metric rows and 1 write (write_eval) of run 1"
+    assert describe("arrow", cut[1].body) == f"{2 * len(wide)} metric rows of run 1"
+    assert json.loads(cut[2].body)["ops"] == [
+        {"op": "finish_run", "args": {"run_id": 1, "status": "completed"}}
+    ]
+    assert sender.last_steps == {1: 3}
+
+
+def test_a_client_of_a_server_that_names_no_ops_sends_what_every_server_takes(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server from before the write check named its operations: metric rows go as Arrow
+    batches and a run's truncation as a request of its own, and the rows are the same."""
+    from lab.loggers import SqlLogger
+    from lab.store.http.client import HttpClient
+
+    opened = HttpClient._open
+
+    def older(client: HttpClient) -> None:
+        opened(client)
+        client.ops = frozenset()  # what the write check of an older server leaves it knowing
+
+    monkeypatch.setattr(HttpClient, "_open", older)
+    sent: list[str] = []
+    store = _counted(served, monkeypatch, sent)
+    local_url, drop = _fresh_like(served.store_url, tmp_path)
+    try:
+        try:
+            remote = _experiment(False, tmp_path / "remote", callbacks=[SqlLogger(store)]).run()
+        finally:
+            store.close()
+        local = _experiment(local_url, tmp_path / "local").run()
+        got, want = _contents(served.store_url), _contents(local_url)
+    finally:
+        drop()
+    assert [r.status for r in remote.runs] == [r.status for r in local.runs] == ["completed"] * 4
+    assert sent.count("POST /batches/metrics") >= 4
+    truncated = [f"POST /runs/{run_id}/truncate" for run_id in range(1, 5)]
+    assert [s for s in sent if s.endswith("/truncate")] == truncated
+    for table in want:
+        assert got[table] == want[table], table
+
+
+def test_a_resumed_run_drops_its_rows_after_the_checkpoint_in_order_with_its_writes(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run fails at step 18 and resumes from its checkpoint at 15: its truncation rides
+    in its first batch, before the steps it trains again, and the store ends as a local one
+    does."""
+    from lab.loggers import SqlLogger
+
+    sent: list[str] = []
+    store = _counted(served, monkeypatch, sent)
+    local_url, drop = _fresh_like(served.store_url, tmp_path)
+
+    def twice(callbacks: list[Callback], folder: Path) -> list[str]:
+        statuses = []
+        for fail_after in (17, None):
+            FAIL_AFTER["steps"] = fail_after
+            exp = Experiment("resumed", train=train_resumable, output_dir=str(folder),
+                             store=False, callbacks=callbacks)  # fmt: skip
+            statuses += [r.status for r in exp.run().runs]
+        return statuses
+
+    try:
+        try:
+            remote = twice([SqlLogger(store)], tmp_path / "remote")
+        finally:
+            store.close()
+            FAIL_AFTER["steps"] = None
+        local = twice([SqlLogger(local_url)], tmp_path / "local")
+        got, want = _contents(served.store_url), _contents(local_url)
+    finally:
+        drop()
+    assert remote == local == ["failed", "completed"]
+    assert not [s for s in sent if s.endswith("/truncate") or s.endswith("/runs")]
+    loss = [(m[2], m[3]) for m in got["metrics"] if m[1] == "loss"]
+    assert sorted(step for step, _ in loss) == list(range(1, 31))
+    for table in want:
+        assert got[table] == want[table], table
+
+
+def test_a_run_another_client_trains_is_refused_with_the_line_a_local_store_gives(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs an experiment finds are read with their times as `datetime`, as from a local
+    store, so the line that names the process training one says since when."""
+    import socket
+
+    from lab.errors import RunBusy
+
+    monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    other = HttpStore(served.url)
+    try:
+        exp = other.begin_experiment("busy", config={}, seed=0, repeats=1)
+        group = other.add_group(exp, "base")
+        other.start_run(exp, group, run_key="base-r0", arm_id=None, repeat=0, stage=0, seed=0,
+                        config={}, output_dir=None)  # fmt: skip
+        with pytest.raises(RunBusy) as busy:
+            Experiment("busy", train=train_30, output_dir=str(tmp_path), store=served.url).run()
+    finally:
+        other.close()
+    assert re.fullmatch(
+        rf"run base-r0 of experiment 'busy' is being trained by pid {os.getpid()} on "
+        rf"{re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; "
+        r"wait for it to end and run again \(finished runs are reused\), or use another "
+        r"experiment name",
+        str(busy.value),
+    ), str(busy.value)
 
 
 def test_provenance_read_after_a_run_started_reaches_the_server(
@@ -330,6 +560,47 @@ def test_malformed_batches_are_refused_with_one_line_and_store_nothing(served: S
 
 
 # -- bad input at the client -------------------------------------------------------------------
+def test_a_metrics_op_that_is_not_metric_rows_is_refused_with_one_line_and_stores_nothing(
+    served: Served,
+) -> None:
+    run_id = _one_run(served)
+    good = [
+        {"run_id": run_id, "step": 0, "wall_time": 0.0, "values": {"loss": 1.0}},
+        {"run_id": run_id, "step": 1, "wall_time": 0.0, "values": {"loss": 0.5}},
+    ]
+    declared = "body.ops.0.metrics.args.steps.1."  # what the OpenAPI document declares: a 422
+    bad = [
+        ({"step": True}, 422, "Input should be a valid integer", declared + "step"),
+        ({"step": 2**63}, 422, "Input should be less than or equal to 9007199254740992",
+         declared + "step"),
+        ({"run_id": "1"}, 422, "Input should be a valid integer", declared + "run_id"),
+        ({"values": {"a\x00b": 0.5}}, 400, "metric key 'a\\x00b' at step 1 holds a NUL "
+         "character", "body"),
+        ({"values": {"loss": "0.5"}}, 422, "Input should be a valid number",
+         declared + "values.loss"),
+        ({"wall_time": None}, 422, "Input should be a valid number", declared + "wall_time"),
+        ({"loss": 0.5}, 422, "Extra inputs are not permitted", declared + "loss"),
+    ]  # fmt: skip
+    with served.client() as http:
+        for seq, (change, status, line, field) in enumerate(bad, start=1):
+            ops = [{"op": "metrics", "args": {"steps": [good[0], {**good[1], **change}]}}]
+            answer = http.post(
+                "/api/v1/batches/ops", json={"client_id": "m", "seq": seq, "ops": ops}
+            )
+            detail = line if status == 400 else f"{field}: {line}"
+            assert (answer.status_code, answer.json()) == (
+                status, {"detail": detail, "field": field}
+            )  # fmt: skip
+        good_op = {"op": "metrics", "args": {"steps": good}}
+        body = {"client_id": "m", "seq": 99, "ops": [good_op]}
+        taken = http.post("/api/v1/batches/ops", json=body)
+        assert taken.json() == {"client_id": "m", "seq": 99, "rows": 1}
+    rows = "select step, value from metrics where key = 'loss' order by step"
+    assert _count(served.store_url, rows) == [(0, 1.0), (1, 0.5)]
+    assert _count(served.store_url, "select client_id, seq from ingest_batches "
+                  "where client_id = 'm'") == [("m", 99)]  # fmt: skip
+
+
 def test_a_wrong_token_a_read_token_and_a_url_with_a_password_are_one_line_each(
     served: Served,
 ) -> None:
@@ -605,7 +876,8 @@ def test_lab_sync_replays_a_spool_once_however_often_it_runs(
         result = _slow_experiment(served, tmp_path / "runs", trouble).run()
     assert result.runs[0].status == "completed"  # the run went on without its server
     files = sorted((tmp_path / "runs").rglob(f"{SPOOL_DIR}/*"))
-    assert files and {f.suffix for f in files} == {".arrow", ".json"}
+    held = [describe(f.suffix[1:], f.read_bytes()) for f in files]  # metric rows and writes
+    assert any("metric row" in h for h in held) and any("finish_run" in h for h in held)
     run_dir = files[0].parent.parent
     left = [r.getMessage() for r in caplog.records if "stay spooled" in r.getMessage()]
     assert left == [

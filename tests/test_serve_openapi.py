@@ -139,7 +139,8 @@ def test_an_ops_batch_is_checked_against_its_declared_union_before_any_op_runs(
     assert [_answer(a) for a in answers] == [
         (400, {"detail": 'ops.0: each op is {"op": one of write_eval, write_checkpoint, '
                          "finish_run, set_callback_errors, set_provenance, finish_experiment, "
-                         'heartbeat, media, "args": {...}}', "field": "body.ops.0"}),
+                         'heartbeat, media, metrics, truncate_run, "args": {...}}',
+               "field": "body.ops.0"}),
         (400, {"detail": "client_id must be 1 to 64 letters, digits, '_', '.' or '-'",
                "field": "body.client_id"}),
         (422, {"detail": "body.ops.1.finish_run.args.status: Input should be 'running', "

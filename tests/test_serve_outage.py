@@ -83,9 +83,8 @@ def test_a_server_whose_store_fails_answers_503_and_the_run_spools_and_goes_on(
                             output_dir=str(tmp_path / "runs"), callbacks=[full]).run()  # fmt: skip
     assert [r.status for r in result.runs] == ["completed"]  # it trained on, to the end
     files = _spool_files(tmp_path / "runs")
-    assert files and {f.suffix for f in files} == {".arrow", ".json"}
-    for f in files:
-        describe(f.suffix[1:], f.read_bytes())  # each a whole batch
+    held = [describe(f.suffix[1:], f.read_bytes()) for f in files]  # each a whole batch
+    assert any("metric row" in h for h in held) and any("finish_run" in h for h in held)
     spooled = [r.getMessage() for r in caplog.records if "batches are spooled to" in r.getMessage()]
     assert len(spooled) == 1
     assert re.fullmatch(

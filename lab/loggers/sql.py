@@ -329,7 +329,10 @@ class SqlLogger(Callback):
         run_id = self._require_run(state.ctx)
         # Eval metrics join the step metrics as "<eval>/<key>", so curves can plot them.
         store.log_metrics(run_id, step_idx, {f"{eval_name}/{k}": v for k, v in metrics.items()})
-        store.flush()
+        from lab.store.store import Store  # loaded already: the store in hand is one or not
+
+        if isinstance(store, Store):  # (an HttpStore's one queue sends the eval after them)
+            store.flush()  # the eval row follows its metrics into the store
         result = state.current_eval  # the loop's whole result: its wall time and tags
         if result is None or result.name != eval_name or result.step != step_idx:
             result = EvalResult(eval_name, metrics, step=step_idx)  # fired by hand: no timing

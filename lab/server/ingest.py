@@ -32,6 +32,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lab._metrics import check_key
 from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
 from lab.media import png_size
@@ -218,7 +219,14 @@ class LastStep(BaseModel):
 
 
 class Scope(BaseModel):
+    """What a write token may do here: the store's schema revision and the ops an ops batch
+    may hold."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
     scope: Literal["write"]
+    schema_: str = Field(alias="schema")
+    ops: list[str]
 
 
 class Stored(BaseModel):
@@ -478,10 +486,16 @@ def last_step(run_id: RunPath, request: fastapi.Request) -> LastStep:
 
 # -- ordered, idempotent batches --------------------------------------------------------------
 @router.get("/batches/check")
-def check_write() -> Scope:
+def check_write(request: fastapi.Request) -> Scope:
     """Answers 200 to a write token (401 wrong or revoked, 403 a read token): what a client
-    asks when it opens, so a bad token stops it before anything runs."""
-    return Scope(scope="write")
+    asks when it opens, so a bad token stops it before anything runs. The answer names the
+    store's schema revision (as the health check does) and the operations an ops batch may
+    hold, so that a client opens with this one request and sends only what this server
+    takes."""
+    from lab.store.migrations import head_revision
+
+    schema = _store(request).revision or head_revision()
+    return Scope(scope="write", schema=schema, ops=list(OPS))
 
 
 def _field(where: str, name: str) -> str:
@@ -572,8 +586,10 @@ async def ops_batch(request: fastapi.Request) -> Stored:
     """Apply a batch of writes in order, in one transaction: a JSON object
     ``{"client_id", "seq", "ops": [{"op": NAME, "args": {...}}, ...]}`` where NAME is one
     of write_eval, write_checkpoint, finish_run, set_callback_errors, set_provenance,
-    finish_experiment, heartbeat and media (the `Store` method's keyword arguments; see
-    `lab.store.http`). At most `lab.server.bodies.MAX_BATCH_OPS` ops in one batch."""
+    finish_experiment, heartbeat, media, metrics (metric steps: each one's run, step, wall
+    time and values by key) and truncate_run (the `Store` method's keyword arguments; see
+    `lab.store.http`).
+    At most `lab.server.bodies.MAX_BATCH_OPS` ops in one batch."""
     body = ops_body(await request.body())  # bounded: see lab.server.bodies
     client_id, seq = _batch_id(body.get("client_id"), body.get("seq"), "")
     ops = body["ops"]
@@ -609,6 +625,9 @@ def _op_ids(op: dict[str, Any], where: str, runs: set[int], experiments: set[int
     """Add the run and experiment ids operation `op` writes to `runs` and `experiments`
     (a 400 for an id that is not a whole number)."""
     args = op["args"]
+    if op["op"] == "metrics":
+        runs.update(one["run_id"] for one in args["steps"])  # whole numbers: `lab.server.ops`
+        return
     if op["op"] == "media":
         rows = args.get("rows")
         for j, row in enumerate(rows if isinstance(rows, list) else []):
@@ -641,6 +660,37 @@ def _apply_ops(store: Store, client_id: str, seq: int, ops: list[dict[str, Any]]
 
     fresh = _call("body", write)
     return Stored(client_id=client_id, seq=seq, rows=len(ops) if fresh else 0)
+
+
+def _metrics(store: Store, conn: sa.Connection, steps: list[dict[str, Any]]) -> None:
+    """Metric steps in a JSON batch, in order with its other writes: each step's run, step,
+    wall time and values by key (`lab.server.ops.MetricStep`)."""
+    run_id: list[int] = []
+    step: list[int] = []
+    key: list[str] = []
+    value: list[float] = []
+    wall_time: list[float] = []
+    for one in steps:
+        values = one["values"]
+        for word in values:
+            check_key(word, one["step"])
+        n = len(values)
+        run_id += [one["run_id"]] * n
+        step += [one["step"]] * n
+        key += values.keys()
+        value += map(float, values.values())
+        wall_time += [float(one["wall_time"])] * n
+    store.write_metric_columns(run_id, step, key, value, wall_time)
+
+
+def _truncate_run(
+    store: Store, conn: sa.Connection, run_id: int, after_step: int | None = None
+) -> None:
+    """A run's rows after a step, or all of them, dropped in order with the batch's other
+    writes (`Store.truncate_run`)."""
+    if after_step is not None and type(after_step) is not int:
+        raise ConfigError("truncate_run: after_step must be a whole number or null")
+    store.truncate_run(int(run_id), after_step)
 
 
 def _write_eval(
@@ -750,4 +800,6 @@ OPS: dict[str, Callable[..., None]] = {
     "finish_experiment": _finish_experiment,
     "heartbeat": _heartbeat,
     "media": _media,
+    "metrics": _metrics,
+    "truncate_run": _truncate_run,
 }

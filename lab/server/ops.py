@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
 
+from lab._names import MAX_KEY
 from lab.server.openapi import EXACT, Id, Int32, Int53, KeptText, Key, Tag, whole
 from lab.store.schema import EXPERIMENT_STATUSES, RUN_STATUSES
 
@@ -178,6 +179,42 @@ class Media(Strict):
     rows: list[Annotated[HistogramRow | ImageRow, Field(discriminator="table")]]
 
 
+#: A metric key as the store takes it (`lab._metrics.check_key`): 1 to `MAX_KEY` characters,
+#: no NUL.
+METRIC_KEY = {"type": "string", "pattern": r"^[^\x00]*$", "minLength": 1, "maxLength": MAX_KEY}
+NUMBER = {"type": "number"}
+
+
+class MetricStep(Strict):
+    """One step's metrics of one run: its values by key (NaN and ±inf are values, as JSON's
+    ``NaN``, ``Infinity``, ``-Infinity``)."""
+
+    run_id: Id
+    step: Int53
+    wall_time: float
+    values: Annotated[
+        dict[str, float],
+        WithJsonSchema(
+            {"type": "object", "propertyNames": METRIC_KEY, "additionalProperties": NUMBER}
+        ),
+    ]
+
+
+class Metrics(Strict):
+    """Metric steps in order with a batch's other writes (what a ``/batches/metrics`` Arrow
+    body holds, for a few steps among other writes)."""
+
+    steps: list[MetricStep]
+
+
+class TruncateRun(Strict):
+    """A run's rows after a step (all of them for null), dropped before the batch's
+    later writes."""
+
+    run_id: Id
+    after_step: Int53 | None = None
+
+
 #: Each op's name and the model of its arguments (the `Store` method of that name's).
 ARGS: dict[str, type[BaseModel]] = {
     "write_eval": WriteEval,
@@ -188,6 +225,8 @@ ARGS: dict[str, type[BaseModel]] = {
     "finish_experiment": FinishExperiment,
     "heartbeat": Heartbeat,
     "media": Media,
+    "metrics": Metrics,
+    "truncate_run": TruncateRun,
 }
 
 

@@ -3,9 +3,11 @@
 The training thread hands metric steps and other writes to the same bounded buffer the
 local store uses (`lab.store.writer.MetricWriter`), so `log_metrics` costs it the same: an
 append. The writer thread calls `Sender.send` with whatever piled up; the sender cuts it into
-batches in order (runs of metric steps become one Arrow IPC body, runs of other writes one
-JSON list), numbers each batch 1, 2, 3... under its client id as it first sends it, and
-posts it, retrying with a capped exponential backoff for up to the retry window.
+batches in order (runs of other writes become one JSON list, runs of metric steps one Arrow
+IPC body, or, when they are few and the server takes them there, a metrics op among the
+JSON list's writes, so that a short run's writes make one request), numbers each batch 1,
+2, 3... under its client id as it first sends it, and posts it, retrying with a capped
+exponential backoff for up to the retry window.
 
 What the server answers decides what happens to a batch:
 
@@ -70,6 +72,11 @@ MAX_OPS = 1_000
 #: The most bytes of operations in one JSON batch (an image travels in one, as base64),
 #: an eighth of a server's default body limit.
 MAX_OPS_BYTES = 8 * 1024 * 1024
+#: The most metric points a run of steps may hold to travel in a JSON batch, with the writes
+#: around it (a server that takes the metrics op); a larger one is an Arrow batch.
+MAX_JSON_POINTS = 5_000
+# What a step and each of its points add to a JSON batch, about: for MAX_OPS_BYTES.
+_STEP_BYTES, _POINT_BYTES = 48, 32
 #: The answers that refuse a batch as it is (bad data, or too large: 413), rather than say the
 #: server cannot take it now (408, 429, 5xx) or that the token may not (401, 403).
 REFUSED = tuple(s for s in range(400, 500) if s not in (401, 403, 408, 429))
@@ -90,6 +97,24 @@ class Op:
 def dumps(value: Any) -> bytes:
     """JSON for the server, NaN and ±inf as JSON's NaN/Infinity (read back as floats)."""
     return json.dumps(value, default=_plain, allow_nan=True).encode()
+
+
+def _ops(items: list[Any]) -> list[dict[str, Any]]:
+    """The operations of a JSON batch: each `Op` as itself, and each run of metric steps
+    between them as one metrics op, a step each (`lab.server.ops.MetricStep`)."""
+    ops: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] | None = None
+    for item in items:
+        if type(item) is not tuple:
+            ops.append({"op": item.name, "args": item.args})
+            steps = None
+            continue
+        if steps is None:
+            steps = []
+            ops.append({"op": "metrics", "args": {"steps": steps}})
+        run_id, step, metrics, wall = item
+        steps.append({"run_id": run_id, "step": step, "wall_time": wall, "values": metrics})
+    return ops
 
 
 def _plain(value: Any) -> Any:
@@ -119,7 +144,10 @@ class _Batch:
 class Sender:
     """Posts batches for one `HttpStore` (`client`), spooling them when it cannot.
 
-    `folder_of(run_id)` gives a run's folder (where its batches spool).
+    `folder_of(run_id)` gives a run's folder (where its batches spool). `json_points`: the
+    most points a run of metric steps may hold to travel in a JSON batch, among the other
+    writes (`MAX_JSON_POINTS` for a server that takes the metrics op; 0, never, for one
+    that does not).
     """
 
     def __init__(
@@ -130,8 +158,10 @@ class Sender:
         *,
         heartbeat_s: float,
         probe_s: float = 1.0,
+        json_points: int = 0,
     ) -> None:
         self.client = client
+        self.json_points = json_points
         self.client_id = client_id
         self._folder_of = folder_of
         self._seq = 0
@@ -153,6 +183,14 @@ class Sender:
         self.sent_batches = 0
         #: Set while the server refuses the token: the run fails with it (`HttpWrites`).
         self.refused: TokenRejected | None = None
+
+    def began(self, experiment_id: int) -> None:
+        """Keep the heartbeat of an experiment this process began: its begin recorded the
+        driver and the heartbeat, so the first beat is due half a heartbeat later (or
+        with the beat of the experiments it drives already)."""
+        if not self.driving:
+            self._driven_at = time.monotonic()
+        self.driving.add(experiment_id)
 
     @property
     def spooled(self) -> list[Path]:
@@ -185,10 +223,12 @@ class Sender:
         self._beat()
 
     def _batches(self, items: list[Any]) -> list[_Batch]:
-        """Cut `items` into consecutive batches: runs of metric steps (up to `MAX_POINTS`
-        points; a step is never split), runs of other writes (up to `MAX_OPS` of them and
-        about `MAX_OPS_BYTES`); the batch that could not be spooled last time, which comes
-        back first, is cut as it was."""
+        """Cut `items` into consecutive batches, in order: runs of other writes (up to
+        `MAX_OPS` items and about `MAX_OPS_BYTES`) as JSON, and runs of metric steps (up to
+        `MAX_POINTS` points; a step is never split) as Arrow, except that a run of at most
+        `json_points` points joins the JSON batch around it: what a flush sends is then
+        one request. The batch that could not be
+        spooled last time, which comes back first, is cut as it was."""
         out: list[_Batch] = []
         unsent, self._unsent = self._unsent, None
         n = len(unsent.items) if unsent is not None else 0
@@ -196,26 +236,39 @@ class Sender:
             out.append(unsent)
             items = items[n:]
         steps: list[tuple[int, int, dict[str, float], float]] = []
-        ops: list[Op] = []
+        ops: list[Any] = []
         points = 0
         ops_bytes = 0
-
-        def close_steps() -> None:
-            nonlocal points, steps
-            if steps:
-                out.append(_Batch("arrow", steps, steps[0][0]))
-                steps, points = [], 0
 
         def close_ops() -> None:
             nonlocal ops, ops_bytes
             if ops:
-                out.append(_Batch("json", ops, ops[0].run_id))
+                first = ops[0]
+                out.append(_Batch("json", ops, first[0] if type(first) is tuple else first.run_id))
                 ops, ops_bytes = [], 0
+
+        def add_op(item: Any, size: int) -> None:
+            nonlocal ops_bytes
+            if ops and (len(ops) >= MAX_OPS or ops_bytes + size > MAX_OPS_BYTES):
+                close_ops()
+            ops.append(item)
+            ops_bytes += size
+
+        def close_steps() -> None:
+            nonlocal points, steps
+            if not steps:
+                return
+            if self.json_points and points <= self.json_points:
+                for step in steps:
+                    add_op(step, _STEP_BYTES + _POINT_BYTES * len(step[2]))
+            else:
+                close_ops()
+                out.append(_Batch("arrow", steps, steps[0][0]))
+            steps, points = [], 0
 
         last = self.last_steps
         for item in items:
             if type(item) is tuple:
-                close_ops()
                 run_id, step = item[0], item[1]
                 if step > last.get(run_id, -1):
                     last[run_id] = step
@@ -225,11 +278,13 @@ class Sender:
                 points += len(item[2])
             else:
                 close_steps()
-                size = len(dumps({"op": item.name, "args": item.args}))
-                if ops and (len(ops) >= MAX_OPS or ops_bytes + size > MAX_OPS_BYTES):
-                    close_ops()
-                ops.append(item)
-                ops_bytes += size
+                if item.name == "truncate_run":  # what is queued after it counts from there
+                    after = item.args["after_step"]
+                    if after is None:
+                        last.pop(item.run_id, None)
+                    else:
+                        last[item.run_id] = after
+                add_op(item, len(dumps({"op": item.name, "args": item.args})))
         close_steps()
         close_ops()
         return out
@@ -242,7 +297,7 @@ class Sender:
             if batch.kind == "arrow":
                 batch.body = self._arrow(batch.items)
             else:
-                ops = [{"op": op.name, "args": op.args} for op in batch.items]
+                ops = _ops(batch.items)
                 batch.body = dumps({"client_id": self.client_id, "seq": batch.seq, "ops": ops})
         return batch
 
@@ -334,10 +389,12 @@ class Sender:
     def _unspoolable(self, batch: _Batch, exc: OSError) -> OSError:
         """The error for a batch that can be neither sent nor spooled: what it holds, where
         it was to go, and why it cannot."""
-        if batch.kind == "arrow":
-            what = plural(sum(len(step[2]) for step in batch.items), "metric row")
-        else:
-            what = plural(len(batch.items), "write")
+        points = sum(len(item[2]) for item in batch.items if type(item) is tuple)
+        writes = sum(1 for item in batch.items if type(item) is not tuple)
+        what = " and ".join(
+            [plural(points, "metric row")] * bool(points or not writes)
+            + [plural(writes, "write")] * bool(writes)
+        )
         folder = spool_folder(self._folder_of(batch.run_id))
         return OSError(
             f"a batch of {what} can be neither sent to {self.client.url.shown} nor spooled "

@@ -2,7 +2,8 @@
 
 A batch the sender could not deliver within the retry window is written, exactly as it
 would have been sent, to ``<run dir>/.lab-spool/<client>-<seq>.arrow`` (metric rows, an
-Arrow IPC stream) or ``.json`` (the other writes). The name carries the client id and the
+Arrow IPC stream) or ``.json`` (the other writes, with the few metric rows sent among
+them). The name carries the client id and the
 sequence number, so a replay (by the sender once the server answers again, or by
 ``lab sync RUN_DIR``) sends the same (client, seq) and the server stores nothing twice.
 
@@ -40,7 +41,7 @@ class Spooled:
 
     client_id: str
     seq: int
-    kind: str  # "arrow" (metric rows) or "json" (other writes)
+    kind: str  # "arrow" (metric rows) or "json" (other writes, a few metric rows among them)
     path: Path
 
 
@@ -105,7 +106,8 @@ def unfinished(run_dir: str | Path) -> list[Path]:
 
 def describe(kind: str, body: bytes) -> str:
     """What a batch body holds, in words: ``"120 metric rows of run 3"``, ``"2 writes
-    (finish_run, write_eval) of run 3"``. Raises `ValueError`, saying why, when the body is
+    (finish_run, write_eval) of run 3"``, ``"30 metric rows and 1 write (write_eval) of
+    run 3"``. Raises `ValueError`, saying why, when the body is
     not a whole batch of its kind (an empty file, one cut short, another format)."""
     if not body:
         raise ValueError("it is empty")
@@ -123,13 +125,18 @@ def describe(kind: str, body: bytes) -> str:
     try:
         batch = json.loads(body)
         ops = batch["ops"]
-        names = Counter(str(op["op"]) for op in ops)
-        runs = {op["args"].get("run_id") for op in ops} - {None}
+        names = Counter(str(op["op"]) for op in ops if op["op"] != "metrics")
+        steps = [one for op in ops if op["op"] == "metrics" for one in op["args"]["steps"]]
+        runs = {op["args"].get("run_id") for op in ops if op["op"] != "metrics"} - {None}
+        runs.update(one["run_id"] for one in steps)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a whole batch of writes: {type(exc).__name__}: {exc}") from None
     if not ops:
         raise ValueError("it holds no writes")
-    return f"{plural(len(ops), 'write')} ({', '.join(sorted(names))}) {_of(runs)}"
+    held = [plural(sum(len(one["values"]) for one in steps), "metric row")] if steps else []
+    if names:
+        held.append(f"{plural(names.total(), 'write')} ({', '.join(sorted(names))})")
+    return f"{' and '.join(held)} {_of(runs)}"
 
 
 def _of(runs: set[object]) -> str:

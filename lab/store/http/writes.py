@@ -1,15 +1,18 @@
 """The writing part of `HttpStore`: the same write methods as `lab.store.Store`, over HTTP.
 
-Calls that return ids the caller needs (the experiment, arms, groups, the run claim and
-start) are synchronous requests. Everything a run writes while it trains (metric steps,
-evals with predictions, checkpoint rows, histograms and images, its end, callback errors,
-the experiment's end) is queued, in order, in the same bounded buffer the local store uses,
-and posted by one background sender (`lab.store.http.sender`) in idempotent batches; while
-the server is away they are spooled to the run folder and replayed later.
+Calls that return ids the caller needs (the experiment, arms, groups, the run claim) are
+synchronous requests. Everything a run writes while it trains (the truncation of its rows
+as it starts, metric steps, evals with predictions, checkpoint rows, histograms and images,
+its end, callback errors, the experiment's end) is queued, in order, in the same bounded
+buffer the local store uses, and posted by one background sender (`lab.store.http.sender`)
+in idempotent batches; while the server is away they are spooled to the run folder and
+replayed later. A run this client claimed starts without a request of its own: the claim
+recorded it `running` under this process already.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -23,7 +26,8 @@ from lab._metrics import as_number, check_key
 from lab.errors import MetricError, TokenRejected
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.crashes import HEARTBEAT_S
-from lab.store.http.sender import Op, Sender, dumps
+from lab.store.http.reads import _times
+from lab.store.http.sender import MAX_JSON_POINTS, Op, Sender, dumps
 from lab.store.liveness import this_owner
 from lab.store.writer import MetricWriter
 
@@ -59,8 +63,16 @@ class HttpWrites:
         self.heartbeat_s = heartbeat_s
         self._max_pending = max_pending
         self._folders: dict[int, str | None] = {}
+        # run id -> (when, what) of each run claimed here and not started or released yet
+        self._claimed: dict[int, tuple[float, dict[str, Any]]] = {}
         self._cwd = str(Path.cwd())
-        self._sender = Sender(self, self.client_id, self._folder_of, heartbeat_s=heartbeat_s)  # type: ignore[arg-type]
+        self._sender = Sender(
+            self,  # type: ignore[arg-type]
+            self.client_id,
+            self._folder_of,
+            heartbeat_s=heartbeat_s,
+            json_points=MAX_JSON_POINTS if "metrics" in self.ops else 0,  # type: ignore[attr-defined]
+        )
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
         self._good_keys: set[str] = set()
@@ -158,7 +170,7 @@ class HttpWrites:
         body = {"name": name, "config": config, "seed": seed, "repeats": repeats,
                 "tags": list(tags), "notes": notes, "owner": self._owner}  # fmt: skip
         exp_id = self._post("/experiments", body, retry=True)["experiment_id"]
-        self._sender.driving.add(exp_id)
+        self._sender.began(exp_id)
         _ = self.writer  # started now: it keeps the experiment's heartbeat
         return exp_id
 
@@ -182,12 +194,36 @@ class HttpWrites:
         """Claim a run before it starts (see `Store.claim_run`), under this process."""
         body = {"group_id": group_id, **fields, "owner": self._owner}
         answer = self._post(f"/experiments/{experiment_id}/claims", body)
+        if answer["run_id"] is not None:
+            what = {"experiment_id": experiment_id, "group_id": group_id, **fields}
+            self._claimed[answer["run_id"]] = (time.monotonic(), what)
         return answer["run_id"], answer["finished"]
 
-    def start_run(self, experiment_id: int, group_id: int, **fields: Any) -> int:
-        """Record a run as `running` under this process (see `Store.start_run`)."""
-        body = {"group_id": group_id, **fields, "owner": self._owner}
-        run_id = self._post(f"/experiments/{experiment_id}/runs", body)["run_id"]
+    def start_run(
+        self,
+        experiment_id: int,
+        group_id: int,
+        *,
+        provenance: dict[str, Any] | None = None,
+        claimed: int | None = None,
+        **fields: Any,
+    ) -> int:
+        """Record a run as `running` under this process (see `Store.start_run`).
+
+        A run this client claimed less than a heartbeat ago, with the same fields, is
+        `running` under this process since its claim, and no other process may take it
+        meanwhile: it starts without a request, its provenance queued with its writes.
+        Any other start (a run another process claimed, a worker's) asks the server."""
+        when, what = self._claimed.pop(claimed, (-math.inf, None))  # type: ignore[arg-type]
+        same = what == {"experiment_id": experiment_id, "group_id": group_id, **fields}
+        if same and time.monotonic() - when < self.heartbeat_s:
+            run_id = claimed
+            if provenance is not None:
+                self._queue("set_provenance", {"run_id": run_id, "provenance": provenance}, run_id)
+        else:
+            body = {"group_id": group_id, **fields, "provenance": provenance,
+                    "claimed": claimed, "owner": self._owner}  # fmt: skip
+            run_id = self._post(f"/experiments/{experiment_id}/runs", body)["run_id"]
         self._folders[run_id] = fields.get("output_dir")
         self._sender.active.add(run_id)
         _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
@@ -195,6 +231,7 @@ class HttpWrites:
 
     def release_run(self, run_id: int, error: str) -> None:
         """Record a run claimed here and never started as `failed` with `error`."""
+        self._claimed.pop(run_id, None)
         self._post(f"/runs/{run_id}/release", {"error": error, "owner": self._owner})
 
     def supersede_run(self, run_id: int, run_key: str, output_dir: str | None) -> None:
@@ -202,8 +239,12 @@ class HttpWrites:
         self._post(f"/runs/{run_id}/supersede", {"run_key": run_key, "output_dir": output_dir})
 
     def truncate_run(self, run_id: int, after_step: int | None = None) -> None:
-        """Drop a run's rows after a step, or all of them (see `Store.truncate_run`); what
-        was queued before is sent first."""
+        """Drop a run's rows after a step, or all of them (see `Store.truncate_run`), after
+        what was queued before and before what is queued after: queued with the run's
+        writes where the server takes it in a batch, else sent once the queue is."""
+        if "truncate_run" in self.ops:  # type: ignore[attr-defined]
+            self._queue("truncate_run", {"run_id": run_id, "after_step": after_step}, run_id)
+            return
         self.flush()
         self._post(f"/runs/{run_id}/truncate", {"after_step": after_step}, retry=True)
         self._sender.last_steps.pop(run_id, None)
@@ -211,17 +252,23 @@ class HttpWrites:
             self._sender.last_steps[run_id] = after_step
 
     # -- the reads a recording client needs before it starts ------------------------------
+    # (each sends what this client queued first, so that it reads what it wrote: a run's
+    # end queued by the experiment before, say)
     def mark_crashed(self) -> list[str]:
         """Mark the runs whose process is gone `crashed` (at the server); their keys."""
+        self.flush()
         return self._post("/records/mark_crashed", {}, retry=True)["run_keys"]
 
     def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
-        """The current runs of `experiment`, by run key (see `Store.previous_runs`)."""
-        return self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
+        """The current runs of `experiment`, by run key (see `Store.previous_runs`), their
+        times as `datetime`, as `Store` gives them."""
+        runs = self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
+        return {key: _times(row) for key, row in runs.items()}
 
     def current_runs(self, experiment: str) -> list[dict[str, Any]]:
         """The current runs of `experiment`, as rows."""
-        return self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
+        rows = self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
+        return [_times(row) for row in rows]
 
     def run_keys(self, experiment: str) -> list[str]:
         """Every run key `experiment` has recorded, superseded ones included."""
@@ -241,6 +288,7 @@ class HttpWrites:
         return self._get(f"/records/runs/{run_id}/last_step")["last_step"]
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        self.flush()
         return self._request("GET", path, params=params).json()
 
     # -- queued writes -------------------------------------------------------------------
