@@ -217,6 +217,12 @@ def build(specs: Iterable[Mapping[str, Any]]) -> list[Callback]:
     return out
 
 
+def kinds() -> list[str]:
+    """Every callback kind a spec may name, built in or registered: what `REGISTRY` alone
+    does not say, since a built-in kind registers only once its module is imported."""
+    return sorted(set(REGISTRY) | set(_BUILTIN_KINDS))
+
+
 def _load_builtins() -> None:
     """Import the modules whose classes register themselves."""
     for module in sorted(set(_BUILTIN_KINDS.values())):
