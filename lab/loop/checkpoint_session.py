@@ -31,7 +31,7 @@ import torch
 from lab._distributed import agreed, broadcast, gather_to_zero
 from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
-from lab.errors import CheckpointError
+from lab.errors import CheckpointError, ConfigError, HookOrderError
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, snapshot_to_cpu
 from lab.loop.payload import (
     callback_states,
@@ -72,6 +72,37 @@ class Progress:
     epochs_started: int = 0
     last: dict[str, float] = field(default_factory=dict)
     eval_metrics: dict[str, float] = field(default_factory=dict)
+
+    def begin_epoch(
+        self, state: LoopState, epoch: int | None, next_pass: Callable[[], None] | None
+    ) -> None:
+        """Open the next epoch, or `epoch` when given: the first `start_epoch` keeps the
+        state's epoch, each later one moves to the next (`next_pass` starts a fresh pass
+        over the data, which counts the epoch itself when the pass had begun)."""
+        if self.epoch_open is True:
+            raise HookOrderError(
+                f"start_epoch({'' if epoch is None else epoch}) while epoch "
+                f"{state.epoch} is open; call loop.end_epoch() first"
+            )
+        if epoch is not None:
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise ConfigError(f"start_epoch({epoch!r}): give the epoch as an int >= 0")
+            state.epoch = epoch
+        elif self.epochs_started:  # the next epoch: with `batches`, a fresh pass
+            before = state.epoch
+            if next_pass is not None:
+                next_pass()  # a no-op when the pass has not begun
+            if state.epoch == before:
+                state.epoch += 1
+                state.batch_in_epoch = 0
+        self.epochs_started += 1
+        self.epoch_open = True
+
+    def close_epoch(self) -> None:
+        """Close the open epoch."""
+        if not self.epoch_open:
+            raise HookOrderError("end_epoch() with no epoch open; call loop.start_epoch() first")
+        self.epoch_open = False
 
 
 class CheckpointSession:
@@ -119,6 +150,46 @@ class CheckpointSession:
         self.state = state
         self.hooks = hooks
         self.across_ranks = state.world_size > 1
+
+    def check(self, folder: Path | None, resume: Any, hooks: Dispatcher) -> None:
+        """Fail before any hook, and before a step is spent, on what keeps a save from being
+        made: no folder to save in, a `resume` without checkpoints, two callbacks whose
+        states share a key."""
+        if self.config is not None:
+            if folder is None:
+                raise ConfigError(
+                    "checkpoints need a folder: run under an Experiment (or lab.start_run), "
+                    "or pass run_dir=..."
+                )
+            state_keys(hooks.stateful())
+        elif resume not in (True, False):
+            raise ConfigError(
+                f"resume={resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
+            )
+
+    def due(self, step: int, save: bool | None, num_steps: int | None) -> bool:
+        """Whether a save follows `step`: what the loop says (`save`), else the config's
+        schedule; a save due only as an ephemeral one is skipped while a callback blocks
+        those."""
+        config = self.config
+        if self.manager is None or config is None:
+            return False
+        if save is not None:
+            return save
+        return config.due(step, num_steps) and not (
+            self.state.ephemeral_checkpoints_blocked and config.is_ephemeral(step, num_steps)
+        )
+
+    def due_at_end(self, step: int) -> bool:
+        """Whether the run's end saves: the config asks for it and the last step is unsaved."""
+        config = self.config
+        return (
+            self.manager is not None
+            and config is not None
+            and config.save_at_end
+            and step > 0
+            and self.last_saved != step
+        )
 
     # ------------------------------------------------------------------------------------
     # open: the manager, and the checkpoint to resume from

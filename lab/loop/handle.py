@@ -1,6 +1,6 @@
 """The run handle: one run's loop lifecycle, whatever loop drives it.
 
-`RunHandle` is the one object that fires the loop's hooks (`post_checkpoint_loaded`,
+`RunHandle`, with its parts, is what fires the loop's hooks (`post_checkpoint_loaded`,
 `on_train_start`, `on_epoch_start`, `pre_step`, `on_step_end`, `on_media`, `on_eval`,
 `on_benchmark_eval`, `on_checkpoint`, `on_epoch_end`, `on_train_end`, `on_error`) and owns the
 run's `CheckpointManager`. `TrainingLoop` drives it, and so can a loop a user writes (an RL
@@ -20,6 +20,24 @@ Entering the handle restores the newest checkpoint of the run (model, optimizers
 schedulers, grad scaler, the objects in `stateful`, callbacks, every RNG, the data
 position and `user_state`), so a resumed run continues the trajectory of one that never
 stopped. `loop.resumed_from` says whether that happened.
+
+Under DDP (``torchrun``, or ``Experiment(processes_per_run=N)``) every rank drives its
+own handle: the hooks fire on every rank (`state.rank`, `state.world_size`), each step's
+metrics are reduced across ranks in one collective before `on_step_end` (the mean, or
+what `reduce` names per metric or glob pattern: ``{"tokens": "sum", "mem/*": "max"}``),
+and checkpoints are saved by rank 0, or by every rank with ``CheckpointConfig(sharded=True)``.
+
+`log_every=N` lets `end_step` hold a step's metrics, tensors on their device, instead of
+reading them: they are read (materialised) for all the steps held in one transfer per
+device, and one collective under DDP, at each multiple of N, and at any step after
+which something reads them (see `end_step`); the held steps' `on_step_end` fire then,
+in order, before the materialising step's. N is 1 in effect while a callback that sets
+`Callback.live_steps` is attached.
+
+The handle's parts: `LoopSettings` (`lab.loop.settings`), `StepEnds` (`lab.loop.step_end`:
+a step's metrics read or held, and its `on_step_end`), `CheckpointSession`
+(`lab.loop.checkpoint_session`), `RunEvals` (`lab.loop.run_evals`) and `Feed`
+(`lab.loop.feed`).
 """
 
 from __future__ import annotations
@@ -31,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lab._distributed import MetricReducer, broadcast, init_from_launcher, rank_and_world
 from lab._secrets import logger
 from lab.dispatch import Dispatcher
 from lab.errors import ConfigError, HookOrderError
@@ -41,12 +58,9 @@ from lab.loop.checkpoint_session import CheckpointSession, Progress, Writer
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager
 from lab.loop.evals import Evaluator
 from lab.loop.feed import Feed
-from lab.loop.metric_buffer import MetricBuffer, floats
-from lab.loop.metric_names import MetricWatch, watch_names
-from lab.loop.payload import state_keys
 from lab.loop.run_evals import RunEvals
 from lab.loop.settings import LoopSettings, Setting, named
-from lab.loop.steps import check_no_epoch_settings
+from lab.loop.step_end import StepEnds
 from lab.records import EvalResult, LoopArtifacts, ManifestRow, TrainingBatch
 
 if TYPE_CHECKING:
@@ -78,18 +92,7 @@ class RunHandle:
     step (see `lab.loop.metric_names`); `more_metrics=True` says the loop may log others too
     (they are then looked for at the first step instead).
 
-    Under DDP (``torchrun``, or ``Experiment(processes_per_run=N)``) every rank drives its
-    own handle: the hooks fire on every rank (`state.rank`, `state.world_size`), each step's
-    metrics are reduced across ranks in one collective before `on_step_end` (the mean, or
-    what `reduce` names per metric or glob pattern: ``{"tokens": "sum", "mem/*": "max"}``),
-    and checkpoints are saved by rank 0, or by every rank with ``CheckpointConfig(sharded=True)``.
-
-    `log_every=N` lets `end_step` hold a step's metrics, tensors on their device, instead of
-    reading them: they are read (materialised) for all the steps held in one transfer per
-    device, and one collective under DDP, at each multiple of N, and at any step after
-    which something reads them (see `end_step`); the held steps' `on_step_end` fire then,
-    in order, before the materialising step's. N is 1 in effect while a callback that sets
-    `Callback.live_steps` is attached.
+    Under DDP, and with `log_every`, see the module's docstring.
 
     Misuse is one `HookOrderError` line: a step that goes backwards, a step logged before
     the handle started or after it ended, a step begun twice, or a step never ended.
@@ -156,17 +159,7 @@ class RunHandle:
     def _configure(
         self, run: RunSpec | None, model: torch.nn.Module, optimizer: Any, settings: LoopSettings
     ) -> None:
-        checkpoint = settings.checkpoint
-        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
-            raise ConfigError(
-                f"checkpoint={checkpoint!r}: pass a CheckpointConfig(...), or None for no saves"
-            )
-        self.optimizers = _checked_optimizers(optimizer)
-        _check_stateful(settings.stateful)
-        if settings.steps_per_epoch is None:  # an every_epochs evaluator would never run
-            check_no_epoch_settings((), settings.evaluators)
-        if settings.run_dir is not None:
-            settings.run_dir = Path(settings.run_dir)
+        self.optimizers = settings.for_run(optimizer)
         self.run, self.model, self.loop_settings = run, model, settings
         self.schedulers = named("scheduler", settings.scheduler)
         #: The run's checkpoints: what each holds, how it is saved, committed and restored.
@@ -175,29 +168,15 @@ class RunHandle:
             settings.stateful,
         )  # fmt: skip
         self.progress: Progress = self.checkpoint_session.progress
-        self._buffer = MetricBuffer(settings.log_every)  # the steps held (log_every)
-        self._reducer: MetricReducer | None = None  # set under DDP, when the handle starts
-        self._past = TrainingBatch()  # the batch a held step's on_step_end sees: no data
-        self._open = settings.open
+        self._steps = StepEnds(settings, self.progress)  # read, held, announced
         self.state: LoopState
-        self._manager: CheckpointManager | None = None  # the session's, once it is open
         self.resumed_from: Path | None = None
         self.artifacts: LoopArtifacts | None = None
         self._phase = _NEW
         self._bare: BareRun | None = None  # a run's own experiment, outside an Experiment
         self._own: Dispatcher | None = None  # under an Experiment: the handle's callbacks
-        self._batch = TrainingBatch()
-        self._begun = 0  # the step pre_step announced and end_step has not ended yet
         self._feed: Feed | None = None  # the passes `batches` draws from
         self._saved: list[ManifestRow] = []
-        self._eval_metrics = self.progress.eval_metrics  # the last value of each eval metric
-        # the last value logged of each step metric: a run's final values (lab._ranking)
-        self._last = self.progress.last
-        self._seen: set[str] = set()  # step metric names logged in this fit (ranking check)
-        # Whether steps still add to `_seen`: only with a ranking metric not yet logged.
-        self._ranking_open = checkpoint is not None and checkpoint.metric is not None
-        self._watch: MetricWatch | None = None
-        self._watch_step = False
 
     @property
     def declared(self) -> tuple[str, ...] | None:
@@ -207,7 +186,7 @@ class RunHandle:
     @property
     def checkpoints(self) -> CheckpointManager | None:
         """The run's `CheckpointManager` once the handle started (None without checkpoints)."""
-        return self._manager
+        return self.checkpoint_session.manager
 
     @property
     def user_state(self) -> dict[str, Any]:
@@ -264,8 +243,8 @@ class RunHandle:
             bare.open()  # on_experiment_start, on_group_start, on_run_start
         state = self._open_state()
         path = session.open(self._folder, self.ctx.run_key or "", self.resume)
-        self._manager = session.manager
-        if self._manager is not None and path is not None:
+        self._steps.saving = session.manager is not None
+        if session.manager is not None and path is not None:
             session.restore(path)
             self.resumed_from = path
             hooks.fire("post_checkpoint_loaded", state, path)
@@ -276,10 +255,8 @@ class RunHandle:
         self.model.train()
         hooks.fire("on_train_start", state)
         if state.step == 0:  # `at_start` evals score the untrained model, at step 0
-            for evaluator in self.evaluators:
-                if evaluator.at_start:
-                    self._evals.run(evaluator, 0)
-            if self._manager is not None and self.checkpoint.due(0, self.num_steps):
+            self._evals.run_at_start()
+            if session.manager is not None and self.checkpoint.due(0, self.num_steps):
                 self._save_now()
 
     def _open_callbacks(self) -> BareRun | None:
@@ -296,51 +273,17 @@ class RunHandle:
             self._folder = run.dir
             self.hooks = run.dispatcher.extended(self.callbacks)
             self._own = run.dispatcher.sibling(self.callbacks)  # the Experiment owns the rest
-        settings = self.loop_settings
-        self._watch = watch = watch_names(
-            self.hooks.callbacks, settings.checkpoint, settings.declared, self._open,
-            settings.evaluators,
-        )  # fmt: skip
-        self._watch_step = watch is not None and bool(watch.at_step)
-        self._evals = RunEvals(settings.evaluators, settings.device, self._eval_metrics)
-        self._buffer.every = self._buffer.in_effect(self.hooks.callbacks)
-        if self.checkpoint is not None:
-            if self._folder is None:
-                raise ConfigError(
-                    "checkpoints need a folder: run under an Experiment (or lab.start_run), "
-                    "or pass run_dir=..."
-                )
-            state_keys(self.hooks.stateful())  # a clash fails here, before any step is spent
-        elif self.resume not in (True, False):
-            raise ConfigError(
-                f"resume={self.resume!r} needs checkpoints: pass checkpoint=CheckpointConfig(...)"
-            )
+        self._steps.open(self.hooks)
+        self._evals = RunEvals(self.evaluators, self.device, self.progress.eval_metrics)
+        self.checkpoint_session.check(self._folder, self.resume, self.hooks)
         return bare
 
     def _open_state(self) -> LoopState:
-        """The model on its device, the process group of a bare fit under torchrun, and the
-        run's `LoopState`; under DDP, the metric reducer."""
-        if self.device is not None:
-            self.model.to(self.device)
-        first = next(iter(self.optimizers.values()), None)
-        init_from_launcher()  # a bare fit under torchrun; an Experiment has made the group
-        rank, world = rank_and_world()
-        self.state = state = LoopState(
-            ctx=self.ctx,
-            model=self.model,
-            optimizer=first,
-            num_steps=self.num_steps or 0,
-            rank=rank,
-            world_size=world,
-        )
+        """The run's `LoopState` (`LoopSettings.new_state`), given to the parts."""
+        self.state = state = self.loop_settings.new_state(self.ctx, self.model, self.optimizers)
         self.checkpoint_session.attach(state, self.hooks)
-        self._evals.attach(state, self.hooks, self._watch)
-        if world > 1:
-            self._reducer = MetricReducer(self.reduce)
-            if self.log_every > 1:
-                # rank 0 has every callback (rank_zero_only ones too): its choice holds for
-                # all, so every rank materialises, and reduces, at the same steps
-                self._buffer.every = broadcast(self._buffer.every)
+        self._evals.attach(state, self.hooks, self._steps.watch)
+        self._steps.attach(state)
         return state
 
     def finish(self) -> LoopArtifacts:
@@ -349,31 +292,21 @@ class RunHandle:
         self._check_running("finish")
         try:
             state, session = self.state, self.checkpoint_session
-            self._materialise()  # the steps held since the last one, before what ends the run
+            self._steps.materialise()  # the steps held, before what ends the run
             if self.progress.epoch_open is True:
                 self.end_epoch()
-            config = self.checkpoint
-            if (
-                self._manager is not None
-                and config.save_at_end
-                and state.step > 0
-                and session.last_saved != state.step
-            ):
+            if session.due_at_end(state.step):
                 self._save_now(final=True)
-            for row in session.commit_shards():  # an asynchronous sharded save commits
-                self._saved.append(row)
-                self.hooks.fire("on_checkpoint", state, row)
+            self._saves(session.commit_shards())  # an asynchronous sharded save commits
             # the final save is durable first (under DDP: rank 0's, its rows to all)
-            for row in session.wait():
-                self._saved.append(row)
-                self.hooks.fire("on_checkpoint", state, row)
+            self._saves(session.wait())
             self.artifacts = LoopArtifacts(
                 model=self.model,
-                metrics={**self._last, **self._eval_metrics},
+                metrics={**self.progress.last, **self.progress.eval_metrics},
                 step=state.step,
                 stopped=state.stop_requested,
                 stop_reason=state.stop_reason,
-                checkpoint_dir=self._manager.root if self._manager is not None else None,
+                checkpoint_dir=session.manager.root if session.manager is not None else None,
                 checkpoints=self._saved,
                 evals=self._evals.results,
             )
@@ -398,7 +331,7 @@ class RunHandle:
         if self._phase == _ENDED:
             return
         self._phase = _ENDED
-        self._materialise_on_error()
+        self._steps.materialise_on_error()
         self.checkpoint_session.abandon()
         if self._bare is not None:  # on_error, on_run_end, on_experiment_end, close
             self._bare.end(exc)
@@ -410,27 +343,6 @@ class RunHandle:
             own.fire("on_error", self.ctx, exc)
         finally:
             own.fire("close")
-
-    def _materialise_on_error(self) -> None:
-        """Record the steps held since the last materialisation, before `on_error`: they
-        were trained. Not under DDP, where reading them takes a collective that a failing
-        group may never complete: they are named in a WARNING instead."""
-        buffer = self._buffer
-        if not buffer.held:
-            return
-        steps = buffer.named()
-        if self._reducer is not None:
-            buffer.held = []
-            log.warning(
-                "%s: not recorded, their metrics were held (log_every) when the run failed, "
-                "and reducing them across ranks needs every rank",
-                steps,
-            )
-            return
-        try:
-            self._materialise()
-        except Exception as error:
-            log.error("%s: their held metrics could not be read: %s", steps, error)
 
     # ------------------------------------------------------------------------------------
     # steps
@@ -484,14 +396,9 @@ class RunHandle:
         """
         if self._phase != _RUNNING:
             self._check_running("pre_step")
-        state = self.state
-        step = state.step + 1
-        if self._begun == step:
-            raise HookOrderError(
-                f"pre_step for step {step} twice: end the step with loop.end_step(metrics) first"
-            )
-        self._begun = step
-        hb = self._wrap(batch)
+        state, steps = self.state, self._steps
+        step = steps.begin(state.step + 1)
+        hb = steps.wrap(batch)
         if self.hooks.listens("pre_step"):
             self.hooks.fire("pre_step", state, step, hb)
         return hb
@@ -515,41 +422,25 @@ class RunHandle:
 
         `metrics` may hold one-element tensors: read on the host here with ``log_every=1``
         (one transfer for all of them), else held on their device while nothing follows the
-        step that reads them (`lab.loop.metric_buffer`): see `_logs_at` for when a step
+        step that reads them (`lab.loop.metric_buffer`): see `StepEnds.reads_at` for when a step
         materialises. Until then `state.step` counts the held step as ended, and
         `state.metrics` stays the last materialised step's.
         """
         state = self.state if self._phase == _RUNNING else None
         if state is None:
             self._check_running("end_step")
-        step = self._next_step(step)
-        if self._buffer.every == 1:  # each step read as it ends (one collective under DDP)
-            clean = floats(metrics, step)
-            if self._reducer is not None:
-                clean = self._reducer.reduce(clean, step)
-        elif self._logs_at(step, save):
-            clean = self._materialise(step, metrics)  # the held steps' on_step_end first
-        else:
-            self._hold(step, metrics, batch)  # nothing of it is read on the host yet
+        steps = self._steps
+        step = steps.next_step(step)
+        clean = steps.read(step, metrics, batch, save)  # held steps' on_step_end first
+        if clean is None:  # held: nothing of it is read on the host yet
             return
-        self._begun = 0
         state.step, state.metrics = step, clean
-        settings, checkpoints = self.loop_settings, self._manager
+        settings, checkpoints = self.loop_settings, self.checkpoint_session.manager
         config, num_steps = settings.checkpoint, settings.num_steps
         # Sinks see that a save follows this step and make what they hold durable before
         # the checkpoint commits (a kill in between must not lose the step's metrics).
-        # A save due only as an ephemeral one is skipped while a callback blocks those.
-        if save is None:
-            state.checkpoint_due = (
-                checkpoints is not None
-                and config.due(step, num_steps)
-                and not (
-                    state.ephemeral_checkpoints_blocked and config.is_ephemeral(step, num_steps)
-                )
-            )
-        else:
-            state.checkpoint_due = save and checkpoints is not None
-        self._fire_step_end(step, clean, batch)
+        state.checkpoint_due = self.checkpoint_session.due(step, save, num_steps)
+        steps.fire(step, clean, batch)  # on_step_end
         if settings.evaluators:  # no list is built: a step with nothing due allocates nothing
             self._evals.run_due(step, num_steps or 0, settings.steps_per_epoch)
         last = step == num_steps or state.stop_requested
@@ -559,105 +450,6 @@ class RunHandle:
             self._save_now(final=last)
         if state.stop_requested and last:
             log.info("stopping after step %d: %s", step, state.stop_reason)
-
-    def _next_step(self, step: int | None) -> int:
-        """The step `end_step` ends: the one after the last ended step, or `step` if that is
-        larger and not past `num_steps`."""
-        done = self.state.step
-        if step is None:
-            step = done + 1
-        elif isinstance(step, bool) or not isinstance(step, int) or step <= done:
-            raise HookOrderError(
-                f"end_step(step={step!r}) after step {done}: step numbers only go up; "
-                f"end step {done + 1} (or leave step out)"
-            )
-        num_steps = self.loop_settings.num_steps
-        if num_steps is not None and step > num_steps:
-            raise HookOrderError(
-                f"end_step(step={step}) past num_steps={num_steps}; stop at the last step"
-            )
-        return step
-
-    def _fire_step_end(self, step: int, clean: dict[str, float], batch: Any) -> None:
-        """`on_step_end` for an ended step whose metrics are floats now, and the checks of
-        metric names that read them."""
-        hooks = self.hooks
-        if hooks.listens("on_step_end"):
-            hb = self._batch if batch is None else self._wrap(batch)
-            hooks.fire("on_step_end", self.state, step, hb, clean)
-        self._last.update(clean)  # after the hook: the keys its producers added count too
-        if self._ranking_open:  # step metric names (producers' keys too), for the check
-            self._seen.update(clean)  # at saves, until the ranking metric shows up
-            self._ranking_open = (
-                self.checkpoint.metric not in clean and len(self._seen) < 64  # type: ignore[union-attr]
-            )
-        if self._watch_step:  # needed names no source declared: looked for once
-            self._watch_step = False
-            self._watch.after_step(step, clean)  # type: ignore[union-attr]
-
-    def _logs_at(self, step: int, save: bool | None) -> bool:
-        """Whether ending `step` materialises the step metrics (with ``log_every > 1``): at a
-        multiple of `log_every`, the last step, a stop asked for, and wherever something
-        after `on_step_end` reads them on the host (a save, an eval, an epoch's end, the
-        first step's lookup of needed names). Step numbers, not a count since the last
-        materialisation, so a resumed run materialises where one that never stopped does.
-        `finish`, `evaluate`, `log_eval`, `save`, `log_histogram`, `log_image`,
-        `start_epoch` and `end_epoch` materialise first, and so does a failure (not under
-        DDP)."""
-        settings = self.loop_settings
-        num_steps, spe = settings.num_steps, settings.steps_per_epoch
-        if (
-            step % self._buffer.every == 0
-            or step == num_steps
-            or self.state.stop_requested
-            or self._watch_step
-            or save
-            or (spe is not None and step % spe == 0)
-        ):
-            return True
-        if save is None and self._manager is not None and settings.checkpoint.due(step, num_steps):  # type: ignore[union-attr]
-            return True
-        if settings.evaluators:
-            return any(ev.due(step, num_steps=num_steps or 0) for ev in settings.evaluators)
-        return False
-
-    def _hold(self, step: int, metrics: Mapping[str, Any], batch: Any) -> None:
-        """End `step` without reading its metrics (`MetricBuffer.hold`)."""
-        source = self._batch if batch is None else batch
-        if isinstance(source, TrainingBatch):
-            epoch, index = source.epoch, source.index
-        else:
-            epoch, index = self.state.epoch, self.state.batch_in_epoch - 1
-        self._buffer.hold(step, metrics, epoch, index)
-        self._begun = 0
-        self.state.step = step
-
-    def _materialise(
-        self, step: int | None = None, metrics: Mapping[str, Any] | None = None
-    ) -> dict[str, float] | None:
-        """Read the held steps' metrics, and `metrics` of `step` (the step being ended), on
-        the host in one transfer per device, reduce them across ranks in one collective,
-        and fire each held step's `on_step_end` in step order, with `state.step` and
-        `state.metrics` set to that step's; returns `step`'s floats."""
-        if not self._buffer.held and metrics is None:
-            return None
-        held, clean = self._buffer.read(step, metrics, self._reducer)
-        state, past = self.state, self._past
-        ended = state.step
-        for (done, _, epoch, index), values in zip(held, clean, strict=False):
-            state.step, state.metrics, state.checkpoint_due = done, values, False
-            past.epoch, past.index = epoch, index
-            self._fire_step_end(done, values, past)
-        state.step = ended
-        return clean[-1] if metrics is not None else None
-
-    def _wrap(self, batch: Any) -> TrainingBatch:
-        if isinstance(batch, TrainingBatch):
-            return batch
-        hb = self._batch
-        hb.data = batch
-        hb.epoch, hb.index = self.state.epoch, self.state.batch_in_epoch - 1
-        return hb
 
     # ------------------------------------------------------------------------------------
     # epochs
@@ -669,35 +461,16 @@ class RunHandle:
         epoch may end that epoch (`end_epoch`) or start the next one.
         """
         self._check_running("start_epoch")
-        self._materialise()
-        if self.progress.epoch_open is True:
-            raise HookOrderError(
-                f"start_epoch({'' if epoch is None else epoch}) while epoch "
-                f"{self.state.epoch} is open; call loop.end_epoch() first"
-            )
-        state = self.state
-        if epoch is not None:
-            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-                raise ConfigError(f"start_epoch({epoch!r}): give the epoch as an int >= 0")
-            state.epoch = epoch
-        elif self.progress.epochs_started:  # the next epoch: with `batches`, a fresh pass
-            before = state.epoch
-            if self._feed is not None:
-                self._feed.next_epoch()  # a no-op when the pass has not begun
-            if state.epoch == before:
-                state.epoch += 1
-                state.batch_in_epoch = 0
-        self.progress.epochs_started += 1
-        self.progress.epoch_open = True
-        self.hooks.fire("on_epoch_start", state, state.epoch)
+        self._steps.materialise()
+        feed = self._feed
+        self.progress.begin_epoch(self.state, epoch, None if feed is None else feed.next_epoch)
+        self.hooks.fire("on_epoch_start", self.state, self.state.epoch)
 
     def end_epoch(self) -> None:
         """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
         self._check_running("end_epoch")
-        self._materialise()  # on_epoch_end after the epoch's steps' on_step_end
-        if not self.progress.epoch_open:
-            raise HookOrderError("end_epoch() with no epoch open; call loop.start_epoch() first")
-        self.progress.epoch_open = False
+        self._steps.materialise()  # on_epoch_end after the epoch's steps' on_step_end
+        self.progress.close_epoch()
         self.hooks.fire("on_epoch_end", self.state, self.state.epoch)
 
     # ------------------------------------------------------------------------------------
@@ -705,7 +478,7 @@ class RunHandle:
     def evaluate(self, evaluator: Evaluator) -> EvalResult:
         """Run `evaluator` now, at the current step, and fire its hooks."""
         self._check_running("evaluate")
-        self._materialise()
+        self._steps.materialise()
         return self._evals.run(evaluator, self.state.step)
 
     def log_eval(
@@ -718,12 +491,8 @@ class RunHandle:
         """Record an evaluation the loop ran itself, at the current step: fires `on_eval`,
         and `on_benchmark_eval` when it has per-example `predictions`."""
         self._check_running("log_eval")
-        self._materialise()
-        preds = [dict(p) for p in predictions] if predictions is not None else []
-        result = EvalResult(
-            name, {str(k): v for k, v in metrics.items()}, predictions=preds, step=self.step
-        )
-        return self._evals.run(Evaluator(name, lambda _model: result), self.state.step)
+        self._steps.materialise()
+        return self._evals.log(name, metrics, predictions, self.state.step)
 
     def log_histogram(
         self, key: str, values: Any, *, bins: int = 64, range: tuple[float, float] | None = None
@@ -734,7 +503,7 @@ class RunHandle:
         from lab.media import histogram
 
         self._check_running("log_histogram")
-        self._materialise()
+        self._steps.materialise()
         record = histogram(values, bins=bins, range=range)
         step = self._media_step()
         self.hooks.fire("on_media", self.state, step, {key: record})
@@ -746,7 +515,7 @@ class RunHandle:
         from lab.media import write_image
 
         self._check_running("log_image")
-        self._materialise()
+        self._steps.materialise()
         step = self._media_step()
         record = write_image(self.ctx.folder, key, step, image)
         self.hooks.fire("on_media", self.state, step, {key: record})
@@ -754,7 +523,7 @@ class RunHandle:
     def _media_step(self) -> int:
         """The step in progress when `pre_step` announced one, else the last ended step (a
         histogram of what a step left, logged after `end_step`)."""
-        return self._begun or self.state.step
+        return self._steps.begun or self.state.step
 
     # ------------------------------------------------------------------------------------
     # checkpoints
@@ -774,20 +543,20 @@ class RunHandle:
     def save(self, *, final: bool = False) -> list[ManifestRow]:
         """Save a checkpoint now, at the current step, whatever the schedule says."""
         self._check_running("save")
-        self._materialise()
-        if self._manager is None:
+        self._steps.materialise()
+        if self.checkpoint_session.manager is None:
             raise ConfigError("save() needs checkpoints: pass checkpoint=CheckpointConfig(...)")
         return self._save_now(final=final)
 
     def _save_now(self, *, final: bool = False) -> list[ManifestRow]:
         """Save now (`CheckpointSession.save`) and fire `on_checkpoint` for its rows."""
-        evals, declared = self._evals, self.declared
+        evals, steps, metric = self._evals, self._steps, self.checkpoint.metric
         fresh = evals.fresh()
-        steps_may = (declared is not None and self.checkpoint.metric in declared) or (
-            self._open and not (self._seen or self._eval_metrics)  # nothing logged yet
-        )
-        evals.check_ranked(self.checkpoint.metric, fresh, self._seen, steps_may)
-        rows = self.checkpoint_session.save(fresh, final=final)
+        evals.check_ranked(metric, fresh, steps.seen, steps.may_log(metric))
+        return self._saves(self.checkpoint_session.save(fresh, final=final))
+
+    def _saves(self, rows: list[ManifestRow]) -> list[ManifestRow]:
+        """Fire `on_checkpoint` for each row of a committed save, in save order."""
         for row in rows:
             self._saved.append(row)
             self.hooks.fire("on_checkpoint", self.state, row)
@@ -814,24 +583,3 @@ def _check_num_steps(num_steps: Any) -> None:
             f"num_steps={num_steps!r}: give the number of steps, an int >= 1 "
             "(or None when the loop decides when to stop)"
         )
-
-
-def _checked_optimizers(optimizer: Any) -> dict[str, Any]:
-    """The optimizers by name; each must be a torch optimizer (it is saved and restored)."""
-    optimizers = named("optimizer", optimizer)
-    for name, opt in optimizers.items():
-        if not (hasattr(opt, "param_groups") and callable(getattr(opt, "state_dict", None))):
-            raise ConfigError(
-                f"optimizer {name!r} is a {type(opt).__name__}; pass a torch optimizer, a "
-                "list of them, or a dict of named ones"
-            )
-    return optimizers
-
-
-def _check_stateful(stateful: Mapping[str, Any]) -> None:
-    for name, obj in stateful.items():
-        if not (callable(getattr(obj, "state_dict", None)) and hasattr(obj, "load_state_dict")):
-            raise ConfigError(
-                f"stateful[{name!r}] is a {type(obj).__name__} without state_dict() and "
-                "load_state_dict(); keep plain values in loop.user_state instead"
-            )

@@ -11,7 +11,7 @@ carries an older eval's value as if it were its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger
@@ -57,6 +57,12 @@ class RunEvals:
             if evaluator.due(step, num_steps=num_steps, epoch_end=epoch_end):
                 self.run(evaluator, step)
 
+    def run_at_start(self) -> None:
+        """Run the `at_start` evaluators, which score the untrained model, at step 0."""
+        for evaluator in self.evaluators:
+            if evaluator.at_start:
+                self.run(evaluator, 0)
+
     def run(self, evaluator: Evaluator, step: int) -> EvalResult:
         """Run `evaluator` at `step`, fire its hooks, keep its result and its values."""
         result = self._evaluate(evaluator, step)
@@ -70,6 +76,20 @@ class RunEvals:
                 self._fresh, self._fresh_step = {}, step
             self._fresh.update(named)
         return result
+
+    def log(
+        self,
+        name: str,
+        metrics: Mapping[str, Any],
+        predictions: Sequence[Mapping[str, Any]] | None,
+        step: int,
+    ) -> EvalResult:
+        """Record an evaluation the loop ran itself, at `step`, as one that ran here."""
+        preds = [dict(p) for p in predictions] if predictions is not None else []
+        result = EvalResult(
+            name, {str(k): v for k, v in metrics.items()}, predictions=preds, step=step
+        )
+        return self.run(Evaluator(name, lambda _model: result), step)
 
     def _evaluate(self, evaluator: Evaluator, step: int) -> EvalResult:
         """Run one evaluator and fire its hooks; one that raises becomes a failed eval (its

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from lab._distributed import check_reductions
+from lab._distributed import check_reductions, init_from_launcher, rank_and_world
 from lab.errors import ConfigError
-from lab.hooks import Callback
+from lab.hooks import Callback, LogContext, LoopState
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
-from lab.loop.steps import positive_int
+from lab.loop.steps import check_no_epoch_settings, positive_int
 
 __all__ = ["LoopSettings", "Setting", "named"]
 
@@ -95,6 +95,49 @@ class LoopSettings:
     def open(self) -> bool:
         """Whether the loop may log step metrics it did not declare."""
         return self.metrics is None or self.more_metrics
+
+    def new_state(
+        self, ctx: LogContext, model: torch.nn.Module, optimizers: dict[str, Any]
+    ) -> LoopState:
+        """A run's `LoopState`, once its model is on the settings' device and the process
+        group of a bare fit under torchrun is made (an Experiment has made its own)."""
+        if self.device is not None:
+            model.to(self.device)
+        first = next(iter(optimizers.values()), None)
+        init_from_launcher()
+        rank, world = rank_and_world()
+        return LoopState(
+            ctx=ctx, model=model, optimizer=first, num_steps=self.num_steps or 0, rank=rank,
+            world_size=world,
+        )  # fmt: skip
+
+    def for_run(self, optimizer: Any) -> dict[str, Any]:
+        """Check what a run handle is given (the settings may have changed since they were
+        built: ``loop.checkpoint = ...``) and return its optimizers by name: each must be
+        a torch optimizer, as each is saved and restored."""
+        checkpoint = self.checkpoint
+        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+            raise ConfigError(
+                f"checkpoint={checkpoint!r}: pass a CheckpointConfig(...), or None for no saves"
+            )
+        optimizers = named("optimizer", optimizer)
+        for name, opt in optimizers.items():
+            if not (hasattr(opt, "param_groups") and callable(getattr(opt, "state_dict", None))):
+                raise ConfigError(
+                    f"optimizer {name!r} is a {type(opt).__name__}; pass a torch optimizer, a "
+                    "list of them, or a dict of named ones"
+                )
+        for name, obj in (self.stateful or {}).items():
+            if not (callable(getattr(obj, "state_dict", None)) and hasattr(obj, "load_state_dict")):
+                raise ConfigError(
+                    f"stateful[{name!r}] is a {type(obj).__name__} without state_dict() and "
+                    "load_state_dict(); keep plain values in loop.user_state instead"
+                )
+        if self.steps_per_epoch is None:  # an every_epochs evaluator would never run
+            check_no_epoch_settings((), self.evaluators)
+        if self.run_dir is not None:
+            self.run_dir = Path(self.run_dir)
+        return optimizers
 
 
 class Setting:

@@ -251,9 +251,8 @@ class TrainingLoop:
 
     def _train(self, loop: RunHandle, scheduled: Schedules) -> None:
         # -- set up ------------------------------------------------------------------------
-        model, scaler, device = self.model, self.scaler, self.device
-        params = [p for p in model.parameters() if p.requires_grad]
-        grad_clip, accumulate, custom = self.grad_clip, self.accumulate, self._custom
+        device, accumulate = self.device, self.accumulate
+        params = [p for p in self.model.parameters() if p.requires_grad]
         spe = self.steps_per_epoch  # None: the loop does not count epochs
         stepped = bool(scheduled)
         # the step metrics a scheduler reads after each step and at an epoch's end: a host
@@ -281,33 +280,7 @@ class TrainingLoop:
                 batch.data = _to_device(batch.data, device)
             loop.pre_step(batch)  # once per optimizer step, before its first micro-batch
             started = time.perf_counter()
-            if custom:
-                lr = float(self.optimizer.param_groups[0]["lr"])
-                loss, extra = unpack_step(self.train_step(batch.data))
-                grad_norm = None
-            elif self.closure:
-                loss, extra, grad_norm, lr = self._closure_step(batch.data, params)
-            else:
-                optimizer = self.optimizer
-                if accumulate == 1:
-                    loss, extra = _unpack_loss(self.loss_fn(model, batch.data))  # type: ignore[misc]
-                    optimizer.zero_grad(set_to_none=True)
-                    if scaler is None:
-                        loss.backward()
-                    else:
-                        scaler.scale(loss).backward()
-                else:
-                    loss, extra = self._accumulate(group, batch.data, step_idx)
-                if scaler is None:
-                    grad_norm = _grad_norm(params, grad_clip) if params else None
-                    lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
-                    optimizer.step()
-                else:  # AMP: the norm and the clipping see the unscaled gradients
-                    scaler.unscale_(optimizer)
-                    grad_norm = _grad_norm(params, grad_clip) if params else None
-                    lr = float(optimizer.param_groups[0]["lr"])
-                    scaler.step(optimizer)  # skipped when the gradients overflowed
-                    scaler.update()
+            loss, extra, grad_norm, lr = self._step(group, batch.data, step_idx, params)
             # loss and grad_norm stay tensors on their device: the handle reads them on the
             # host at the next materialisation, every `log_every` steps
             metrics = {
@@ -333,6 +306,39 @@ class TrainingLoop:
             loop.end_step(metrics, batch)
             if epoch_end:
                 loop.end_epoch()
+
+    def _step(
+        self, group: list[Any], data: Any, step_idx: int, params: list[torch.Tensor]
+    ) -> tuple[Any, dict[str, Any] | None, torch.Tensor | None, float]:
+        """One optimizer step on `group` (`data`: its first micro-batch, on its device): the
+        loss, the extra metrics, the gradient norm and the learning rate the step used."""
+        if self._custom:
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            loss, extra = unpack_step(self.train_step(data))
+            return loss, extra, None, lr
+        if self.closure:
+            return self._closure_step(data, params)
+        optimizer, scaler, grad_clip = self.optimizer, self.scaler, self.grad_clip
+        if self.accumulate == 1:
+            loss, extra = _unpack_loss(self.loss_fn(self.model, data))  # type: ignore[misc]
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+        else:
+            loss, extra = self._accumulate(group, data, step_idx)
+        if scaler is None:
+            grad_norm = _grad_norm(params, grad_clip) if params else None
+            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
+            optimizer.step()
+        else:  # AMP: the norm and the clipping see the unscaled gradients
+            scaler.unscale_(optimizer)
+            grad_norm = _grad_norm(params, grad_clip) if params else None
+            lr = float(optimizer.param_groups[0]["lr"])
+            scaler.step(optimizer)  # skipped when the gradients overflowed
+            scaler.update()
+        return loss, extra, grad_norm, lr
 
     def _accumulate(
         self, group: list[Any], first: Any, step_idx: int
