@@ -566,7 +566,6 @@ TOO_LONG_NOW = frozenset(
     {
         "lab/experiment.py",
         "lab/loggers/jsonl.py",
-        "lab/loop/checkpoints.py",
         "lab/records.py",
         "lab/rl/loop.py",
         "lab/script.py",
