@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lab._distributed import portable
 from lab._imports import require
 from lab.errors import ConfigError, LabError
 
@@ -527,15 +528,6 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """`exc`, or a RuntimeError with its text when it would not survive pickling."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
-
-
 def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads: int) -> None:
     """A worker's whole life: load the call, run it, send back how it ended."""
     signal.signal(signal.SIGINT, _interrupt_once)
@@ -553,7 +545,7 @@ def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads:
             value = fn(*args, progress=lambda message: conn.send(("progress", message)))
             answer = ("returned", value)
     except BaseException as exc:
-        answer = ("raised", _portable(exc), traceback.format_exc())
+        answer = ("raised", portable(exc), traceback.format_exc())
     try:
         conn.send(answer)
     except Exception as exc:  # an answer that cannot be pickled: say so, in plain text
@@ -593,4 +585,4 @@ def _ray_child(payload: bytes, sys_path: list[str], cwd: str, progress_key: str)
             return ("unloadable", f"{type(exc).__name__}: {exc}".splitlines()[0])
         return ("returned", fn(*args, progress=progress))
     except BaseException as exc:
-        return ("raised", _portable(exc), traceback.format_exc())
+        return ("raised", portable(exc), traceback.format_exc())

@@ -106,6 +106,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from lab.records import LogContext
+
 if TYPE_CHECKING:
     import torch
 
@@ -172,48 +174,6 @@ RUNS, FINISHED_BEFORE, EXECUTOR = "lab:runs", "lab:finished_before", "lab:execut
 #: `LogContext.extras` holding the experiment's tags (a list) and notes (a str or None), as
 #: ``Experiment(tags=..., notes=...)`` gave them; a sink records them with the experiment.
 TAGS, NOTES = "lab:tags", "lab:notes"
-
-
-@dataclass
-class LogContext:
-    """What every hook of an experiment shares: where it writes, what runs, and sinks' ids.
-
-    A sink stores the ids it creates in `ids` under names that start with its own prefix
-    (the SQL logger uses ``sql:``), so two sinks never overwrite each other.
-    """
-
-    experiment: str
-    output_dir: Path
-    config: dict[str, Any] = field(default_factory=dict)
-    run_key: str | None = None
-    run_config: dict[str, Any] | None = None
-    group_name: str | None = None
-    arm: str | None = None
-    repeat: int | None = None
-    stage: int = 0
-    seed: int | None = None
-    group_kind: str = "repeats"  # "chain" for the stages of a continual arm
-    parent_run_key: str | None = None  # the previous stage's run, in a chain
-    config_hash: str | None = None  # what the run depends on, hashed (see lab._reuse)
-    ids: dict[str, Any] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
-    #: False for a run without a folder of its own (a bare `TrainingLoop.fit()` without
-    #: `run_dir`, whose run key is "loop"): its files go to the working directory.
-    own_folder: bool = True
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The current run's own folder, or None between runs (and for a run without one)."""
-        if self.run_key is None or not self.own_folder:
-            return None
-        return self.output_dir / self.run_key
-
-    @property
-    def folder(self) -> Path:
-        """Where a callback writes the current run's files: its folder, or, for a run
-        without one (a bare `TrainingLoop.fit()` without `run_dir`), the working directory."""
-        run_dir = self.run_dir
-        return run_dir if run_dir is not None else Path.cwd()
 
 
 @dataclass(eq=False)
