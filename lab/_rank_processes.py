@@ -83,6 +83,7 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
     _threads(world)
     from lab._distributed import init_from_launcher, leave_group
     from lab.dispatch import Dispatcher
+    from lab.hooks import Hook
     from lab.runs import execute_run
 
     job, callbacks, strict, arm_result = pickle.loads(payload)
@@ -92,7 +93,7 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
         result, _ = execute_run(job, hooks, arm_result)
     finally:
         hooks.run_key = None
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
     leave_group()
     sys.exit(0 if result.status != "failed" else 1)
 

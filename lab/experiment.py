@@ -57,6 +57,7 @@ from lab.hooks import (
     RUNS,
     TAGS,
     Callback,
+    Hook,
     LogContext,
 )
 from lab.loggers import store_sink
@@ -474,7 +475,7 @@ class Experiment:
         started = time.perf_counter()
         unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
         try:
-            hooks.fire("on_experiment_start", ctx)
+            hooks.fire(Hook.EXPERIMENT_START, ctx)
             try:
                 if self._pool is not None:
                     self._run_pool(self._pool, hooks, ctx, result, list(hooks.callbacks))
@@ -488,9 +489,9 @@ class Experiment:
                 raise
             self._end(hooks, ctx, result, started)
         except BaseException:
-            _quietly(hooks.fire, "close")  # the error in flight is the one to report
+            _quietly(hooks.fire, Hook.CLOSE)  # the error in flight is the one to report
             raise
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
         return result
 
     def _open(self) -> tuple[Dispatcher, LogContext, ExperimentResult]:
@@ -558,12 +559,12 @@ class Experiment:
         """Every run in this process, one after another, in the order of the lifecycle."""
         for arm, arm_result in zip(self.arms, result.arms, strict=True):
             if arm.stages is None:  # one group: the arm's repeats
-                hooks.fire("on_group_start", ctx, self._group(ctx, arm, 0))
+                hooks.fire(Hook.GROUP_START, ctx, self._group(ctx, arm, 0))
                 for repeat in range(self.repeats):
                     self._run_one(hooks, ctx, arm, arm_result, repeat)
                 continue
             for repeat in range(self.repeats):  # one group per chain
-                hooks.fire("on_group_start", ctx, self._group(ctx, arm, repeat))
+                hooks.fire(Hook.GROUP_START, ctx, self._group(ctx, arm, repeat))
                 parent = None
                 for stage in range(len(arm.stages)):
                     run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
@@ -625,7 +626,7 @@ class Experiment:
             group = self._group(ctx, arm, repeat)
             if group not in groups:  # fired as the group's first run is about to start
                 groups.add(group)
-                hooks.fire("on_group_start", ctx, group)
+                hooks.fire(Hook.GROUP_START, ctx, group)
             job = self._job(ctx, arm, repeat, next_stage[chain], parents[chain])
             if isinstance(job, RunResult):
                 finished(chain, job)
@@ -670,10 +671,10 @@ class Experiment:
                     return
             if outcome.ok:
                 finished(chain, outcome.value)
-                if watchers.listens("on_run_end"):
+                if watchers.listens(Hook.RUN_END):
                     watchers.run_key = job.run_key
                     arm_result = arm_so_far(chains[chain][0])
-                    watchers.fire("on_run_end", job.ctx, outcome.value, arm_result)
+                    watchers.fire(Hook.RUN_END, job.ctx, outcome.value, arm_result)
                     watchers.run_key = None
             elif not (interrupted and outcome.progress is None):  # else: it never started
                 arm_result = arm_so_far(chains[chain][0])
@@ -741,14 +742,14 @@ class Experiment:
         try:
             if outcome.progress is None:
                 try:
-                    hooks.fire("on_run_start", ctx)
+                    hooks.fire(Hook.RUN_START, ctx)
                 except CallbackError:
                     raise
                 except Exception:  # a critical callback: the run is failed already
                     log.exception("run %s: on_run_start raised while recording it", job.run_key)
             else:
                 ctx.ids.update(outcome.progress)
-            hooks.fire("on_error", ctx, exc)
+            hooks.fire(Hook.ERROR, ctx, exc)
             run_result = job.result(
                 hooks, status=status, metrics={}, seconds=outcome.seconds, error=error,
                 traceback=outcome.traceback,
@@ -820,7 +821,7 @@ class Experiment:
         _clear_run(ctx)
         result.seconds = time.perf_counter() - started
         result.callback_errors = _failures(hooks, None)
-        hooks.fire("on_experiment_end", ctx, result)
+        hooks.fire(Hook.EXPERIMENT_END, ctx, result)
         result.callback_errors = _failures(hooks, None)
 
     def _callbacks(self) -> list[Callback]:

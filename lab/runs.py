@@ -24,6 +24,7 @@ from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, CheckpointError, ConfigError
 from lab.hooks import (
     Callback,
+    Hook,
     LogContext,
 )
 from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
@@ -156,7 +157,7 @@ class RunScope:
         if job.run_callbacks:  # a factory that raises fails this run, not the experiment
             self.own = run_callbacks(job.run_callbacks, self.spec)
             self.hooks = self.spec.dispatcher = self.hooks.extended(self.own)
-        self.hooks.fire("on_run_start", ctx)
+        self.hooks.fire(Hook.RUN_START, ctx)
         if started is not None:
             started(ctx)
         if job.parent_run_key is not None:  # a missing one fails this stage
@@ -189,7 +190,7 @@ class RunScope:
             )
         else:
             self.error, self.interrupt = f"interrupted ({type(exc).__name__})", exc
-        self.hooks.fire("on_error", job.ctx, exc)
+        self.hooks.fire(Hook.ERROR, job.ctx, exc)
 
     def close(self) -> RunResult:
         """Fire `on_run_end` and return the run's result."""
@@ -204,7 +205,7 @@ class RunScope:
         # failures inside on_run_end itself still reach the run's record
         run_result.callback_errors = _failures(hooks, job.run_key)
         if self.own:  # the run's own callbacks end with it
-            hooks.sibling(self.own).fire("close")
+            hooks.sibling(self.own).fire(Hook.CLOSE)
         hooks.run_key = None  # what fails from here on belongs to the experiment
         return run_result
 
@@ -218,7 +219,7 @@ def _end_run(
     the other runs go on. The callbacks after it got `on_run_end` with the run as it ended
     training. Strict mode's `CallbackError` propagates."""
     try:
-        hooks.fire("on_run_end", ctx, run_result, arm_result)
+        hooks.fire(Hook.RUN_END, ctx, run_result, arm_result)
     except CallbackError:
         raise
     except Exception as exc:
@@ -263,7 +264,7 @@ def run_in_worker(
         run_result, _interrupt = execute_run(job, hooks, arm_result, started=started)
     finally:
         hooks.run_key = None
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
     run_result.artifacts = None
     return run_result
 
@@ -284,7 +285,7 @@ def _benchmark(
                 error=f"{type(exc).__name__}: {exc}",
                 seconds=time.perf_counter() - started,
             )  # how long until it raised
-        hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
+        hooks.fire(Hook.BENCHMARK_EVAL, ctx, res, res.predictions, step=None)
         metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
     return metrics
 

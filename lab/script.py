@@ -24,7 +24,7 @@ import pydantic
 from lab._signals import unwind_on_sigterm
 from lab.errors import CallbackError, ConfigError
 from lab.experiment import Arm, Experiment, RunScope, _quietly
-from lab.hooks import Callback
+from lab.hooks import Callback, Hook
 from lab.records import FINISHED, RunResult, RunSpec
 
 #: Set to 1 (or true, yes) to silence the line `start_run` prints on stderr.
@@ -111,7 +111,7 @@ def start_run(
     run_key = exp._plan()[0][0]
     prior = exp._prior.get(run_key)
     if prior is not None and prior["status"] in FINISHED:
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
         raise ConfigError(
             f"run {run_key!r} of experiment {experiment!r} {prior['status']} "
             "before; pass fresh=True to train it again (the old run is kept, superseded), "
@@ -120,8 +120,8 @@ def start_run(
     started = time.perf_counter()
     unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
     try:
-        hooks.fire("on_experiment_start", ctx)
-        hooks.fire("on_group_start", ctx, exp._group(ctx, the_arm, repeat))
+        hooks.fire(Hook.EXPERIMENT_START, ctx)
+        hooks.fire(Hook.GROUP_START, ctx, exp._group(ctx, the_arm, repeat))
         job = exp._job(ctx, the_arm, repeat, 0, None)
         assert not isinstance(job, RunResult)  # a finished run was refused above
         scope = RunScope(job, hooks, arm_result)
@@ -145,9 +145,9 @@ def start_run(
             raise error
         exp._end(hooks, ctx, result, started)
     except BaseException:
-        _quietly(hooks.fire, "close")
+        _quietly(hooks.fire, Hook.CLOSE)
         raise
-    hooks.fire("close")
+    hooks.fire(Hook.CLOSE)
 
 
 def _quiet(quiet: bool | None) -> bool:

@@ -22,7 +22,7 @@ from lab._json import NON_FINITE, finite_json, floats_back
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import Callback, LogContext, LoopState, Phase
 
 if TYPE_CHECKING:
     from lab.media import Media
@@ -94,7 +94,7 @@ class JsonlLogger(Callback):
     for finding what happened before a crash.
     """
 
-    priority = -100  # after the others: a line records what they already saw
+    phase = Phase.TRACE  # after the others: a line records what they already saw
     rank_zero_only = True  # under DDP: one file per run, written by rank 0
 
     def __init__(self, path: str | None = None, experiment_path: str | None = None) -> None:

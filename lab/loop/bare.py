@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from lab._secrets import logger
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError
-from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext
+from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, Hook, LogContext
 from lab.records import ArmResult, ExperimentResult, RunResult, RunStatus
 
 if TYPE_CHECKING:
@@ -85,15 +85,15 @@ class BareRun:
         points at the run. A critical callback that raises fails the fit (`end` follows)."""
         ctx, hooks = self.ctx, self.hooks
         self._t0 = time.perf_counter()
-        hooks.fire("on_experiment_start", ctx)
+        hooks.fire(Hook.EXPERIMENT_START, ctx)
         self._experiment_started = True
         ctx.group_name, ctx.group_kind = LOOP, "repeats"
-        hooks.fire("on_group_start", ctx, LOOP)
+        hooks.fire(Hook.GROUP_START, ctx, LOOP)
         ctx.run_key, ctx.run_config, ctx.repeat, ctx.stage = self.run_key, {}, 0, 0
         hooks.run_key = self.run_key
         self._run_open = True
         self._run_t0 = time.perf_counter()
-        hooks.fire("on_run_start", ctx)
+        hooks.fire(Hook.RUN_START, ctx)
 
     def trained(self, artifacts: LoopArtifacts) -> None:
         """The loop ended cleanly with `artifacts`: the run is `completed`, or `stopped` when
@@ -120,7 +120,7 @@ class BareRun:
             if self._experiment_started:
                 self.result.seconds = time.perf_counter() - self._t0
                 self.result.callback_errors = _failures(hooks, None)
-                hooks.fire("on_experiment_end", self.ctx, self.result)
+                hooks.fire(Hook.EXPERIMENT_END, self.ctx, self.result)
                 self.result.callback_errors = _failures(hooks, None)
         except CallbackError:
             _quietly_close(hooks)
@@ -134,7 +134,7 @@ class BareRun:
         if exc is not None:
             _quietly_close(hooks)
             return
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
         if failed is not None:
             raise failed
 
@@ -147,7 +147,7 @@ class BareRun:
         else:  # Ctrl-C, SIGTERM: the run and the experiment were interrupted
             self.error = f"interrupted ({type(exc).__name__})"
             self.result.error = self.error
-        self.hooks.fire("on_error", self.ctx, exc)
+        self.hooks.fire(Hook.ERROR, self.ctx, exc)
 
     def _end_run(self) -> Exception | None:
         """Fire `on_run_end` with the run's result. A critical callback that raises there
@@ -163,7 +163,7 @@ class BareRun:
         self.arm_result.runs.append(run_result)
         raised: Exception | None = None
         try:
-            hooks.fire("on_run_end", ctx, run_result, self.arm_result)
+            hooks.fire(Hook.RUN_END, ctx, run_result, self.arm_result)
         except CallbackError:
             raise
         except Exception as exc:
@@ -187,6 +187,6 @@ def _quietly_close(hooks: Dispatcher) -> None:
     """Fire `close` while another error propagates: what a callback raises there is logged,
     never in place of that error."""
     try:
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
     except Exception:
         log.exception("a callback raised in close while the fit's error propagates")

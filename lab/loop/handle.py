@@ -48,7 +48,7 @@ from lab._secrets import logger
 from lab._seeding import rng_state, set_rng_state
 from lab.dispatch import Dispatcher
 from lab.errors import CheckpointError, ConfigError, HookOrderError
-from lab.hooks import Callback, LoopState
+from lab.hooks import Callback, Hook, LoopState
 from lab.loop.bare import BareRun
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager, snapshot_to_cpu
 from lab.loop.evals import Evaluator
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 log = logger("lab.loop")
 
 _END = object()
+#: The hooks of every step, looked up once: a module global costs less than an enum member.
+_PRE_STEP, _STEP_END = Hook.PRE_STEP, Hook.STEP_END
 
 # Callback states in checkpoints written before they were keyed by class: "{index}:{Class}",
 # the index counting the stateful callbacks in dispatch order. New keys never hold a ":".
@@ -356,13 +358,13 @@ class RunHandle:
         if self.checkpoints is not None and path is not None:
             self._restore(self.checkpoints, path)
             self.resumed_from = path
-            hooks.fire("post_checkpoint_loaded", state, path)
+            hooks.fire(Hook.POST_CHECKPOINT_LOADED, state, path)
         parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
         if self.resumed_from is None and parent[0] is not None:  # a chain's stage k
             self._start_from(parent[0], parent[1] == "full")
-            hooks.fire("post_checkpoint_loaded", state, parent[0])
+            hooks.fire(Hook.POST_CHECKPOINT_LOADED, state, parent[0])
         self.model.train()
-        hooks.fire("on_train_start", state)
+        hooks.fire(Hook.TRAIN_START, state)
         if state.step == 0:  # `at_start` evals score the untrained model, at step 0
             for evaluator in self.evaluators:
                 if evaluator.at_start:
@@ -403,12 +405,12 @@ class RunHandle:
             if self._pending_shards is not None:  # an asynchronous sharded save commits
                 for row in self._commit_shards():
                     self._saved.append(row)
-                    self.hooks.fire("on_checkpoint", state, row)
+                    self.hooks.fire(Hook.CHECKPOINT, state, row)
             if manager is not None and (manager.in_flight or self._reducer is not None):
                 # the final save is durable first (under DDP: rank 0's, its rows to all)
                 for row in self._from_zero(manager.wait):
                     self._saved.append(row)
-                    self.hooks.fire("on_checkpoint", state, row)
+                    self.hooks.fire(Hook.CHECKPOINT, state, row)
             self.artifacts = LoopArtifacts(
                 model=self.model,
                 metrics={**self._last, **self._eval_metrics},
@@ -419,7 +421,7 @@ class RunHandle:
                 checkpoints=self._saved,
                 evals=self._evals,
             )
-            self.hooks.fire("on_train_end", state, self.artifacts)
+            self.hooks.fire(Hook.TRAIN_END, state, self.artifacts)
             if self.run is not None:
                 self.run.artifacts = self.artifacts
         except BaseException as exc:
@@ -430,7 +432,7 @@ class RunHandle:
             self._bare.trained(self.artifacts)
             self._bare.end()
         elif self._own is not None:  # the Experiment ends the run: its callbacks close here
-            self._own.fire("close")
+            self._own.fire(Hook.CLOSE)
         return self.artifacts
 
     def fail(self, exc: BaseException) -> None:
@@ -460,9 +462,9 @@ class RunHandle:
         if own is None:  # failed before the callbacks were known
             return
         try:
-            own.fire("on_error", self.ctx, exc)
+            own.fire(Hook.ERROR, self.ctx, exc)
         finally:
-            own.fire("close")
+            own.fire(Hook.CLOSE)
 
     def _materialise_on_error(self) -> None:
         """Record the steps held since the last materialisation, before `on_error`: they
@@ -535,8 +537,8 @@ class RunHandle:
             )
         self._begun = step
         hb = self._wrap(batch)
-        if self.hooks.listens("pre_step"):
-            self.hooks.fire("pre_step", state, step, hb)
+        if self.hooks.listens(_PRE_STEP):
+            self.hooks.fire(_PRE_STEP, state, step, hb)
         return hb
 
     def end_step(
@@ -626,9 +628,9 @@ class RunHandle:
         """`on_step_end` for an ended step whose metrics are floats now, and the checks of
         metric names that read them."""
         hooks = self.hooks
-        if hooks.listens("on_step_end"):
+        if hooks.listens(_STEP_END):
             hb = self._batch if batch is None else self._wrap(batch)
-            hooks.fire("on_step_end", self.state, step, hb, clean)
+            hooks.fire(_STEP_END, self.state, step, hb, clean)
         self._last.update(clean)  # after the hook: the keys its producers added count too
         if self._ranking_open:  # step metric names (producers' keys too), for the check
             self._seen.update(clean)  # at saves, until the ranking metric shows up
@@ -768,7 +770,7 @@ class RunHandle:
                 state.batch_in_epoch = 0
         self._epochs_started += 1
         self._epoch_open = True
-        self.hooks.fire("on_epoch_start", state, state.epoch)
+        self.hooks.fire(Hook.EPOCH_START, state, state.epoch)
 
     def end_epoch(self) -> None:
         """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
@@ -777,7 +779,7 @@ class RunHandle:
         if not self._epoch_open:
             raise HookOrderError("end_epoch() with no epoch open; call loop.start_epoch() first")
         self._epoch_open = False
-        self.hooks.fire("on_epoch_end", self.state, self.state.epoch)
+        self.hooks.fire(Hook.EPOCH_END, self.state, self.state.epoch)
 
     # ------------------------------------------------------------------------------------
     # evals and non-scalar values
@@ -816,7 +818,7 @@ class RunHandle:
         self._materialise()
         record = histogram(values, bins=bins, range=range)
         step = self._media_step()
-        self.hooks.fire("on_media", self.state, step, {key: record})
+        self.hooks.fire(Hook.MEDIA, self.state, step, {key: record})
 
     def log_image(self, key: str, image: Any) -> None:
         """Write `image` (a CHW/HWC tensor or array, or a matplotlib Figure) as a PNG in the
@@ -828,7 +830,7 @@ class RunHandle:
         self._materialise()
         step = self._media_step()
         record = write_image(self.ctx.folder, key, step, image)
-        self.hooks.fire("on_media", self.state, step, {key: record})
+        self.hooks.fire(Hook.MEDIA, self.state, step, {key: record})
 
     def _media_step(self) -> int:
         """The step in progress when `pre_step` announced one, else the last ended step (a
@@ -862,7 +864,7 @@ class RunHandle:
         rows = self._save(final=final)
         for row in rows:
             self._saved.append(row)
-            self.hooks.fire("on_checkpoint", self.state, row)
+            self.hooks.fire(Hook.CHECKPOINT, self.state, row)
         return rows
 
     def _fresh_metrics(self) -> dict[str, float]:
@@ -1180,15 +1182,15 @@ class RunHandle:
                 seconds=time.perf_counter() - started,
                 error=f"{type(exc).__name__}: {exc}",
             )
-            hooks.fire("on_benchmark_eval", state.ctx, result, [], step=step)
+            hooks.fire(Hook.BENCHMARK_EVAL, state.ctx, result, [], step=step)
             return result
         state.current_eval = result
         try:
-            hooks.fire("on_eval", state, step, result.name, result.metrics)
+            hooks.fire(Hook.EVAL, state, step, result.name, result.metrics)
         finally:
             state.current_eval = None
         if result.benchmark:
-            hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step)
+            hooks.fire(Hook.BENCHMARK_EVAL, state.ctx, result, result.predictions, step=step)
         return result
 
     def _check_metric_names(self) -> MetricWatch | None:

@@ -20,7 +20,7 @@ import torch
 
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
-from lab.hooks import Callback
+from lab.hooks import Callback, Hook
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
 from lab.loop.handle import RunHandle
@@ -234,14 +234,14 @@ class OnPolicyLoop:
         params = [p for p in policy.parameters() if p.requires_grad]
         clip, device, rollouts = self.max_grad_norm, self.device, self.rollouts
         step_batch = TrainingBatch()
-        learn_start = hooks.listens("on_learn_batch_start")
-        learn_end = hooks.listens("on_learn_batch_end")
+        learn_start = hooks.listens(Hook.LEARN_BATCH_START)
+        learn_end = hooks.listens(Hook.LEARN_BATCH_END)
         while self._episodes_done < self.num_episodes and not state.stop_requested:
             episode = self._episodes_done
             info = EpisodeInfo(episode, self.num_episodes, state.step, self._generator, device)
-            hooks.fire("on_episode_start", state, episode)
+            hooks.fire(Hook.EPISODE_START, state, episode)
             # -- make experience (the policy acts) ---------------------------------------
-            hooks.fire("on_make_experience_start", state, episode)
+            hooks.fire(Hook.MAKE_EXPERIENCE_START, state, episode)
             started = time.perf_counter()
             with torch.no_grad():
                 experience = self.make_experience(info)
@@ -253,7 +253,7 @@ class OnPolicyLoop:
             if device is not None:
                 experience = experience.to(device)
             made = time.perf_counter() - started
-            hooks.fire("on_make_experience_end", state, episode, experience)
+            hooks.fire(Hook.MAKE_EXPERIENCE_END, state, episode, experience)
             if rollouts is not None and rollouts.due(episode):
                 sample = rollouts.sample(experience, seed=self._seed, episode=episode)
                 loop.evaluate(Evaluator(rollouts.name, lambda _model, s=sample: s))
@@ -262,14 +262,14 @@ class OnPolicyLoop:
             per_epoch = experience.num_minibatches(self.batch_size)
             learn_started = time.perf_counter()
             for epoch in range(self.learn_epochs):
-                hooks.fire("on_learn_epoch_start", state, epoch)
+                hooks.fire(Hook.LEARN_EPOCH_START, state, epoch)
                 batches = experience.minibatches(
                     self.batch_size, generator=self._generator, shuffle=self.shuffle
                 )
                 for i, batch in enumerate(batches):
                     step_idx = state.step + 1
                     if learn_start:
-                        hooks.fire("on_learn_batch_start", state, step_idx, batch)
+                        hooks.fire(Hook.LEARN_BATCH_START, state, step_idx, batch)
                     step_batch.data, step_batch.epoch, step_batch.index = batch, epoch, i
                     loop.pre_step(step_batch)
                     out = self.learn(batch, info)
@@ -300,9 +300,9 @@ class OnPolicyLoop:
                             loop.loop_state[STATE_KEY] = self._state()
                     loop.end_step(metrics, step_batch, save=save)
                     if learn_end:
-                        hooks.fire("on_learn_batch_end", state, step_idx, batch, metrics)
-                hooks.fire("on_learn_epoch_end", state, epoch)
-            hooks.fire("on_episode_end", state, episode)
+                        hooks.fire(Hook.LEARN_BATCH_END, state, step_idx, batch, metrics)
+                hooks.fire(Hook.LEARN_EPOCH_END, state, epoch)
+            hooks.fire(Hook.EPISODE_END, state, episode)
 
     # ------------------------------------------------------------------------------------
     # checkpoints at episode boundaries
