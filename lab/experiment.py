@@ -3,7 +3,7 @@
 `Experiment.run()` walks the lifecycle written out in `lab.hooks`: one group per arm (its
 repeats), one run per repeat, every hook through one `Dispatcher`. Every run, in this process
 or in a worker (``executor="processes"``, see `lab.executors`), goes through
-`lab.runs.execute_run`; what runs return (`RunResult`, `ArmResult`, `ExperimentResult` and
+`lab.lifecycle.execute_run`; what runs return (`RunResult`, `ArmResult`, `ExperimentResult` and
 its `Summary`) are records of `lab.records`, importable from here too.
 """
 
@@ -17,7 +17,6 @@ import json
 import os
 import pickle
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,7 +45,6 @@ from lab.executors import (
     Pool,
     ProcessPool,
     RayPool,
-    WorkerDied,
     check_resources,
     check_shared_store,
 )
@@ -57,8 +55,20 @@ from lab.hooks import (
     RUNS,
     TAGS,
     Callback,
-    Hook,
     LogContext,
+)
+from lab.lifecycle import (
+    CallbackFactory,
+    RunJob,
+    RunScope,
+    _clear_run,
+    _move_orphan,
+    execute_run,
+    experiment_scope,
+    record_lost,
+    run_ended_elsewhere,
+    run_in_worker,
+    start_group,
 )
 from lab.loggers import store_sink
 from lab.records import (
@@ -75,18 +85,6 @@ from lab.records import (
     SummaryRow,
     TrainFn,
     is_routine,
-)
-from lab.runs import (
-    CallbackFactory,
-    RunJob,
-    RunScope,
-    _clear_run,
-    _end_run,
-    _failures,
-    _move_orphan,
-    _quietly,
-    execute_run,
-    run_in_worker,
 )
 from lab.sinks import StoreSink
 from lab.store.urls import resolve_url
@@ -472,26 +470,14 @@ class Experiment:
             _check_launcher_env()
             init_from_launcher()
         hooks, ctx, result = agreed(self._open)
-        started = time.perf_counter()
-        unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
-        try:
-            hooks.fire(Hook.EXPERIMENT_START, ctx)
+        with experiment_scope(hooks, ctx, result):
             try:
                 if self._pool is not None:
                     self._run_pool(self._pool, hooks, ctx, result, list(hooks.callbacks))
                 else:
                     self._run_serial(hooks, ctx, result)
-            except CallbackError:
-                raise  # strict mode: a callback bug propagates as it is
-            except BaseException as exc:  # an interrupt: close the record, then propagate
-                result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                _quietly(self._end, hooks, ctx, result, started)
-                raise
-            self._end(hooks, ctx, result, started)
-        except BaseException:
-            _quietly(hooks.fire, Hook.CLOSE)  # the error in flight is the one to report
-            raise
-        hooks.fire(Hook.CLOSE)
+            finally:
+                _clear_run(ctx)
         return result
 
     def _open(self) -> tuple[Dispatcher, LogContext, ExperimentResult]:
@@ -559,12 +545,12 @@ class Experiment:
         """Every run in this process, one after another, in the order of the lifecycle."""
         for arm, arm_result in zip(self.arms, result.arms, strict=True):
             if arm.stages is None:  # one group: the arm's repeats
-                hooks.fire(Hook.GROUP_START, ctx, self._group(ctx, arm, 0))
+                start_group(hooks, ctx, self._group(ctx, arm, 0))
                 for repeat in range(self.repeats):
                     self._run_one(hooks, ctx, arm, arm_result, repeat)
                 continue
             for repeat in range(self.repeats):  # one group per chain
-                hooks.fire(Hook.GROUP_START, ctx, self._group(ctx, arm, repeat))
+                start_group(hooks, ctx, self._group(ctx, arm, repeat))
                 parent = None
                 for stage in range(len(arm.stages)):
                     run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
@@ -626,7 +612,7 @@ class Experiment:
             group = self._group(ctx, arm, repeat)
             if group not in groups:  # fired as the group's first run is about to start
                 groups.add(group)
-                hooks.fire(Hook.GROUP_START, ctx, group)
+                start_group(hooks, ctx, group)
             job = self._job(ctx, arm, repeat, next_stage[chain], parents[chain])
             if isinstance(job, RunResult):
                 finished(chain, job)
@@ -662,7 +648,7 @@ class Experiment:
             if outcome.died is not None and not interrupted:
                 tries = retries.get(job.run_key, 0)
                 if tries < self.max_retries:  # recorded crashed, then claimed again
-                    self._record_lost(hooks, outcome, job, arm_so_far(chains[chain][0]))
+                    record_lost(hooks, outcome, job, arm_so_far(chains[chain][0]))
                     retries[job.run_key] = tries + 1
                     log.warning("%s: run %s crashed; starting it again (retry %d of %d)",
                                 self.name, job.run_key, tries + 1, self.max_retries)  # fmt: skip
@@ -671,14 +657,11 @@ class Experiment:
                     return
             if outcome.ok:
                 finished(chain, outcome.value)
-                if watchers.listens(Hook.RUN_END):
-                    watchers.run_key = job.run_key
-                    arm_result = arm_so_far(chains[chain][0])
-                    watchers.fire(Hook.RUN_END, job.ctx, outcome.value, arm_result)
-                    watchers.run_key = None
+                index = chains[chain][0]
+                run_ended_elsewhere(watchers, job, outcome.value, lambda: arm_so_far(index))
             elif not (interrupted and outcome.progress is None):  # else: it never started
                 arm_result = arm_so_far(chains[chain][0])
-                finished(chain, self._record_lost(hooks, outcome, job, arm_result, interrupted))
+                finished(chain, record_lost(hooks, outcome, job, arm_result, interrupted))
             error = outcome.value.error if outcome.ok else None
             self._release(job.run_key, error or "interrupted before it started")
 
@@ -703,65 +686,6 @@ class Experiment:
             _clear_run(ctx)
             for key in sorted(done):
                 result.arms[key[0]].runs.append(done[key])
-
-    def _record_lost(
-        self,
-        hooks: Dispatcher,
-        outcome: Outcome,
-        job: RunJob,
-        arm_result: ArmResult,
-        interrupted: bool = False,
-    ) -> RunResult:
-        """Record, in this process, a run whose worker ended without a result.
-
-        The worker sent `ctx.ids` once `on_run_start` had fired there (the run's record
-        exists then); without them, `on_run_start` fires here first. Then `on_error` and
-        `on_run_end` fire here, so the run is recorded with how its worker ended: `crashed`
-        when the worker process died, `failed` otherwise.
-        """
-        ctx = job.ctx
-        status: RunStatus = "failed"
-        if outcome.died is not None:
-            status = "crashed"
-            error = f"worker process died ({outcome.died}, pid {outcome.pid}) before the run ended"
-            exc: BaseException = WorkerDied(error)
-        elif outcome.unloadable is not None:
-            error = (
-                f"the worker process could not load the run ({outcome.unloadable}); define "
-                "train, callbacks and config classes in an importable module"
-            )
-            exc = WorkerDied(error)
-        else:
-            exc = outcome.error or WorkerDied("the worker process failed")
-            error = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, Exception):  # interrupted before its training started
-                error = f"interrupted ({type(exc).__name__})"
-        if interrupted and not error.startswith("interrupted"):
-            error = f"interrupted; {error}"
-        hooks.run_key = job.run_key
-        try:
-            if outcome.progress is None:
-                try:
-                    hooks.fire(Hook.RUN_START, ctx)
-                except CallbackError:
-                    raise
-                except Exception:  # a critical callback: the run is failed already
-                    log.exception("run %s: on_run_start raised while recording it", job.run_key)
-            else:
-                ctx.ids.update(outcome.progress)
-            hooks.fire(Hook.ERROR, ctx, exc)
-            run_result = job.result(
-                hooks, status=status, metrics={}, seconds=outcome.seconds, error=error,
-                traceback=outcome.traceback,
-            )  # fmt: skip
-            log.error("run %s of %s %s; the other runs go on: %s", job.run_key, self.name,
-                      status, error)  # fmt: skip
-            arm_result.runs.append(run_result)
-            _end_run(hooks, ctx, run_result, arm_result)
-            run_result.callback_errors = _failures(hooks, job.run_key)
-        finally:
-            hooks.run_key = None
-        return run_result
 
     def _worker(self) -> Any:
         """What executes a run in a worker process: `run_in_worker`, or with
@@ -814,15 +738,6 @@ class Experiment:
                     f"executor={self.executor!r} cannot send {what} to a worker process "
                     f"({reason}); {fix}"
                 ) from None
-
-    def _end(
-        self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult, started: float
-    ) -> None:
-        _clear_run(ctx)
-        result.seconds = time.perf_counter() - started
-        result.callback_errors = _failures(hooks, None)
-        hooks.fire(Hook.EXPERIMENT_END, ctx, result)
-        result.callback_errors = _failures(hooks, None)
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)

@@ -14,17 +14,16 @@ import contextlib
 import os
 import shlex
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from lab._signals import unwind_on_sigterm
 from lab.errors import CallbackError, ConfigError
-from lab.experiment import Arm, Experiment, RunScope, _quietly
-from lab.hooks import Callback, Hook
+from lab.experiment import Arm, Experiment
+from lab.hooks import Callback
+from lab.lifecycle import RunScope, close, experiment_scope, start_group
 from lab.records import FINISHED, RunResult, RunSpec
 
 #: Set to 1 (or true, yes) to silence the line `start_run` prints on stderr.
@@ -111,17 +110,14 @@ def start_run(
     run_key = exp._plan()[0][0]
     prior = exp._prior.get(run_key)
     if prior is not None and prior["status"] in FINISHED:
-        hooks.fire(Hook.CLOSE)
+        close(hooks)
         raise ConfigError(
             f"run {run_key!r} of experiment {experiment!r} {prior['status']} "
             "before; pass fresh=True to train it again (the old run is kept, superseded), "
             f"or repeat={repeat + 1} for another run"
         )
-    started = time.perf_counter()
-    unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
-    try:
-        hooks.fire(Hook.EXPERIMENT_START, ctx)
-        hooks.fire(Hook.GROUP_START, ctx, exp._group(ctx, the_arm, repeat))
+    with experiment_scope(hooks, ctx, result, interrupted=_interrupted):
+        start_group(hooks, ctx, exp._group(ctx, the_arm, repeat))
         job = exp._job(ctx, the_arm, repeat, 0, None)
         assert not isinstance(job, RunResult)  # a finished run was refused above
         scope = RunScope(job, hooks, arm_result)
@@ -140,14 +136,13 @@ def start_run(
         run_result = scope.close()
         exp._release(job.run_key, run_result.error)
         if error is not None:
-            result.error = None if isinstance(error, Exception) else run_result.error
-            _quietly(exp._end, hooks, ctx, result, started)
             raise error
-        exp._end(hooks, ctx, result, started)
-    except BaseException:
-        _quietly(hooks.fire, Hook.CLOSE)
-        raise
-    hooks.fire(Hook.CLOSE)
+
+
+def _interrupted(exc: BaseException) -> str | None:
+    """The experiment's error when the block raised `exc`: none for a run that failed (the
+    run records it), the interrupt's for Ctrl-C or SIGTERM."""
+    return None if isinstance(exc, Exception) else f"interrupted ({type(exc).__name__})"
 
 
 def _quiet(quiet: bool | None) -> bool:

@@ -89,3 +89,23 @@ def test_every_hook_is_fired_by_its_enum_member() -> None:
         if re.search(r"\.(fire|listens)\(\s*[\"']|\.fire, [\"']", line)
     ]
     assert by_string == []
+
+
+LIFECYCLE_HOOKS = ("EXPERIMENT_START", "GROUP_START", "RUN_START", "RUN_END", "EXPERIMENT_END")
+
+
+def test_one_file_fires_the_experiment_group_and_run_hooks() -> None:
+    """`lab.lifecycle` alone fires the experiment, group and run hooks, for an Experiment
+    (serial, a pool, Ray), a bare fit, `lab.start_run` and the ranks of a run alike."""
+    fired = re.compile(r"\.fire\(\s*(?:Hook\.(\w+)|[\"'](\w+)[\"'])")
+    names = {hook.name for hook in Hook if hook.name in LIFECYCLE_HOOKS}
+    values = {hook.value for hook in Hook if hook.name in LIFECYCLE_HOOKS}
+    where = sorted(
+        {
+            str(path.relative_to(LAB.parent))
+            for path in LAB.rglob("*.py")
+            for m in fired.finditer(path.read_text(encoding="utf-8"))
+            if m.group(1) in names or m.group(2) in values
+        }
+    )
+    assert where == ["lab/lifecycle.py"]
