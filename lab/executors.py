@@ -19,9 +19,10 @@ same hooks fire in the same places (the parent is the Ray driver, the worker a R
 process, which Ray reuses from one run to the next); see docs/ray.md.
 
 This module only starts processes and brings their answers back; `lab.experiment` decides
-what a run is and which hooks fire. A worker that dies (SIGKILL, ``os._exit``, an OOM kill,
-its node lost) comes back as an `Outcome` whose `died` says how, and the other workers go on.
-Both pools offer the same calls (`Pool`), so one loop in `lab.experiment` drives either.
+what a run is, `lab.lifecycle` which hooks fire. A worker that dies (SIGKILL, ``os._exit``,
+an OOM kill, its node lost) comes back as an `Outcome` whose `died` says how, and the other
+workers go on.
+Both pools offer the same calls (`Pool`), so one scheduler (`lab.scheduler`) drives either.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Outcome:
     unloadable: str | None = None
     progress: Any = None
     seconds: float = 0.0
+    #: A run in the experiment's own process that an interrupt ended: it is recorded, then
+    #: the interrupt propagates.
+    interrupt: BaseException | None = None
 
     @property
     def ok(self) -> bool:

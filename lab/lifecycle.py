@@ -20,6 +20,9 @@ experiment's record and propagates; `close` always fires, and what it raises whi
 error propagates is logged, never in place of that error. Which callbacks get a hook, in
 which order, and how many failures disable one is `lab.dispatch`.
 
+Which run an experiment starts next, in this process or in a worker, is `lab.scheduler`, which
+calls `start_group`, `execute_run`, `record_lost` and `run_ended_elsewhere` here.
+
 The step-level hooks fire in the run handle (`lab.loop.handle`), the on-policy RL ones in
 `lab.rl.loop`.
 """
@@ -100,6 +103,8 @@ class RunJob:
     benchmarks: list[Benchmark] = field(default_factory=list)
     #: Factories of callbacks built for this run alone (see `run_callbacks`).
     run_callbacks: list[CallbackFactory] = field(default_factory=list)
+    #: What the run asks of Ray (``executor="ray"``): the experiment's, then its arm's.
+    resources: dict[str, float] = field(default_factory=dict)
 
     def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
         """This run's result, with its identity and the callback failures recorded so far."""

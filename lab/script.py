@@ -103,10 +103,19 @@ def start_run(
         callbacks=callbacks, store=store, output_dir=output_dir, seed=seed, strict=strict,
         tags=tags, notes=notes, fresh=fresh,
     )  # fmt: skip
+    with _recorded(exp, repeat, quiet) as spec:
+        yield spec
+
+
+@contextlib.contextmanager
+def _recorded(exp: Experiment, repeat: int, quiet: bool | None) -> Iterator[RunSpec]:
+    """The one run of a script's experiment, from `on_experiment_start` to `close`, around
+    the `with` block; a run that finished before is refused."""
+    experiment = exp.name
     exp._only_repeat = repeat
     exp.n_runs = 1
     hooks, ctx, result = exp._open()
-    the_arm, arm_result = exp.arms[0], result.arms[0]
+    arm_result = result.arms[0]
     run_key = exp._plan()[0][0]
     prior = exp._prior.get(run_key)
     if prior is not None and prior["status"] in FINISHED:
@@ -117,8 +126,8 @@ def start_run(
             f"or repeat={repeat + 1} for another run"
         )
     with experiment_scope(hooks, ctx, result, interrupted=_interrupted):
-        start_group(hooks, ctx, exp._group(ctx, the_arm, repeat))
-        job = exp._job(ctx, the_arm, repeat, 0, None)
+        start_group(hooks, ctx, exp.group(ctx, exp.chains()[0]))
+        job = exp._job(ctx, exp.arms[0], repeat, 0, None)
         assert not isinstance(job, RunResult)  # a finished run was refused above
         scope = RunScope(job, hooks, arm_result)
         error: BaseException | None = None
@@ -134,7 +143,7 @@ def start_run(
             error = exc
             scope.failed(exc)
         run_result = scope.close()
-        exp._release(job.run_key, run_result.error)
+        exp.release(job.run_key, run_result.error)
         if error is not None:
             raise error
 
