@@ -13,6 +13,7 @@ them: `lab.hooks`, `lab.experiment`, `lab.loop.evals`, `lab.loop.checkpoints`,
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from lab._names import check_tags
 from lab._ranking import (
     Declaration,
+    Ranking,
     bounds_for,
     check_bounds_map,
     check_mode,
@@ -433,31 +435,15 @@ class ExperimentResult:
         shown = list(keys) if keys is not None else known
         interrupted = self.error is not None
         unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
-        rows = []
-        for arm in self.arms:
-            runs = arm_runs[arm.name]
-            for key in shown:
-                s = spread(
-                    [r.metrics[key] for r in runs if key in r.metrics], interval=interval,
-                    bounds=bounds_for(key, given.get(key), self.declared), metric=key,
-                )  # fmt: skip
-                rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-        unranked = None
-        ranking = None
+        rows = [
+            self._row(arm.name, arm_runs[arm.name], key, interval, given.get(key))
+            for arm in self.arms
+            for key in shown
+        ]
+        ranking, unranked = None, None
         if chosen is not None:
-            values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
-                      for a, rs in arm_runs.items()}  # fmt: skip
-            lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
-            rankable = [a for a in arm_runs if a not in unfinished]
-            if unfinished and len(rankable) < 2:
-                rankable = []  # one finished arm is no winner: there was nothing to beat
-            ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))
-            if lacking:
-                total = sum(len(rs) for rs in arm_runs.values())
-                unranked = lacking_text(chosen, lacking, total, self.name)
-        by_status: dict[str, int] = {}
-        for r in self.runs:
-            by_status[r.status] = by_status.get(r.status, 0) + 1
+            ranking, unranked = self._ranking(arm_runs, chosen, mode, unfinished)
+        by_status = dict(collections.Counter(r.status for r in self.runs))
         return Summary(
             self.name, rows, chosen, mode, ranking.best if ranking else None,
             ranking.runner_up if ranking else None, ranking.margin if ranking else None,
@@ -466,6 +452,43 @@ class ExperimentResult:
             shown_metrics=list(keys) if keys is not None else None, interval=interval,
             unranked=unranked,
         )  # fmt: skip
+
+    def _row(
+        self,
+        arm: str,
+        runs: list[RunResult],
+        key: str,
+        interval: Interval,
+        given: tuple[float, float] | None,
+    ) -> SummaryRow:
+        """One arm's spread of the final `key` over its counted `runs`."""
+        s = spread(
+            [r.metrics[key] for r in runs if key in r.metrics], interval=interval,
+            bounds=bounds_for(key, given, self.declared), metric=key,
+        )  # fmt: skip
+        return SummaryRow(arm, key, s.n, s.mean, s.std, s.ci_low, s.ci_high)
+
+    def _ranking(
+        self,
+        arm_runs: dict[str, list[RunResult]],
+        chosen: str,
+        mode: Literal["min", "max"],
+        unfinished: list[str],
+    ) -> tuple[Ranking, str | None]:
+        """The arms ranked by `chosen` (only those whose runs all finished, after an
+        interrupt), and the text that says which runs lack it, if any do."""
+        values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
+                  for a, rs in arm_runs.items()}  # fmt: skip
+        lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
+        rankable = [a for a in arm_runs if a not in unfinished]
+        if unfinished and len(rankable) < 2:
+            rankable = []  # one finished arm is no winner: there was nothing to beat
+        ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))
+        unranked = None
+        if lacking:
+            total = sum(len(rs) for rs in arm_runs.values())
+            unranked = lacking_text(chosen, lacking, total, self.name)
+        return ranking, unranked
 
     def _counted(self) -> dict[str, list[RunResult]]:
         """Each arm's runs that count in a summary (`lab._ranking.counted`), in arm order."""
