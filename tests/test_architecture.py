@@ -591,7 +591,6 @@ def test_the_size_check_names_what_is_too_long() -> None:
 #: to fit fails here until it leaves this list.
 TOO_LONG_NOW = frozenset(
     {
-        "lab/loop/checkpoints.py",
         "lab/server/app.py",
         "lab/server/dashboard.py",
         "lab/server/read.py",
