@@ -595,9 +595,7 @@ TOO_LONG_NOW = frozenset(
         "lab/server/dashboard.py",
         "lab/server/read.py",
         "lab/server/ui/__init__.py",
-        "lab/store/http/sender.py",
         "lab/store/store.py",
-        "lab/store/writer.py",
         "lab/store/writes.py",
     }
 )
