@@ -21,10 +21,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Callback, CheckpointConfig, Experiment, RunHandle, TrainingLoop
 from lab.errors import ConfigError, LossError
-from lab.hooks import HOOKS, LogContext, LoopState
+from lab.hooks import LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
 from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.schedules import Schedule, Schedules, as_schedules
+from tests.recorder import EVERY_HOOK, Recorder
 
 
 def _opt(lr: float = 0.1) -> torch.optim.Optimizer:
@@ -765,30 +766,16 @@ def test_a_handle_without_steps_per_epoch_refuses_every_epochs_evaluators() -> N
     )
 
 
-class Tracer(Callback):
+class Tracer(Recorder, hooks=EVERY_HOOK):
     """Every hook as (hook, step or epoch, the payload's types), whatever fired it."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in HOOKS:
-            calls = object.__getattribute__(self, "calls")
-
-            def record(*args: Any, **kwargs: Any) -> None:
-                where = getattr(args[0], "step", None) if args else None
-                if name in ("pre_step", "on_step_end", "on_eval", "on_epoch_start", "on_epoch_end"):
-                    where = args[1]
-                elif name == "on_checkpoint":
-                    where = args[1].step
-                calls.append((name, where, tuple(type(a).__name__ for a in args)))
-
-            return record
-        return object.__getattribute__(self, name)
-
-
-for _hook in HOOKS:  # every hook counts as overridden: the tracer listens to all of them
-    setattr(Tracer, _hook, lambda self, *a, **k: None)
+    def note(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        where = getattr(args[0], "step", None) if args else None
+        if name in ("pre_step", "on_step_end", "on_eval", "on_epoch_start", "on_epoch_end"):
+            where = args[1]
+        elif name == "on_checkpoint":
+            where = args[1].step
+        return (name, where, tuple(type(a).__name__ for a in args))
 
 
 def _epoch_setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, list[Any], dict[str, Any]]:
