@@ -239,39 +239,28 @@ def _flat(*models: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()]).clone()
 
 
-class Trace(Callback):
+class Trace(
+    Recorder,
+    hooks=("on_train_start", "on_epoch_start", "pre_step", "on_step_end", "on_eval",
+           "on_checkpoint", "on_epoch_end", "on_train_end"),
+):  # fmt: skip
     """Every loop hook, in order, with its step or epoch, and each step's metrics."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
+        super().__init__()
         self.rows: list[dict[str, float]] = []
         self.positions: list[tuple[int, int, int]] = []
 
-    def on_train_start(self, state: LoopState) -> None:
-        self.calls.append(("on_train_start", state.step))
-
-    def on_epoch_start(self, state: LoopState, epoch: int) -> None:
-        self.calls.append(("on_epoch_start", epoch))
-
-    def pre_step(self, state: LoopState, step_idx: int, batch: Any) -> None:
-        self.calls.append(("pre_step", step_idx))
-
-    def on_step_end(self, state: LoopState, step_idx: int, batch: Any, metrics: dict) -> None:
-        self.calls.append(("on_step_end", step_idx))
-        self.rows.append(dict(metrics))
-        self.positions.append((step_idx, state.epoch, state.batch_in_epoch))
-
-    def on_eval(self, state: LoopState, step_idx: int, name: str, metrics: dict) -> None:
-        self.calls.append(("on_eval", step_idx))
-
-    def on_checkpoint(self, state: LoopState, row: Any) -> None:
-        self.calls.append(("on_checkpoint", row.step))
-
-    def on_epoch_end(self, state: LoopState, epoch: int) -> None:
-        self.calls.append(("on_epoch_end", epoch))
-
-    def on_train_end(self, state: LoopState, artifacts: Any) -> None:
-        self.calls.append(("on_train_end", state.step))
+    def note(self, hook: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+        if hook == "on_step_end":
+            state, step_idx, _, metrics = args
+            self.rows.append(dict(metrics))
+            self.positions.append((step_idx, state.epoch, state.batch_in_epoch))
+        if hook == "on_checkpoint":
+            return (hook, args[1].step)
+        if hook in ("on_train_start", "on_train_end"):
+            return (hook, args[0].step)
+        return (hook, args[1])  # the epoch, or the step
 
 
 class Crash(Callback):
