@@ -30,6 +30,7 @@ EVERY_HOOK: tuple[str, ...] = HOOKS
 
 
 def _listener(hook: str) -> Callable[..., None]:
+    hook = str(hook)  # the name, also for a `lab.hooks.Hook`
     signature = inspect.signature(getattr(Callback, hook))
 
     def listen(self: Recorder, *args: Any, **kwargs: Any) -> None:
@@ -52,8 +53,8 @@ class Recorder(Callback):
         for hook in hooks:
             if hook not in HOOKS:
                 raise TypeError(f"{cls.__name__}: {hook!r} is no hook of lab.hooks.HOOKS")
-            if hook not in cls.__dict__:
-                setattr(cls, hook, _listener(hook))
+            if str(hook) not in cls.__dict__:
+                setattr(cls, str(hook), _listener(hook))
 
     def __init__(self, calls: list[Any] | None = None) -> None:
         self.calls: list[Any] = [] if calls is None else calls
