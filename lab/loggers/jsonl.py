@@ -365,7 +365,7 @@ def replay(
     path = Path(path)
     ctx = LogContext(experiment="", output_dir=path.parent.parent)
     # a replay has neither model nor optimizer: callbacks that read them do not replay
-    state = LoopState(ctx=ctx, model=None, optimizer=None, num_steps=0)  # type: ignore[arg-type]
+    state = LoopState(ctx=ctx, model=None, optimizer=None, num_steps=0)  # type: ignore[arg-type]  # no model
     batch = TrainingBatch()
     fired: list[str] = []
     for rec in read_hooks(path):

@@ -317,9 +317,9 @@ class SqlLogger(Callback):
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
         # per step, so no check: on_run_start opened the store and set the run's id
-        self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]
+        self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]  # set
         if state.checkpoint_due:  # durable before the checkpoint commits
-            self._store.flush()  # type: ignore[union-attr]  # (opened: see above)
+            self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
 
     def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
         store = self.open()
