@@ -37,6 +37,7 @@ from lab.errors import (
     RunBusy,
     StoreError,
 )
+from lab.server.rejected import WRONG_TOKEN, Rejected
 from lab.store import Store
 
 require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
@@ -55,8 +56,6 @@ HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 30.0
 #: How long an idle kept-alive connection stays open (``--timeout-keep-alive``, uvicorn's 5).
 KEEP_ALIVE_S = 5.0
-#: The one line a 401 says for a token the store does not know or has revoked.
-WRONG_TOKEN = "the token is wrong or revoked"
 #: The one line a 503 says while the store behind the server fails: nothing of the store's
 #: URL (user, host, database) or of the driver's reason, which only the server's log holds.
 STORE_DOWN = "the store behind the server failed; try again later (the server's log says why)"
@@ -82,16 +81,6 @@ class TokenInfo(BaseModel):
     name: str
     scope: Literal["read", "write", "admin"]
     experiment: str | None
-
-
-class Rejected(Exception):
-    """A request the server refuses: its HTTP `status`, the one line `detail` that says what
-    is wrong and what to do, and the dotted name of the offending `field` (or None). Routes
-    raise it; the app answers it as ``{"detail": ..., "field": ...}``."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.field = status, detail, field
 
 
 def _status_of(exc: LabError) -> int:

@@ -36,7 +36,6 @@ from lab._ranking import COUNTED_STATUSES, Mode, choose, counted, declaration, r
 from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
-from lab.server.app import Rejected
 from lab.server.openapi import (
     EXACT,
     NamePath,
@@ -59,6 +58,7 @@ from lab.server.read import (
     Text,
     bucket_bounds,
 )
+from lab.server.rejected import Rejected
 from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -495,7 +495,7 @@ def curves(
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_CURVE_BUCKETS} buckets", "buckets")
     gone = _gone(store)
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
+        experiment_id = store.experiment_id(conn, name)
         config = conn.execute(
             sa.select(SqlExperiment.config).where(SqlExperiment.experiment_id == experiment_id)
         ).scalar_one()
@@ -856,7 +856,7 @@ def disagreements(
     if not 1 <= limit <= MAX_DISAGREEMENTS:
         raise Rejected(400, f"limit={limit}: give 1 to {MAX_DISAGREEMENTS} rows", "limit")
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
+        experiment_id = store.experiment_id(conn, name)
         arms = conn.execute(
             sa.select(SqlArm.name).where(SqlArm.experiment_id == experiment_id)
             .order_by(SqlArm.arm_id)
@@ -882,7 +882,7 @@ def breakdown(name: NamePath, eval: Text, store: Store = StoreDep, duck: Any = A
     import lab.inspect
 
     with connect(store.engine) as conn:
-        _check_eval(conn, store._experiment_id(conn, name), name, eval)
+        _check_eval(conn, store.experiment_id(conn, name), name, eval)
     return LabJSON({"rows": _relation_rows(lab.inspect.breakdown(duck, name, eval))})
 
 

@@ -38,8 +38,8 @@ import sqlalchemy as sa
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
-from lab.server.app import Rejected
 from lab.server.auth import Token
+from lab.server.rejected import Rejected
 from lab.store.engine import connect, transaction
 from lab.store.schema import SqlArm, SqlExperiment, SqlGroup, SqlRun
 

@@ -27,7 +27,6 @@ from starlette.convertors import PathConvertor, register_url_convertor
 
 from lab._json import finite_json
 from lab.errors import NoExperiment, NoRun
-from lab.server.app import Rejected
 from lab.server.openapi import (
     NAME_IN_PATH,
     NO_NUL,
@@ -40,6 +39,7 @@ from lab.server.openapi import (
     ranged,
 )
 from lab.server.owners import access
+from lab.server.rejected import Rejected
 from lab.store import Store, blocks
 from lab.store.engine import connect
 from lab.store.schema import (
@@ -411,7 +411,7 @@ def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) 
     min and max; what ``lab.inspect``'s ``final_metrics`` view holds, without a scan of
     the metrics."""
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
+        experiment_id = store.experiment_id(conn, name)
         query = (
             sa.select(
                 SqlRun.run_id,
@@ -818,7 +818,7 @@ def read_table(
     query = sa.select(*columns).order_by(*model.primary_key.columns)
     with connect(store.engine) as conn:
         if experiment is not None:
-            experiment_id = store._experiment_id(conn, experiment)
+            experiment_id = store.experiment_id(conn, experiment)
             query = query.where(_belongs(model, experiment_id, current=current))
         rows = conn.execute(query).all()
     if table in ("runs", "experiments"):

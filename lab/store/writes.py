@@ -6,7 +6,6 @@ Metrics are buffered (see `lab.store.writer`); every other write is one short tr
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -21,9 +20,10 @@ from lab._names import MAX_KEY, MAX_NAME, check_name, check_tags, storable_text
 from lab._reuse import busy_message
 from lab.errors import ConfigError, NoExperiment, NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now, _text
-from lab.store.crashes import _DRIVING, _HELD
+from lab.store.crashes import _DRIVING, hold, let_go
 from lab.store.engine import dumps_json, transaction
 from lab.store.liveness import this_owner
+from lab.store.metric_rows import OWNER, Driving, MetricRows
 from lab.store.schema import (
     SqlArm,
     SqlCheckpoint,
@@ -39,21 +39,8 @@ from lab.store.statements import update, upsert
 
 if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
-    from lab.store.writer import MetricItem
-    from lab.store.writer_process import Driving
 
 _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
-#: The columns that name the process owning a run or driving an experiment.
-_OWNER = ("host", "pid", "process_start", "boot_id")
-_INF = math.inf
-
-
-_METRIC_UPSERT = (
-    'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
-    "VALUES ({m}, {m}, {m}, {m}, {m}) "
-    'ON CONFLICT (run_id, "key", step) DO UPDATE '
-    "SET value = excluded.value, wall_time = excluded.wall_time"
-)
 
 
 #: Whether a run has any row that `truncate_run` would drop: a run that starts afresh
@@ -78,11 +65,9 @@ class Writes:
     engine: Engine
     dialect: str
     _good_keys: set[str]
-    _metric_upsert: str
     _prediction_insert: str
     _run_has_rows: str
-    _beat: Any
-    _drive: Any
+    metric_rows: MetricRows
     _driving: set[int]
     _driven_at: float
     heartbeat_s: float
@@ -119,7 +104,7 @@ class Writes:
             "repeats": repeats,
             "callback_errors": None,
             "ended_at": None,
-            **{k: who.get(k) for k in _OWNER},
+            **{k: who.get(k) for k in OWNER},
             "heartbeat_at": _now(),
         }
         add = check_tags(tags)
@@ -217,7 +202,7 @@ class Writes:
             run_id, _finished = self._claim(values, ("completed", "failed", "stopped", "crashed"))
             assert run_id is not None
         self._active.add(run_id)
-        _HELD.add((self.url, run_id))
+        hold(self.url, run_id)
         _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
         return run_id
 
@@ -307,7 +292,7 @@ class Writes:
         with transaction(self.engine) as conn:
             run_id = claim(conn, values)
             if run_id is not None:
-                _HELD.add((self.url, run_id))
+                hold(self.url, run_id)
                 return run_id, None
             row = dict(
                 conn.execute(
@@ -338,7 +323,7 @@ class Writes:
                     .values(**{k: v for k, v in values.items() if k not in keys})
                 ).rowcount
                 if took == 1:
-                    _HELD.add((self.url, row["run_id"]))
+                    hold(self.url, row["run_id"])
                     return row["run_id"], None
                 raise RunBusy(f"{where} was just claimed by another process; run again")
             if (
@@ -357,7 +342,7 @@ class Writes:
         """Record a run this process (or `owner`, as in `start_run`) claimed and never
         started as `failed` with `error`; nothing changes once another process (a worker)
         took it over, or it ended."""
-        _HELD.discard((self.url, run_id))
+        let_go(self.url, run_id)
         who = this_owner() if owner is None else owner
         with transaction(self.engine) as conn:
             done = conn.execute(
@@ -432,8 +417,7 @@ class Writes:
                         where, sa.or_(later, model.step.is_(None)) if model is SqlEval else later
                     )
                 conn.execute(sa.delete(model).where(where))
-            self._resummarize(conn, run_id)
-            self._reblock_run(conn, run_id, after_step)
+            self.metric_rows.recount(conn, run_id, after_step)
 
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
@@ -455,37 +439,6 @@ class Writes:
         check_key(key, step)
         self._good_keys.add(key)
 
-    def _write_metrics(self, items: list[MetricItem], driving: Driving | None = None) -> None:
-        # Plain tuples through the driver's executemany: the writer thread holds the GIL
-        # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
-        rows: list[tuple[Any, ...]] = []
-        append = rows.append
-        # Per run and key: [count, first step, last step, last value, min, max, wall time,
-        # again]. min and max start at +inf and -inf; NaN never compares, so it never enters
-        # them, and min > max at the end means every point was NaN. `again`: a step came at
-        # or before the batch's last one (logged again, or out of order), so the folds in
-        # place (count, min, max, blocks) cannot be trusted: the key is recomputed from rows.
-        acc: dict[int, dict[str, list[Any]]] = {}
-        for run_id, step, metrics, wall_time in items:
-            per = acc.get(run_id)
-            if per is None:
-                per = acc[run_id] = {}
-            for key, value in metrics.items():
-                append((run_id, key, step, value, wall_time))
-                s = per.get(key)
-                if s is None:
-                    s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
-                s[0] += 1
-                if step > s[2]:
-                    s[2], s[3], s[6] = step, value, wall_time
-                else:
-                    _again(s, step, value, wall_time)
-                if value < s[4]:
-                    s[4] = value
-                if value > s[5]:
-                    s[5] = value
-        self._commit_metrics(rows, acc, driving)
-
     def write_metric_columns(
         self,
         run_ids: Sequence[int],
@@ -497,60 +450,7 @@ class Writes:
         """Write metric rows given as columns, now, in one transaction (with their
         summaries): what `lab serve` does with a batch a client sent, whose keys and values
         it has checked. The buffered `log_metrics` is the way for a training loop."""
-        acc: dict[int, dict[str, list[Any]]] = {}  # as in _write_metrics
-        for run_id, key, step, value, wall_time in zip(
-            run_ids, keys, steps, values, wall_times, strict=True
-        ):
-            per = acc.get(run_id)
-            if per is None:
-                per = acc[run_id] = {}
-            s = per.get(key)
-            if s is None:
-                s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
-            s[0] += 1
-            if step > s[2]:
-                s[2], s[3], s[6] = step, value, wall_time
-            else:
-                _again(s, step, value, wall_time)
-            if value < s[4]:
-                s[4] = value
-            if value > s[5]:
-                s[5] = value
-        rows = list(zip(run_ids, keys, steps, values, wall_times, strict=True))
-        self._commit_metrics(rows, acc)
-
-    def _commit_metrics(
-        self,
-        rows: list[tuple[Any, ...]],
-        acc: dict[int, dict[str, list[Any]]],
-        driving: Driving | None = None,
-    ) -> None:
-        """Write a batch's rows and summaries, and the heartbeats of the runs started here
-        and of the experiments driven here (`driving`: handed over by the process that
-        drives them, else this store's own, when due), in one transaction."""
-        beating = set(acc) | self._active
-        if driving is None:
-            driving = self._driving_due()
-        if not rows and not beating and driving is None:
-            return
-        with transaction(self.engine) as conn:
-            if rows:
-                conn.exec_driver_sql(self._metric_upsert, rows)
-                again = self._summarize(conn, acc)
-                self._block(conn, rows, acc, again)
-            if beating:
-                conn.execute(self._beat, {"ids": sorted(beating), "now": _now()})
-            if driving is not None:
-                self.drive(conn, *driving)
-
-    def drive(self, conn: Connection, experiment_ids: Sequence[int], owner: dict[str, Any]) -> None:
-        """Refresh the heartbeat of experiments that `owner` (host, pid, process_start,
-        boot_id) drives, and record it as their driver: of two processes that drive one
-        experiment, the one still alive holds it. A crashed one runs again (a live driver
-        says so); a finished one stays finished."""
-        if experiment_ids:
-            params = {f"driver_{k}": owner.get(k) for k in _OWNER}
-            conn.execute(self._drive, {"ids": sorted(experiment_ids), "now": _now(), **params})
+        self.metric_rows.write_columns(run_ids, steps, keys, values, wall_times)
 
     def _driving_due(self) -> Driving | None:
         """The experiments this process drives whose heartbeat is due (every half
@@ -639,7 +539,7 @@ class Writes:
         credential they quote (a store URL's password, a token) as ``***``, as in the logs.
         """
         self._active.discard(run_id)
-        _HELD.discard((self.url, run_id))
+        let_go(self.url, run_id)
         add = check_tags(tags)
         with transaction(self.engine) as conn:
             values = {
@@ -720,7 +620,7 @@ class Writes:
         """
         add, remove = check_tags(add), check_tags(remove)
         with transaction(self.engine) as conn:
-            exp_id = self._experiment_id(conn, experiment)
+            exp_id = self.experiment_id(conn, experiment)
             if run_key is None:
                 where = SqlExperiment.experiment_id == exp_id
                 return self._annotate(conn, SqlExperiment, where, add, remove, notes)
@@ -764,7 +664,7 @@ class Writes:
         (``folders``, sorted) with the number of runs deleted (``runs``). Refused with
         `RunBusy` while a live process trains one of its runs."""
         with transaction(self.engine) as conn:
-            exp_id = self._experiment_id(conn, name)
+            exp_id = self.experiment_id(conn, name)
             for run in conn.execute(
                 sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid,
                           SqlRun.process_start, SqlRun.boot_id, SqlRun.started_at,
@@ -787,7 +687,7 @@ class Writes:
         if not isinstance(new, str) or not new.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {new!r}")
         with transaction(self.engine) as conn:
-            exp_id = self._experiment_id(conn, old)
+            exp_id = self.experiment_id(conn, old)
             taken = conn.execute(
                 sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == new)
             ).first()
@@ -801,16 +701,6 @@ class Writes:
                 .where(SqlExperiment.experiment_id == exp_id)
                 .values(name=new)
             )
-
-
-def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
-    """A step at or before the batch's last one for its key: mark the key to be recomputed
-    from the rows (the row stored is the last one logged for its step)."""
-    s[7] = True
-    if step == s[2]:
-        s[3], s[6] = value, wall_time
-    elif step < s[1]:
-        s[1] = step
 
 
 def _no_run(run_id: int) -> NoRun:

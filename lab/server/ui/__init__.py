@@ -162,8 +162,8 @@ def mount(app: Any, *, auth: bool = True) -> None:
     async def sign_in(request: Request) -> Any:
         from starlette.concurrency import run_in_threadpool
 
-        from lab.server.app import WRONG_TOKEN, Rejected
         from lab.server.auth import find_token
+        from lab.server.rejected import WRONG_TOKEN, Rejected
 
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise Rejected(415, 'send the token as JSON: {"token": "lab_..."}', "body")
