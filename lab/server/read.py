@@ -40,20 +40,16 @@ from lab.server.openapi import (
 )
 from lab.server.owners import access
 from lab.server.rejected import Rejected
-from lab.store import Store, blocks
+from lab.store import Store, arrow, blocks, dashboard_reads
 from lab.store.engine import connect
 from lab.store.schema import (
     TABLES,
-    Base,
     SqlArm,
     SqlCheckpoint,
     SqlEval,
-    SqlExperiment,
-    SqlMetric,
     SqlPrediction,
     SqlRun,
     SqlSummary,
-    copied_columns,
 )
 
 router = fastapi.APIRouter(tags=["read"])
@@ -72,7 +68,6 @@ register_url_convertor("text", AnyText())
 #: server's own `PRIVATE_TABLES`: token hashes, ingest bookkeeping).
 SERVED_TABLES = TABLES
 #: Columns SQLite keeps NaN in as NULL (a metric value is never missing): NaN again on the wire.
-NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 #: The most predictions one page holds, and the most buckets one series is cut into.
 MAX_PAGE = 10_000
 MAX_BUCKETS = 100_000
@@ -364,13 +359,7 @@ def list_runs(
             )
     exp = store.get_experiment(name)
     with connect(store.engine) as conn:
-        configs = dict(
-            conn.execute(
-                sa.select(SqlRun.run_id, SqlRun.config)
-                .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-                .where(SqlExperiment.name == name)
-            ).all()
-        )
+        configs = dashboard_reads.run_configs(conn, name)
     runs = []
     for run in exp["runs"]:
         config = configs.get(run["run_id"]) or {}
@@ -495,19 +484,13 @@ def series(
                 f"run {run_id} has no metric {key!r}; it has: {', '.join(known) or 'none'}",
                 "key",
             )
-        lo, hi, count = span
-        if buckets is None or count <= buckets:
-            rows = conn.execute(
-                sa.select(SqlMetric.step, SqlMetric.value)
-                .where(SqlMetric.run_id == run_id, SqlMetric.key == key)
-                .order_by(SqlMetric.step)
-            ).all()
-            steps = [s for s, _ in rows]
-            values = [math.nan if v is None else v for _, v in rows]
-            finite = [None if math.isnan(v) else v for v in values]
-            cut = list(zip(steps, steps, finite, finite, values, strict=True))
+    lo, hi, count = span
     if buckets is not None and count > buckets:
         cut = downsample(store.engine, run_id, key, lo, hi, buckets)
+    else:
+        points = store.metric_values(run_id, key)
+        finite = [None if math.isnan(v) else v for _, v in points]
+        cut = [(s, s, f, f, v) for (s, v), f in zip(points, finite, strict=True)]
     return LabJSON(
         {
             "run_id": run_id,
@@ -735,7 +718,7 @@ def table(
         try:
             data = read_table(store, table, only)
         except NoExperiment:  # not recorded yet: nothing of it to read
-            data = table_schema(table).empty_table()
+            data = arrow.table_schema(table).empty_table()
     else:
         data = read_table(store, table, experiment)
     return Response(to_ipc(data), media_type=ARROW_STREAM)
@@ -785,90 +768,16 @@ def to_ipc(data: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def arrow_type(column: sa.Column) -> pa.DataType:
-    """The Arrow type a store column travels as (JSON as its text)."""
-    kind = column.type
-    if isinstance(kind, sa.Integer):
-        return pa.int64()
-    if isinstance(kind, (sa.Double, sa.Float)):
-        return pa.float64()
-    if isinstance(kind, sa.DateTime):
-        return pa.timestamp("us")
-    return pa.string()
-
-
-def table_schema(table: str) -> pa.Schema:
-    """The Arrow schema of store table `table` on the wire."""
-    return pa.schema([(c.name, arrow_type(c)) for c in copied_columns(table)])
-
-
 def read_table(
     store: Store, table: str, experiment: str | None = None, *, current: bool = False
 ) -> pa.Table:
-    """Store table `table` as Arrow: every row, or those of `experiment` (its runs' rows;
-    `current`: superseded runs left out, as ``lab export`` does), in primary-key order."""
+    """Store table `table` as Arrow (`lab.store.arrow.read_table`); a table the server
+    does not serve is answered 404."""
     if table not in SERVED_TABLES:
         raise Rejected(
             404, f"no table {table!r} to read; the tables: {', '.join(SERVED_TABLES)}", "table"
         )
-    model = Base.metadata.tables[table]
-    copied = copied_columns(table)  # never an image's bytes
-    columns = [sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
-               for c in copied]  # fmt: skip
-    query = sa.select(*columns).order_by(*model.primary_key.columns)
-    with connect(store.engine) as conn:
-        if experiment is not None:
-            experiment_id = store.experiment_id(conn, experiment)
-            query = query.where(_belongs(model, experiment_id, current=current))
-        rows = conn.execute(query).all()
-    if table in ("runs", "experiments"):
-        rows = _judged(store, model, rows)
-    schema = table_schema(table)
-    arrays = []
-    for i, (column, field) in enumerate(zip(copied, schema, strict=True)):
-        values = [r[i] for r in rows]
-        if (table, column.name) in NAN_AS_NULL:
-            values = [math.nan if v is None else v for v in values]
-        arrays.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _judged(store: Store, model: sa.Table, rows: list[Any]) -> list[Any]:
-    """The rows of `runs` or `experiments` with those whose process is gone shown as
-    crashed (`Store.crashed_now`), as ``lab ls`` and ``lab.inspect`` over the store itself
-    show them: a notebook reading through the server sees what one on the store sees."""
-    crashed = store.crashed_now()
-    gone = crashed.runs if model.name == "runs" else crashed.experiments
-    if not gone:
-        return rows
-    names = [c.name for c in model.columns]
-    key, status = names.index(model.name[:-1] + "_id"), names.index("status")
-    error = names.index("error") if "error" in names else None
-    out = []
-    for row in rows:
-        found = gone.get(row[key])
-        if found is not None and row[status] == "running":
-            row = list(row)
-            row[status] = "crashed"
-            if error is not None:
-                row[error] = found.why
-        out.append(row)
-    return out
-
-
-def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
-    """Which rows of `model` belong to an experiment: its own, its runs', its evals'."""
-    runs = sa.select(SqlRun.run_id).where(SqlRun.experiment_id == experiment_id)
-    if current:
-        runs = runs.where(SqlRun.superseded_at.is_(None))
-    if model.name == "runs" and current:
-        return sa.and_(model.c.experiment_id == experiment_id, model.c.superseded_at.is_(None))
-    if "experiment_id" in model.c:
-        return model.c.experiment_id == experiment_id
-    if "run_id" in model.c:
-        return model.c.run_id.in_(runs)
-    evals = sa.select(SqlEval.eval_id).where(SqlEval.run_id.in_(runs))
-    return model.c.eval_id.in_(evals)
+    return arrow.read_table(store, table, experiment, current=current)
 
 
 @router.get(
