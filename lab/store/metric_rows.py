@@ -106,7 +106,19 @@ class MetricRows:
                 per = acc[run_id] = {}
             for key, value in metrics.items():
                 append((run_id, key, step, value, wall_time))
-                _fold(per, key, step, value, wall_time)
+                # the fold in place, not a call per point: this loop is the ingest's cost
+                s = per.get(key)
+                if s is None:
+                    s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
+                s[0] += 1
+                if step > s[2]:
+                    s[2], s[3], s[6] = step, value, wall_time
+                else:
+                    _again(s, step, value, wall_time)
+                if value < s[4]:
+                    s[4] = value
+                if value > s[5]:
+                    s[5] = value
         self._commit(rows, acc, driving)
 
     def write_columns(
@@ -125,7 +137,18 @@ class MetricRows:
             per = acc.get(run_id)
             if per is None:
                 per = acc[run_id] = {}
-            _fold(per, key, step, value, wall_time)
+            s = per.get(key)
+            if s is None:
+                s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
+            s[0] += 1
+            if step > s[2]:
+                s[2], s[3], s[6] = step, value, wall_time
+            else:
+                _again(s, step, value, wall_time)
+            if value < s[4]:
+                s[4] = value
+            if value > s[5]:
+                s[5] = value
         rows = list(zip(run_ids, keys, steps, values, wall_times, strict=True))
         self._commit(rows, acc)
 
@@ -174,26 +197,15 @@ class MetricRows:
         self.blocks.reblock_run(conn, run_id, after_step)
 
 
-def _fold(per: dict[str, list[Any]], key: str, step: int, value: Any, wall_time: float) -> None:
-    """Fold one point into its key's summary of the batch (see `MetricRows.write`). A step
-    at or before the batch's last one for its key marks the key to be recomputed from the
-    rows (the row stored is the last one logged for its step)."""
-    s = per.get(key)
-    if s is None:
-        s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
-    s[0] += 1
-    if step > s[2]:
-        s[2], s[3], s[6] = step, value, wall_time
-    else:
-        s[7] = True
-        if step == s[2]:
-            s[3], s[6] = value, wall_time
-        elif step < s[1]:
-            s[1] = step
-    if value < s[4]:
-        s[4] = value
-    if value > s[5]:
-        s[5] = value
+def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
+    """A step at or before the batch's last one for its key (see `MetricRows.write`):
+    the key is recomputed from the rows (the row stored is the last one logged for its
+    step)."""
+    s[7] = True
+    if step == s[2]:
+        s[3], s[6] = value, wall_time
+    elif step < s[1]:
+        s[1] = step
 
 
 __all__ = ["OWNER", "Driving", "MetricRows"]
