@@ -59,7 +59,7 @@ from lab.server.owners import Access, access, as_id
 from lab.server.rejected import Rejected
 from lab.store import Store
 from lab.store.engine import one_transaction
-from lab.store.schema import EXPERIMENT_STATUSES, GROUP_KINDS
+from lab.store.tables import EXPERIMENT_STATUSES, GROUP_KINDS
 
 router = fastapi.APIRouter(tags=["write"])
 
