@@ -32,222 +32,37 @@ defaults (see docs/analysis.md, and `lab._ranking` for the definitions every doo
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import duckdb
 
-from lab._ranking import (
-    COUNTED_STATUSES,
-    Declaration,
-    bounds_for,
-    check_mode,
-    choose,
-    declaration,
-    lacking_text,
-    rank_arms,
+from lab._analysis_sql import CONFIDENCE as CONFIDENCE  # read by the dashboard
+from lab._analysis_sql import (
+    Scope,
+    check_arms,
+    check_eval,
+    check_metric,
+    ci_sql,
+    clipped_sql,
+    listing,
+    lit,
+    max_per_arm,
+    open_scope,
+    spread_sql,
+    sql_value,
+    t_quantile,
+    tq_sql,
+    values_relation,
 )
-from lab._stats import Interval, check_bounds, check_interval, outside_text, t_ppf
-from lab._table import plural
+from lab._ranking import bounds_for, check_mode, choose, rank_arms
+from lab._stats import Interval, check_bounds, check_interval, outside_text
 from lab.errors import ConfigError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-CONFIDENCE = 0.95
-_LISTED = 20  # names shown in an error message before "and N more"
-
-
-# -- scope: the experiment, the runs that count, and checks ---------------------------------
-
-
-@dataclass(frozen=True)
-class _Scope:
-    """An experiment and the SQL (a CTE named `counted`) of the runs that count in it."""
-
-    con: duckdb.DuckDBPyConnection
-    experiment: str
-    experiment_id: int
-    counted: str  # "counted AS (...)": run_id, run_key, repeat, seed, stage, arm_id, arm
-    #: What the experiment declares: its ranking metric, mode and metrics' ranges.
-    declared: Declaration = field(default_factory=Declaration)
-
-    def rows(self, sql: str) -> list[tuple]:
-        return self.con.sql(f"WITH {self.counted} {sql}").fetchall()
-
-
-# Every CTE here is MATERIALIZED. DuckDB 1.5 inlines a CTE that is read more than once by
-# copying its plan, and the sqlite scanner's scan cannot be copied: printing such a relation
-# (its repr, as a notebook shows it) fails with "INTERNAL Error: Attempted to access index 0
-# within vector of size 0". A materialized CTE is computed once and never copied.
-
-
-def _lit(value: str | None) -> str:
-    """A SQL string literal."""
-    return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
-
-
-def _listing(names: list[str]) -> str:
-    if not names:
-        return "none"
-    shown = ", ".join(names[:_LISTED])
-    return shown if len(names) <= _LISTED else f"{shown} and {len(names) - _LISTED} more"
-
-
-def _scope(con: duckdb.DuckDBPyConnection, experiment: str, stage: int | None) -> _Scope:
-    found = con.execute(
-        "SELECT experiment_id, config FROM experiments WHERE name = ?", [experiment]
-    ).fetchone()
-    if found is None:
-        known = [n for (n,) in con.sql("SELECT name FROM experiments ORDER BY name").fetchall()]
-        raise ConfigError(
-            f"no experiment named {experiment!r} in the store; known: {_listing(known)}"
-        )
-    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
-        raise ConfigError(f"stage={stage!r}: give a stage number (0 is the first) or None")
-    eid = int(found[0])
-    statuses = ", ".join(_lit(s) for s in COUNTED_STATUSES)
-    last_stage = (
-        str(stage)
-        if stage is not None
-        else f"(SELECT max(r2.stage) FROM runs r2 WHERE r2.experiment_id = {eid} "
-        "AND r2.arm_id IS NOT DISTINCT FROM r.arm_id)"
-    )
-    counted = f"""counted AS MATERIALIZED (
-        SELECT r.run_id, r.run_key, r.repeat, r.seed, r.stage, r.arm_id, a.name AS arm
-        FROM runs r LEFT JOIN arms a ON a.arm_id = r.arm_id
-        WHERE r.experiment_id = {eid} AND r.status IN ({statuses}) AND r.stage = {last_stage}
-    )"""
-    config = json.loads(found[1]) if isinstance(found[1], str) else found[1]
-    scope = _Scope(con, experiment, eid, counted, declaration(config))
-    if not scope.rows("SELECT 1 FROM counted LIMIT 1"):
-        which = "" if stage is None else f" at stage {stage}"
-        raise ConfigError(
-            f"experiment {experiment!r} has no completed or stopped runs{which} to analyse; "
-            f"`lab show {experiment}` lists its runs and their statuses"
-        )
-    return scope
-
-
-def _check_arms(scope: _Scope, *arms: str) -> None:
-    known = [n for (n,) in scope.con.execute(
-        "SELECT name FROM arms WHERE experiment_id = ? ORDER BY arm_id", [scope.experiment_id]
-    ).fetchall()]  # fmt: skip
-    for arm in arms:
-        if arm not in known:
-            raise ConfigError(
-                f"experiment {scope.experiment!r} has no arm {arm!r}; arms: {_listing(known)}"
-            )
-    present = {a for (a,) in scope.rows("SELECT DISTINCT arm FROM counted")}
-    for arm in arms:
-        if arm not in present:
-            raise ConfigError(
-                f"arm {arm!r} of experiment {scope.experiment!r} has no completed or stopped "
-                f"runs to compare; `lab show {scope.experiment}` lists its runs"
-            )
-
-
-def _arm_filter(arms: tuple[str, ...]) -> str:
-    return "TRUE" if not arms else f"c.arm IN ({', '.join(_lit(a) for a in arms)})"
-
-
-def _check_metric(scope: _Scope, key: str, arms: tuple[str, ...] = ()) -> None:
-    """`key` is a metric of every counted run (of `arms`, when given)."""
-    rows = scope.rows(
-        f"""SELECT c.run_key, s.run_id IS NOT NULL FROM counted c
-            LEFT JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(key)}
-            WHERE {_arm_filter(arms)} ORDER BY c.arm_id NULLS LAST, c.repeat"""
-    )
-    lacking = [run_key for run_key, has in rows if not has]
-    if len(lacking) == len(rows):
-        known = [k for (k,) in scope.rows(
-            "SELECT DISTINCT s.key FROM summaries s JOIN counted c USING (run_id) ORDER BY 1"
-        )]  # fmt: skip
-        raise ConfigError(
-            f"experiment {scope.experiment!r} has no metric {key!r}; known: {_listing(known)}"
-        )
-    if lacking:
-        raise ConfigError(
-            f"{lacking_text(key, lacking, len(rows), scope.experiment)}; analyse a metric every "
-            "run logged, or choose the runs yourself in SQL over the final_metrics view"
-        )
-
-
-def _check_eval(scope: _Scope, name: str, arms: tuple[str, ...] = (), *, every: bool) -> None:
-    """`name` is an eval of the counted runs (with `every`: a successful one in each)."""
-    rows = scope.rows(
-        f"""SELECT c.run_key, count(ev.eval_id) FILTER (WHERE ev.error IS NULL) > 0,
-                   count(ev.eval_id) > 0
-            FROM counted c LEFT JOIN evals ev ON ev.run_id = c.run_id AND ev.name = {_lit(name)}
-            WHERE {_arm_filter(arms)} GROUP BY c.run_key, c.arm_id, c.repeat
-            ORDER BY c.arm_id NULLS LAST, c.repeat"""
-    )
-    if not any(has_any for _, _, has_any in rows):
-        known = [n for (n,) in scope.rows(
-            "SELECT DISTINCT ev.name FROM evals ev JOIN counted c USING (run_id) ORDER BY 1"
-        )]  # fmt: skip
-        raise ConfigError(
-            f"experiment {scope.experiment!r} has no eval {name!r}; known: {_listing(known)}"
-        )
-    lacking = [run_key for run_key, ok, _ in rows if not ok]
-    if every and lacking:
-        raise ConfigError(
-            f"eval {name!r} is missing (or failed) in {len(lacking)} of "
-            f"{plural(len(rows), 'run')} of experiment {scope.experiment!r}: {_listing(lacking)}; "
-            "query the evals and predictions views to choose the runs yourself"
-        )
-
-
-# -- t quantiles ------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4096)
-def _t(df: float) -> float:
-    return t_ppf(0.5 + CONFIDENCE / 2.0, df)
-
-
-def _tq(max_df: int) -> str:
-    """A CTE `tq(df, q)`: the t quantile of the CI for each df from 1 to `max_df`.
-
-    DuckDB has no t distribution, so the quantiles are computed here once per df and
-    joined in (the data never leaves DuckDB)."""
-    dfs = list(range(1, max(max_df, 0) + 1))
-    qs = ", ".join(f"{_t(df)!r}::DOUBLE" for df in dfs)
-    return (
-        f"tq AS MATERIALIZED (SELECT unnest(range(1, {len(dfs) + 1})) AS df, "
-        f"unnest([{qs}]::DOUBLE[]) AS q)"
-    )
-
-
-def _ci(n: str = "n", mean: str = "mean", std: str = "std") -> str:
-    """ci_low and ci_high from n, mean, std and the joined quantile `tq.q`."""
-    half = f"CASE WHEN {n} >= 2 THEN tq.q * {std} / sqrt({n}) END"
-    return f"{mean} - {half} AS ci_low, {mean} + {half} AS ci_high"
-
-
-def _spread(source: str, groups: str) -> str:
-    """``SELECT groups, n, mean, std FROM source GROUP BY groups`` over its `value` column.
-
-    The std is computed in two passes (the mean by a window first) rather than by
-    ``stddev_samp``, which raises "out of range" on a NaN or an infinity: here a NaN or an
-    infinite value makes the std NaN, as a diverged run should. n counts non-NULL values;
-    with fewer than two the std is NULL."""
-    return f"""SELECT {groups}, count(value) AS n, avg(value) AS mean,
-               CASE WHEN count(value) >= 2
-                    THEN sqrt(sum((value - center) ^ 2) / (count(value) - 1)) END AS std
-        FROM (SELECT *, avg(value) OVER (PARTITION BY {groups}) AS center FROM {source})
-        GROUP BY {groups}"""
-
-
-def _max_per_arm(scope: _Scope) -> int:
-    sql = "SELECT max(k) FROM (SELECT count(*) AS k FROM counted GROUP BY arm_id)"
-    (most,) = scope.rows(sql)[0]
-    return int(most or 0)
 
 
 # -- final values -----------------------------------------------------------------------------
@@ -288,21 +103,11 @@ def summary(
     if mode is not None:
         check_mode(mode)
     check_interval(interval)
-    scope = _scope(con, experiment, stage)
+    scope = open_scope(con, experiment, stage)
     metric, mode = _ranked_by(scope, metric, mode)
     bounds = bounds_for(metric, bounds, scope.declared)
-    _check_metric(scope, metric)
-    per_arm: dict[int | None, tuple[str | None, list[float]]] = {}
-    for arm_id, arm, value, _repeat in scope.rows(
-        f"""SELECT arm_id, name, NULL, NULL FROM arms WHERE experiment_id = {scope.experiment_id}
-            UNION ALL
-            SELECT c.arm_id, c.arm, s.last_value, c.repeat FROM counted c
-            JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(metric)}
-            ORDER BY 1 NULLS LAST, 4 NULLS FIRST"""
-    ):  # each arm once with no value (so an arm with nothing counted is a row), then values
-        values = per_arm.setdefault(arm_id, (arm, []))[1]
-        if value is not None:
-            values.append(value)
+    check_metric(scope, metric)
+    per_arm = _final_values(scope, metric)
     ranking = rank_arms(
         {arm_id: values for arm_id, (_arm, values) in per_arm.items()}, mode,
         interval=interval, bounds=bounds, metric=metric,
@@ -316,11 +121,28 @@ def summary(
             st.ci_low if spread_known else None, st.ci_high if spread_known else None,
             rank, rank == 1, ranking.margin if rank == 1 else None,
         ))  # fmt: skip
-    return _relation(con, _SUMMARY_COLUMNS, rows)
+    return values_relation(con, _SUMMARY_COLUMNS, rows)
+
+
+def _final_values(scope: Scope, metric: str) -> dict[int | None, tuple[str | None, list[float]]]:
+    """Per arm id, in the experiment's arm order: its name and the final `metric` of its runs
+    that count, by repeat (an arm with none is there, with no values)."""
+    per_arm: dict[int | None, tuple[str | None, list[float]]] = {}
+    for arm_id, arm, value, _repeat in scope.rows(
+        f"""SELECT arm_id, name, NULL, NULL FROM arms WHERE experiment_id = {scope.experiment_id}
+            UNION ALL
+            SELECT c.arm_id, c.arm, s.last_value, c.repeat FROM counted c
+            JOIN summaries s ON s.run_id = c.run_id AND s.key = {lit(metric)}
+            ORDER BY 1 NULLS LAST, 4 NULLS FIRST"""
+    ):  # each arm once with no value (so an arm with nothing counted is a row), then values
+        values = per_arm.setdefault(arm_id, (arm, []))[1]
+        if value is not None:
+            values.append(value)
+    return per_arm
 
 
 def _ranked_by(
-    scope: _Scope, metric: str | None, mode: Literal["min", "max"] | None
+    scope: Scope, metric: str | None, mode: Literal["min", "max"] | None
 ) -> tuple[str, Literal["min", "max"]]:
     """The metric and mode a summary of `scope` ranks by (`lab._ranking.choose`)."""
     if metric is not None:
@@ -333,7 +155,7 @@ def _ranked_by(
         raise ConfigError(
             f"experiment {scope.experiment!r} declares no metric and logged neither val/loss "
             f"nor loss; name one: lab.inspect.summary(con, {scope.experiment!r}, METRIC); "
-            f"known: {_listing(keys)}"
+            f"known: {listing(keys)}"
         )
     return chosen, mode
 
@@ -343,32 +165,6 @@ _SUMMARY_COLUMNS = (
     ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"), ("rank", "BIGINT"), ("is_best", "BOOLEAN"),
     ("margin", "DOUBLE"),
 )  # fmt: skip
-
-
-def _value(value: object) -> str:
-    """A SQL literal of a Python value: floats go through text, so NaN, inf and every bit
-    of a double survive."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, float):
-        return f"'{value!r}'::DOUBLE"
-    if isinstance(value, int):
-        return str(value)
-    return _lit(str(value))
-
-
-def _relation(
-    con: duckdb.DuckDBPyConnection, columns: tuple[tuple[str, str], ...], rows: list[tuple]
-) -> duckdb.DuckDBPyRelation:
-    """A relation of a few computed rows, typed, so it composes like the others."""
-    names = ", ".join(name for name, _ in columns)
-    typed = ", ".join(f"CAST({name} AS {kind}) AS {name}" for name, kind in columns)
-    values = ", ".join(
-        f"({i}, " + ", ".join(_value(v) for v in row) + ")" for i, row in enumerate(rows)
-    )
-    return con.sql(f"SELECT {typed} FROM (VALUES {values}) AS t(_row, {names}) ORDER BY _row")
 
 
 def compare(
@@ -392,15 +188,15 @@ def compare(
 
     >>> lab.inspect.compare(con, "lr-sweep", "large", "small", "val/loss").df()  # doctest: +SKIP
     """
-    scope = _scope(con, experiment, stage)
-    _check_arms(scope, arm_a, arm_b)
+    scope = open_scope(con, experiment, stage)
+    check_arms(scope, arm_a, arm_b)
     if arm_a == arm_b:
         raise ConfigError(f"compare needs two different arms, got {arm_a!r} twice")
-    _check_metric(scope, metric, (arm_a, arm_b))
+    check_metric(scope, metric, (arm_a, arm_b))
     values = f"""v AS MATERIALIZED (
         SELECT c.arm, c.seed, s.last_value AS value FROM counted c
-        JOIN summaries s ON s.run_id = c.run_id AND s.key = {_lit(metric)}
-        WHERE c.arm IN ({_lit(arm_a)}, {_lit(arm_b)})
+        JOIN summaries s ON s.run_id = c.run_id AND s.key = {lit(metric)}
+        WHERE c.arm IN ({lit(arm_a)}, {lit(arm_b)})
     )"""
     seeds = dict(
         scope.rows(
@@ -409,28 +205,42 @@ def compare(
     )
     a_seeds, b_seeds = seeds.get(arm_a, []), seeds.get(arm_b, [])
     paired = a_seeds == b_seeds and len(set(a_seeds)) == len(a_seeds)
-    head = f"{_lit(metric)} AS metric, {_lit(arm_a)} AS arm_a, {_lit(arm_b)} AS arm_b"
+    head = f"{lit(metric)} AS metric, {lit(arm_a)} AS arm_a, {lit(arm_b)} AS arm_b"
     if paired:
-        sql = f"""
-            WITH {scope.counted}, {values}, {_tq(len(a_seeds) - 1)},
-            p AS MATERIALIZED (
-                SELECT x.value AS va, y.value AS vb FROM v x JOIN v y ON x.seed = y.seed
-                WHERE x.arm = {_lit(arm_a)} AND y.arm = {_lit(arm_b)}
-            ),
-            d AS MATERIALIZED (SELECT 1 AS one, va - vb AS value FROM p),
-            agg AS MATERIALIZED ({_spread("d", "one")})
-            SELECT {head}, agg.n, agg.n AS n_a, agg.n AS n_b,
-                   (SELECT avg(va) FROM p) AS mean_a, (SELECT avg(vb) FROM p) AS mean_b,
-                   agg.mean AS diff, CASE WHEN agg.n >= 2 THEN agg.n - 1 END::DOUBLE AS df,
-                   {_ci("agg.n", "agg.mean", "agg.std")}, TRUE AS paired
-            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
-        """
-        return con.sql(sql)
-    stats = f"""per_arm AS MATERIALIZED ({_spread("v", "arm")}),
+        return _paired(scope, values, head, arm_a, arm_b, len(a_seeds))
+    return _welch(scope, values, head, arm_a, arm_b)
+
+
+def _paired(
+    scope: Scope, values: str, head: str, arm_a: str, arm_b: str, n: int
+) -> duckdb.DuckDBPyRelation:
+    """`compare`'s row for arms that ran the same `n` seeds: the t interval of the
+    per-seed differences a - b (the CTE `v` in `values` holds each run's value)."""
+    sql = f"""
+        WITH {scope.counted}, {values}, {tq_sql(n - 1)},
+        p AS MATERIALIZED (
+            SELECT x.value AS va, y.value AS vb FROM v x JOIN v y ON x.seed = y.seed
+            WHERE x.arm = {lit(arm_a)} AND y.arm = {lit(arm_b)}
+        ),
+        d AS MATERIALIZED (SELECT 1 AS one, va - vb AS value FROM p),
+        agg AS MATERIALIZED ({spread_sql("d", "one")})
+        SELECT {head}, agg.n, agg.n AS n_a, agg.n AS n_b,
+               (SELECT avg(va) FROM p) AS mean_a, (SELECT avg(vb) FROM p) AS mean_b,
+               agg.mean AS diff, CASE WHEN agg.n >= 2 THEN agg.n - 1 END::DOUBLE AS df,
+               {ci_sql("agg.n", "agg.mean", "agg.std")}, TRUE AS paired
+        FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+    """
+    return scope.con.sql(sql)
+
+
+def _welch(scope: Scope, values: str, head: str, arm_a: str, arm_b: str) -> duckdb.DuckDBPyRelation:
+    """`compare`'s row for arms that did not run the same seeds: Welch's unpaired interval
+    over all their runs (the CTE `v` in `values` holds each run's value)."""
+    stats = f"""per_arm AS MATERIALIZED ({spread_sql("v", "arm")}),
     agg AS MATERIALIZED (
         SELECT a.n AS n_a, b.n AS n_b, a.mean AS mean_a, b.mean AS mean_b,
                a.std ^ 2 / a.n AS se2_a, b.std ^ 2 / b.n AS se2_b
-        FROM per_arm a, per_arm b WHERE a.arm = {_lit(arm_a)} AND b.arm = {_lit(arm_b)}
+        FROM per_arm a, per_arm b WHERE a.arm = {lit(arm_a)} AND b.arm = {lit(arm_b)}
     ),
     welch AS MATERIALIZED (
         SELECT *, se2_a + se2_b AS se2,
@@ -440,7 +250,7 @@ def compare(
     (df,) = scope.rows(f", {values}, {stats} SELECT df FROM welch")[0]
     # The quantile is the one number DuckDB cannot compute; with no spread at all (df is
     # NaN: 0/0) the interval is the point itself, whatever the quantile.
-    q = _t(df) if df is not None and math.isfinite(df) and df > 0 else 0.0
+    q = t_quantile(df) if df is not None and math.isfinite(df) and df > 0 else 0.0
     sql = f"""
         WITH {scope.counted}, {values}, {stats}
         SELECT {head}, n_a + n_b AS n, n_a, n_b, mean_a, mean_b, mean_a - mean_b AS diff,
@@ -448,7 +258,7 @@ def compare(
                mean_a - mean_b + {q!r} * sqrt(se2) AS ci_high, FALSE AS paired
         FROM welch
     """
-    return con.sql(sql)
+    return scope.con.sql(sql)
 
 
 # -- curves -----------------------------------------------------------------------------------
@@ -493,12 +303,12 @@ def curves(
     bounds = bounds_for(key, bounds, scope.declared)
     clipped = "ci_low, ci_high"
     if bounds is not None:  # NULL and NaN stay as they are
-        clipped = _clipped("ci_low", "ci_high", _value(bounds[0]), _value(bounds[1]))
+        clipped = clipped_sql("ci_low", "ci_high", sql_value(bounds[0]), sql_value(bounds[1]))
     sql = f"""
-        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {points},
-        agg AS MATERIALIZED ({_spread("points", "arm_id, arm, step")}),
+        WITH {scope.counted}, {tq_sql(max_per_arm(scope) - 1)}, {points},
+        agg AS MATERIALIZED ({spread_sql("points", "arm_id, arm, step")}),
         ci AS MATERIALIZED (
-            SELECT arm_id, arm, step, n, mean, std, {_ci()}
+            SELECT arm_id, arm, step, n, mean, std, {ci_sql()}
             FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
         )
         SELECT arm, step, n, mean, std, {clipped}
@@ -513,13 +323,13 @@ def _points(
     key: str,
     every: int | None,
     stage: int | None,
-) -> tuple[_Scope, str]:
+) -> tuple[Scope, str]:
     """The scope, and a CTE `points`: one value of `key` per counted run and step (or bucket
     of `every` steps: the mean of the run's points in it)."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ConfigError(f"every={every!r}: give a bucket width in steps, an int >= 1, or None")
-    scope = _scope(con, experiment, stage)
-    _check_metric(scope, key)
+    scope = open_scope(con, experiment, stage)
+    check_metric(scope, key)
     bucket = "m.step" if every is None else f"CAST(ceil(m.step / {every}) AS BIGINT) * {every}"
     return (
         scope,
@@ -527,7 +337,7 @@ def _points(
             SELECT c.arm_id, c.arm, c.run_id, c.run_key, c.repeat, {bucket} AS step,
                    avg(m.value) AS value
             FROM metrics m JOIN counted c ON c.run_id = m.run_id
-            WHERE m.key = {_lit(key)}
+            WHERE m.key = {lit(key)}
             GROUP BY c.arm_id, c.arm, c.run_id, c.run_key, c.repeat, {bucket}
         )""",
     )
@@ -536,7 +346,7 @@ def _points(
 # -- evals and predictions --------------------------------------------------------------------
 
 
-def _latest(scope: _Scope, name: str) -> str:
+def _latest(scope: Scope, name: str) -> str:
     """A CTE `latest`: each counted run's latest successful eval named `name`."""
     return f"""latest AS MATERIALIZED (
         SELECT eval_id, run_id, step, breakdowns FROM (
@@ -544,7 +354,7 @@ def _latest(scope: _Scope, name: str) -> str:
                 PARTITION BY ev.run_id ORDER BY ev.step DESC NULLS FIRST, ev.eval_id DESC
             ) AS newest
             FROM evals ev JOIN counted c ON c.run_id = ev.run_id
-            WHERE ev.name = {_lit(name)} AND ev.error IS NULL
+            WHERE ev.name = {lit(name)} AND ev.error IS NULL
         ) WHERE newest = 1
     )"""
 
@@ -562,15 +372,15 @@ def predictions(
     >>> p = lab.inspect.predictions(con, "bench", "test")                  # doctest: +SKIP
     >>> p.filter("step IS NULL AND output != target").df()                 # doctest: +SKIP
     """
-    scope = _scope(con, experiment, stage)
-    _check_eval(scope, eval, every=False)
+    scope = open_scope(con, experiment, stage)
+    check_eval(scope, eval, every=False)
     sql = f"""
         WITH {scope.counted}
-        SELECT {_lit(experiment)} AS experiment, c.arm, c.repeat, c.run_key, c.seed,
+        SELECT {lit(experiment)} AS experiment, c.arm, c.repeat, c.run_key, c.seed,
                ev.name AS eval, ev.step, p.idx, p.example_id, p.input, p.output, p.target,
                p.score, p.extras
         FROM counted c
-        JOIN evals ev ON ev.run_id = c.run_id AND ev.name = {_lit(eval)}
+        JOIN evals ev ON ev.run_id = c.run_id AND ev.name = {lit(eval)}
         JOIN predictions p ON p.eval_id = ev.eval_id
         ORDER BY c.arm_id NULLS LAST, c.repeat, ev.step NULLS LAST, p.idx
     """
@@ -609,19 +419,41 @@ def disagreements(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r}: give a number of rows, an int >= 1, or None")
-    scope = _scope(con, experiment, stage)
-    _check_arms(scope, arm_a, arm_b)
+    scope = open_scope(con, experiment, stage)
+    check_arms(scope, arm_a, arm_b)
     if arm_a == arm_b:
         raise ConfigError(f"disagreements needs two different arms, got {arm_a!r} twice")
-    _check_eval(scope, eval, (arm_a, arm_b), every=True)
+    check_eval(scope, eval, (arm_a, arm_b), every=True)
     sql = f"""
-        WITH {scope.counted}, {_latest(scope, eval)},
+        WITH {scope.counted}, {_latest(scope, eval)}, {_per_example(arm_a, arm_b)}
+        SELECT a.example_id, coalesce(a.input, b.input) AS input,
+               coalesce(a.target, b.target) AS target, ta.output AS output_a,
+               tb.output AS output_b, a.score AS score_a, b.score AS score_b,
+               a.correct AS correct_a, b.correct AS correct_b,
+               coalesce(a.score - b.score, a.correct - b.correct) AS diff
+        FROM per a
+        JOIN per b ON b.example_id = a.example_id AND b.arm = {lit(arm_b)}
+        JOIN top ta ON ta.example_id = a.example_id AND ta.arm = a.arm
+        JOIN top tb ON tb.example_id = b.example_id AND tb.arm = b.arm
+        WHERE a.arm = {lit(arm_a)}
+        ORDER BY abs(diff) DESC NULLS LAST, (ta.output IS DISTINCT FROM tb.output) DESC,
+                 a.idx, a.example_id
+        {"" if limit is None else f"LIMIT {limit}"}
+    """
+    return con.sql(sql)
+
+
+def _per_example(arm_a: str, arm_b: str) -> str:
+    """CTEs over the predictions of the `latest` evals of two arms: `p` (each one, by
+    example), `top` (each arm's most common output per example, ties: the smallest) and
+    `per` (per arm and example: the mean score and the fraction of repeats correct)."""
+    return f"""
         p AS MATERIALIZED (
             SELECT c.arm, coalesce(p.example_id, CAST(p.idx AS VARCHAR)) AS example_id,
                    p.idx, p.input, p.output, p.target, p.score
             FROM latest l JOIN counted c ON c.run_id = l.run_id
             JOIN predictions p ON p.eval_id = l.eval_id
-            WHERE c.arm IN ({_lit(arm_a)}, {_lit(arm_b)})
+            WHERE c.arm IN ({lit(arm_a)}, {lit(arm_b)})
         ),
         top AS MATERIALIZED (
             SELECT arm, example_id, output FROM (
@@ -639,22 +471,7 @@ def disagreements(
                             WHEN output IS NOT DISTINCT FROM target THEN 1.0 ELSE 0.0 END)
                        AS correct
             FROM p GROUP BY arm, example_id
-        )
-        SELECT a.example_id, coalesce(a.input, b.input) AS input,
-               coalesce(a.target, b.target) AS target, ta.output AS output_a,
-               tb.output AS output_b, a.score AS score_a, b.score AS score_b,
-               a.correct AS correct_a, b.correct AS correct_b,
-               coalesce(a.score - b.score, a.correct - b.correct) AS diff
-        FROM per a
-        JOIN per b ON b.example_id = a.example_id AND b.arm = {_lit(arm_b)}
-        JOIN top ta ON ta.example_id = a.example_id AND ta.arm = a.arm
-        JOIN top tb ON tb.example_id = b.example_id AND tb.arm = b.arm
-        WHERE a.arm = {_lit(arm_a)}
-        ORDER BY abs(diff) DESC NULLS LAST, (ta.output IS DISTINCT FROM tb.output) DESC,
-                 a.idx, a.example_id
-        {"" if limit is None else f"LIMIT {limit}"}
-    """
-    return con.sql(sql)
+        )"""
 
 
 def _real(column: str) -> str:
@@ -691,8 +508,8 @@ def breakdown(
 
     >>> lab.inspect.breakdown(con, "bench", "test").df()                   # doctest: +SKIP
     """
-    scope = _scope(con, experiment, stage)
-    _check_eval(scope, eval, every=True)
+    scope = open_scope(con, experiment, stage)
+    check_eval(scope, eval, every=True)
     ranges = _eval_ranges(scope, eval, bounds)
     values = f"""{_latest(scope, eval)},
         b AS MATERIALIZED (
@@ -701,6 +518,24 @@ def breakdown(
             FROM latest l JOIN counted c ON c.run_id = l.run_id,
                  json_each(l.breakdowns) s, json_each(s.value) m
         )"""
+    _check_breakdowns(scope, eval, values)
+    values, ci, clipped = _bounded(scope, eval, values, ranges)
+    sql = f"""
+        WITH {scope.counted}, {tq_sql(max_per_arm(scope) - 1)}, {values},
+        agg AS MATERIALIZED ({spread_sql("b", "arm_id, arm, slice, metric")}),
+        ci AS MATERIALIZED (
+            SELECT arm_id, arm, slice, metric, n, mean, std, {ci}
+            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
+        )
+        SELECT arm, slice, metric, n, mean, std, {clipped}
+        FROM ci ORDER BY arm_id NULLS LAST, slice, metric
+    """
+    return con.sql(sql)
+
+
+def _check_breakdowns(scope: Scope, eval: str, values: str) -> None:
+    """Every run that counts has every slice and metric its arm's breakdowns have (the CTE
+    `b` in `values` holds them, one row per run, slice and metric)."""
     missing = scope.rows(
         f""", {values},
         cells AS MATERIALIZED (SELECT DISTINCT arm_id, slice, metric FROM b),
@@ -716,14 +551,22 @@ def breakdown(
     if missing:
         raise ConfigError(
             f"breakdowns of eval {eval!r} differ across the runs of experiment "
-            f"{experiment!r}; missing: {_listing([m for (m,) in missing])}; query the evals "
+            f"{scope.experiment!r}; missing: {listing([m for (m,) in missing])}; query the evals "
             "view to choose the runs yourself"
         )
-    ci = _ci()
+
+
+def _bounded(
+    scope: Scope, eval: str, values: str, ranges: dict[str | None, tuple[float, float]]
+) -> tuple[str, str, str]:
+    """`values` with the CTE `bnd` of the metrics' `ranges` added, the interval columns and
+    the interval clipped to them; a value outside its range is an error. Without ranges:
+    the interval as it is."""
+    ci = ci_sql()
     clipped = "ci_low, ci_high"
     if ranges:
         rows = ", ".join(
-            f"({'NULL' if m is None else _lit(m)}, {_value(lo)}, {_value(hi)})"
+            f"({'NULL' if m is None else lit(m)}, {sql_value(lo)}, {sql_value(hi)})"
             for m, (lo, hi) in ranges.items()
         )
         values += f""",
@@ -737,24 +580,14 @@ def breakdown(
         if outside:
             metric, value, lo, hi = outside[0]
             raise ConfigError(outside_text(f"{eval}/{metric}", value, (lo, hi)))
-        ci = f"""{_ci()}, (SELECT min(lo) FROM bnd WHERE {range_of.format("agg")}) AS lo,
+        ci = f"""{ci_sql()}, (SELECT min(lo) FROM bnd WHERE {range_of.format("agg")}) AS lo,
                (SELECT max(hi) FROM bnd WHERE {range_of.format("agg")}) AS hi"""
-        clipped = _clipped("ci_low", "ci_high", "lo", "hi")
-    sql = f"""
-        WITH {scope.counted}, {_tq(_max_per_arm(scope) - 1)}, {values},
-        agg AS MATERIALIZED ({_spread("b", "arm_id, arm, slice, metric")}),
-        ci AS MATERIALIZED (
-            SELECT arm_id, arm, slice, metric, n, mean, std, {ci}
-            FROM agg LEFT JOIN tq ON tq.df = agg.n - 1
-        )
-        SELECT arm, slice, metric, n, mean, std, {clipped}
-        FROM ci ORDER BY arm_id NULLS LAST, slice, metric
-    """
-    return con.sql(sql)
+        clipped = clipped_sql("ci_low", "ci_high", "lo", "hi")
+    return values, ci, clipped
 
 
 def _eval_ranges(
-    scope: _Scope, eval: str, bounds: Mapping[str, tuple[float, float]] | tuple[float, float] | None
+    scope: Scope, eval: str, bounds: Mapping[str, tuple[float, float]] | tuple[float, float] | None
 ) -> dict[str | None, tuple[float, float]]:
     """The ranges of an eval's breakdown metrics, by metric name (None: every metric): the
     experiment's declared ``"<eval>/<metric>"`` ranges, then `bounds` over them."""
@@ -774,16 +607,6 @@ def _eval_ranges(
         return ranges
     checked = check_bounds(bounds)
     return {None: checked} if checked is not None else ranges
-
-
-def _clipped(low: str, high: str, lo: str, hi: str) -> str:
-    """ci_low and ci_high clipped to the range (`lo`, `hi`) where it is not NULL; NULL and
-    NaN stay as they are."""
-    return (
-        f"CASE WHEN {lo} IS NULL OR isnan({low}) THEN {low} ELSE greatest({low}, {lo}) END "
-        f"AS ci_low, CASE WHEN {hi} IS NULL OR isnan({high}) THEN {high} "
-        f"ELSE least({high}, {hi}) END AS ci_high"
-    )
 
 
 # -- plots ------------------------------------------------------------------------------------
@@ -857,40 +680,13 @@ def plot_curves(
             "or None"
         )
     data = curves(con, experiment, key, every=every, stage=stage, bounds=bounds).fetchall()
-    runs: dict[str | None, dict[str, list[tuple[int, float]]]] = {}
-    if seeds:
-        scope, points = _points(con, experiment, key, every, stage)
-        for arm, run_key, step, value in scope.rows(
-            f""", {points} SELECT arm, run_key, step, value FROM points
-                ORDER BY arm_id NULLS LAST, repeat, step"""
-        ):
-            runs.setdefault(arm, {}).setdefault(run_key, []).append((step, value))
+    runs = _seed_curves(con, experiment, key, every, stage) if seeds else {}
     fig, ax = _axes(ax)
     by_arm: dict[str | None, list[tuple]] = {}
     for arm, step, _n, mean, _std, low, high in data:
         by_arm.setdefault(arm, []).append((step, mean, low, high))
-    nan = float("nan")
-
-    def shown(ys: list[float]) -> list[float]:
-        return ys if smooth is None else ema(ys, float(smooth))
-
     for arm, rows in by_arm.items():
-        steps = [r[0] for r in rows]
-        means = [nan if r[1] is None else r[1] for r in rows]
-        (line,) = ax.plot(steps, shown(means), label=_label(arm))
-        color = line.get_color()
-        if smooth is not None:  # the raw mean, faint, behind the smoothed one
-            ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8, label="_raw")
-        lows = shown([nan if r[2] is None else r[2] for r in rows])
-        highs = shown([nan if r[3] is None else r[3] for r in rows])
-        ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
-        for run_key, points in runs.get(arm, {}).items():
-            (seed_line,) = ax.plot(
-                [p[0] for p in points],
-                shown([nan if p[1] is None else p[1] for p in points]),
-                color=color, alpha=0.5, linewidth=0.7, label="_seed",
-            )  # fmt: skip
-            seed_line.set_gid(run_key)
+        _draw_arm(ax, arm, rows, runs.get(arm, {}), smooth)
     if log_y:
         ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -901,6 +697,52 @@ def plot_curves(
     ax.set_title(f"{experiment}: {key} ({what})")
     ax.legend(title="arm")
     return fig
+
+
+def _seed_curves(
+    con: duckdb.DuckDBPyConnection, experiment: str, key: str, every: int | None, stage: int | None
+) -> dict[str | None, dict[str, list[tuple[int, float]]]]:
+    """Each counted run's own curve of `key` (bucketed as `curves` does), by arm and run key."""
+    runs: dict[str | None, dict[str, list[tuple[int, float]]]] = {}
+    scope, points = _points(con, experiment, key, every, stage)
+    for arm, run_key, step, value in scope.rows(
+        f""", {points} SELECT arm, run_key, step, value FROM points
+            ORDER BY arm_id NULLS LAST, repeat, step"""
+    ):
+        runs.setdefault(arm, {}).setdefault(run_key, []).append((step, value))
+    return runs
+
+
+def _draw_arm(
+    ax: Axes,
+    arm: str | None,
+    rows: list[tuple],
+    runs: dict[str, list[tuple[int, float]]],
+    smooth: float | None,
+) -> None:
+    """One arm of `plot_curves`: its mean line (smoothed, the raw one faint behind), its CI
+    band, and its runs' own curves, thin, in the same colour (each with its run key as gid)."""
+    nan = float("nan")
+
+    def shown(ys: list[float]) -> list[float]:
+        return ys if smooth is None else ema(ys, float(smooth))
+
+    steps = [r[0] for r in rows]
+    means = [nan if r[1] is None else r[1] for r in rows]
+    (line,) = ax.plot(steps, shown(means), label=_label(arm))
+    color = line.get_color()
+    if smooth is not None:  # the raw mean, faint, behind the smoothed one
+        ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8, label="_raw")
+    lows = shown([nan if r[2] is None else r[2] for r in rows])
+    highs = shown([nan if r[3] is None else r[3] for r in rows])
+    ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
+    for run_key, points in runs.items():
+        (seed_line,) = ax.plot(
+            [p[0] for p in points],
+            shown([nan if p[1] is None else p[1] for p in points]),
+            color=color, alpha=0.5, linewidth=0.7, label="_seed",
+        )  # fmt: skip
+        seed_line.set_gid(run_key)
 
 
 def plot_summary(
@@ -925,7 +767,7 @@ def plot_summary(
     relation = summary(con, experiment, metric, mode, stage=stage, interval=interval,
                        bounds=bounds)  # fmt: skip
     rows = relation.fetchall()
-    metric, mode = _ranked_by(_scope(con, experiment, stage), metric, mode)
+    metric, mode = _ranked_by(open_scope(con, experiment, stage), metric, mode)
     fig, ax = _axes(ax)
     nan = float("nan")
     xs = list(range(len(rows)))

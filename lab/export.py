@@ -76,36 +76,45 @@ def export(
                 f"cannot create the export folder {folder} ({exc.strerror or exc}); "
                 "choose a folder you can write"
             ) from None
-        counts: dict[str, int] = {}
-        written: list[tuple[Path, Path]] = []
-        try:
-            for table in TABLES:
-                final = folder / f"{table}.parquet"
-                tmp = folder / f".{table}.parquet.tmp"
-                order = ", ".join(
-                    f'"{c.name}"' for c in Base.metadata.tables[table].primary_key.columns
-                )
-                where = _ROWS[table].format(id=experiment_id)
-                path = str(tmp).replace("'", "''")
-                written.append((tmp, final))
-                (n,) = con.execute(
-                    f'COPY (SELECT * FROM "{table}" WHERE {where} ORDER BY {order}) '
-                    f"TO '{path}' (FORMAT parquet)"
-                ).fetchone()  # type: ignore[misc]
-                counts[table] = int(n)
-        except BaseException as exc:
-            for tmp, _ in written:
-                with contextlib.suppress(OSError):  # a folder that cannot be written
-                    tmp.unlink(missing_ok=True)
-            mapped = _export_error(exc, folder, con) if isinstance(exc, duckdb.Error) else None
-            if mapped is not None:
-                raise mapped from None
-            raise
-        for tmp, final in written:
-            os.replace(tmp, final)
-        return counts
+        return _write_tables(con, folder, experiment_id)
     finally:
         con.close()
+
+
+def _write_tables(
+    con: duckdb.DuckDBPyConnection, folder: Path, experiment_id: int
+) -> dict[str, int]:
+    """Each table's rows of the experiment, in primary-key order, to ``folder/<table>.parquet``:
+    all written under temporary names first, then renamed; on an error the temporary files are
+    removed and the earlier files are left as they were."""
+    counts: dict[str, int] = {}
+    written: list[tuple[Path, Path]] = []
+    try:
+        for table in TABLES:
+            final = folder / f"{table}.parquet"
+            tmp = folder / f".{table}.parquet.tmp"
+            order = ", ".join(
+                f'"{c.name}"' for c in Base.metadata.tables[table].primary_key.columns
+            )
+            where = _ROWS[table].format(id=experiment_id)
+            path = str(tmp).replace("'", "''")
+            written.append((tmp, final))
+            (n,) = con.execute(
+                f'COPY (SELECT * FROM "{table}" WHERE {where} ORDER BY {order}) '
+                f"TO '{path}' (FORMAT parquet)"
+            ).fetchone()  # type: ignore[misc]
+            counts[table] = int(n)
+    except BaseException as exc:
+        for tmp, _ in written:
+            with contextlib.suppress(OSError):  # a folder that cannot be written
+                tmp.unlink(missing_ok=True)
+        mapped = _export_error(exc, folder, con) if isinstance(exc, duckdb.Error) else None
+        if mapped is not None:
+            raise mapped from None
+        raise
+    for tmp, final in written:
+        os.replace(tmp, final)
+    return counts
 
 
 def _export_error(

@@ -106,6 +106,12 @@ def connect(
                 "read in place: leave mode out"
             )
         return _connect_parquet(Path(url))
+    return _connect_store(url, mode)
+
+
+def _connect_store(url: str | os.PathLike[str] | None, mode: Mode) -> duckdb.DuckDBPyConnection:
+    """`connect` for a SQL store: ATTACHed in place when `mode` allows and the scanner
+    loads, else copied in through Arrow; the views are the same either way."""
     store = Store(resolve_url(os.fspath(url) if url is not None else None), readonly=True)
     try:
         missing = _missing_columns(store)
@@ -353,6 +359,30 @@ _JOINED = {
 
 _DUCK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "timestamp[us]": "TIMESTAMP"}
 
+# The views over the views: a run's final values, its tags, an experiment's tags.
+_FINAL_METRICS_VIEW = """
+CREATE VIEW final_metrics AS
+SELECT e.name AS experiment, a.name AS arm, r.repeat, r.run_key, r.status,
+       s.run_id, s.key, s.last_step AS step, s.last_value AS value,
+       s.min_value, s.max_value, s.count
+FROM summaries s
+JOIN runs r USING (run_id)
+JOIN experiments e USING (experiment_id)
+LEFT JOIN arms a ON a.arm_id = r.arm_id
+"""
+_RUN_TAGS_VIEW = """
+CREATE VIEW run_tags AS
+SELECT e.name AS experiment, r.run_key, r.run_id, unnest(from_json(r.tags, '["VARCHAR"]'))
+       AS tag
+FROM runs r JOIN experiments e USING (experiment_id)
+WHERE r.tags IS NOT NULL
+"""
+_EXPERIMENT_TAGS_VIEW = """
+CREATE VIEW experiment_tags AS
+SELECT name AS experiment, experiment_id, unnest(from_json(tags, '["VARCHAR"]')) AS tag
+FROM experiments WHERE tags IS NOT NULL
+"""
+
 
 def _create_views(
     con: duckdb.DuckDBPyConnection,
@@ -367,20 +397,7 @@ def _create_views(
     ``lab ls`` shows them; nothing is written."""
     _gone_table(con, crashed)
     for name in TABLES:
-        exprs = {}
-        lacks = (missing or {}).get(name, set())
-        for column in copied_columns(name):
-            quoted = f's."{column.name}"'
-            if column.name in lacks:  # an older revision's store: NULL until it is upgraded
-                kind = "JSON" if isinstance(column.type, sa.JSON) else None
-                kind = kind or _DUCK_TYPES.get(str(_arrow_type(column)), "VARCHAR")
-                exprs[column.name] = f"NULL::{kind}"
-            elif isinstance(column.type, sa.JSON):
-                exprs[column.name] = f"{quoted}::JSON"
-            elif (name, column.name) in _NAN_AS_NULL and nan_is_null:
-                exprs[column.name] = f"coalesce({quoted}, 'nan'::DOUBLE)"
-            else:
-                exprs[column.name] = quoted
+        exprs = _column_exprs(name, (missing or {}).get(name, set()), nan_is_null)
         source = f'store."{name}" s'
         if name in ("runs", "experiments"):  # a row whose process is gone reads as crashed
             source += (
@@ -406,35 +423,28 @@ def _create_views(
             con.execute(f"CREATE VIEW all_runs AS {select}")
             select += f" WHERE {exprs['superseded_at']} IS NULL"
         con.execute(f'CREATE VIEW "{name}" AS {select}')
-    con.execute(
-        """
-        CREATE VIEW final_metrics AS
-        SELECT e.name AS experiment, a.name AS arm, r.repeat, r.run_key, r.status,
-               s.run_id, s.key, s.last_step AS step, s.last_value AS value,
-               s.min_value, s.max_value, s.count
-        FROM summaries s
-        JOIN runs r USING (run_id)
-        JOIN experiments e USING (experiment_id)
-        LEFT JOIN arms a ON a.arm_id = r.arm_id
-        """
-    )
-    con.execute(_PROVENANCE_VIEW)
-    con.execute(
-        """
-        CREATE VIEW run_tags AS
-        SELECT e.name AS experiment, r.run_key, r.run_id, unnest(from_json(r.tags, '["VARCHAR"]'))
-               AS tag
-        FROM runs r JOIN experiments e USING (experiment_id)
-        WHERE r.tags IS NOT NULL
-        """
-    )
-    con.execute(
-        """
-        CREATE VIEW experiment_tags AS
-        SELECT name AS experiment, experiment_id, unnest(from_json(tags, '["VARCHAR"]')) AS tag
-        FROM experiments WHERE tags IS NOT NULL
-        """
-    )
+    for view in (_FINAL_METRICS_VIEW, _PROVENANCE_VIEW, _RUN_TAGS_VIEW, _EXPERIMENT_TAGS_VIEW):
+        con.execute(view)
+
+
+def _column_exprs(name: str, lacks: set[str], nan_is_null: bool) -> dict[str, str]:
+    """Each column of table `name` as its view reads it from the store's row ``s``: JSON as
+    JSON, a NaN that SQLite keeps as NULL as NaN again (`nan_is_null`), and a column an
+    older store `lacks` as a typed NULL."""
+    exprs = {}
+    for column in copied_columns(name):
+        quoted = f's."{column.name}"'
+        if column.name in lacks:  # an older revision's store: NULL until it is upgraded
+            kind = "JSON" if isinstance(column.type, sa.JSON) else None
+            kind = kind or _DUCK_TYPES.get(str(_arrow_type(column)), "VARCHAR")
+            exprs[column.name] = f"NULL::{kind}"
+        elif isinstance(column.type, sa.JSON):
+            exprs[column.name] = f"{quoted}::JSON"
+        elif (name, column.name) in _NAN_AS_NULL and nan_is_null:
+            exprs[column.name] = f"coalesce({quoted}, 'nan'::DOUBLE)"
+        else:
+            exprs[column.name] = quoted
+    return exprs
 
 
 def _gone_table(con: duckdb.DuckDBPyConnection, crashed: Crashed | None) -> None:

@@ -247,10 +247,21 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(name: str, path: Path, *, type_checking: bool = False) -> set[str]:
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` reads, relative imports resolved against `package`."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(
+    name: str, path: Path, *, type_checking: bool = False, everywhere: bool = False
+) -> set[str]:
     """The `lab` modules that `name` imports at module level (what runs when it is
     imported): function bodies are not walked, and ``if TYPE_CHECKING:`` blocks only with
-    `type_checking`."""
+    `type_checking`. With `everywhere`, every import a reader sees: module level, under
+    ``TYPE_CHECKING`` and inside functions alike."""
     known = _modules()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
@@ -279,17 +290,17 @@ def _imports(name: str, path: Path, *, type_checking: bool = False) -> set[str]:
                 for alias in node.names:
                     target(alias.name)
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    module = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    module = node.module or ""
+                module = _from_module(node, package)
                 target(module)
                 for alias in node.names:  # `from lab.loop import training`: a module
                     if f"{module}.{alias.name}" in known:
                         target(f"{module}.{alias.name}")
 
-    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if everywhere:
+        walk([n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)])
+    else:
+        walk(tree.body)
     return out
 
 
@@ -298,6 +309,16 @@ def _floor(module: str) -> str:
     a module at the top (``lab.hooks``)."""
     parts = module.split(".")
     return ".".join(parts[:2])
+
+
+def _parts(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` between the parts of `lab` (`_floor`): an edge where a module of one part
+    imports a module of another."""
+    parts: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        floor = _floor(name)
+        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
+    return parts
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -341,11 +362,7 @@ def test_the_package_dependency_graph_has_no_cycle() -> None:
     modules = _modules()
     graph = {name: _imports(name, path) for name, path in modules.items()}
     assert _cycle(graph) is None
-    parts: dict[str, set[str]] = {}
-    for name, deps in graph.items():
-        floor = _floor(name)
-        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
-    assert _cycle(parts) is None
+    assert _cycle(_parts(graph)) is None
 
 
 def test_annotations_go_back_up_only_where_a_run_names_its_hooks() -> None:
@@ -359,11 +376,7 @@ def test_annotations_go_back_up_only_where_a_run_names_its_hooks() -> None:
     runtime = _imports("lab.records", modules["lab.records"])
     assert graph["lab.records"] - runtime == {"lab.hooks", "lab.dispatch"}
     graph["lab.records"] = runtime
-    parts: dict[str, set[str]] = {}
-    for name, deps in graph.items():
-        floor = _floor(name)
-        parts.setdefault(floor, set()).update(d for d in map(_floor, deps) if d != floor)
-    assert _cycle(parts) is None
+    assert _cycle(_parts(graph)) is None
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -434,3 +447,302 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
         check=True,
     ).stdout
     assert out.splitlines()[-1] == "failed: []", out
+
+
+# -- circles, sizes, the store's insides and where the lifecycle fires ---------------------
+
+
+def _circles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Each knot of `graph` (nodes that all reach one another: a strongly connected
+    component of more than one node), as one cycle through it and all its nodes."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    groups = {
+        frozenset(m for m in reach[n] if n in reach.get(m, ())) for n in graph if n in reach[n]
+    }
+    return sorted((_cycle({n: graph[n] & g for n in g}) or [], sorted(g)) for g in groups)
+
+
+def test_the_circle_finder_finds_each_circle() -> None:
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}, "e": {"a"}}
+    assert _circles(graph) == [(["a", "b", "a"], ["a", "b"]), (["c", "d", "c"], ["c", "d"])]
+    knot = {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}
+    assert _circles(knot) == [(["a", "b", "a"], ["a", "b", "c"])]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.xfail(strict=True, reason="lab has import circles until its centre is untangled")
+def test_no_import_circle_counting_every_import() -> None:
+    """No import circle in `lab`, between modules or between its parts, counting every
+    import as a reader sees it: under ``if TYPE_CHECKING:`` and inside functions too (an
+    import put inside a function, or under TYPE_CHECKING, hides a circle from the
+    interpreter, not from a reader)."""
+    graph = {name: _imports(name, path, everywhere=True) for name, path in _modules().items()}
+    found = [
+        f"{level}: {' -> '.join(circle)} (all of: {', '.join(knot)})"
+        for level, between in (("modules", graph), ("parts", _parts(graph)))
+        for circle, knot in _circles(between)
+    ]
+    assert found == [], "import circles (TYPE_CHECKING and function imports counted):\n" + (
+        "\n".join(found)
+    )
+
+
+#: The most lines a module, a class and a function (from its ``def`` line to its last,
+#: docstring included) may have: past them, code stops reading top to bottom.
+MAX_FILE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 900, 500, 60
+
+
+def _too_long(source: str) -> list[str]:
+    """What in the module `source` is over the limits: the module, each class and each
+    function (a method and a nested function each counted on its own, and in what holds
+    it), named by its dotted path in the module."""
+    found = []
+    lines = len(source.splitlines())
+    if lines > MAX_FILE_LINES:
+        found.append(f"the module: {lines} lines (at most {MAX_FILE_LINES})")
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                kind, limit = "class", MAX_CLASS_LINES
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                kind, limit = "function", MAX_FUNCTION_LINES
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):  # if, try, with
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list):
+                        visit([n for n in inner if isinstance(n, ast.AST)], prefix)
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > limit:
+                found.append(
+                    f"{kind} {prefix}{node.name} (line {node.lineno}): {length} lines "
+                    f"(at most {limit})"
+                )
+            visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return found
+
+
+def test_the_size_check_names_what_is_too_long() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    source = f'class A:\n    def f(self):\n        """Doc."""\n{body.replace("    ", "        ")}\n'
+    source += f"\n\ndef short():\n    pass\n\n\ndef g():\n{body}\n"
+    assert _too_long(source) == [
+        "function A.f (line 2): 62 lines (at most 60)",
+        "function g (line 70): 61 lines (at most 60)",
+    ]
+    assert _too_long("x = 1\n" * 901) == ["the module: 901 lines (at most 900)"]
+    assert _too_long("if True:\n    class B:\n" + "        x = 1\n" * 500) == [
+        "class B (line 2): 501 lines (at most 500)"
+    ]
+
+
+#: Modules still over a limit: each is expected to fail, strictly, so that a module split
+#: to fit fails here until it leaves this list.
+TOO_LONG_NOW = frozenset(
+    {
+        "lab/experiment.py",
+        "lab/loggers/jsonl.py",
+        "lab/loop/checkpoints.py",
+        "lab/loop/handle.py",
+        "lab/loop/training.py",
+        "lab/records.py",
+        "lab/rl/loop.py",
+        "lab/script.py",
+        "lab/server/app.py",
+        "lab/server/dashboard.py",
+        "lab/server/read.py",
+        "lab/server/ui/__init__.py",
+        "lab/store/http/sender.py",
+        "lab/store/store.py",
+        "lab/store/writer.py",
+        "lab/store/writes.py",
+    }
+)
+_LAB_FILES = sorted(path.relative_to(ROOT.parent).as_posix() for path in _modules().values())
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        pytest.param(
+            m, marks=pytest.mark.xfail(strict=True, reason="over a limit until it is split")
+        )
+        if m in TOO_LONG_NOW
+        else m
+        for m in _LAB_FILES
+    ],
+)
+def test_no_module_class_or_function_is_too_long(module: str) -> None:
+    """Each module of `lab` within 900 lines, each class within 500 and each function
+    within 60, its docstring included (one test per module, so each shows on its own)."""
+    found = _too_long((ROOT.parent / module).read_text(encoding="utf-8"))
+    assert found == [], f"{module}:\n" + "\n".join(found)
+
+
+def _name(node: ast.expr) -> str:
+    """The last name of `node`: ``fire`` for ``hooks.fire``, ``store`` for ``store``."""
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+
+
+def _by_line(found: list[str]) -> list[str]:
+    """Findings as ``line: what``, in line order."""
+    return sorted(found, key=lambda where: int(where.partition(":")[0]))
+
+
+def _store_insides(name: str, source: str, *, package: bool = False) -> list[str]:
+    """Where module `name` reaches into `lab.store` past its public names: an import of
+    `lab.store.schema` (the ORM rows, which never leave the store), an import of a private
+    module or name of `lab.store`, or a private attribute of a store (``store._x``,
+    ``Store._x``, ``self._store._x``), each as ``line: what``. `source` is the module's
+    text; `package`: whether it is a package's ``__init__``."""
+    here = name if package else name.rpartition(".")[0]
+    found = []
+
+    def private(dotted: str) -> bool:
+        return any(part.startswith("_") for part in dotted.split(".")[2:])
+
+    def check(line: int, module: str, names: list[str]) -> None:
+        if module != "lab.store" and not module.startswith("lab.store."):
+            return
+        for imported in [f"{module}.{n}" for n in names] or [module]:
+            if f"{imported}.".startswith("lab.store.schema.") or private(imported):
+                found.append(f"{line}: imports {imported}")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check(node.lineno, alias.name, [])
+        elif isinstance(node, ast.ImportFrom):
+            check(node.lineno, _from_module(node, here), [a.name for a in node.names])
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and _name(node.value).lower().endswith("store")
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return _by_line(found)
+
+
+def test_the_store_check_finds_what_reaches_inside() -> None:
+    source = (
+        "from lab.store.schema import SqlRun\nfrom lab.store import schema\n"
+        "from lab.store.crashes import _HELD, crashed\nimport lab.store._values\n"
+        "from ..store import Store\nfrom lab.store.urls import resolve_url\n"
+        "def f(store, s):\n    store._active.discard(1)\n    Store._beat\n"
+        "    self._store._insert(s)\n    s._private\n    store.__class__\n"
+    )
+    assert _store_insides("lab.server.x", source) == [
+        "1: imports lab.store.schema.SqlRun",
+        "2: imports lab.store.schema",
+        "3: imports lab.store.crashes._HELD",
+        "4: imports lab.store._values",
+        "8: store._active",
+        "9: Store._beat",
+        "10: self._store._insert",
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="the server, inspect and export reach into the store")
+def test_nothing_outside_the_store_reaches_into_it() -> None:
+    """Outside `lab/store`, nothing imports `lab.store.schema` or a private name of the
+    store, nor touches a store's private attributes: the store is used through its
+    public contract only."""
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{where}"
+        for name, path in _modules().items()
+        if name != "lab.store" and not name.startswith("lab.store.")
+        for where in _store_insides(
+            name, path.read_text(encoding="utf-8"), package=path.name == "__init__.py"
+        )
+    ]
+    assert found == [], "reaching into the store:\n" + "\n".join(found)
+
+
+#: The hooks of the experiment, group and run levels (``on_`` left out), which one engine
+#: fires; a hook named by its string (``"on_run_start"``) or by a member of an enum
+#: (``Hook.RUN_START``, ``Hook.on_run_start``) alike.
+LIFECYCLE_HOOKS = frozenset(
+    {"experiment_start", "experiment_end", "group_start", "group_end", "run_start", "run_end"}
+)
+
+
+def _lifecycle_hook(node: ast.expr) -> str | None:
+    """The lifecycle hook `node` names, if it names one: ``"on_run_end"`` or
+    ``Hook.RUN_END`` (any enum whose name ends in ``Hook``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        name = node.value
+    elif isinstance(node, ast.Attribute) and _name(node.value).endswith("Hook"):
+        name = node.attr.lower()
+    else:
+        return None
+    bare = name.removeprefix("on_")
+    return f"on_{bare}" if bare in LIFECYCLE_HOOKS else None
+
+
+def _fires(source: str) -> list[str]:
+    """Where the module `source` fires an experiment, group or run hook, each as ``line:
+    hook``: a call of a function whose name holds ``fire`` (``hooks.fire``, ``self._fire``)
+    given the hook as its first argument or as ``hook=``, or handed such a function and the
+    hook after it. A callback that logs a hook's name, or a log replayed into one callback,
+    is not firing it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        if "fire" in _name(node.func):
+            named = [*node.args[:1], *(k.value for k in node.keywords if k.arg == "hook")]
+        else:  # `fire` handed on, the hook after it: `_quietly(hooks.fire, "on_run_end")`
+            args = node.args
+            named = [args[i + 1] for i in range(len(args) - 1) if "fire" in _name(args[i])]
+        for hook in filter(None, map(_lifecycle_hook, named)):
+            found.append(f"{node.lineno}: {hook}")
+    return _by_line(found)
+
+
+def test_the_fire_check_finds_each_lifecycle_hook_fired() -> None:
+    source = (
+        'hooks.fire("on_run_start", ctx)\n'
+        "self._fire(Hook.RUN_END, ctx, result)\n"
+        "fire(hook=lab.hooks.Hook.on_experiment_start)\n"
+        'hooks.fire("on_step_end", state)\n'
+        'log.info("on_run_start")\n'
+        "super().on_run_start(ctx)\n"
+        'fire_all(Hook.GROUP_START, ctx, "g")\n'
+        '_quietly(hooks.fire, "on_run_end", ctx)\n'
+        'hooks.listens("on_run_end")\n'
+    )
+    assert _fires(source) == [
+        "1: on_run_start",
+        "2: on_run_end",
+        "3: on_experiment_start",
+        "7: on_group_start",
+        "8: on_run_end",
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="the lifecycle is fired from several modules")
+def test_one_module_fires_the_experiment_group_and_run_hooks() -> None:
+    """The experiment, group and run hooks are fired in one module only (the lifecycle
+    engine), whatever drives a run: an Experiment, a bare fit, `start_run` or a rank."""
+    firing = {
+        path.relative_to(ROOT.parent).as_posix(): found
+        for path in _modules().values()
+        if (found := _fires(path.read_text(encoding="utf-8")))
+    }
+    assert firing, "no module fires them: the check no longer sees how hooks are fired"
+    assert len(firing) == 1, "the lifecycle hooks fire in several modules:\n" + "\n".join(
+        f"{module}:{where}" for module, found in sorted(firing.items()) for where in found
+    )
