@@ -561,8 +561,6 @@ TOO_LONG_NOW = frozenset(
         "lab/rl/loop.py",
         "lab/script.py",
         "lab/server/app.py",
-        "lab/server/dashboard.py",
-        "lab/server/read.py",
         "lab/server/ui/__init__.py",
         "lab/store/http/sender.py",
         "lab/store/store.py",
