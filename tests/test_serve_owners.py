@@ -141,8 +141,8 @@ def test_a_second_write_token_cannot_touch_a_run_it_did_not_create(served: Serve
             {"op": "heartbeat", "args": {"run_ids": [run_id]}},
             {"op": "finish_experiment", "args": {"experiment_id": exp_id, "status": "failed"}},
             {"op": "truncate_run", "args": {"run_id": run_id, "after_step": 0}},
-            {"op": "metrics", "args": {"run_id": [run_id], "step": [0], "key": ["stolen"],
-             "value": [1.0], "wall_time": [0.0]}},
+            {"op": "metrics", "args": {"steps": [{"run_id": run_id, "step": 0,
+             "wall_time": 0.0, "values": {"stolen": 1.0}}]}},
             {"op": "media", "args": {"rows": [{"table": "histograms", "run_id": run_id,
              "key": "h", "step": 0, "edges": [0, 1], "counts": [1], "nan": 0, "posinf": 0,
              "neginf": 0, "wall_time": 0}]}},
@@ -332,11 +332,15 @@ def test_writes_naming_runs_or_experiments_the_store_lacks_answer_404_and_store_
                 {
                     "op": "metrics",
                     "args": {
-                        "run_id": [run_id, 987654321],
-                        "step": [1, 1],
-                        "key": ["x", "x"],
-                        "value": [1.0, 1.0],
-                        "wall_time": [0.0, 0.0],
+                        "steps": [
+                            {"run_id": run_id, "step": 1, "wall_time": 0.0, "values": {"x": 1.0}},
+                            {
+                                "run_id": 987654321,
+                                "step": 1,
+                                "wall_time": 0.0,
+                                "values": {"x": 1.0},
+                            },
+                        ]
                     },
                 },
             ]:
