@@ -47,10 +47,10 @@ import sqlalchemy as sa
 from lab._secrets import logger, mask
 from lab.errors import ConfigError, SchemaTooOld, StoreError
 from lab.store.arrow import arrow_type as _arrow_type
+from lab.store.columns import TABLES, Base, copied_columns
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import TABLES, Base, copied_columns
 from lab.store.store import Store
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import math
 import re
 import threading
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import fastapi
 import pyarrow as pa
@@ -40,17 +40,9 @@ from lab.server.openapi import (
 )
 from lab.server.owners import access
 from lab.server.rejected import Rejected
-from lab.store import Store, arrow, blocks, dashboard_reads
+from lab.store import Store, arrow, blocks, dashboard_reads, served_reads
 from lab.store.engine import connect
-from lab.store.schema import (
-    TABLES,
-    SqlArm,
-    SqlCheckpoint,
-    SqlEval,
-    SqlPrediction,
-    SqlRun,
-    SqlSummary,
-)
+from lab.store.tables import TABLES
 
 router = fastapi.APIRouter(tags=["read"])
 
@@ -401,30 +393,7 @@ def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) 
     the metrics."""
     with connect(store.engine) as conn:
         experiment_id = store.experiment_id(conn, name)
-        query = (
-            sa.select(
-                SqlRun.run_id,
-                SqlRun.run_key,
-                SqlArm.name.label("arm"),
-                SqlRun.repeat,
-                SqlRun.stage,
-                SqlRun.status,
-                SqlSummary.key,
-                SqlSummary.count,
-                SqlSummary.first_step,
-                SqlSummary.last_step,
-                SqlSummary.last_value,
-                SqlSummary.min_value,
-                SqlSummary.max_value,
-            )
-            .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
-            .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
-            .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
-            .order_by(SqlRun.run_id, SqlSummary.key)
-        )
-        if key is not None:
-            query = query.where(SqlSummary.key == key)
-        rows = [dict(r) for r in conn.execute(query).mappings()]
+        rows = served_reads.summary_rows(conn, experiment_id, key)
     gone = store.crashed_now().runs  # a run whose process is gone reads as crashed
     for row in rows:
         if row["last_value"] is None:  # SQLite keeps NaN as NULL
@@ -438,8 +407,7 @@ def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) 
 
 
 def _check_run(conn: sa.Connection, run_id: int) -> None:
-    found = conn.execute(sa.select(SqlRun.run_id).where(SqlRun.run_id == run_id)).first()
-    if found is None:
+    if not served_reads.has_run(conn, run_id):
         raise NoRun(f"no run with id {run_id} in the store; list them: GET /experiments/NAME/runs")
 
 
@@ -468,17 +436,9 @@ def series(
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_BUCKETS} buckets", "buckets")
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        span = conn.execute(
-            sa.select(SqlSummary.first_step, SqlSummary.last_step, SqlSummary.count).where(
-                SqlSummary.run_id == run_id, SqlSummary.key == key
-            )
-        ).first()
+        span = served_reads.series_span(conn, run_id, key)
         if span is None:
-            known = conn.execute(
-                sa.select(SqlSummary.key)
-                .where(SqlSummary.run_id == run_id)
-                .order_by(SqlSummary.key)
-            ).scalars()
+            known = served_reads.metric_keys(conn, run_id)
             raise Rejected(
                 404,
                 f"run {run_id} has no metric {key!r}; it has: {', '.join(known) or 'none'}",
@@ -584,33 +544,9 @@ def predictions(
     cursor = _cursor(after)
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        query = (
-            sa.select(
-                SqlPrediction.eval_id,
-                SqlEval.name.label("eval"),
-                SqlEval.step,
-                SqlPrediction.idx,
-                SqlPrediction.example_id,
-                SqlPrediction.input,
-                SqlPrediction.output,
-                SqlPrediction.target,
-                SqlPrediction.score,
-                SqlPrediction.extras,
-            )
-            .join(SqlEval, SqlEval.eval_id == SqlPrediction.eval_id)
-            .where(SqlEval.run_id == run_id)
-            .order_by(SqlPrediction.eval_id, SqlPrediction.idx)
-            .limit(limit + 1)
+        rows = served_reads.prediction_rows(
+            conn, run_id, eval=eval, step=_step(step), after=cursor, limit=limit + 1
         )
-        if eval is not None:
-            query = query.where(SqlEval.name == eval)
-        if step is not None:
-            query = query.where(_step_is(step))
-        if cursor is not None:
-            query = query.where(
-                sa.tuple_(SqlPrediction.eval_id, SqlPrediction.idx) > sa.tuple_(*cursor)
-            )
-        rows = [dict(r) for r in conn.execute(query).mappings()]
     more = len(rows) > limit
     rows = rows[:limit]
     last = rows[-1] if rows else None
@@ -631,16 +567,16 @@ def _cursor(after: str | None) -> tuple[int, int] | None:
     return int(found[1]), int(found[2])
 
 
-def _step_is(step: str) -> Any:
+def _step(step: str | None) -> int | Literal["final"] | None:
+    if step is None or step == "final":
+        return step
     if STEP.fullmatch(step) is None:
         raise Rejected(
             400,
             f"step={step!r}: give a step number, or 'final' for the eval after training",
             "step",
         )
-    if step == "final":
-        return SqlEval.step.is_(None)
-    return SqlEval.step == int(step)
+    return int(step)
 
 
 @router.get(
@@ -652,24 +588,9 @@ def _step_is(step: str) -> Any:
 def evals(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
     metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
-    counts = (
-        sa.select(SqlPrediction.eval_id, sa.func.count().label("n"))
-        .group_by(SqlPrediction.eval_id)
-        .subquery()
-    )
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        rows = conn.execute(
-            sa.select(
-                SqlEval.eval_id, SqlEval.name, SqlEval.step, SqlEval.metrics,
-                SqlEval.breakdowns, SqlEval.tags, SqlEval.seconds, SqlEval.error,
-                SqlEval.created_at, sa.func.coalesce(counts.c.n, 0).label("predictions"),
-            )
-            .join(counts, counts.c.eval_id == SqlEval.eval_id, isouter=True)
-            .where(SqlEval.run_id == run_id)
-            .order_by(SqlEval.eval_id)
-        ).mappings()  # fmt: skip
-        return LabJSON([dict(r) for r in rows])
+        return LabJSON(served_reads.eval_rows(conn, run_id))
 
 
 @router.get(
@@ -683,16 +604,7 @@ def checkpoints(run_id: RunPath, store: Store = StoreDep) -> Any:
     with step, path, metrics and reason."""
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        rows = conn.execute(
-            sa.select(
-                SqlCheckpoint.checkpoint_id, SqlCheckpoint.step, SqlCheckpoint.path,
-                SqlCheckpoint.event, SqlCheckpoint.metrics, SqlCheckpoint.reason,
-                SqlCheckpoint.created_at,
-            )
-            .where(SqlCheckpoint.run_id == run_id)
-            .order_by(SqlCheckpoint.checkpoint_id)
-        ).mappings()  # fmt: skip
-        return LabJSON([dict(r) for r in rows])
+        return LabJSON(served_reads.checkpoint_rows(conn, run_id))
 
 
 # -- whole tables -----------------------------------------------------------------------------
