@@ -563,7 +563,6 @@ TOO_LONG_NOW = frozenset(
         "lab/store/http/sender.py",
         "lab/store/store.py",
         "lab/store/writer.py",
-        "lab/store/writes.py",
     }
 )
 _LAB_FILES = sorted(path.relative_to(ROOT.parent).as_posix() for path in _modules().values())
