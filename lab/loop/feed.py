@@ -26,7 +26,8 @@ from lab._seeding import rng_state, set_rng_state
 from lab.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
-    from lab.loop.handle import RunHandle
+    from lab.hooks import LoopState
+    from lab.loop.checkpoint_session import CheckpointSession
 
 __all__ = ["Feed"]
 
@@ -34,11 +35,12 @@ _END = object()
 
 
 class Feed:
-    """The micro-batches of each step for the run `handle` drives, and the data position.
+    """The micro-batches of each step of a run, and the data position.
 
-    The position lives in ``handle.state``; the RNG state at the current pass's start goes
-    where the handle saves it with each checkpoint, and a resumed handle's checkpoint is
-    read back here (its ``rng`` and ``epoch_rng``). The pass is opened at the first `take`,
+    The position lives in `state` (the run's `LoopState`); the RNG state at the current
+    pass's start goes to the run's checkpoint `session`, which saves it with each
+    checkpoint, and the checkpoint a run resumed from is read back here (its ``rng`` and
+    ``epoch_rng``). The pass is opened at the first `take`,
     so nothing the loop does before its first step (hooks, evals at start) can shift it.
     This is `RunHandle.batches` for a loop that takes several micro-batches a step or has
     epochs of a fixed length.
@@ -49,14 +51,15 @@ class Feed:
         data: Iterable[Any],
         accumulate: int,
         steps_per_epoch: int | None,
-        handle: RunHandle,
+        state: LoopState,
+        session: CheckpointSession,
     ) -> None:
         self.data = data
         self.accumulate = accumulate
         self.steps_per_epoch = steps_per_epoch
         self.per_pass = steps_per_epoch * accumulate if steps_per_epoch is not None else None
-        self.handle = handle
-        self.state = handle.state
+        self.session = session
+        self.state = state
         self._items: Iterator[Any] | None = None
         self._group: list[Any] = [None] * accumulate  # reused: a step allocates no list
         self._first_pass = True
@@ -84,7 +87,7 @@ class Feed:
         state = self.state
         if state.batch_in_epoch == 0:
             return
-        restored, self.handle._restored = self.handle._restored, None
+        restored, self.session.restored = self.session.restored, None
         if restored is not None:  # resumed at an epoch's end: nothing left to replay
             set_rng_state(restored["rng"])
         state.epoch += 1
@@ -92,19 +95,19 @@ class Feed:
         self._items = None
 
     def _open(self) -> None:
-        handle = self.handle
-        restored, handle._restored = handle._restored, None
+        session = self.session
+        restored, session.restored = session.restored, None
         if restored is not None and restored.get("epoch_rng") is None:
             set_rng_state(restored["rng"])  # saved before the first pass began
             restored = None
         if restored is None:
             # saved with each checkpoint of this pass: a run that saves none skips the
             # capture (~60 µs, numpy's state the most of it, at every pass)
-            handle._epoch_rng = rng_state() if handle.checkpoints is not None else None
+            session.epoch_rng = rng_state() if session.manager is not None else None
             self._items = iter(self.data)
             return
         set_rng_state(restored["epoch_rng"])
-        handle._epoch_rng = restored["epoch_rng"]
+        session.epoch_rng = restored["epoch_rng"]
         items = iter(self.data)
         state = self.state
         for taken in range(state.batch_in_epoch):

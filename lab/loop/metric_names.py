@@ -34,7 +34,7 @@ from lab.errors import ConfigError
 log = logger("lab.loop")
 
 __all__ = ["LOOP_METRICS", "MetricWatch", "check_metric_names", "close_matches", "logged_by",
-           "needed_by"]  # fmt: skip
+           "needed_by", "watch_names"]  # fmt: skip
 
 #: The step metrics the loop itself logs at every step.
 LOOP_METRICS: tuple[str, ...] = ("loss", "lr", "grad_norm", "step_time")
@@ -151,3 +151,27 @@ class MetricWatch:
                 who, eval_name, step_idx, key, ", ".join(sorted(metrics)),
                 _did_you_mean(name, stored, "fix the name, or log it"),
             )  # fmt: skip
+
+
+def watch_names(
+    callbacks: Sequence[Any],
+    checkpoint: Any,
+    declared: Sequence[str] | None,
+    step_open: bool,
+    evaluators: Sequence[Any],
+) -> MetricWatch | None:
+    """Look up every metric name the callbacks and the checkpoint config need in what the
+    loop (`declared`, and others when `step_open`), the evaluators and the callbacks
+    declare; the watch for what only a step or an eval can tell, or None."""
+    needed = needed_by(callbacks)
+    if checkpoint is not None and checkpoint.metric is not None:
+        metric = checkpoint.metric
+        needed.setdefault(metric, f"CheckpointConfig(metric={metric!r})")
+    if not needed:
+        return None
+    return check_metric_names(
+        needed,
+        step_metrics=[*(declared or ()), *logged_by(callbacks)],
+        step_open=step_open,
+        evals={ev.name: ev.metrics for ev in evaluators},
+    )

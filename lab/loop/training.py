@@ -9,22 +9,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lab._distributed import check_reductions
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
 from lab.hooks import Callback, LoopState
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
-from lab.loop.feed import Feed
 from lab.loop.handle import RunHandle
 from lab.loop.metric_names import LOOP_METRICS
 from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.schedules import Schedules, as_named, as_schedules
+from lab.loop.settings import LoopSettings, Setting
 from lab.loop.steps import (
     check_custom_step,
     check_no_epoch_settings,
@@ -85,6 +85,18 @@ class TrainingLoop:
     3
     """
 
+    # the settings the fit's run handle gets, as attributes of the loop (`lab.loop.settings`)
+    num_steps = Setting()
+    scheduler = Setting()
+    scaler = Setting()
+    checkpoint = Setting()
+    evaluators = Setting()
+    callbacks = Setting()
+    device = Setting()
+    steps_per_epoch = Setting()
+    reduce = Setting()
+    log_every = Setting()
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -108,33 +120,46 @@ class TrainingLoop:
         reduce: Mapping[str, str] | None = None,
         log_every: int = 1,
     ) -> None:
-        if num_steps is not None and num_epochs is not None:
-            raise ConfigError(
-                f"num_steps={num_steps!r}, num_epochs={num_epochs!r}: give num_steps=N or "
-                "num_epochs=N, not both"
-            )
-        if num_steps is None and num_epochs is None:
-            raise ConfigError(
-                "give num_steps=N or num_epochs=N (optimizer steps, or passes over data)"
-            )
-        if num_steps is not None and not positive_int(num_steps):
-            raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
-        if num_epochs is not None and not positive_int(num_epochs):
-            raise ConfigError(f"num_epochs={num_epochs!r}: give the number of epochs, an int >= 1")
-        if not positive_int(accumulate):
-            raise ConfigError(
-                f"accumulate={accumulate!r}: give the micro-batches per step, an int >= 1"
-            )
-        if not positive_int(log_every):
-            raise ConfigError(
-                f"log_every={log_every!r}: give how many steps pass between two "
-                "materialisations of the step metrics, an int >= 1 (1: every step)"
-            )
+        _check_length(num_steps, num_epochs, accumulate)
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip={grad_clip!r}: use a positive max norm, or None")
-        names = [ev.name for ev in evaluators]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"evaluator names must be unique, got {names}")
+        self.loop_settings = LoopSettings(
+            num_steps=num_steps, scheduler=scheduler, scaler=scaler, checkpoint=checkpoint,
+            evaluators=evaluators, callbacks=callbacks, device=device, reduce=reduce,
+            log_every=log_every,
+        )  # fmt: skip
+        self.model = model
+        self._check_step(train_step, loss_fn, optimizer, scaler, accumulate, grad_clip)
+        self.data = data
+        self.loss_fn = loss_fn
+        self.accumulate = accumulate
+        self._train_step = train_step
+        self._optimizer_arg = optimizer  # as given: the handle names them the same way
+        self.steps_per_epoch = epoch_length(data, steps_per_epoch, num_epochs, accumulate)
+        self.num_epochs = num_epochs
+        if num_steps is None:
+            self.num_steps = num_epochs * self.steps_per_epoch  # type: ignore[operator]
+        self.schedules = as_schedules(scheduler)
+        if self.steps_per_epoch is None:
+            check_no_epoch_settings(self.schedules, evaluators)
+        self.grad_clip = grad_clip
+        if isinstance(loss_metrics, str):
+            raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
+        self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
+        self.handle: RunHandle | None = None  # the run handle of the fit under way
+        self.state: LoopState | None = None  # its state, for a custom train_step
+
+    def _check_step(
+        self,
+        train_step: StepFn | None,
+        loss_fn: LossFn | None,
+        optimizer: Any,
+        scaler: torch.amp.GradScaler | None,
+        accumulate: int,
+        grad_clip: float | None,
+    ) -> None:
+        """Which step runs (the default one, a closure optimizer's, or the user's own), and
+        whether the rest of the settings fit it."""
         self.optimizers = as_optimizers(optimizer)
         custom = train_step is not None or type(self).train_step is not TrainingLoop.train_step
         if train_step is not None and not callable(train_step):
@@ -152,7 +177,6 @@ class TrainingLoop:
                 "step cannot know which loss steps which; pass train_step=fn, where "
                 "fn(loop, batch) does its own backward and optimizer steps"
             )
-        self.model = model
         self.optimizer: torch.optim.Optimizer = next(iter(self.optimizers.values()))
         self.closure = not custom and needs_closure(self.optimizer)
         if self.closure and (scaler is not None or accumulate > 1):
@@ -161,34 +185,7 @@ class TrainingLoop:
                 f"{type(self.optimizer).__name__} steps with a closure, which takes no {what}: "
                 "drop it, or use an optimizer that steps without one"
             )
-        self.data = data
-        self.loss_fn = loss_fn
-        self.accumulate = accumulate
         self._custom = custom
-        self._train_step = train_step
-        self._optimizer_arg = optimizer  # as given: the handle names them the same way
-        self.steps_per_epoch = epoch_length(data, steps_per_epoch, num_epochs, accumulate)
-        self.num_epochs = num_epochs
-        self.num_steps: int = (
-            num_steps if num_steps is not None else num_epochs * self.steps_per_epoch  # type: ignore[operator]
-        )
-        self.schedules = as_schedules(scheduler)
-        self.scheduler = scheduler
-        if self.steps_per_epoch is None:
-            check_no_epoch_settings(self.schedules, evaluators)
-        self.scaler = scaler
-        self.grad_clip = grad_clip
-        self.device = torch.device(device) if device is not None else None
-        self.evaluators = list(evaluators)
-        self.checkpoint = checkpoint
-        self.callbacks = list(callbacks)
-        if isinstance(loss_metrics, str):
-            raise ConfigError(f"loss_metrics={loss_metrics!r}: give a list of keys, e.g. ['acc']")
-        self.loss_metrics = tuple(loss_metrics) if loss_metrics is not None else None
-        self.reduce = check_reductions(reduce)
-        self.log_every = log_every
-        self.handle: RunHandle | None = None  # the run handle of the fit under way
-        self.state: LoopState | None = None  # its state, for a custom train_step
 
     def train_step(self, batch: Any) -> Any:
         """One optimizer step of your own: forward, backward and the optimizer steps.
@@ -229,27 +226,19 @@ class TrainingLoop:
         `run_dir`.
         """
         scheduled = Schedules(self.schedules, (ev.name for ev in self.evaluators))
-        handle = RunHandle(
-            run,
-            self.model,
-            self._optimizer_arg,
-            num_steps=self.num_steps,
+        # schedulers driven by a metric step on eval metrics in on_eval, and declare the names
+        # they need; plain ones step in _train alone
+        callbacks = self.callbacks
+        settings = replace(
+            self.loop_settings,
             scheduler=as_named(self.scheduler),
-            scaler=self.scaler,
-            checkpoint=self.checkpoint,
-            evaluators=self.evaluators,
-            # schedulers driven by a metric step on eval metrics in on_eval, and declare the
-            # names they need; plain ones step in _train alone
-            callbacks=[*self.callbacks, scheduled] if scheduled.metrics_needed else self.callbacks,
-            device=self.device,
-            steps_per_epoch=self.steps_per_epoch,
+            callbacks=[*callbacks, scheduled] if scheduled.metrics_needed else callbacks,
             resume=resume,
             run_dir=run_dir,
             metrics=[*LOOP_METRICS, *(self.loss_metrics or ())],
             more_metrics=self.loss_metrics is None,
-            reduce=self.reduce,
-            log_every=self.log_every,
         )
+        handle = RunHandle.from_settings(run, self.model, self._optimizer_arg, settings)
         self.handle = handle
         try:
             with handle:
@@ -262,15 +251,14 @@ class TrainingLoop:
 
     def _train(self, loop: RunHandle, scheduled: Schedules) -> None:
         # -- set up ------------------------------------------------------------------------
-        model, scaler, device = self.model, self.scaler, self.device
-        params = [p for p in model.parameters() if p.requires_grad]
-        grad_clip, accumulate, custom = self.grad_clip, self.accumulate, self._custom
+        device, accumulate = self.device, self.accumulate
+        params = [p for p in self.model.parameters() if p.requires_grad]
         spe = self.steps_per_epoch  # None: the loop does not count epochs
         stepped = bool(scheduled)
         # the step metrics a scheduler reads after each step and at an epoch's end: a host
         # value each, so those steps wait for the device whatever `log_every` says
         reads_step, reads_epoch = scheduled.step_metrics_read()
-        feed = Feed(self.data, accumulate, spe, loop)
+        feed = loop.feed(self.data, accumulate, spe)
         batch = TrainingBatch()
         state = loop.state
         # Resumed in the middle of an epoch: on_epoch_start fires for it again in this
@@ -292,33 +280,7 @@ class TrainingLoop:
                 batch.data = _to_device(batch.data, device)
             loop.pre_step(batch)  # once per optimizer step, before its first micro-batch
             started = time.perf_counter()
-            if custom:
-                lr = float(self.optimizer.param_groups[0]["lr"])
-                loss, extra = unpack_step(self.train_step(batch.data))
-                grad_norm = None
-            elif self.closure:
-                loss, extra, grad_norm, lr = self._closure_step(batch.data, params)
-            else:
-                optimizer = self.optimizer
-                if accumulate == 1:
-                    loss, extra = _unpack_loss(self.loss_fn(model, batch.data))  # type: ignore[misc]
-                    optimizer.zero_grad(set_to_none=True)
-                    if scaler is None:
-                        loss.backward()
-                    else:
-                        scaler.scale(loss).backward()
-                else:
-                    loss, extra = self._accumulate(group, batch.data, step_idx)
-                if scaler is None:
-                    grad_norm = _grad_norm(params, grad_clip) if params else None
-                    lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
-                    optimizer.step()
-                else:  # AMP: the norm and the clipping see the unscaled gradients
-                    scaler.unscale_(optimizer)
-                    grad_norm = _grad_norm(params, grad_clip) if params else None
-                    lr = float(optimizer.param_groups[0]["lr"])
-                    scaler.step(optimizer)  # skipped when the gradients overflowed
-                    scaler.update()
+            loss, extra, grad_norm, lr = self._step(group, batch.data, step_idx, params)
             # loss and grad_norm stay tensors on their device: the handle reads them on the
             # host at the next materialisation, every `log_every` steps
             metrics = {
@@ -344,6 +306,39 @@ class TrainingLoop:
             loop.end_step(metrics, batch)
             if epoch_end:
                 loop.end_epoch()
+
+    def _step(
+        self, group: list[Any], data: Any, step_idx: int, params: list[torch.Tensor]
+    ) -> tuple[Any, dict[str, Any] | None, torch.Tensor | None, float]:
+        """One optimizer step on `group` (`data`: its first micro-batch, on its device): the
+        loss, the extra metrics, the gradient norm and the learning rate the step used."""
+        if self._custom:
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            loss, extra = unpack_step(self.train_step(data))
+            return loss, extra, None, lr
+        if self.closure:
+            return self._closure_step(data, params)
+        optimizer, scaler, grad_clip = self.optimizer, self.scaler, self.grad_clip
+        if self.accumulate == 1:
+            loss, extra = _unpack_loss(self.loss_fn(self.model, data))  # type: ignore[misc]
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+        else:
+            loss, extra = self._accumulate(group, data, step_idx)
+        if scaler is None:
+            grad_norm = _grad_norm(params, grad_clip) if params else None
+            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used
+            optimizer.step()
+        else:  # AMP: the norm and the clipping see the unscaled gradients
+            scaler.unscale_(optimizer)
+            grad_norm = _grad_norm(params, grad_clip) if params else None
+            lr = float(optimizer.param_groups[0]["lr"])
+            scaler.step(optimizer)  # skipped when the gradients overflowed
+            scaler.update()
+        return loss, extra, grad_norm, lr
 
     def _accumulate(
         self, group: list[Any], first: Any, step_idx: int
@@ -398,6 +393,25 @@ class TrainingLoop:
         optimizer.step(closure)
         loss, extra, grad_norm = first[0]
         return loss, extra, grad_norm, lr
+
+
+def _check_length(num_steps: int | None, num_epochs: int | None, accumulate: int) -> None:
+    """How long the fit is: num_steps or num_epochs (one of them), `accumulate` a step."""
+    if num_steps is not None and num_epochs is not None:
+        raise ConfigError(
+            f"num_steps={num_steps!r}, num_epochs={num_epochs!r}: give num_steps=N or "
+            "num_epochs=N, not both"
+        )
+    if num_steps is None and num_epochs is None:
+        raise ConfigError("give num_steps=N or num_epochs=N (optimizer steps, or passes over data)")
+    if num_steps is not None and not positive_int(num_steps):
+        raise ConfigError(f"num_steps={num_steps!r}: give the number of steps, an int >= 1")
+    if num_epochs is not None and not positive_int(num_epochs):
+        raise ConfigError(f"num_epochs={num_epochs!r}: give the number of epochs, an int >= 1")
+    if not positive_int(accumulate):
+        raise ConfigError(
+            f"accumulate={accumulate!r}: give the micro-batches per step, an int >= 1"
+        )
 
 
 def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +24,7 @@ from lab.hooks import Callback
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
 from lab.loop.handle import RunHandle
+from lab.loop.settings import LoopSettings, Setting
 from lab.loop.steps import positive_int
 from lab.records import Kind, LoopArtifacts, TrainingBatch
 from lab.rl.experience import Experience
@@ -101,6 +102,16 @@ class OnPolicyLoop:
     (never inside one: a save there could not be resumed exactly).
     """
 
+    # the settings the fit's run handle gets, as attributes of the loop (`lab.loop.settings`)
+    scheduler = Setting()
+    checkpoint = Setting()
+    evaluators = Setting()
+    callbacks = Setting()
+    device = Setting()
+    run_dir = Setting()
+    resume = Setting()
+    stateful = Setting()
+
     def __init__(
         self,
         policy: torch.nn.Module,
@@ -125,19 +136,6 @@ class OnPolicyLoop:
         run_dir: str | Path | None = None,
         resume: bool | str | Path | int | None = None,
     ) -> None:
-        if not positive_int(num_episodes):
-            raise ConfigError(f"num_episodes={num_episodes!r}: give an int >= 1")
-        if not positive_int(learn_epochs):
-            raise ConfigError(f"learn_epochs={learn_epochs!r}: give an int >= 1")
-        if batch_size is not None and not positive_int(batch_size):
-            raise ConfigError(
-                f"batch_size={batch_size!r}: give rows per learn batch, an int >= 1, or None "
-                "for all rows"
-            )
-        if checkpoint_unit not in ("episodes", "steps"):
-            raise ConfigError(f"checkpoint_unit={checkpoint_unit!r}: use 'episodes' or 'steps'")
-        if rollouts is not None and not isinstance(rollouts, Rollouts):
-            raise ConfigError(f"rollouts={rollouts!r}: pass Rollouts(size=..., every=...)")
         if make_experience is None and type(self).make_experience is OnPolicyLoop.make_experience:
             raise ConfigError(
                 "OnPolicyLoop needs make_experience=fn(info) -> Experience, or a subclass "
@@ -148,10 +146,13 @@ class OnPolicyLoop:
                 "OnPolicyLoop needs learn=fn(batch, info) -> {'loss': tensor, ...}, or a "
                 "subclass that overrides learn"
             )
-        if max_grad_norm is not None and not (
-            isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
-        ):
-            raise ConfigError(f"max_grad_norm={max_grad_norm!r}: give a number > 0, or None")
+        _check_numbers(num_episodes, learn_epochs, batch_size, checkpoint_unit, rollouts,
+                       max_grad_norm)  # fmt: skip
+        self.loop_settings = LoopSettings(
+            scheduler=scheduler, checkpoint=checkpoint, evaluators=evaluators,
+            callbacks=callbacks, device=device, resume=True if resume is None else resume,
+            run_dir=run_dir, stateful=stateful,
+        )  # fmt: skip
         self.policy = policy
         self.optimizer = optimizer
         self.num_episodes = num_episodes
@@ -161,17 +162,9 @@ class OnPolicyLoop:
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.max_grad_norm = max_grad_norm
-        self.scheduler = scheduler
-        self.checkpoint = checkpoint
         self.checkpoint_unit = checkpoint_unit
         self.rollouts = rollouts
         self.settings = _plain_settings(settings)
-        self.stateful = dict(stateful or {})
-        self.evaluators = list(evaluators)
-        self.callbacks = list(callbacks)
-        self.device = torch.device(device) if device is not None else None
-        self.run_dir = run_dir
-        self.resume = True if resume is None else resume
         #: The run handle while `fit` runs (None otherwise): log histograms, evals from it.
         self.handle: RunHandle | None = None
 
@@ -194,22 +187,8 @@ class OnPolicyLoop:
         seed = run.seed if run is not None else torch.initial_seed()
         self._seed = int(seed) % (2**63)
         self._generator = torch.Generator().manual_seed(self._seed)
-        handle = RunHandle(
-            run,
-            self.policy,
-            self.optimizer,
-            num_steps=None,
-            scheduler=self.scheduler,
-            checkpoint=self.checkpoint,
-            evaluators=self.evaluators,
-            callbacks=self.callbacks,
-            device=self.device,
-            resume=self.resume,
-            run_dir=self.run_dir,
-            metrics=RL_METRICS,
-            more_metrics=True,
-            stateful=self.stateful,
-        )
+        settings = replace(self.loop_settings, metrics=RL_METRICS, more_metrics=True)
+        handle = RunHandle.from_settings(run, self.policy, self.optimizer, settings)
         self._episodes_done = 0
         self._env_steps = 0
         self._span = (0, 0)  # the steps (start, end] of the episode that ended last
@@ -408,6 +387,34 @@ class OnPolicyLoop:
 
 # ----------------------------------------------------------------------------------------
 # metrics
+
+
+def _check_numbers(
+    num_episodes: Any,
+    learn_epochs: Any,
+    batch_size: Any,
+    checkpoint_unit: Any,
+    rollouts: Any,
+    max_grad_norm: Any,
+) -> None:
+    """The loop's counts and limits, each checked in one line that says what to give."""
+    if not positive_int(num_episodes):
+        raise ConfigError(f"num_episodes={num_episodes!r}: give an int >= 1")
+    if not positive_int(learn_epochs):
+        raise ConfigError(f"learn_epochs={learn_epochs!r}: give an int >= 1")
+    if batch_size is not None and not positive_int(batch_size):
+        raise ConfigError(
+            f"batch_size={batch_size!r}: give rows per learn batch, an int >= 1, or None "
+            "for all rows"
+        )
+    if checkpoint_unit not in ("episodes", "steps"):
+        raise ConfigError(f"checkpoint_unit={checkpoint_unit!r}: use 'episodes' or 'steps'")
+    if rollouts is not None and not isinstance(rollouts, Rollouts):
+        raise ConfigError(f"rollouts={rollouts!r}: pass Rollouts(size=..., every=...)")
+    if max_grad_norm is not None and not (
+        isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
+    ):
+        raise ConfigError(f"max_grad_norm={max_grad_norm!r}: give a number > 0, or None")
 
 
 def _plain_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
