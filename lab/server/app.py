@@ -408,44 +408,48 @@ def _add_routes(app: Any, *, auth: bool, writes: bool) -> None:
     ownership checks; and note the methods at each path (what a 405 names)."""
     import fastapi
 
-    from lab.server import dashboard, health, ingest, owners, read, ui
+    from lab.server.dashboard import router as dashboard_api
+    from lab.server.health import router as health_api
+    from lab.server.health import token_router
+    from lab.server.ingest import router as ingest_api
     from lab.server.openapi import problems, with_models
     from lab.server.ops import OpsBatch
+    from lab.server.owners import checked, scoped
+    from lab.server.read import router as read_api
+    from lab.server.ui import mount as mount_ui
 
     # What any request past the token gate may be answered, whatever its route: no live
     # token (401; off loopback, 421, without tokens), a body that stalls (408) or is too
     # large (413), a store that fails (503).
     everywhere = (401 if auth else 421, 408, 413, 503)
-    app.include_router(health.router, prefix=API)
+    app.include_router(health_api, prefix=API)
     app.include_router(
-        health.token_router,
+        token_router,
         prefix=API,
-        dependencies=[fastapi.Depends(owners.scoped("read"))],
+        dependencies=[fastapi.Depends(scoped("read"))],
         responses=problems(*everywhere),
     )
     # Every route past the token gate may answer these; each route declares its own besides.
     answers = problems(*everywhere, 422)
     if writes:
         app.include_router(
-            ingest.router,
+            ingest_api,
             prefix=API,
-            dependencies=owners.checked("write"),
+            dependencies=checked("write"),
             responses={**answers, **problems(400, 403)},
         )
         with_models(app, OpsBatch)  # the ops batch: read within bounds, not by FastAPI
+    app.include_router(read_api, prefix=API, dependencies=checked("read"), responses=answers)
     app.include_router(
-        read.router, prefix=API, dependencies=owners.checked("read"), responses=answers
-    )
-    app.include_router(
-        dashboard.router,
+        dashboard_api,
         prefix=f"{API}/dashboard",
-        dependencies=owners.checked("read"),
+        dependencies=checked("read"),
         responses=answers,
     )
-    ui.mount(app, auth=auth)
-    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest.router.routes if writes else [])]
-    mounted += [(f"{API}{r.path}", r.methods) for r in read.router.routes]
-    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard.router.routes]
+    mount_ui(app, auth=auth)
+    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest_api.routes if writes else [])]
+    mounted += [(f"{API}{r.path}", r.methods) for r in read_api.routes]
+    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard_api.routes]
     mounted += [(r.path, r.methods) for r in app.router.routes if getattr(r, "methods", None)]
     app.state.methods = Methods(mounted)
 
