@@ -18,12 +18,9 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from lab.errors import ConfigError, LabError, MetricError
-
-if TYPE_CHECKING:
-    from lab.hooks import Callback
 
 T = TypeVar("T")
 
@@ -164,7 +161,7 @@ def _leave_at_exit() -> None:
         time.sleep(_SETTLE_S)
 
 
-def for_rank(callbacks: Iterable[Callback], rank: int | None = None) -> list[Callback]:
+def for_rank(callbacks: Iterable[T], rank: int | None = None) -> list[T]:
     """The callbacks that run on this rank: all on rank 0, elsewhere those that do not
     declare `rank_zero_only` (sinks that write rows, files or lines once per run)."""
     if rank is None:
@@ -214,7 +211,7 @@ def agreed(fn: Callable[[], T]) -> T:
     except Exception as exc:
         error = exc
     mine = error if dist.get_rank() == 0 else None
-    theirs = broadcast(_portable(mine) if mine is not None else None)
+    theirs = broadcast(portable(mine) if mine is not None else None)
     if error is not None and dist.get_rank() == 0:
         raise error
     if theirs is not None:
@@ -224,7 +221,9 @@ def agreed(fn: Callable[[], T]) -> T:
     return value
 
 
-def _portable(exc: BaseException) -> BaseException:
+def portable(exc: BaseException) -> BaseException:
+    """`exc`, or a RuntimeError with its text when it would not survive pickling (to send
+    it to another rank or process)."""
     import pickle
 
     try:

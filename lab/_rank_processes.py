@@ -4,7 +4,7 @@ The run's worker process (see `lab.executors.ProcessPool`) becomes rank 0: it st
 1..N-1 (forked on Linux, before any thread, store or process group exists in it, so they skip
 importing torch again; spawned elsewhere) with the environment ``torchrun`` would give them
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), joins the
-process group, and executes the run as any worker does (`lab.runs.run_in_worker`): every
+process group, and executes the run as any worker does (`lab.lifecycle.run_in_worker`): every
 rank trains and fires the loop's hooks, and rank 0 alone records (the callbacks that declare
 `rank_zero_only` are left out on the others). So arms x repeats of a DDP run need no shell
 script and no ``torchrun`` line.
@@ -31,8 +31,8 @@ from lab._secrets import logger
 
 if TYPE_CHECKING:
     from lab.hooks import Callback
+    from lab.lifecycle import RunJob
     from lab.records import ArmResult, RunResult
-    from lab.runs import RunJob
 
 log = logger("lab.experiment")
 
@@ -83,7 +83,7 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
     _threads(world)
     from lab._distributed import init_from_launcher, leave_group
     from lab.dispatch import Dispatcher
-    from lab.runs import execute_run
+    from lab.lifecycle import close, execute_run
 
     job, callbacks, strict, arm_result = pickle.loads(payload)
     init_from_launcher()
@@ -92,7 +92,7 @@ def _other_rank(payload: bytes, rank: int, world: int, port: int) -> None:
         result, _ = execute_run(job, hooks, arm_result)
     finally:
         hooks.run_key = None
-        hooks.fire("close")
+        close(hooks)
     leave_group()
     sys.exit(0 if result.status != "failed" else 1)
 
@@ -109,7 +109,7 @@ def run_on_ranks(
     """Execute `job` on `processes` local ranks, this process being rank 0; returns rank
     0's result. Called in a worker process of `lab.executors.ProcessPool`."""
     from lab._distributed import init_from_launcher, leave_group
-    from lab.runs import run_in_worker
+    from lab.lifecycle import run_in_worker
 
     port = _free_port()
     payload = pickle.dumps((job, callbacks, strict, arm_result), protocol=pickle.HIGHEST_PROTOCOL)
@@ -119,7 +119,7 @@ def run_on_ranks(
     import torch
 
     fork = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
-    mp = multiprocessing.get_context("fork" if fork else "spawn")
+    mp = multiprocessing.get_context("fork") if fork else multiprocessing.get_context("spawn")
     others = []
     for rank in range(1, processes):
         proc = mp.Process(

@@ -5,12 +5,12 @@ decides how a hook reaches the callbacks: in which order, what a raising callbac
 run (the failure policy: isolation, strict mode, critical callbacks, disabling a callback that
 keeps failing), and what a callback may put into a step's metrics.
 
-Order: callbacks run in `priority` order (higher first), ties in the order they were attached.
-One exception, in `on_step_end`: the callbacks that produce step metrics (a non-empty
-`Callback.metrics_logged`) all run before the callbacks that do not, whatever their priority
-numbers, so that every consumer (the SQL logger that stores the step, a console, early
-stopping) sees the step's metrics whole; priority orders each group. This is resolved once,
-when the listener tuples are built, never per step.
+Order: by `lab.hooks.Phase`, and in attachment order inside a phase (`lab.hooks.priority_of`,
+which also honours a `priority` number a callback still sets). In `on_step_end` the produce
+phase (the callbacks that declare `Callback.metrics_logged`) runs before every other, so that
+every consumer (the SQL logger that stores the step, a console, early stopping) sees the
+step's metrics whole. This is resolved once, when the listener tuples are built, never per
+step.
 
 Under DDP a dispatcher on a rank other than 0 leaves out the callbacks whose class sets
 `Callback.rank_zero_only` (`lab._distributed.for_rank`), once, when it is built.
@@ -34,7 +34,7 @@ from lab._distributed import for_rank
 from lab._metrics import as_number, check_key
 from lab._secrets import logger
 from lab.errors import CallbackError, ConfigError, MetricError, RefusedMetric
-from lab.hooks import ENDING_HOOKS, HOOKS, RUN_HOOKS, Callback
+from lab.hooks import ENDING_HOOKS, HOOKS, RUN_HOOKS, Callback, Hook, Phase, phase_of, priority_of
 
 #: The log of dispatching (kept under the name users filter on: the hooks' own).
 log = logger("lab.hooks")
@@ -199,9 +199,9 @@ class _Tracked:
 
 
 def produces_metrics(callback: Callback) -> bool:
-    """Whether `callback` declares the step metrics it adds (`Callback.metrics_logged`): a
-    producer, whose `on_step_end` runs before every consumer's."""
-    return bool(getattr(callback, "metrics_logged", ()))
+    """Whether `callback` is in the produce phase (it declares the step metrics it adds,
+    `Callback.metrics_logged`): its `on_step_end` runs before every consumer's."""
+    return phase_of(callback) is Phase.PRODUCE or bool(getattr(callback, "metrics_logged", ()))
 
 
 class _StepMetrics:
@@ -273,7 +273,7 @@ def _describe(value: Any) -> str:
 
 
 class Dispatcher:
-    """The one place a hook is called: priority, error isolation, strict mode and tracing.
+    """The one place a hook is called: phase order, error isolation, strict mode and tracing.
 
     Which callbacks override which hook is resolved once, here; `fire` then only walks the
     bound methods of the callbacks that listen, so a hook nobody overrides costs one dict
@@ -281,7 +281,7 @@ class Dispatcher:
     ``LAB_DEBUG_HOOKS=1`` to log every dispatch.
 
     In `on_step_end` the callbacks that produce step metrics (`produces_metrics`) run first,
-    then the others, each group in priority order (resolved here, once). What a callback
+    then the others, each group in phase order (resolved here, once). What a callback
     adds to the step's metrics is checked after its call (`_StepMetrics`): a value that is
     not a number is refused with a `RefusedMetric` (a `MetricError`) that names the
     callback, the key and the step. It counts as that callback's failure: recorded, counted
@@ -329,8 +329,9 @@ class Dispatcher:
                     f"{cb!r} is not a lab.Callback; subclass lab.Callback (and override the "
                     "hooks you need) to attach it"
                 )
-        # sorted() is stable, so ties keep their attachment order.
-        self.callbacks: list[Callback] = sorted(attached, key=lambda cb: -cb.priority)
+        # by phase (or the priority number a callback sets); sorted() is stable, so a phase
+        # keeps its attachment order
+        self.callbacks: list[Callback] = sorted(attached, key=lambda cb: -priority_of(cb))
         # on_step_end: the producers of step metrics first, then the consumers (stable, so
         # priority still orders each group)
         self._step_end_order = sorted(self.callbacks, key=lambda cb: not produces_metrics(cb))
@@ -387,16 +388,16 @@ class Dispatcher:
                 (
                     type(cb).__name__,
                     self._method(cb, hook, target),
-                    cb.critical and hook != "on_error",
+                    cb.critical and hook != Hook.ERROR,
                 )
-                for cb in (self._step_end_order if hook == "on_step_end" else self.callbacks)
+                for cb in (self._step_end_order if hook == Hook.STEP_END else self.callbacks)
                 if receives(id(cb), hook) and (target := _target(cb, hook)) is not None
             )
             for hook in HOOKS
         }
 
     def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        if hook == "on_step_end":
+        if hook == Hook.STEP_END:
             method = _StepMetrics(method, cb)
         policy = self._policy
         if id(cb) in policy.tracked and id(cb) not in policy.disabled:
@@ -429,7 +430,7 @@ class Dispatcher:
         """The callbacks disabled for the current run after failing too often in a row."""
         return [cb for cb in self.callbacks if id(cb) in self._policy.disabled]
 
-    def listens(self, hook: str) -> bool:
+    def listens(self, hook: Hook) -> bool:
         """Whether any callback overrides `hook`; the loop skips building arguments if not."""
         return bool(self._listeners[hook])
 
@@ -442,8 +443,9 @@ class Dispatcher:
             and callable(getattr(cb, "load_state_dict", None))
         ]
 
-    def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
-        """Call `hook` on every callback that overrides it, highest priority first."""
+    def fire(self, hook: Hook, *args: Any, **kwargs: Any) -> None:
+        """Call `hook` on every callback that overrides it, in phase order (a `Hook`; its
+        name as a str is the same key)."""
         listeners = self._listeners[hook]
         for name, method, critical in listeners:
             if self.trace:
@@ -473,7 +475,7 @@ class Dispatcher:
         still reaches the others. What they raise is recorded (or, critical or strict, only
         logged), never in place of that error. A callback whose `on_run_start` raised has
         not started the run, so no more of its hooks reach it."""
-        if hook == "on_run_start":
+        if hook == Hook.RUN_START:
             self._unstart(failed)
         at = next(i for i, entry in enumerate(listeners) if entry[1] is failed)
         for name, method, critical in listeners[at + 1 :]:
@@ -485,7 +487,7 @@ class Dispatcher:
                 if not (critical or self.strict):
                     self._record(name, hook, exc, method)
                     continue
-                if critical and hook == "on_run_start":
+                if critical and hook == Hook.RUN_START:
                     self._unstart(method)
                 log.exception(
                     "callback %s.%s raised too; the error of a critical callback before it "

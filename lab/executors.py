@@ -19,9 +19,10 @@ same hooks fire in the same places (the parent is the Ray driver, the worker a R
 process, which Ray reuses from one run to the next); see docs/ray.md.
 
 This module only starts processes and brings their answers back; `lab.experiment` decides
-what a run is and which hooks fire. A worker that dies (SIGKILL, ``os._exit``, an OOM kill,
-its node lost) comes back as an `Outcome` whose `died` says how, and the other workers go on.
-Both pools offer the same calls (`Pool`), so one loop in `lab.experiment` drives either.
+what a run is, `lab.lifecycle` which hooks fire. A worker that dies (SIGKILL, ``os._exit``,
+an OOM kill, its node lost) comes back as an `Outcome` whose `died` says how, and the other
+workers go on.
+Both pools offer the same calls (`Pool`), so one scheduler (`lab.scheduler`) drives either.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from lab._distributed import portable
 from lab._imports import require
 from lab.errors import ConfigError, LabError
 
 #: The start method of every worker process; ``fork`` would copy torch's threads and locks.
-START_METHOD = "spawn"
+START_METHOD: Final = "spawn"
 #: How long a worker that has answered may take to exit before it is killed.
 EXIT_GRACE_S = 30.0
 
@@ -70,6 +72,9 @@ class Outcome:
     unloadable: str | None = None
     progress: Any = None
     seconds: float = 0.0
+    #: A run in the experiment's own process that an interrupt ended: it is recorded, then
+    #: the interrupt propagates.
+    interrupt: BaseException | None = None
 
     @property
     def ok(self) -> bool:
@@ -527,15 +532,6 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """`exc`, or a RuntimeError with its text when it would not survive pickling."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
-
-
 def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads: int) -> None:
     """A worker's whole life: load the call, run it, send back how it ended."""
     signal.signal(signal.SIGINT, _interrupt_once)
@@ -553,7 +549,7 @@ def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads:
             value = fn(*args, progress=lambda message: conn.send(("progress", message)))
             answer = ("returned", value)
     except BaseException as exc:
-        answer = ("raised", _portable(exc), traceback.format_exc())
+        answer = ("raised", portable(exc), traceback.format_exc())
     try:
         conn.send(answer)
     except Exception as exc:  # an answer that cannot be pickled: say so, in plain text
@@ -593,4 +589,4 @@ def _ray_child(payload: bytes, sys_path: list[str], cwd: str, progress_key: str)
             return ("unloadable", f"{type(exc).__name__}: {exc}".splitlines()[0])
         return ("returned", fn(*args, progress=progress))
     except BaseException as exc:
-        return ("raised", _portable(exc), traceback.format_exc())
+        return ("raised", portable(exc), traceback.format_exc())

@@ -1,23 +1,21 @@
 """Experiments: what a user declares (`Experiment`, `Arm`) and how its runs are planned.
 
 `Experiment.run()` walks the lifecycle written out in `lab.hooks`: one group per arm (its
-repeats), one run per repeat, every hook through one `Dispatcher`. Every run, in this process
+repeats), one run per repeat, every hook through one `Dispatcher`, the runs started by
+`lab.scheduler.Scheduler` (the experiment is its `Plan`). Every run, in this process
 or in a worker (``executor="processes"``, see `lab.executors`), goes through
-`lab.runs.execute_run`; what runs return (`RunResult`, `ArmResult`, `ExperimentResult` and
+`lab.lifecycle.execute_run`; what runs return (`RunResult`, `ArmResult`, `ExperimentResult` and
 its `Summary`) are records of `lab.records`, importable from here too.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
-import heapq
 import json
 import os
 import pickle
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,15 +36,12 @@ from lab._reuse import (
     train_name,
 )
 from lab._secrets import logger
-from lab._signals import unwind_on_sigterm
 from lab.dispatch import Dispatcher
-from lab.errors import CallbackError, ConfigError, RunBusy
+from lab.errors import ConfigError, RunBusy
 from lab.executors import (
-    Outcome,
     Pool,
     ProcessPool,
     RayPool,
-    WorkerDied,
     check_resources,
     check_shared_store,
 )
@@ -59,9 +54,18 @@ from lab.hooks import (
     Callback,
     LogContext,
 )
+from lab.lifecycle import (
+    CallbackFactory,
+    RunJob,
+    RunScope,
+    _clear_run,
+    _move_orphan,
+    execute_run,
+    experiment_scope,
+    run_in_worker,
+)
 from lab.loggers import store_sink
 from lab.records import (
-    FAILED,
     FINISHED,
     ROUTINE_METRICS,
     ROUTINE_PREFIXES,
@@ -75,25 +79,14 @@ from lab.records import (
     TrainFn,
     is_routine,
 )
-from lab.runs import (
-    CallbackFactory,
-    RunJob,
-    RunScope,
-    _clear_run,
-    _end_run,
-    _failures,
-    _move_orphan,
-    _quietly,
-    execute_run,
-    run_in_worker,
-)
+from lab.scheduler import Chain, InProcess, InWorkers, Runner, Scheduler, unsendable
 from lab.sinks import StoreSink
 from lab.store.urls import resolve_url
 
 if TYPE_CHECKING:  # the loop brings torch: a run imports it, declaring an experiment does not
     from lab.loop.evals import Evaluator
 
-__all__ = [  # the results are defined in lab.records, runs execute in lab.runs
+__all__ = [  # the results are defined in lab.records, runs execute in lab.lifecycle
     "EXECUTORS",
     "FINISHED",
     "ROUTINE_METRICS",
@@ -313,6 +306,12 @@ class Experiment:
     `lab.provenance`).
     """
 
+    #: The latest `run()`'s result; after an interrupt, what had finished by then.
+    result: ExperimentResult | None = None
+    _pool: Pool | None = None  # where the runs execute, when not in this process
+    _sink: StoreSink | None = None  # the callback that claims each run in the store
+    _only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
+
     def __init__(
         self,
         name: str,
@@ -340,55 +339,9 @@ class Experiment:
         mode: Literal["min", "max"] | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
-        check_name("experiment", name, MAX_NAME)
-        if not callable(train):
-            raise ConfigError("train must be a function train(run) -> LoopArtifacts | dict")
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
-        if not isinstance(executor, str) or executor not in EXECUTORS:
-            raise ConfigError(f"executor={executor!r}: use 'serial', 'processes' or 'ray'")
-        if executor == "ray":  # the pip line now, not an ImportError when it runs
-            require("ray", "ray", "executor='ray'")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"max_retries={max_retries!r}: use an int >= 0")
-        if max_retries and executor == "serial":
-            raise ConfigError(
-                "max_retries needs executor='processes' or 'ray': a run that dies in this "
-                "process takes the experiment with it"
-            )
-        if workers is not None and (
-            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-        ):
-            raise ConfigError(
-                f"workers={workers!r}: use an int >= 1, or None for one per CPU (at most one "
-                "per run)"
-            )
-        if base_config is not None and not isinstance(base_config, pydantic.BaseModel):
-            raise ConfigError(
-                "base_config must be a pydantic model instance, e.g. base_config=Config()"
-            )
-        arms = list(arms) if arms else [Arm("base")]
-        names = [a.name for a in arms]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ConfigError(f"duplicate arm names {dupes}; give every arm its own name")
-        for arm in arms:  # a chain's group is named after its arm and repeat
-            if arm.stages is not None:
-                check_name("group", f"{arm.name}-r{repeats - 1}", MAX_NAME)
-        folders: dict[str, str] = {}  # casefolded: some filesystems ignore case
-        for arm_name in names:
-            other = folders.setdefault(safe_name(arm_name).casefold(), arm_name)
-            if other != arm_name:
-                raise ConfigError(
-                    f"arms {other!r} and {arm_name!r} would share the run folder "
-                    f"{safe_name(arm_name)!r}; rename one of them"
-                )
-        self.name = name
-        self.train = train
-        self.arms = arms
-        self.repeats = repeats
+        _check_args(name, train, repeats, executor, max_retries, workers, base_config)
+        arms = _checked_arms(arms, repeats)
+        self.name, self.train, self.arms, self.repeats = name, train, arms, repeats
         self.base_config = base_config
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
@@ -398,50 +351,26 @@ class Experiment:
         self.callbacks, self.run_callbacks = _split_callbacks(callbacks)
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
-        self.output_dir = Path(output_dir)
-        self.seed = seed
+        self.output_dir, self.seed, self.strict = Path(output_dir), seed, strict
         self.benchmarks = list(benchmarks)
-        self.strict = strict
         self.executor: Executor = executor
-        n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
-        self.n_runs = n_runs  # every run of every arm, stages included
-        self.workers: int | None = min(workers or os.cpu_count() or 1, n_runs)
-        if executor == "ray":  # Ray places the runs; `workers` caps them only when given
-            self.workers = min(workers, n_runs) if workers is not None else None
+        #: Every run of every arm, stages included.
+        self.n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
+        self.workers = _workers(executor, workers, self.n_runs)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
-        self.ray_address = ray_address
-        self.max_retries = max_retries
-        self._pool: Pool | None = None
+        self.ray_address, self.max_retries = ray_address, max_retries
         self.tags = check_tags(tags)  # added to the experiment's tags in the store
-        if notes is not None and not isinstance(notes, str):
-            raise ConfigError(f"notes={notes!r}: use a string")
-        self.notes = notes
-        self.fresh = bool(fresh)
-        if (
-            isinstance(processes_per_run, bool)
-            or not isinstance(processes_per_run, int)
-            or processes_per_run < 1
-        ):
-            raise ConfigError(
-                f"processes_per_run={processes_per_run!r}: use an int >= 1 (the ranks of each "
-                "run's DDP group)"
-            )
+        _check_later(notes, processes_per_run, metric)
+        self.notes, self.fresh = notes, bool(fresh)
         #: Local processes (DDP ranks) each run trains on; 1: the run's own process alone.
         self.processes_per_run = processes_per_run
-        if metric is not None and (not isinstance(metric, str) or not metric):
-            raise ConfigError(f"metric={metric!r}: name the metric that ranks the arms, e.g. "
-                              "metric='val/loss'")  # fmt: skip
         #: What the summaries of the experiment rank by, and its metrics' known ranges: every
         #: door reads it (recorded in the experiment's config, see `lab._ranking`).
         self.declared = Declaration(
             metric, check_mode(mode) if mode is not None else None, check_bounds_map(bounds)
         )
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
-        #: The latest `run()`'s result; after an interrupt, what had finished by then.
-        self.result: ExperimentResult | None = None
-        self._sink: StoreSink | None = None  # the callback that claims each run in the store
-        self._only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
 
     # ------------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -471,26 +400,16 @@ class Experiment:
             _check_launcher_env()
             init_from_launcher()
         hooks, ctx, result = agreed(self._open)
-        started = time.perf_counter()
-        unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
-        try:
-            hooks.fire("on_experiment_start", ctx)
+        if self._pool is None:
+            runner: Runner = InProcess(hooks)
+        else:
+            runner = InWorkers(self._pool, self._worker(), list(hooks.callbacks), self.strict,
+                               self.executor)  # fmt: skip
+        with experiment_scope(hooks, ctx, result):
             try:
-                if self._pool is not None:
-                    self._run_pool(self._pool, hooks, ctx, result, list(hooks.callbacks))
-                else:
-                    self._run_serial(hooks, ctx, result)
-            except CallbackError:
-                raise  # strict mode: a callback bug propagates as it is
-            except BaseException as exc:  # an interrupt: close the record, then propagate
-                result.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                _quietly(self._end, hooks, ctx, result, started)
-                raise
-            self._end(hooks, ctx, result, started)
-        except BaseException:
-            _quietly(hooks.fire, "close")  # the error in flight is the one to report
-            raise
-        hooks.fire("close")
+                Scheduler(self, runner, hooks, ctx, result).run()
+            finally:
+                _clear_run(ctx)
         return result
 
     def _open(self) -> tuple[Dispatcher, LogContext, ExperimentResult]:
@@ -554,213 +473,40 @@ class Experiment:
         self.result = result  # the caller can read it even when run() raises (an interrupt)
         return hooks, ctx, result
 
-    def _run_serial(self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult) -> None:
-        """Every run in this process, one after another, in the order of the lifecycle."""
-        for arm, arm_result in zip(self.arms, result.arms, strict=True):
-            if arm.stages is None:  # one group: the arm's repeats
-                hooks.fire("on_group_start", ctx, self._group(ctx, arm, 0))
-                for repeat in range(self.repeats):
-                    self._run_one(hooks, ctx, arm, arm_result, repeat)
-                continue
-            for repeat in range(self.repeats):  # one group per chain
-                hooks.fire("on_group_start", ctx, self._group(ctx, arm, repeat))
-                parent = None
-                for stage in range(len(arm.stages)):
-                    run = self._run_one(hooks, ctx, arm, arm_result, repeat, stage, parent)
-                    if run.status in FAILED:
-                        log.error("%s: %s failed; its chain stops", self.name, run.run_key)
-                        break  # a failed stage stops its chain; other chains go on
-                    parent = run
+    def chains(self) -> list[Chain]:
+        """Every chain of runs, in the lifecycle's order: each repeat of each arm (its stages,
+        for an arm with stages)."""
+        return [
+            Chain(index, repeat, len(arm.stages) if arm.stages is not None else None)
+            for index, arm in enumerate(self.arms)
+            for repeat in self._repeats()
+        ]
 
-    @staticmethod
-    def _group(ctx: LogContext, arm: Arm, repeat: int) -> str:
-        """Point `ctx` at the group of a run: its arm's repeats, or its chain; its name."""
+    def group(self, ctx: LogContext, chain: Chain) -> str:
+        """Point `ctx` at the group of the chain's runs: its arm's repeats, or the chain
+        itself; return its name."""
+        arm = self.arms[chain.index]
         if arm.stages is None:
             ctx.group_name, ctx.group_kind = arm.name, "repeats"
         else:
-            ctx.group_name, ctx.group_kind = f"{arm.name}-r{repeat}", "chain"
+            ctx.group_name, ctx.group_kind = f"{arm.name}-r{chain.repeat}", "chain"
         ctx.arm = arm.name
         return ctx.group_name
 
-    def _run_pool(
-        self,
-        pool: Pool,
-        hooks: Dispatcher,
-        ctx: LogContext,
-        result: ExperimentResult,
-        callbacks: list[Callback],
-    ) -> None:
-        """Every run in a worker process of `pool` (a `ProcessPool`, or a `RayPool`'s tasks),
-        as many at once as the pool has room for.
+    def job(self, ctx: LogContext, chain: Chain) -> RunJob | RunResult:
+        """The chain's next run (`_job`), decided by rank 0 under torchrun: a run it skips
+        (finished before) is skipped on every rank."""
+        arm = self.arms[chain.index]
+        job = agreed(lambda: self._job(ctx, arm, chain.repeat, chain.stage, chain.parent))
+        if launcher_rank() is not None:  # rank 0 claimed the run: skip it everywhere, or none
+            skipped = broadcast(job if isinstance(job, RunResult) else None)
+            job = skipped if skipped is not None else job
+        return job
 
-        Each repeat of an arm is a chain of one run, each repeat of an arm with stages a
-        chain of its stages. Chains run in parallel; a stage starts once the stage before it
-        completed, since it starts from that stage's checkpoint. Runs start in the
-        lifecycle's order, and `result` lists them in it too, whatever order they end in.
-        If this process is interrupted (Ctrl-C, SIGTERM, an exception), nothing more starts,
-        the running workers are interrupted and their runs recorded, and it propagates.
-        A run whose worker died is recorded `crashed`; with `max_retries` left, it is
-        claimed again and submitted again, and resumes from its newest checkpoint.
-        """
-        chains = [(index, arm, repeat) for index, arm in enumerate(self.arms)
-                  for repeat in range(self.repeats)]  # fmt: skip
-        next_stage = [0] * len(chains)
-        parents: list[RunResult | None] = [None] * len(chains)
-        ready = list(range(len(chains)))  # a heap of chain numbers: the first chain first
-        groups: set[str] = set()
-        jobs: dict[tuple[int, int, int], tuple[int, RunJob]] = {}  # running, by key
-        done: dict[tuple[int, int, int], RunResult] = {}  # key: (arm index, repeat, stage)
-        retries: dict[str, int] = {}  # run key -> times it was started again
-        # what shows progress in this process hears of each run as its result arrives
-        watchers = hooks.sibling(cb for cb in callbacks if cb.run_end_in_parent)
-
-        def arm_so_far(index: int) -> ArmResult:
-            """The arm's runs that have ended, for `on_run_end`'s `arm` in a worker."""
-            runs = [done[key] for key in sorted(done) if key[0] == index]
-            return ArmResult(self.arms[index].name, self.arms[index].overrides, runs)
-
-        def start(chain: int) -> None:
-            """Start the chain's next run in a worker (or skip it: it finished before)."""
-            index, arm, repeat = chains[chain]
-            group = self._group(ctx, arm, repeat)
-            if group not in groups:  # fired as the group's first run is about to start
-                groups.add(group)
-                hooks.fire("on_group_start", ctx, group)
-            job = self._job(ctx, arm, repeat, next_stage[chain], parents[chain])
-            if isinstance(job, RunResult):
-                finished(chain, job)
-                return
-            # a copy: this process's ctx moves on to the next run before this one ends
-            job.ctx = dataclasses.replace(ctx, ids=dict(ctx.ids), extras=dict(ctx.extras))
-            key = (index, repeat, job.stage)
-            jobs[key] = (chain, job)
-            resources = {**self.resources, **arm.resources}
-            try:
-                pool.submit(key, self._worker(), job, callbacks, self.strict,
-                            arm_so_far(index), resources=resources)  # fmt: skip
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                raise ConfigError(
-                    f"executor={self.executor!r} cannot send run {job.run_key} to a worker "
-                    f"process ({reason}); keep ctx.ids and ctx.extras to plain values"
-                ) from None
-
-        def finished(chain: int, run: RunResult) -> None:
-            index, arm, repeat = chains[chain]
-            done[(index, repeat, run.stage)] = run
-            if arm.stages is None:
-                return
-            if run.status in FAILED:
-                log.error("%s: %s failed; its chain stops", self.name, run.run_key)
-            elif run.stage + 1 < len(arm.stages):
-                next_stage[chain], parents[chain] = run.stage + 1, run
-                heapq.heappush(ready, chain)
-
-        def collect(outcome: Outcome, interrupted: bool = False) -> None:
-            chain, job = jobs.pop(outcome.key)
-            if outcome.died is not None and not interrupted:
-                tries = retries.get(job.run_key, 0)
-                if tries < self.max_retries:  # recorded crashed, then claimed again
-                    self._record_lost(hooks, outcome, job, arm_so_far(chains[chain][0]))
-                    retries[job.run_key] = tries + 1
-                    log.warning("%s: run %s crashed; starting it again (retry %d of %d)",
-                                self.name, job.run_key, tries + 1, self.max_retries)  # fmt: skip
-                    self._prior[job.run_key] = {"status": "crashed", "summary": {}}
-                    heapq.heappush(ready, chain)
-                    return
-            if outcome.ok:
-                finished(chain, outcome.value)
-                if watchers.listens("on_run_end"):
-                    watchers.run_key = job.run_key
-                    arm_result = arm_so_far(chains[chain][0])
-                    watchers.fire("on_run_end", job.ctx, outcome.value, arm_result)
-                    watchers.run_key = None
-            elif not (interrupted and outcome.progress is None):  # else: it never started
-                arm_result = arm_so_far(chains[chain][0])
-                finished(chain, self._record_lost(hooks, outcome, job, arm_result, interrupted))
-            error = outcome.value.error if outcome.ok else None
-            self._release(job.run_key, error or "interrupted before it started")
-
-        unwind_on_sigterm()  # SIGTERM stops the workers as Ctrl-C does
-        try:
-            while ready or pool.running:
-                while ready and pool.free:
-                    start(heapq.heappop(ready))
-                ended = pool.wait()
-                for outcome in ended:
-                    if not isinstance(outcome.error, CallbackError):
-                        collect(outcome)
-                for outcome in ended:  # strict mode, in a worker: propagates from here
-                    if isinstance(outcome.error, CallbackError):
-                        raise outcome.error
-        except BaseException:
-            for outcome in pool.stop():
-                if not isinstance(outcome.error, CallbackError):
-                    collect(outcome, interrupted=True)
-            raise
-        finally:
-            _clear_run(ctx)
-            for key in sorted(done):
-                result.arms[key[0]].runs.append(done[key])
-
-    def _record_lost(
-        self,
-        hooks: Dispatcher,
-        outcome: Outcome,
-        job: RunJob,
-        arm_result: ArmResult,
-        interrupted: bool = False,
-    ) -> RunResult:
-        """Record, in this process, a run whose worker ended without a result.
-
-        The worker sent `ctx.ids` once `on_run_start` had fired there (the run's record
-        exists then); without them, `on_run_start` fires here first. Then `on_error` and
-        `on_run_end` fire here, so the run is recorded with how its worker ended: `crashed`
-        when the worker process died, `failed` otherwise.
-        """
-        ctx = job.ctx
-        status: RunStatus = "failed"
-        if outcome.died is not None:
-            status = "crashed"
-            error = f"worker process died ({outcome.died}, pid {outcome.pid}) before the run ended"
-            exc: BaseException = WorkerDied(error)
-        elif outcome.unloadable is not None:
-            error = (
-                f"the worker process could not load the run ({outcome.unloadable}); define "
-                "train, callbacks and config classes in an importable module"
-            )
-            exc = WorkerDied(error)
-        else:
-            exc = outcome.error or WorkerDied("the worker process failed")
-            error = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, Exception):  # interrupted before its training started
-                error = f"interrupted ({type(exc).__name__})"
-        if interrupted and not error.startswith("interrupted"):
-            error = f"interrupted; {error}"
-        hooks.run_key = job.run_key
-        try:
-            if outcome.progress is None:
-                try:
-                    hooks.fire("on_run_start", ctx)
-                except CallbackError:
-                    raise
-                except Exception:  # a critical callback: the run is failed already
-                    log.exception("run %s: on_run_start raised while recording it", job.run_key)
-            else:
-                ctx.ids.update(outcome.progress)
-            hooks.fire("on_error", ctx, exc)
-            run_result = job.result(
-                hooks, status=status, metrics={}, seconds=outcome.seconds, error=error,
-                traceback=outcome.traceback,
-            )  # fmt: skip
-            log.error("run %s of %s %s; the other runs go on: %s", job.run_key, self.name,
-                      status, error)  # fmt: skip
-            arm_result.runs.append(run_result)
-            _end_run(hooks, ctx, run_result, arm_result)
-            run_result.callback_errors = _failures(hooks, job.run_key)
-        finally:
-            hooks.run_key = None
-        return run_result
+    def retry(self, run_key: str) -> None:
+        """The run's worker died: it is claimed again as a run recorded `crashed` (its folder
+        stays, to resume from)."""
+        self._prior[run_key] = {"status": "crashed", "summary": {}}
 
     def _worker(self) -> Any:
         """What executes a run in a worker process: `run_in_worker`, or with
@@ -808,20 +554,7 @@ class Experiment:
                     raise TypeError("it is defined in an interactive session, which a worker "
                                     "process cannot import")  # fmt: skip
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                raise ConfigError(
-                    f"executor={self.executor!r} cannot send {what} to a worker process "
-                    f"({reason}); {fix}"
-                ) from None
-
-    def _end(
-        self, hooks: Dispatcher, ctx: LogContext, result: ExperimentResult, started: float
-    ) -> None:
-        _clear_run(ctx)
-        result.seconds = time.perf_counter() - started
-        result.callback_errors = _failures(hooks, None)
-        hooks.fire("on_experiment_end", ctx, result)
-        result.callback_errors = _failures(hooks, None)
+                raise unsendable(self.executor, what, exc, fix) from None
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
@@ -903,31 +636,7 @@ class Experiment:
         if changed:
             raise ConfigError(refusal(self.name, changed, len(self._prior)))
 
-    def _run_one(
-        self,
-        hooks: Dispatcher,
-        ctx: LogContext,
-        arm: Arm,
-        arm_result: ArmResult,
-        repeat: int,
-        stage: int = 0,
-        parent: RunResult | None = None,
-    ) -> RunResult:
-        """One run in this process: skipped if it finished before, else `execute_run`."""
-        job = agreed(lambda: self._job(ctx, arm, repeat, stage, parent))
-        if launcher_rank() is not None:  # rank 0 claimed the run: skip it everywhere, or none
-            skipped = broadcast(job if isinstance(job, RunResult) else None)
-            job = skipped if skipped is not None else job
-        if isinstance(job, RunResult):
-            arm_result.runs.append(job)
-            return job
-        run_result, interrupt = execute_run(job, hooks, arm_result)
-        self._release(job.run_key, run_result.error)
-        if interrupt is not None:
-            raise interrupt
-        return run_result
-
-    def _release(self, run_key: str, error: str | None) -> None:
+    def release(self, run_key: str, error: str | None) -> None:
         """Close the claim on a run whose record never started (the store failed in
         `on_run_start`, or the run never reached a worker): its row is `failed` with `error`,
         not left `running`. A run that a worker took over, or that ended, is not touched."""
@@ -965,8 +674,96 @@ class Experiment:
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
             seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,
             parent_run_key=parent_key, benchmarks=self.benchmarks,
-            run_callbacks=self.run_callbacks,
+            run_callbacks=self.run_callbacks, resources={**self.resources, **arm.resources},
         )  # fmt: skip
+
+
+def _check_args(
+    name: Any,
+    train: Any,
+    repeats: Any,
+    executor: Any,
+    max_retries: Any,
+    workers: Any,
+    base_config: Any,
+) -> None:
+    """`Experiment`'s arguments, each refused in one line that says what to pass instead."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"an experiment needs a non-empty name, got {name!r}")
+    check_name("experiment", name, MAX_NAME)
+    if not callable(train):
+        raise ConfigError("train must be a function train(run) -> LoopArtifacts | dict")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
+    if not isinstance(executor, str) or executor not in EXECUTORS:
+        raise ConfigError(f"executor={executor!r}: use 'serial', 'processes' or 'ray'")
+    if executor == "ray":  # the pip line now, not an ImportError when it runs
+        require("ray", "ray", "executor='ray'")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigError(f"max_retries={max_retries!r}: use an int >= 0")
+    if max_retries and executor == "serial":
+        raise ConfigError(
+            "max_retries needs executor='processes' or 'ray': a run that dies in this "
+            "process takes the experiment with it"
+        )
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise ConfigError(
+            f"workers={workers!r}: use an int >= 1, or None for one per CPU (at most one per run)"
+        )
+    if base_config is not None and not isinstance(base_config, pydantic.BaseModel):
+        raise ConfigError(
+            "base_config must be a pydantic model instance, e.g. base_config=Config()"
+        )
+
+
+def _workers(executor: str, workers: int | None, n_runs: int) -> int | None:
+    """How many runs go at once: `workers`, else one per CPU, at most one per run; under
+    Ray, which places the runs, `workers` caps them only when given."""
+    if executor == "ray":
+        return min(workers, n_runs) if workers is not None else None
+    return min(workers or os.cpu_count() or 1, n_runs)
+
+
+def _checked_arms(given: Sequence[Arm] | None, repeats: int) -> list[Arm]:
+    """The experiment's arms (one named ``base`` when none is given): unique names, names
+    that fit as groups, and no two sharing a run folder."""
+    arms = list(given) if given else [Arm("base")]
+    names = [a.name for a in arms]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate arm names {dupes}; give every arm its own name")
+    for arm in arms:  # a chain's group is named after its arm and repeat
+        if arm.stages is not None:
+            check_name("group", f"{arm.name}-r{repeats - 1}", MAX_NAME)
+    folders: dict[str, str] = {}  # casefolded: some filesystems ignore case
+    for arm_name in names:
+        other = folders.setdefault(safe_name(arm_name).casefold(), arm_name)
+        if other != arm_name:
+            raise ConfigError(
+                f"arms {other!r} and {arm_name!r} would share the run folder "
+                f"{safe_name(arm_name)!r}; rename one of them"
+            )
+    return arms
+
+
+def _check_later(notes: Any, processes_per_run: Any, metric: Any) -> None:
+    """The rest of `Experiment`'s arguments, checked after its tags."""
+    if notes is not None and not isinstance(notes, str):
+        raise ConfigError(f"notes={notes!r}: use a string")
+    if (
+        isinstance(processes_per_run, bool)
+        or not isinstance(processes_per_run, int)
+        or processes_per_run < 1
+    ):
+        raise ConfigError(
+            f"processes_per_run={processes_per_run!r}: use an int >= 1 (the ranks of each "
+            "run's DDP group)"
+        )
+    if metric is not None and (not isinstance(metric, str) or not metric):
+        raise ConfigError(f"metric={metric!r}: name the metric that ranks the arms, e.g. "
+                          "metric='val/loss'")  # fmt: skip
 
 
 def _split_callbacks(

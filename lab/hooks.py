@@ -71,13 +71,17 @@ each run's result arrives there (a display that counts the runs done).
 
 `HOOKS` below is the same list in order; a test keeps it equal to the methods of `Callback`.
 
-Order: callbacks run in `priority` order (higher first), ties in the order they were attached,
-with one rule on top, in `on_step_end`: the callbacks that produce step metrics (they declare a
-non-empty `Callback.metrics_logged`) run before every callback that does not, whatever their
-priority numbers, and priority orders each group. So a monitor that adds
-``throughput/steps_per_s`` to the step's `metrics` needs no priority to reach the SQL logger,
-the console or early stopping: they all consume the step whole. A producer may add only
-numbers: a tensor or another non-number it adds is refused (see `lab.dispatch.Dispatcher`).
+Order, in every hook: by phase (`Phase`), produce -> record -> attach -> mirror -> act ->
+report -> notify -> trace, and inside a phase in the order the callbacks were attached. A
+callback names its phase (``phase = Phase.REPORT``); one that names none acts (`Phase.ACT`),
+or produces when it declares the step metrics it adds (`Callback.metrics_logged`). The
+produce phase runs first in `on_step_end` alone (elsewhere it acts): so a monitor that adds
+``throughput/steps_per_s`` to the step's `metrics` reaches the SQL logger, the console and
+early stopping, which all consume the step whole. A producer may add only numbers: a tensor
+or another non-number it adds is refused (see `lab.dispatch.Dispatcher`). A callback that
+still sets a `priority` number (higher first) is placed by it among the phases, whose numbers
+`PHASE_PRIORITY` keeps (record 100, attach 50, mirror 10, act 0, report -10, notify -50,
+trace -100), so code written for numbers keeps its order.
 
 Inside a run trained on several ranks (DDP, under ``torchrun`` or
 ``Experiment(processes_per_run=N)``) every rank fires the hooks above, with `state.rank` and
@@ -102,9 +106,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from lab.records import LogContext
 
 if TYPE_CHECKING:
     import torch
@@ -121,47 +128,124 @@ if TYPE_CHECKING:
         TrainingBatch,
     )
 
-#: Every hook, in the order of the lifecycle above.
-HOOKS: tuple[str, ...] = (
-    "on_experiment_start",
-    "on_group_start",
-    "on_run_start",
-    "post_checkpoint_loaded",
-    "on_train_start",
-    "on_epoch_start",
-    "on_episode_start",
-    "on_make_experience_start",
-    "on_make_experience_end",
-    "on_learn_epoch_start",
-    "on_learn_batch_start",
-    "pre_step",
-    "on_step_end",
-    "on_media",
-    "on_eval",
-    "on_benchmark_eval",
-    "on_checkpoint",
-    "on_learn_batch_end",
-    "on_learn_epoch_end",
-    "on_episode_end",
-    "on_epoch_end",
-    "on_train_end",
-    "on_error",
-    "on_run_end",
-    "on_experiment_end",
-    "close",
-)
+
+class Hook(StrEnum):
+    """Every hook, in the order of the lifecycle above: a member's value is the name of the
+    `Callback` method it calls (a test keeps the two equal). A dispatcher is told which hook
+    to fire by a member (``hooks.fire(Hook.STEP_END, state, step_idx, batch, metrics)``)."""
+
+    EXPERIMENT_START = "on_experiment_start"
+    GROUP_START = "on_group_start"
+    RUN_START = "on_run_start"
+    POST_CHECKPOINT_LOADED = "post_checkpoint_loaded"
+    TRAIN_START = "on_train_start"
+    EPOCH_START = "on_epoch_start"
+    EPISODE_START = "on_episode_start"
+    MAKE_EXPERIENCE_START = "on_make_experience_start"
+    MAKE_EXPERIENCE_END = "on_make_experience_end"
+    LEARN_EPOCH_START = "on_learn_epoch_start"
+    LEARN_BATCH_START = "on_learn_batch_start"
+    PRE_STEP = "pre_step"
+    STEP_END = "on_step_end"
+    MEDIA = "on_media"
+    EVAL = "on_eval"
+    BENCHMARK_EVAL = "on_benchmark_eval"
+    CHECKPOINT = "on_checkpoint"
+    LEARN_BATCH_END = "on_learn_batch_end"
+    LEARN_EPOCH_END = "on_learn_epoch_end"
+    EPISODE_END = "on_episode_end"
+    EPOCH_END = "on_epoch_end"
+    TRAIN_END = "on_train_end"
+    ERROR = "on_error"
+    RUN_END = "on_run_end"
+    EXPERIMENT_END = "on_experiment_end"
+    CLOSE = "close"
+
+
+#: Every hook, in the order of the lifecycle above (equal to their names as strings).
+HOOKS: tuple[Hook, ...] = tuple(Hook)
 
 #: The hooks that end what a callback started: a callback disabled for failing too often
 #: still gets these, so that it can release what it holds (a profiler it started, the
 #: garbage collector it turned off, a wandb run it opened) and record how the run ended.
-ENDING_HOOKS: frozenset[str] = frozenset(
-    {"on_train_end", "on_error", "on_run_end", "on_experiment_end", "close"}
+ENDING_HOOKS: frozenset[Hook] = frozenset(
+    {Hook.TRAIN_END, Hook.ERROR, Hook.RUN_END, Hook.EXPERIMENT_END, Hook.CLOSE}
 )
 
 #: The hooks of one run, from `on_run_start` to `on_run_end`.
-RUN_HOOKS: frozenset[str] = frozenset(
-    HOOKS[HOOKS.index("on_run_start") : HOOKS.index("on_run_end") + 1]
+RUN_HOOKS: frozenset[Hook] = frozenset(
+    HOOKS[HOOKS.index(Hook.RUN_START) : HOOKS.index(Hook.RUN_END) + 1]
 )
+
+
+class Phase(IntEnum):
+    """Where a callback runs among the others, in every hook: the phases in this order, and
+    inside a phase the order the callbacks were attached in (as Lightning keeps list order).
+
+    A callback names its phase with ``phase = Phase.REPORT``; left None, it is `ACT`, or
+    `PRODUCE` when it declares the step metrics it adds (`Callback.metrics_logged`).
+    """
+
+    #: Adds numbers to a step's metrics (a monitor): its `on_step_end` runs before every
+    #: other phase's, so the store and every consumer see the step whole. In the other
+    #: hooks it runs with `ACT`.
+    PRODUCE = 0
+    #: Writes the experiment's rows into the store (`lab.loggers.SqlLogger`): the ids and
+    #: checkpoint rows the later phases read are there.
+    RECORD = 1
+    #: Adds files to what was recorded (`lab.callbacks.files.ConfigSaver` writes the config
+    #: into each saved checkpoint folder).
+    ATTACH = 2
+    #: Copies what was recorded to another tracker (`lab.loggers.WandbLogger`).
+    MIRROR = 3
+    #: Reads what happened and acts on training: early stopping, schedules, a user's
+    #: callback (the default).
+    ACT = 4
+    #: Shows progress to a person (`lab.loggers.ConsoleLogger`): the run-end line can name
+    #: the ids that the earlier phases created.
+    REPORT = 5
+    #: Tells someone elsewhere (`lab.callbacks.notify.Notifier`'s webhooks).
+    NOTIFY = 6
+    #: Logs each hook as the others left it (`lab.loggers.JsonlLogger`).
+    TRACE = 7
+
+
+#: The `Callback.priority` each phase stands for: a callback that still sets a priority
+#: number (higher first) is placed by it among the phases, as it was before phases.
+PHASE_PRIORITY: Mapping[Phase, int] = MappingProxyType(
+    {
+        Phase.PRODUCE: 0,
+        Phase.RECORD: 100,
+        Phase.ATTACH: 50,
+        Phase.MIRROR: 10,
+        Phase.ACT: 0,
+        Phase.REPORT: -10,
+        Phase.NOTIFY: -50,
+        Phase.TRACE: -100,
+    }
+)
+
+
+def phase_of(callback: object) -> Phase:
+    """The phase `callback` runs in: the one its class (or it) names, else `Phase.PRODUCE`
+    for a producer of step metrics, else `Phase.ACT`."""
+    phase = getattr(callback, "phase", None)
+    if phase is not None:
+        return Phase(phase)
+    return Phase.PRODUCE if getattr(callback, "metrics_logged", ()) else Phase.ACT
+
+
+def priority_of(callback: object) -> int:
+    """The number `callback` is ordered by (higher first, ties in attachment order): the
+    `priority` it sets, when it sets one, else its phase's (`PHASE_PRIORITY`)."""
+    if "priority" in getattr(callback, "__dict__", {}):
+        return int(callback.priority)  # type: ignore[attr-defined]
+    for klass in type(callback).__mro__:
+        if klass.__name__ == "Callback" and klass.__module__ == __name__:
+            break
+        if "priority" in vars(klass):
+            return int(klass.priority)  # type: ignore[attr-defined]
+    return PHASE_PRIORITY[phase_of(callback)]
 
 
 #: `LogContext.extras` an Experiment sets before `on_experiment_start`, for a display that
@@ -172,48 +256,6 @@ RUNS, FINISHED_BEFORE, EXECUTOR = "lab:runs", "lab:finished_before", "lab:execut
 #: `LogContext.extras` holding the experiment's tags (a list) and notes (a str or None), as
 #: ``Experiment(tags=..., notes=...)`` gave them; a sink records them with the experiment.
 TAGS, NOTES = "lab:tags", "lab:notes"
-
-
-@dataclass
-class LogContext:
-    """What every hook of an experiment shares: where it writes, what runs, and sinks' ids.
-
-    A sink stores the ids it creates in `ids` under names that start with its own prefix
-    (the SQL logger uses ``sql:``), so two sinks never overwrite each other.
-    """
-
-    experiment: str
-    output_dir: Path
-    config: dict[str, Any] = field(default_factory=dict)
-    run_key: str | None = None
-    run_config: dict[str, Any] | None = None
-    group_name: str | None = None
-    arm: str | None = None
-    repeat: int | None = None
-    stage: int = 0
-    seed: int | None = None
-    group_kind: str = "repeats"  # "chain" for the stages of a continual arm
-    parent_run_key: str | None = None  # the previous stage's run, in a chain
-    config_hash: str | None = None  # what the run depends on, hashed (see lab._reuse)
-    ids: dict[str, Any] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
-    #: False for a run without a folder of its own (a bare `TrainingLoop.fit()` without
-    #: `run_dir`, whose run key is "loop"): its files go to the working directory.
-    own_folder: bool = True
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The current run's own folder, or None between runs (and for a run without one)."""
-        if self.run_key is None or not self.own_folder:
-            return None
-        return self.output_dir / self.run_key
-
-    @property
-    def folder(self) -> Path:
-        """Where a callback writes the current run's files: its folder, or, for a run
-        without one (a bare `TrainingLoop.fit()` without `run_dir`), the working directory."""
-        run_dir = self.run_dir
-        return run_dir if run_dir is not None else Path.cwd()
 
 
 @dataclass(eq=False)
@@ -298,9 +340,9 @@ class Callback:
     """Override any hook; the defaults do nothing and cost nothing.
 
     Hooks are positional and typed, one method per moment of the lifecycle (see the module
-    docstring). Callbacks run in `priority` order, higher first; ties keep the order they were
-    attached in; in `on_step_end`, the producers of step metrics (`metrics_logged`) run before
-    all the others (see the module docstring). A callback that raises is logged and counted, and
+    docstring). Callbacks run by `phase`, and in the order they were attached inside a phase;
+    in `on_step_end`, the producers of step metrics (`metrics_logged`) run before all the
+    others (see the module docstring). A callback that raises is logged and counted, and
     the run goes on, unless strict mode is on, or the callback is `critical`: then its exception
     propagates as it is and fails the run, in `on_run_start` and `on_run_end` as in the loop's
     hooks, and the experiment's other runs go on (`SqlLogger` is critical: a run it cannot
@@ -321,6 +363,11 @@ class Callback:
     restored when the run resumes from it.
     """
 
+    #: Where it runs among the others (see `Phase`); None: `Phase.ACT`, or `Phase.PRODUCE`
+    #: when it declares `metrics_logged`.
+    phase: ClassVar[Phase | None] = None
+    #: The number it was ordered by before phases (higher first). Still honoured when a
+    #: callback sets it (see `priority_of`); name a `phase` instead.
     priority: ClassVar[int] = 0
     critical: bool = False
     #: Consecutive failures before the callback is disabled for the run (None: never).

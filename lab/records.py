@@ -2,26 +2,29 @@
 
 `lab.hooks` imports its payload types from here alone, and every module that fires or
 receives a hook builds on them; nothing here imports upward (only errors, leaf helpers and
-`lab.media`; torch and the hook types only for annotations). The experiment's records come
-first (a run's spec and results, an experiment's result and its summary), then the loop's
-(an eval's result, a checkpoint's manifest row, a step's batch, what a fit leaves behind),
-then the on-policy RL loop's (`Experience`, `Episodes`; torch is imported where they use it).
-The modules that make them re-export them: `lab.experiment`, `lab.loop.evals`,
-`lab.loop.checkpoints`, `lab.loop.records`, `lab.rl.experience`.
+`lab.media`; torch only for annotations). The experiment's records come first (the
+`LogContext` every hook of an experiment shares, a run's spec and results, an experiment's
+result and its summary), then the loop's (an eval's result, a checkpoint's manifest row, a
+step's batch, what a fit leaves behind), then the on-policy RL loop's (`Experience`,
+`Episodes`; torch is imported where they use it). The modules that make them re-export
+them: `lab.hooks`, `lab.experiment`, `lab.loop.evals`, `lab.loop.checkpoints`,
+`lab.loop.records`, `lab.rl.experience`.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lab._names import check_tags
 from lab._ranking import (
     Declaration,
+    Ranking,
     bounds_for,
     check_bounds_map,
     check_mode,
@@ -39,9 +42,6 @@ from lab.media import Histogram, Image, Media
 if TYPE_CHECKING:
     import torch
 
-    from lab.dispatch import Dispatcher
-    from lab.hooks import LogContext
-
 __all__ = [
     "FAILED",
     "FINISHED",
@@ -53,6 +53,7 @@ __all__ = [
     "Histogram",
     "Image",
     "Kind",
+    "LogContext",
     "LoopArtifacts",
     "ManifestRow",
     "Media",
@@ -76,6 +77,62 @@ FAILED: tuple[RunStatus, ...] = ("failed", "crashed")
 
 
 @dataclass
+class LogContext:
+    """What every hook of an experiment shares: where it writes, what runs, and sinks' ids.
+
+    A sink stores the ids it creates in `ids` under names that start with its own prefix
+    (the SQL logger uses ``sql:``), so two sinks never overwrite each other.
+    """
+
+    experiment: str
+    output_dir: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    run_key: str | None = None
+    run_config: dict[str, Any] | None = None
+    group_name: str | None = None
+    arm: str | None = None
+    repeat: int | None = None
+    stage: int = 0
+    seed: int | None = None
+    group_kind: str = "repeats"  # "chain" for the stages of a continual arm
+    parent_run_key: str | None = None  # the previous stage's run, in a chain
+    config_hash: str | None = None  # what the run depends on, hashed (see lab._reuse)
+    ids: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    #: False for a run without a folder of its own (a bare `TrainingLoop.fit()` without
+    #: `run_dir`, whose run key is "loop"): its files go to the working directory.
+    own_folder: bool = True
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The current run's own folder, or None between runs (and for a run without one)."""
+        if self.run_key is None or not self.own_folder:
+            return None
+        return self.output_dir / self.run_key
+
+    @property
+    def folder(self) -> Path:
+        """Where a callback writes the current run's files: its folder, or, for a run
+        without one (a bare `TrainingLoop.fit()` without `run_dir`), the working directory."""
+        run_dir = self.run_dir
+        return run_dir if run_dir is not None else Path.cwd()
+
+
+class RunHooks(Protocol):
+    """What a run fires its hooks through (`lab.dispatch.Dispatcher` is the one): a loop
+    extends it with its own callbacks, and sends the run's hooks to it."""
+
+    def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
+        """Call `hook` on every callback that listens to it."""
+
+    def extended(self, extra: Iterable[Any]) -> Any:
+        """These callbacks plus `extra`, sharing the failure record."""
+
+    def sibling(self, callbacks: Iterable[Any]) -> Any:
+        """`callbacks` alone, sharing the failure record."""
+
+
+@dataclass
 class RunSpec:
     """What the Experiment hands `train(run)`: the run's config, seed, folder and hooks."""
 
@@ -88,7 +145,7 @@ class RunSpec:
     config: Any
     dir: Path
     ctx: LogContext
-    dispatcher: Dispatcher = field(repr=False)
+    dispatcher: RunHooks = field(repr=False)
     parent_checkpoint: Path | None = None  # stage k-1's final checkpoint, in a chain
     carry: Literal["weights", "full"] = "weights"
     #: The run's own tags and notes, recorded when the run ends (with the tags it had).
@@ -378,31 +435,15 @@ class ExperimentResult:
         shown = list(keys) if keys is not None else known
         interrupted = self.error is not None
         unfinished = [arm.name for arm in self.arms if interrupted and not arm.finished]
-        rows = []
-        for arm in self.arms:
-            runs = arm_runs[arm.name]
-            for key in shown:
-                s = spread(
-                    [r.metrics[key] for r in runs if key in r.metrics], interval=interval,
-                    bounds=bounds_for(key, given.get(key), self.declared), metric=key,
-                )  # fmt: skip
-                rows.append(SummaryRow(arm.name, key, s.n, s.mean, s.std, s.ci_low, s.ci_high))
-        unranked = None
-        ranking = None
+        rows = [
+            self._row(arm.name, arm_runs[arm.name], key, interval, given.get(key))
+            for arm in self.arms
+            for key in shown
+        ]
+        ranking, unranked = None, None
         if chosen is not None:
-            values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
-                      for a, rs in arm_runs.items()}  # fmt: skip
-            lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
-            rankable = [a for a in arm_runs if a not in unfinished]
-            if unfinished and len(rankable) < 2:
-                rankable = []  # one finished arm is no winner: there was nothing to beat
-            ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))
-            if lacking:
-                total = sum(len(rs) for rs in arm_runs.values())
-                unranked = lacking_text(chosen, lacking, total, self.name)
-        by_status: dict[str, int] = {}
-        for r in self.runs:
-            by_status[r.status] = by_status.get(r.status, 0) + 1
+            ranking, unranked = self._ranking(arm_runs, chosen, mode, unfinished)
+        by_status = dict(collections.Counter(r.status for r in self.runs))
         return Summary(
             self.name, rows, chosen, mode, ranking.best if ranking else None,
             ranking.runner_up if ranking else None, ranking.margin if ranking else None,
@@ -411,6 +452,43 @@ class ExperimentResult:
             shown_metrics=list(keys) if keys is not None else None, interval=interval,
             unranked=unranked,
         )  # fmt: skip
+
+    def _row(
+        self,
+        arm: str,
+        runs: list[RunResult],
+        key: str,
+        interval: Interval,
+        given: tuple[float, float] | None,
+    ) -> SummaryRow:
+        """One arm's spread of the final `key` over its counted `runs`."""
+        s = spread(
+            [r.metrics[key] for r in runs if key in r.metrics], interval=interval,
+            bounds=bounds_for(key, given, self.declared), metric=key,
+        )  # fmt: skip
+        return SummaryRow(arm, key, s.n, s.mean, s.std, s.ci_low, s.ci_high)
+
+    def _ranking(
+        self,
+        arm_runs: dict[str, list[RunResult]],
+        chosen: str,
+        mode: Literal["min", "max"],
+        unfinished: list[str],
+    ) -> tuple[Ranking, str | None]:
+        """The arms ranked by `chosen` (only those whose runs all finished, after an
+        interrupt), and the text that says which runs lack it, if any do."""
+        values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
+                  for a, rs in arm_runs.items()}  # fmt: skip
+        lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
+        rankable = [a for a in arm_runs if a not in unfinished]
+        if unfinished and len(rankable) < 2:
+            rankable = []  # one finished arm is no winner: there was nothing to beat
+        ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))
+        unranked = None
+        if lacking:
+            total = sum(len(rs) for rs in arm_runs.values())
+            unranked = lacking_text(chosen, lacking, total, self.name)
+        return ranking, unranked
 
     def _counted(self) -> dict[str, list[RunResult]]:
         """Each arm's runs that count in a summary (`lab._ranking.counted`), in arm order."""

@@ -14,17 +14,16 @@ import contextlib
 import os
 import shlex
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from lab._signals import unwind_on_sigterm
 from lab.errors import CallbackError, ConfigError
-from lab.experiment import Arm, Experiment, RunScope, _quietly
+from lab.experiment import Arm, Experiment
 from lab.hooks import Callback
+from lab.lifecycle import RunScope, close, experiment_scope, start_group
 from lab.records import FINISHED, RunResult, RunSpec
 
 #: Set to 1 (or true, yes) to silence the line `start_run` prints on stderr.
@@ -104,25 +103,31 @@ def start_run(
         callbacks=callbacks, store=store, output_dir=output_dir, seed=seed, strict=strict,
         tags=tags, notes=notes, fresh=fresh,
     )  # fmt: skip
+    with _recorded(exp, repeat, quiet) as spec:
+        yield spec
+
+
+@contextlib.contextmanager
+def _recorded(exp: Experiment, repeat: int, quiet: bool | None) -> Iterator[RunSpec]:
+    """The one run of a script's experiment, from `on_experiment_start` to `close`, around
+    the `with` block; a run that finished before is refused."""
+    experiment = exp.name
     exp._only_repeat = repeat
     exp.n_runs = 1
     hooks, ctx, result = exp._open()
-    the_arm, arm_result = exp.arms[0], result.arms[0]
+    arm_result = result.arms[0]
     run_key = exp._plan()[0][0]
     prior = exp._prior.get(run_key)
     if prior is not None and prior["status"] in FINISHED:
-        hooks.fire("close")
+        close(hooks)
         raise ConfigError(
             f"run {run_key!r} of experiment {experiment!r} {prior['status']} "
             "before; pass fresh=True to train it again (the old run is kept, superseded), "
             f"or repeat={repeat + 1} for another run"
         )
-    started = time.perf_counter()
-    unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
-    try:
-        hooks.fire("on_experiment_start", ctx)
-        hooks.fire("on_group_start", ctx, exp._group(ctx, the_arm, repeat))
-        job = exp._job(ctx, the_arm, repeat, 0, None)
+    with experiment_scope(hooks, ctx, result, interrupted=_interrupted):
+        start_group(hooks, ctx, exp.group(ctx, exp.chains()[0]))
+        job = exp._job(ctx, exp.arms[0], repeat, 0, None)
         assert not isinstance(job, RunResult)  # a finished run was refused above
         scope = RunScope(job, hooks, arm_result)
         error: BaseException | None = None
@@ -138,16 +143,15 @@ def start_run(
             error = exc
             scope.failed(exc)
         run_result = scope.close()
-        exp._release(job.run_key, run_result.error)
+        exp.release(job.run_key, run_result.error)
         if error is not None:
-            result.error = None if isinstance(error, Exception) else run_result.error
-            _quietly(exp._end, hooks, ctx, result, started)
             raise error
-        exp._end(hooks, ctx, result, started)
-    except BaseException:
-        _quietly(hooks.fire, "close")
-        raise
-    hooks.fire("close")
+
+
+def _interrupted(exc: BaseException) -> str | None:
+    """The experiment's error when the block raised `exc`: none for a run that failed (the
+    run records it), the interrupt's for Ctrl-C or SIGTERM."""
+    return None if isinstance(exc, Exception) else f"interrupted ({type(exc).__name__})"
 
 
 def _quiet(quiet: bool | None) -> bool:

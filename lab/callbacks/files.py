@@ -24,7 +24,7 @@ from lab._json import finite_json, floats_back
 from lab._secrets import logger
 from lab.callbacks.params import FileName, NonNegativeInt, PositiveInt
 from lab.callbacks.registry import register
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import Callback, LogContext, LoopState, Phase
 from lab.records import FAILED
 
 if TYPE_CHECKING:
@@ -67,8 +67,9 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
 class ConfigSaver(Callback):
     """Writes `fname` (``config.json``) into the run folder and every checkpoint folder.
 
-    It runs at priority 50: after the SqlLogger (100) has recorded a save, and before a
-    `WandbLogger` (10) references the checkpoint folder, so the reference finds the file.
+    It runs in `Phase.ATTACH`: after the SqlLogger (`Phase.RECORD`) has recorded a save, and
+    before a `WandbLogger` (`Phase.MIRROR`) references the checkpoint folder, so the
+    reference finds the file.
 
     The file holds ``{"experiment", "run_key", "arm", "repeat", "stage", "seed", "config"}``
     where ``config`` is the run's config (`ctx.run_config`; empty for a bare fit, so the
@@ -77,7 +78,7 @@ class ConfigSaver(Callback):
     write is atomic.
     """
 
-    priority = 50
+    phase = Phase.ATTACH
 
     def __init__(self, fname: FileName = CONFIG_FILE, config: dict[str, Any] | None = None) -> None:
         self.fname = fname

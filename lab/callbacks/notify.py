@@ -19,7 +19,7 @@ from lab._secrets import logger, mask, register_url
 from lab._table import plural
 from lab.callbacks.params import PositiveFloat
 from lab.callbacks.registry import register
-from lab.hooks import Callback, LogContext
+from lab.hooks import Callback, LogContext, Phase
 from lab.records import FAILED
 
 if TYPE_CHECKING:
@@ -50,12 +50,12 @@ class Notifier(Callback):
     so a long sweep tells you as soon as something breaks; ``"end"`` posts once at
     `on_experiment_end`, whatever the status, with the run counts and the failed runs;
     ``"both"`` (the default) does both. Each post waits at most `timeout_s` seconds, so a
-    dead webhook costs a sweep seconds, not hours. It runs last (priority -50), after the
+    dead webhook costs a sweep seconds, not hours. It runs in `Phase.NOTIFY`, after the
     store has recorded what the message reports. A bare `TrainingLoop.fit` (no Experiment)
     is an experiment of one run (``loop-<time>-<hex6>``), so it gets the same messages.
     """
 
-    priority = -50
+    phase = Phase.NOTIFY
 
     def __init__(
         self, url: WebhookUrl, on: NotifyOn = "both", timeout_s: PositiveFloat = 5.0

@@ -32,7 +32,7 @@ from lab._table import plural
 from lab.callbacks.params import PositiveFloat, PositiveInt
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState
+from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext, LoopState, Phase
 
 if TYPE_CHECKING:
     from lab.records import ArmResult, ExperimentResult, RunResult, TrainingBatch
@@ -90,7 +90,7 @@ class ConsoleLogger(Callback):
     caller that prints the summary itself (``lab run`` and ``lab quickstart`` do).
     """
 
-    priority = -10  # after the loggers that record: the run-end line can show their ids
+    phase = Phase.REPORT  # after the loggers that record: the run-end line shows their ids
     rank_zero_only = True  # under DDP: one display per run, on rank 0
     run_end_in_parent = True  # under a process pool, the parent counts the runs as they end
 

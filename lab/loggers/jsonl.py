@@ -22,7 +22,7 @@ from lab._json import NON_FINITE, finite_json, floats_back
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import Callback, LogContext, LoopState
+from lab.hooks import Callback, LogContext, LoopState, Phase
 
 if TYPE_CHECKING:
     from lab.media import Media
@@ -94,7 +94,7 @@ class JsonlLogger(Callback):
     for finding what happened before a crash.
     """
 
-    priority = -100  # after the others: a line records what they already saw
+    phase = Phase.TRACE  # after the others: a line records what they already saw
     rank_zero_only = True  # under DDP: one file per run, written by rank 0
 
     def __init__(self, path: str | None = None, experiment_path: str | None = None) -> None:
@@ -358,7 +358,7 @@ def replay(
     and `close`. `hooks` picks a subset of `REPLAYED`. Returns the hooks fired, in order; an
     exception of the callback propagates (a replay is for debugging it).
     """
-    from lab.records import LoopArtifacts, ManifestRow, TrainingBatch
+    from lab.records import TrainingBatch
 
     wanted = set(REPLAYED if hooks is None else hooks)
     unknown = sorted(wanted - set(REPLAYED))
@@ -371,52 +371,72 @@ def replay(
     fired: list[str] = []
     for rec in read_hooks(path):
         hook = rec.get("hook")
-        if rec.get("run_key") is not None:
-            ctx.run_key = rec["run_key"]
-        if hook == "on_run_start":
-            ctx.experiment = rec.get("experiment") or ""
-            ctx.arm, ctx.repeat, ctx.seed = rec.get("arm"), rec.get("repeat"), rec.get("seed")
-            ctx.stage, ctx.run_config = rec.get("stage") or 0, rec.get("run_config")
-        elif hook in ("post_checkpoint_loaded", "on_train_start"):
-            state.step = rec.get("step", state.step)
-            state.num_steps = rec.get("num_steps", state.num_steps)
-        elif hook == "on_step_end":
-            state.step, state.metrics = rec["step_idx"], rec["metrics"]
-        elif hook in ("on_epoch_start", "on_epoch_end"):
-            state.step, state.epoch = rec.get("step", state.step), rec["epoch"]
-        if hook not in wanted:
-            continue
-        if hook == "on_run_start":
-            callback.on_run_start(ctx)
-        elif hook == "post_checkpoint_loaded":
-            callback.post_checkpoint_loaded(state, Path(rec["path"]))
-        elif hook == "on_train_start":
-            callback.on_train_start(state)
-        elif hook == "on_step_end":
-            callback.on_step_end(state, rec["step_idx"], batch, rec["metrics"])
-        elif hook == "on_epoch_start":
-            callback.on_epoch_start(state, rec["epoch"])
-        elif hook == "on_media":
-            media = {k: _media_back(v) for k, v in rec["media"].items()}
-            callback.on_media(state, rec["step_idx"], media)
-        elif hook == "on_epoch_end":
-            callback.on_epoch_end(state, rec["epoch"])
-        elif hook == "on_eval":
-            callback.on_eval(state, rec["step_idx"], rec["eval_name"], rec["metrics"])
-        elif hook == "on_checkpoint":
-            callback.on_checkpoint(state, ManifestRow(**rec["row"]))
-        elif hook == "on_error":
-            callback.on_error(ctx, ReplayedError(rec["error"]))
-        elif hook == "on_train_end":
-            artifacts = LoopArtifacts(
-                model=None,  # type: ignore[arg-type]
-                metrics=rec["metrics"],
-                step=rec["step"],
-                stopped=rec.get("stopped", False),
-                stop_reason=rec.get("stop_reason"),
-            )
-            callback.on_train_end(state, artifacts)
-        else:
-            continue
-        fired.append(hook)
+        _follow(rec, ctx, state)
+        if hook in wanted and _fire(callback, hook, rec, ctx, state, batch):
+            fired.append(hook)
     return fired
+
+
+def _follow(rec: dict[str, Any], ctx: LogContext, state: LoopState) -> None:
+    """Bring `ctx` and `state` to where the run was when it logged `rec`."""
+    hook = rec.get("hook")
+    if rec.get("run_key") is not None:
+        ctx.run_key = rec["run_key"]
+    if hook == "on_run_start":
+        ctx.experiment = rec.get("experiment") or ""
+        ctx.arm, ctx.repeat, ctx.seed = rec.get("arm"), rec.get("repeat"), rec.get("seed")
+        ctx.stage, ctx.run_config = rec.get("stage") or 0, rec.get("run_config")
+    elif hook in ("post_checkpoint_loaded", "on_train_start"):
+        state.step = rec.get("step", state.step)
+        state.num_steps = rec.get("num_steps", state.num_steps)
+    elif hook == "on_step_end":
+        state.step, state.metrics = rec["step_idx"], rec["metrics"]
+    elif hook in ("on_epoch_start", "on_epoch_end"):
+        state.step, state.epoch = rec.get("step", state.step), rec["epoch"]
+
+
+def _fire(
+    callback: Callback,
+    hook: str,
+    rec: dict[str, Any],
+    ctx: LogContext,
+    state: LoopState,
+    batch: TrainingBatch,
+) -> bool:
+    """Fire the recorded `hook` into `callback` with what `rec` rebuilds; False for a hook
+    replay does not rebuild."""
+    from lab.records import LoopArtifacts, ManifestRow
+
+    if hook == "on_run_start":
+        callback.on_run_start(ctx)
+    elif hook == "post_checkpoint_loaded":
+        callback.post_checkpoint_loaded(state, Path(rec["path"]))
+    elif hook == "on_train_start":
+        callback.on_train_start(state)
+    elif hook == "on_step_end":
+        callback.on_step_end(state, rec["step_idx"], batch, rec["metrics"])
+    elif hook == "on_epoch_start":
+        callback.on_epoch_start(state, rec["epoch"])
+    elif hook == "on_media":
+        media = {k: _media_back(v) for k, v in rec["media"].items()}
+        callback.on_media(state, rec["step_idx"], media)
+    elif hook == "on_epoch_end":
+        callback.on_epoch_end(state, rec["epoch"])
+    elif hook == "on_eval":
+        callback.on_eval(state, rec["step_idx"], rec["eval_name"], rec["metrics"])
+    elif hook == "on_checkpoint":
+        callback.on_checkpoint(state, ManifestRow(**rec["row"]))
+    elif hook == "on_error":
+        callback.on_error(ctx, ReplayedError(rec["error"]))
+    elif hook == "on_train_end":
+        artifacts = LoopArtifacts(
+            model=None,  # type: ignore[arg-type]
+            metrics=rec["metrics"],
+            step=rec["step"],
+            stopped=rec.get("stopped", False),
+            stop_reason=rec.get("stop_reason"),
+        )
+        callback.on_train_end(state, artifacts)
+    else:
+        return False
+    return True

@@ -38,7 +38,7 @@ import pydantic
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
+from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState, Phase
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
 from lab.store import open_store
@@ -106,13 +106,13 @@ class SqlLogger(Callback):
     `HttpStore`, token from ``LAB_TOKEN``), or nothing (``LAB_STORE_URL``, else
     ``sqlite:///lab.db``). In
     `on_step_end` it runs after the callbacks that produce step metrics (`metrics_logged`),
-    so it stores their keys too, and first among the others (priority 100), so they see a
+    so it stores their keys too, and first among the others (`Phase.RECORD`), so they see a
     step whose metric row is already handed to the store. It is critical: a metric the store
     cannot hold, or a store that stays down longer than its retry window, fails the run with
     that reason.
     """
 
-    priority = 100
+    phase = Phase.RECORD
     rank_zero_only = True  # under DDP: the experiment, group and run rows are written once
     critical = True  # a run whose record cannot be written fails, with the reason
 

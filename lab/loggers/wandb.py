@@ -39,7 +39,7 @@ from lab._background import BackgroundCalls
 from lab._imports import require
 from lab.callbacks.params import PositiveInt
 from lab.callbacks.registry import register
-from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState
+from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState, Phase
 from lab.media import Histogram
 from lab.records import FAILED
 
@@ -112,7 +112,7 @@ class WandbLogger(Callback):
     the run goes on and the failure is counted on the run (strict mode raises it).
     """
 
-    priority = 10  # after the SqlLogger (100): what wandb shows is already in the store
+    phase = Phase.MIRROR  # after the SqlLogger records: what wandb shows is in the store
     rank_zero_only = True  # under DDP: one wandb run per lab run, opened by rank 0
 
     def __init__(

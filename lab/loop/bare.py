@@ -15,10 +15,11 @@ the lifecycle it sees under an Experiment and none has to tell the two cases apa
 The run has no arm (``ctx.arm`` is None; its result names the arm ``"loop"``), repeat 0,
 stage 0 and an empty run config, and nothing is seeded: a bare loop leaves the caller's
 random generators as they are. Without `run_dir` the run has no folder of its own
-(``ctx.run_dir`` is None, ``ctx.folder`` the working directory). The failure policy is an
-Experiment's: a critical callback that raises in `on_run_start` fails the fit, `on_error`
-stays isolated, a run end that a critical callback could not record fails the run (and the
-fit raises it), and strict mode's `CallbackError` propagates.
+(``ctx.run_dir`` is None, ``ctx.folder`` the working directory). The hooks fire, and the
+failure policy is applied, in `lab.lifecycle`, as for an Experiment: a critical callback
+that raises in `on_run_start` fails the fit, `on_error` stays isolated, a run end that a
+critical callback could not record fails the run (and the fit raises it), and strict
+mode's `CallbackError` propagates.
 """
 
 from __future__ import annotations
@@ -29,12 +30,23 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lab._secrets import logger
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError
 from lab.hooks import EXECUTOR, FINISHED_BEFORE, RUNS, Callback, LogContext
+from lab.lifecycle import (
+    _failures,
+    close,
+    close_quietly,
+    end_experiment,
+    end_run,
+    fail_run,
+    open_run,
+    start_experiment,
+    start_group,
+)
 from lab.records import ArmResult, ExperimentResult, RunResult, RunStatus
 
 if TYPE_CHECKING:
@@ -85,15 +97,14 @@ class BareRun:
         points at the run. A critical callback that raises fails the fit (`end` follows)."""
         ctx, hooks = self.ctx, self.hooks
         self._t0 = time.perf_counter()
-        hooks.fire("on_experiment_start", ctx)
+        start_experiment(hooks, ctx)
         self._experiment_started = True
         ctx.group_name, ctx.group_kind = LOOP, "repeats"
-        hooks.fire("on_group_start", ctx, LOOP)
+        start_group(hooks, ctx, LOOP)
         ctx.run_key, ctx.run_config, ctx.repeat, ctx.stage = self.run_key, {}, 0, 0
-        hooks.run_key = self.run_key
         self._run_open = True
         self._run_t0 = time.perf_counter()
-        hooks.fire("on_run_start", ctx)
+        open_run(hooks, ctx, self.run_key)
 
     def trained(self, artifacts: LoopArtifacts) -> None:
         """The loop ended cleanly with `artifacts`: the run is `completed`, or `stopped` when
@@ -118,23 +129,20 @@ class BareRun:
             elif exc is not None:  # the experiment failed before its run started
                 self.result.error = f"{type(exc).__name__}: {exc}"
             if self._experiment_started:
-                self.result.seconds = time.perf_counter() - self._t0
-                self.result.callback_errors = _failures(hooks, None)
-                hooks.fire("on_experiment_end", self.ctx, self.result)
-                self.result.callback_errors = _failures(hooks, None)
+                end_experiment(hooks, self.ctx, self.result, self._t0)
         except CallbackError:
-            _quietly_close(hooks)
+            close_quietly(hooks)
             raise
         except BaseException as raised:
-            _quietly_close(hooks)
+            close_quietly(hooks)
             if exc is None or not isinstance(raised, Exception):
                 raise
             log.exception("while ending %s after the fit failed", self.ctx.experiment)
             return
         if exc is not None:
-            _quietly_close(hooks)
+            close_quietly(hooks)
             return
-        hooks.fire("close")
+        close(hooks)
         if failed is not None:
             raise failed
 
@@ -147,7 +155,7 @@ class BareRun:
         else:  # Ctrl-C, SIGTERM: the run and the experiment were interrupted
             self.error = f"interrupted ({type(exc).__name__})"
             self.result.error = self.error
-        self.hooks.fire("on_error", self.ctx, exc)
+        fail_run(self.hooks, self.ctx, exc)
 
     def _end_run(self) -> Exception | None:
         """Fire `on_run_end` with the run's result. A critical callback that raises there
@@ -161,32 +169,9 @@ class BareRun:
             artifacts=self.artifacts,
         )  # fmt: skip
         self.arm_result.runs.append(run_result)
-        raised: Exception | None = None
-        try:
-            hooks.fire("on_run_end", ctx, run_result, self.arm_result)
-        except CallbackError:
-            raise
-        except Exception as exc:
-            raised = exc
-            if run_result.status != "failed":
-                run_result.status, run_result.error = "failed", f"{type(exc).__name__}: {exc}"
-                run_result.traceback = "".join(traceback.format_exception(exc))
+        raised = end_run(hooks, ctx, run_result, self.arm_result)
         run_result.callback_errors = _failures(hooks, self.run_key)
         hooks.run_key = None  # what fails from here on belongs to the experiment
         ctx.run_key = ctx.run_config = ctx.repeat = ctx.group_name = None
         ctx.stage = 0
         return raised
-
-
-def _failures(hooks: Dispatcher, run_key: str | None) -> list[dict[str, Any]]:
-    """The callback failures of the run (or, with None, of the experiment outside it)."""
-    return [f.to_dict() for f in hooks.failures if f.run_key == run_key]
-
-
-def _quietly_close(hooks: Dispatcher) -> None:
-    """Fire `close` while another error propagates: what a callback raises there is logged,
-    never in place of that error."""
-    try:
-        hooks.fire("close")
-    except Exception:
-        log.exception("a callback raised in close while the fit's error propagates")

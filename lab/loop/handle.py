@@ -52,7 +52,7 @@ import torch
 from lab._secrets import logger
 from lab.dispatch import Dispatcher
 from lab.errors import ConfigError, HookOrderError
-from lab.hooks import Callback, LoopState
+from lab.hooks import Callback, Hook, LoopState
 from lab.loop.bare import BareRun
 from lab.loop.checkpoint_session import CheckpointSession, Progress, Writer
 from lab.loop.checkpoints import CheckpointConfig, CheckpointManager
@@ -69,6 +69,8 @@ if TYPE_CHECKING:
 __all__ = ["RunHandle", "Writer"]
 
 log = logger("lab.loop")
+#: The hooks of every step, looked up once: a module global costs less than an enum member.
+_PRE_STEP = Hook.PRE_STEP
 
 _NEW, _RUNNING, _ENDED = "new", "running", "ended"
 
@@ -247,13 +249,13 @@ class RunHandle:
         if session.manager is not None and path is not None:
             session.restore(path)
             self.resumed_from = path
-            hooks.fire("post_checkpoint_loaded", state, path)
+            hooks.fire(Hook.POST_CHECKPOINT_LOADED, state, path)
         parent = (run.parent_checkpoint, run.carry) if run is not None else (None, "weights")
         if self.resumed_from is None and parent[0] is not None:  # a chain's stage k
             session.start_from(parent[0], parent[1] == "full")
-            hooks.fire("post_checkpoint_loaded", state, parent[0])
+            hooks.fire(Hook.POST_CHECKPOINT_LOADED, state, parent[0])
         self.model.train()
-        hooks.fire("on_train_start", state)
+        hooks.fire(Hook.TRAIN_START, state)
         if state.step == 0:  # `at_start` evals score the untrained model, at step 0
             self._evals.run_at_start()
             if session.manager is not None and self.checkpoint.due(0, self.num_steps):
@@ -310,7 +312,7 @@ class RunHandle:
                 checkpoints=self._saved,
                 evals=self._evals.results,
             )
-            self.hooks.fire("on_train_end", state, self.artifacts)
+            self.hooks.fire(Hook.TRAIN_END, state, self.artifacts)
             if self.run is not None:
                 self.run.artifacts = self.artifacts
         except BaseException as exc:
@@ -321,7 +323,7 @@ class RunHandle:
             self._bare.trained(self.artifacts)
             self._bare.end()
         elif self._own is not None:  # the Experiment ends the run: its callbacks close here
-            self._own.fire("close")
+            self._own.fire(Hook.CLOSE)
         return self.artifacts
 
     def fail(self, exc: BaseException) -> None:
@@ -340,9 +342,9 @@ class RunHandle:
         if own is None:  # failed before the callbacks were known
             return
         try:
-            own.fire("on_error", self.ctx, exc)
+            own.fire(Hook.ERROR, self.ctx, exc)
         finally:
-            own.fire("close")
+            own.fire(Hook.CLOSE)
 
     # ------------------------------------------------------------------------------------
     # steps
@@ -399,8 +401,8 @@ class RunHandle:
         state, steps = self.state, self._steps
         step = steps.begin(state.step + 1)
         hb = steps.wrap(batch)
-        if self.hooks.listens("pre_step"):
-            self.hooks.fire("pre_step", state, step, hb)
+        if self.hooks.listens(_PRE_STEP):
+            self.hooks.fire(_PRE_STEP, state, step, hb)
         return hb
 
     def end_step(
@@ -464,14 +466,14 @@ class RunHandle:
         self._steps.materialise()
         feed = self._feed
         self.progress.begin_epoch(self.state, epoch, None if feed is None else feed.next_epoch)
-        self.hooks.fire("on_epoch_start", self.state, self.state.epoch)
+        self.hooks.fire(Hook.EPOCH_START, self.state, self.state.epoch)
 
     def end_epoch(self) -> None:
         """Fire `on_epoch_end` for the open epoch, after its last step, evals and saves."""
         self._check_running("end_epoch")
         self._steps.materialise()  # on_epoch_end after the epoch's steps' on_step_end
         self.progress.close_epoch()
-        self.hooks.fire("on_epoch_end", self.state, self.state.epoch)
+        self.hooks.fire(Hook.EPOCH_END, self.state, self.state.epoch)
 
     # ------------------------------------------------------------------------------------
     # evals and non-scalar values
@@ -506,7 +508,7 @@ class RunHandle:
         self._steps.materialise()
         record = histogram(values, bins=bins, range=range)
         step = self._media_step()
-        self.hooks.fire("on_media", self.state, step, {key: record})
+        self.hooks.fire(Hook.MEDIA, self.state, step, {key: record})
 
     def log_image(self, key: str, image: Any) -> None:
         """Write `image` (a CHW/HWC tensor or array, or a matplotlib Figure) as a PNG in the
@@ -518,7 +520,7 @@ class RunHandle:
         self._steps.materialise()
         step = self._media_step()
         record = write_image(self.ctx.folder, key, step, image)
-        self.hooks.fire("on_media", self.state, step, {key: record})
+        self.hooks.fire(Hook.MEDIA, self.state, step, {key: record})
 
     def _media_step(self) -> int:
         """The step in progress when `pre_step` announced one, else the last ended step (a
@@ -559,7 +561,7 @@ class RunHandle:
         """Fire `on_checkpoint` for each row of a committed save, in save order."""
         for row in rows:
             self._saved.append(row)
-            self.hooks.fire("on_checkpoint", self.state, row)
+            self.hooks.fire(Hook.CHECKPOINT, self.state, row)
         return rows
 
     def _check_running(self, what: str) -> None:

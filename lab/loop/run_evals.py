@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from lab._secrets import logger
 from lab.errors import CheckpointError
+from lab.hooks import Hook
 from lab.loop.evals import Evaluator
 from lab.loop.metric_names import MetricWatch
 from lab.records import EvalResult
@@ -109,15 +110,15 @@ class RunEvals:
                 seconds=time.perf_counter() - started,
                 error=f"{type(exc).__name__}: {exc}",
             )
-            hooks.fire("on_benchmark_eval", state.ctx, result, [], step=step)
+            hooks.fire(Hook.BENCHMARK_EVAL, state.ctx, result, [], step=step)
             return result
         state.current_eval = result
         try:
-            hooks.fire("on_eval", state, step, result.name, result.metrics)
+            hooks.fire(Hook.EVAL, state, step, result.name, result.metrics)
         finally:
             state.current_eval = None
         if result.benchmark:
-            hooks.fire("on_benchmark_eval", state.ctx, result, result.predictions, step=step)
+            hooks.fire(Hook.BENCHMARK_EVAL, state.ctx, result, result.predictions, step=step)
         return result
 
     def fresh(self) -> dict[str, float]:

@@ -173,11 +173,6 @@ class Schedules(Callback):
         """{metric name: who needs it}, for the needed-names check before the first step."""
         return {item.metric: item.label for item in self.items if item.metric is not None}
 
-    @property
-    def steps_on_evals(self) -> bool:
-        """Whether some scheduler steps on an eval's metric (then attach this as a callback)."""
-        return bool(self._eval_metric)
-
     def step_metrics_read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The step metrics the schedulers read after every step, and after an epoch's
         last step (those of every step too): the loop reads them on the host before

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lab._distributed import MetricReducer, broadcast
 from lab._secrets import logger
 from lab.errors import HookOrderError
+from lab.hooks import Hook
 from lab.loop.metric_buffer import MetricBuffer, floats
 from lab.loop.metric_names import watch_names
 from lab.records import TrainingBatch
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["StepEnds"]
 
 log = logger("lab.loop")
+#: The hooks of every step, looked up once: a module global costs less than an enum member.
+_STEP_END = Hook.STEP_END
 
 
 class StepEnds:
@@ -160,9 +163,9 @@ class StepEnds:
         """`on_step_end` for an ended step whose metrics are floats now, and the checks of
         metric names that read them."""
         hooks = self.hooks
-        if hooks.listens("on_step_end"):
+        if hooks.listens(_STEP_END):
             hb = self.batch if batch is None else self.wrap(batch)
-            hooks.fire("on_step_end", self.state, step, hb, clean)
+            hooks.fire(_STEP_END, self.state, step, hb, clean)
         self.last.update(clean)  # after the hook: the keys its producers added count too
         if self._ranking_open:  # step metric names (producers' keys too), for the check
             self.seen.update(clean)  # at saves, until the ranking metric shows up

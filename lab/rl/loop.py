@@ -20,7 +20,7 @@ import torch
 
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
-from lab.hooks import Callback
+from lab.hooks import Callback, Hook
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
 from lab.loop.handle import RunHandle
@@ -211,44 +211,29 @@ class OnPolicyLoop:
         state, hooks = loop.state, loop.hooks
         policy, optimizer = self.policy, self.optimizer
         params = [p for p in policy.parameters() if p.requires_grad]
-        clip, device, rollouts = self.max_grad_norm, self.device, self.rollouts
+        clip = self.max_grad_norm
         step_batch = TrainingBatch()
-        learn_start = hooks.listens("on_learn_batch_start")
-        learn_end = hooks.listens("on_learn_batch_end")
+        learn_start = hooks.listens(Hook.LEARN_BATCH_START)
+        learn_end = hooks.listens(Hook.LEARN_BATCH_END)
         while self._episodes_done < self.num_episodes and not state.stop_requested:
             episode = self._episodes_done
-            info = EpisodeInfo(episode, self.num_episodes, state.step, self._generator, device)
-            hooks.fire("on_episode_start", state, episode)
-            # -- make experience (the policy acts) ---------------------------------------
-            hooks.fire("on_make_experience_start", state, episode)
-            started = time.perf_counter()
-            with torch.no_grad():
-                experience = self.make_experience(info)
-            if not isinstance(experience, Experience):
-                raise ConfigError(
-                    f"make_experience returned a {type(experience).__name__}; return a "
-                    "lab.rl.Experience"
-                )
-            if device is not None:
-                experience = experience.to(device)
-            made = time.perf_counter() - started
-            hooks.fire("on_make_experience_end", state, episode, experience)
-            if rollouts is not None and rollouts.due(episode):
-                sample = rollouts.sample(experience, seed=self._seed, episode=episode)
-                loop.evaluate(Evaluator(rollouts.name, lambda _model, s=sample: s))
+            info = EpisodeInfo(episode, self.num_episodes, state.step, self._generator, self.device)
+            hooks.fire(Hook.EPISODE_START, state, episode)
+            experience, made = self._experience(loop, info)
             summary = _episode_metrics(experience)
             # -- learn: epochs of minibatches, one optimizer step each ------------------
             per_epoch = experience.num_minibatches(self.batch_size)
+            size = (experience.size, per_epoch)
             learn_started = time.perf_counter()
             for epoch in range(self.learn_epochs):
-                hooks.fire("on_learn_epoch_start", state, epoch)
+                hooks.fire(Hook.LEARN_EPOCH_START, state, epoch)
                 batches = experience.minibatches(
                     self.batch_size, generator=self._generator, shuffle=self.shuffle
                 )
                 for i, batch in enumerate(batches):
                     step_idx = state.step + 1
                     if learn_start:
-                        hooks.fire("on_learn_batch_start", state, step_idx, batch)
+                        hooks.fire(Hook.LEARN_BATCH_START, state, step_idx, batch)
                     step_batch.data, step_batch.epoch, step_batch.index = batch, epoch, i
                     loop.pre_step(step_batch)
                     out = self.learn(batch, info)
@@ -263,25 +248,63 @@ class OnPolicyLoop:
                     last = epoch == self.learn_epochs - 1 and i == per_epoch - 1
                     save = False
                     if last:  # the episode's metrics join its last step, where it may save
-                        rows = experience.size
-                        self._env_steps += rows
-                        self._episodes_done = episode + 1
-                        learned = time.perf_counter() - learn_started
                         metrics.update(summary)
-                        metrics["episode"] = float(episode)
-                        metrics["env_steps"] = float(self._env_steps)
-                        metrics["throughput/experience_per_s"] = _rate(rows, made)
-                        metrics["throughput/learn_per_s"] = _rate(rows * self.learn_epochs, learned)
-                        if self.scheduler is not None:  # before the save, so a resume
-                            self.scheduler.step()  # starts the next episode at its rate
-                        save = self._save_due(state, step_idx, per_epoch)
-                        if self.checkpoint is not None:  # what a save here would keep
-                            loop.loop_state[STATE_KEY] = self._state()
+                        timing = (made, time.perf_counter() - learn_started)
+                        save = self._episode_done(loop, info, size, timing, metrics)
                     loop.end_step(metrics, step_batch, save=save)
                     if learn_end:
-                        hooks.fire("on_learn_batch_end", state, step_idx, batch, metrics)
-                hooks.fire("on_learn_epoch_end", state, epoch)
-            hooks.fire("on_episode_end", state, episode)
+                        hooks.fire(Hook.LEARN_BATCH_END, state, step_idx, batch, metrics)
+                hooks.fire(Hook.LEARN_EPOCH_END, state, epoch)
+            hooks.fire(Hook.EPISODE_END, state, episode)
+
+    def _experience(self, loop: RunHandle, info: EpisodeInfo) -> tuple[Experience, float]:
+        """The episode's experience (the policy acts, without gradients), on `device`, and
+        the seconds it took; a rollout sample is evaluated when one is due."""
+        state, hooks, episode = loop.state, loop.hooks, info.episode
+        hooks.fire(Hook.MAKE_EXPERIENCE_START, state, episode)
+        started = time.perf_counter()
+        with torch.no_grad():
+            experience = self.make_experience(info)
+        if not isinstance(experience, Experience):
+            raise ConfigError(
+                f"make_experience returned a {type(experience).__name__}; return a "
+                "lab.rl.Experience"
+            )
+        if self.device is not None:
+            experience = experience.to(self.device)
+        made = time.perf_counter() - started
+        hooks.fire(Hook.MAKE_EXPERIENCE_END, state, episode, experience)
+        rollouts = self.rollouts
+        if rollouts is not None and rollouts.due(episode):
+            sample = rollouts.sample(experience, seed=self._seed, episode=episode)
+            loop.evaluate(Evaluator(rollouts.name, lambda _model, s=sample: s))
+        return experience, made
+
+    def _episode_done(
+        self,
+        loop: RunHandle,
+        info: EpisodeInfo,
+        size: tuple[int, int],
+        timing: tuple[float, float],
+        metrics: dict[str, float],
+    ) -> bool:
+        """At the episode's last optimizer step: count it, add its metrics (`size`: its rows
+        of experience and minibatches per epoch; `timing`: the seconds making and learning
+        from them took), step the scheduler, and say whether a checkpoint is due after it
+        (keeping what it would save)."""
+        (rows, per_epoch), (made, learned) = size, timing
+        self._env_steps += rows
+        self._episodes_done = info.episode + 1
+        metrics["episode"] = float(info.episode)
+        metrics["env_steps"] = float(self._env_steps)
+        metrics["throughput/experience_per_s"] = _rate(rows, made)
+        metrics["throughput/learn_per_s"] = _rate(rows * self.learn_epochs, learned)
+        if self.scheduler is not None:  # before the save, so a resume
+            self.scheduler.step()  # starts the next episode at its rate
+        save = self._save_due(loop.state, loop.state.step + 1, per_epoch)
+        if self.checkpoint is not None:  # what a save here would keep
+            loop.loop_state[STATE_KEY] = self._state()
+        return save
 
     # ------------------------------------------------------------------------------------
     # checkpoints at episode boundaries

@@ -1,35 +1,77 @@
-"""How a run executes: `execute_run`, the one code path of every run, in the experiment's
-process (``executor="serial"``) and in a worker process (`run_in_worker`) alike, and
-`RunScope`, a run from `on_run_start` to `on_run_end` around whatever trains it.
+"""The lifecycle engine: the one module that fires the experiment, group and run hooks and
+applies the failure policy around them.
 
-The run's folder and seed, `train(run)` (or a ``lab.start_run`` block), the post-training
-benchmarks, the outcome recorded: a failed run never stops the others.
+Every door into a run comes through here: `Experiment.run` (serial, a process pool, Ray),
+`lab.start_run`, a bare `TrainingLoop.fit()` (`lab.loop.bare.BareRun`), a worker process
+(`run_in_worker`) and the other ranks of a run (`lab._rank_processes`). Where each hook fires:
+
+    experiment_scope       on_experiment_start ... on_experiment_end (end_experiment), close
+    start_group            on_group_start
+    RunScope.open          on_run_start            (open_run)
+    RunScope.trained       on_benchmark_eval(step=None), the post-training benchmarks
+    RunScope.failed        on_error                (fail_run)
+    RunScope.close         on_run_end              (end_run), then the run's own close
+    record_lost            the hooks of a run whose worker ended without a result
+
+The failure policy, applied here once: a run that raises is `failed` and the others go on; a
+critical callback that raises in `on_run_start` or `on_run_end` fails that run, not the
+experiment; strict mode's `CallbackError` propagates at once; an interrupt ends the
+experiment's record and propagates; `close` always fires, and what it raises while another
+error propagates is logged, never in place of that error. Which callbacks get a hook, in
+which order, and how many failures disable one is `lab.dispatch`.
+
+Which run an experiment starts next, in this process or in a worker, is `lab.scheduler`, which
+calls `start_group`, `execute_run`, `record_lost` and `run_ended_elsewhere` here.
+
+The step-level hooks fire in the run handle (`lab.loop.handle`), the on-policy RL ones in
+`lab.rl.loop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from lab._reuse import (
     next_superseded_number,
     superseded_folder,
 )
 from lab._secrets import logger
+from lab._signals import unwind_on_sigterm
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, CheckpointError, ConfigError
+from lab.executors import Outcome, WorkerDied
 from lab.hooks import (
     Callback,
+    Hook,
     LogContext,
 )
-from lab.records import ArmResult, EvalResult, LoopArtifacts, RunResult, RunSpec, RunStatus, TrainFn
+from lab.records import (
+    ArmResult,
+    EvalResult,
+    ExperimentResult,
+    LoopArtifacts,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    TrainFn,
+)
 
-if TYPE_CHECKING:  # the loop brings torch: imported where a run runs, not to plan one
-    from lab.loop.evals import Evaluator
+
+class Benchmark(Protocol):
+    """A post-training benchmark of a run (`lab.loop.evals.Evaluator` is one): scored on
+    the trained model once training returned."""
+
+    name: str
+
+    def run(self, model: Any, step: int | None) -> EvalResult:
+        """Score `model`; `step` is None after training."""
+
 
 log = logger("lab.experiment")  # a run's messages are its experiment's
 
@@ -58,9 +100,11 @@ class RunJob:
     ctx: LogContext
     carry: Literal["weights", "full"] = "weights"
     parent_run_key: str | None = None
-    benchmarks: list[Evaluator] = field(default_factory=list)
+    benchmarks: list[Benchmark] = field(default_factory=list)
     #: Factories of callbacks built for this run alone (see `run_callbacks`).
     run_callbacks: list[CallbackFactory] = field(default_factory=list)
+    #: What the run asks of Ray (``executor="ray"``): the experiment's, then its arm's.
+    resources: dict[str, float] = field(default_factory=dict)
 
     def result(self, hooks: Dispatcher, **fields: Any) -> RunResult:
         """This run's result, with its identity and the callback failures recorded so far."""
@@ -156,7 +200,7 @@ class RunScope:
         if job.run_callbacks:  # a factory that raises fails this run, not the experiment
             self.own = run_callbacks(job.run_callbacks, self.spec)
             self.hooks = self.spec.dispatcher = self.hooks.extended(self.own)
-        self.hooks.fire("on_run_start", ctx)
+        self.hooks.fire(Hook.RUN_START, ctx)
         if started is not None:
             started(ctx)
         if job.parent_run_key is not None:  # a missing one fails this stage
@@ -189,7 +233,7 @@ class RunScope:
             )
         else:
             self.error, self.interrupt = f"interrupted ({type(exc).__name__})", exc
-        self.hooks.fire("on_error", job.ctx, exc)
+        self.hooks.fire(Hook.ERROR, job.ctx, exc)
 
     def close(self) -> RunResult:
         """Fire `on_run_end` and return the run's result."""
@@ -204,34 +248,45 @@ class RunScope:
         # failures inside on_run_end itself still reach the run's record
         run_result.callback_errors = _failures(hooks, job.run_key)
         if self.own:  # the run's own callbacks end with it
-            hooks.sibling(self.own).fire("close")
+            hooks.sibling(self.own).fire(Hook.CLOSE)
         hooks.run_key = None  # what fails from here on belongs to the experiment
         return run_result
+
+
+def end_run(
+    hooks: Dispatcher, ctx: LogContext, run_result: RunResult, arm_result: ArmResult
+) -> Exception | None:
+    """Fire `on_run_end`. A critical callback that raises there (a store that cannot record
+    the run's end) fails the run, as it would have during training, and not the experiment:
+    the result says `failed` with that error (a run that had failed keeps its own error), and
+    the exception is returned for the caller to log or raise. The callbacks after it got
+    `on_run_end` with the run as it ended training. Strict mode's `CallbackError`
+    propagates."""
+    try:
+        hooks.fire(Hook.RUN_END, ctx, run_result, arm_result)
+    except CallbackError:
+        raise
+    except Exception as exc:
+        if run_result.status != "failed":
+            run_result.status, run_result.error = "failed", f"{type(exc).__name__}: {exc}"
+            run_result.traceback = "".join(traceback.format_exception(exc))
+        return exc
+    return None
 
 
 def _end_run(
     hooks: Dispatcher, ctx: LogContext, run_result: RunResult, arm_result: ArmResult
 ) -> None:
-    """Fire `on_run_end`. A critical callback that raises there (a store that cannot record
-    the run's end) fails the run, as it would have during training, and not the experiment:
-    the result says `failed` with that error (a run that had failed keeps its own error) and
-    the other runs go on. The callbacks after it got `on_run_end` with the run as it ended
-    training. Strict mode's `CallbackError` propagates."""
-    try:
-        hooks.fire("on_run_end", ctx, run_result, arm_result)
-    except CallbackError:
-        raise
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+    """`end_run` in an experiment: what a critical callback raised is logged, and the
+    other runs go on."""
+    exc = end_run(hooks, ctx, run_result, arm_result)
+    if exc is not None:
         log.error(
             "run %s: a critical callback raised in on_run_end (%s); the run is failed and the "
             "other runs go on",
             run_result.run_key,
-            error,
+            f"{type(exc).__name__}: {exc}",
         )
-        if run_result.status != "failed":
-            run_result.status, run_result.error = "failed", error
-            run_result.traceback = traceback.format_exc()
 
 
 def run_in_worker(
@@ -263,13 +318,13 @@ def run_in_worker(
         run_result, _interrupt = execute_run(job, hooks, arm_result, started=started)
     finally:
         hooks.run_key = None
-        hooks.fire("close")
+        hooks.fire(Hook.CLOSE)
     run_result.artifacts = None
     return run_result
 
 
 def _benchmark(
-    benchmarks: Sequence[Evaluator], hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
+    benchmarks: Sequence[Benchmark], hooks: Dispatcher, ctx: LogContext, artifacts: LoopArtifacts
 ) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for bench in benchmarks:
@@ -284,7 +339,7 @@ def _benchmark(
                 error=f"{type(exc).__name__}: {exc}",
                 seconds=time.perf_counter() - started,
             )  # how long until it raised
-        hooks.fire("on_benchmark_eval", ctx, res, res.predictions, step=None)
+        hooks.fire(Hook.BENCHMARK_EVAL, ctx, res, res.predictions, step=None)
         metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
     return metrics
 
@@ -368,3 +423,167 @@ def run_callbacks(factories: Sequence[CallbackFactory], run: RunSpec) -> list[Ca
                 )
         built += items
     return built
+
+
+# -- the experiment and its groups ------------------------------------------------------------
+@contextlib.contextmanager
+def experiment_scope(
+    hooks: Dispatcher,
+    ctx: LogContext,
+    result: ExperimentResult,
+    *,
+    interrupted: Callable[[BaseException], str | None] = lambda exc: (
+        f"{type(exc).__name__}: {exc}".rstrip(": ")
+    ),
+) -> Iterator[None]:
+    """The experiment from `on_experiment_start` to `on_experiment_end` and `close`, around
+    its runs (the body of the `with`).
+
+    Strict mode's `CallbackError` propagates as it is. Anything else the body raises (an
+    interrupt) ends the experiment's record first, with ``result.error`` set to what
+    `interrupted` makes of it (None leaves it as it is), then propagates. `close` always
+    fires; what it raises while another error propagates is logged, never in its place.
+    """
+    started = time.perf_counter()
+    unwind_on_sigterm()  # a SIGTERM is recorded like a Ctrl-C, not a silent death
+    try:
+        hooks.fire(Hook.EXPERIMENT_START, ctx)
+        try:
+            yield
+        except CallbackError:
+            raise  # strict mode: a callback bug propagates as it is
+        except BaseException as exc:  # an interrupt: close the record, then propagate
+            error = interrupted(exc)
+            if error is not None:
+                result.error = error
+            _quietly(end_experiment, hooks, ctx, result, started)
+            raise
+        end_experiment(hooks, ctx, result, started)
+    except BaseException:
+        close_quietly(hooks)  # the error in flight is the one to report
+        raise
+    close(hooks)
+
+
+def start_group(hooks: Dispatcher, ctx: LogContext, group_name: str) -> None:
+    """Fire `on_group_start` for the group `ctx` points at, before its first run."""
+    hooks.fire(Hook.GROUP_START, ctx, group_name)
+
+
+def start_experiment(hooks: Dispatcher, ctx: LogContext) -> None:
+    """Fire `on_experiment_start`, once, before any group."""
+    hooks.fire(Hook.EXPERIMENT_START, ctx)
+
+
+def end_experiment(
+    hooks: Dispatcher, ctx: LogContext, result: ExperimentResult, started: float
+) -> None:
+    """Fire `on_experiment_end` with the result, its time and the callback failures outside
+    runs (read again after the hook, which may add some)."""
+    result.seconds = time.perf_counter() - started
+    result.callback_errors = _failures(hooks, None)
+    hooks.fire(Hook.EXPERIMENT_END, ctx, result)
+    result.callback_errors = _failures(hooks, None)
+
+
+def open_run(hooks: Dispatcher, ctx: LogContext, run_key: str) -> None:
+    """Fire `on_run_start` for the run `ctx` points at; its failures are the run's."""
+    hooks.run_key = run_key
+    hooks.fire(Hook.RUN_START, ctx)
+
+
+def fail_run(hooks: Dispatcher, ctx: LogContext, exc: BaseException) -> None:
+    """Fire `on_error` for the run that raised `exc` (isolated even for critical callbacks,
+    so it never hides that error)."""
+    hooks.fire(Hook.ERROR, ctx, exc)
+
+
+def close(hooks: Dispatcher) -> None:
+    """Fire `close`: the callbacks release what they hold."""
+    hooks.fire(Hook.CLOSE)
+
+
+def close_quietly(hooks: Dispatcher) -> None:
+    """Fire `close` while another error propagates: what a callback raises there is logged,
+    never in place of that error."""
+    try:
+        hooks.fire(Hook.CLOSE)
+    except Exception:
+        log.exception("a callback raised in close while another error propagates")
+
+
+def record_lost(
+    hooks: Dispatcher,
+    outcome: Outcome,
+    job: RunJob,
+    arm_result: ArmResult,
+    interrupted: bool = False,
+) -> RunResult:
+    """Record, in this process, a run whose worker ended without a result.
+
+    The worker sent `ctx.ids` once `on_run_start` had fired there (the run's record
+    exists then); without them, `on_run_start` fires here first. Then `on_error` and
+    `on_run_end` fire here, so the run is recorded with how its worker ended: `crashed`
+    when the worker process died, `failed` otherwise.
+    """
+    ctx = job.ctx
+    status, error, exc = _lost(outcome, interrupted)
+    hooks.run_key = job.run_key
+    try:
+        if outcome.progress is None:
+            try:
+                hooks.fire(Hook.RUN_START, ctx)
+            except CallbackError:
+                raise
+            except Exception:  # a critical callback: the run is failed already
+                log.exception("run %s: on_run_start raised while recording it", job.run_key)
+        else:
+            ctx.ids.update(outcome.progress)
+        hooks.fire(Hook.ERROR, ctx, exc)
+        run_result = job.result(
+            hooks, status=status, metrics={}, seconds=outcome.seconds, error=error,
+            traceback=outcome.traceback,
+        )  # fmt: skip
+        log.error("run %s of %s %s; the other runs go on: %s", job.run_key, job.experiment,
+                  status, error)  # fmt: skip
+        arm_result.runs.append(run_result)
+        _end_run(hooks, ctx, run_result, arm_result)
+        run_result.callback_errors = _failures(hooks, job.run_key)
+    finally:
+        hooks.run_key = None
+    return run_result
+
+
+def run_ended_elsewhere(
+    watchers: Dispatcher, job: RunJob, run_result: RunResult, arm: Callable[[], ArmResult]
+) -> None:
+    """Fire `on_run_end` in the experiment's process for a run that ended in a worker, on
+    the callbacks that ask for it (`Callback.run_end_in_parent`: a display that counts the
+    runs done); `arm()` makes the arm's result only when one listens."""
+    if watchers.listens(Hook.RUN_END):
+        watchers.run_key = job.run_key
+        watchers.fire(Hook.RUN_END, job.ctx, run_result, arm())
+        watchers.run_key = None
+
+
+def _lost(outcome: Outcome, interrupted: bool) -> tuple[RunStatus, str, BaseException]:
+    """How a run whose worker sent no result ended: its status, error text and exception."""
+    status: RunStatus = "failed"
+    if outcome.died is not None:
+        status = "crashed"
+        error = f"worker process died ({outcome.died}, pid {outcome.pid}) before the run ended"
+        exc: BaseException = WorkerDied(error)
+    elif outcome.unloadable is not None:
+        error = (
+            f"the worker process could not load the run ({outcome.unloadable}); define "
+            "train, callbacks and config classes in an importable module"
+        )
+        exc = WorkerDied(error)
+    else:
+        exc = outcome.error or WorkerDied("the worker process failed")
+        error = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, Exception):  # interrupted before its training started
+            error = f"interrupted ({type(exc).__name__})"
+    if interrupted and not error.startswith("interrupted"):
+        error = f"interrupted; {error}"
+    return status, error, exc
