@@ -62,6 +62,31 @@ WRITERS = ("auto", "thread", "process")
 class Store(Writes, Reads, Listing, Crashes):
     """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
 
+    `give_up_s`: how long a flush waits out a failing store before it raises (default
+    ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
+    running run says it is alive, and after how long without a word it counts as crashed.
+
+    `readonly` opens the store as commands that only read do (`lab ls`, `lab show`,
+    `lab.inspect`): a missing store is refused rather than created, an empty or
+    foreign database is refused rather than given lab's tables, an older schema is
+    read as it is (or refused with the upgrade command) rather than migrated, and
+    nothing is ever written: runs whose process is gone are shown as crashed by the
+    reads, not marked so in the store.
+
+    `create=False` is for commands that change a store without recording into it
+    (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
+    created, so a mistyped ``--store`` leaves nothing behind.
+
+    `writer` (else ``LAB_STORE_WRITER``, else ``auto``): where metric batches are
+    encoded and written. ``process``: by the writer process this process shares among
+    its stores (`lab.store.writer_process`, started with the first of them), so the
+    training thread never shares its interpreter's lock with the writes. ``thread``:
+    by a writer thread in this process. ``auto``: by the thread until the writer
+    process is ready, which the store starts once it has written
+    `lab.store.writer_process.AUTO_AFTER_POINTS` points itself, so short runs never
+    pay for starting one. A store no other process can open (SQLite in memory) and a
+    read-only one use the thread; `writer_mode` says which was taken.
+
     >>> store = Store("sqlite:///:memory:")
     >>> store.list_experiments()
     []
@@ -79,49 +104,14 @@ class Store(Writes, Reads, Listing, Crashes):
         stale_after_s: float = STALE_AFTER_S,
         writer: str | None = None,
     ) -> None:
-        """`give_up_s`: how long a flush waits out a failing store before it raises (default
-        ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
-        running run says it is alive, and after how long without a word it counts as crashed.
-
-        `readonly` opens the store as commands that only read do (`lab ls`, `lab show`,
-        `lab.inspect`): a missing store is refused rather than created, an empty or
-        foreign database is refused rather than given lab's tables, an older schema is
-        read as it is (or refused with the upgrade command) rather than migrated, and
-        nothing is ever written: runs whose process is gone are shown as crashed by the
-        reads, not marked so in the store.
-
-        `create=False` is for commands that change a store without recording into it
-        (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
-        created, so a mistyped ``--store`` leaves nothing behind.
-
-        `writer` (else ``LAB_STORE_WRITER``, else ``auto``): where metric batches are
-        encoded and written. ``process``: by the writer process this process shares among
-        its stores (`lab.store.writer_process`, started with the first of them), so the
-        training thread never shares its interpreter's lock with the writes. ``thread``:
-        by a writer thread in this process. ``auto``: by the thread until the writer
-        process is ready, which the store starts once it has written
-        `lab.store.writer_process.AUTO_AFTER_POINTS` points itself, so short runs never
-        pay for starting one. A store no other process can open (SQLite in memory) and a
-        read-only one use the thread; `writer_mode` says which was taken.
-        """
+        """Open the store at `url` (else ``LAB_STORE_URL``, else the default file); the
+        arguments are the class's."""
         self.url = resolve_url(url)
         self.readonly = readonly
         #: The schema revision read when opened read-only (an older one is read as it is).
         self.revision: str | None = None
         self.engine: Engine = make_engine(self.url, readonly=readonly, create=create)
-        try:
-            check_reachable(self.engine)
-            if readonly and self.engine.url.database not in (None, "", ":memory:"):
-                migrate = False
-                with self._reading() as sql:
-                    self.revision = readable_revision(sql)
-                if self.revision != head_revision():
-                    mark_older(self.engine, str(self.revision), head_revision())
-            elif migrate:  # (an in-memory store is private to this process: given a schema)
-                ensure_schema(self.engine)
-        except BaseException:
-            self.engine.dispose()
-            raise
+        migrate = self._open_schema(readonly=readonly, migrate=migrate)
         self.dialect = self.engine.dialect.name
         self.give_up_s = give_up_s
         self.heartbeat_s = heartbeat_s
@@ -141,8 +131,39 @@ class Store(Writes, Reads, Listing, Crashes):
         #: store's metric batches are written.
         self.writer_mode = "thread"
         self._process: WriterProcess | None = None
-        chosen = _writer_choice(writer)
-        shared = None if chosen == "thread" or readonly or not create else _reopenable(self.url)
+        if not (readonly or not create):
+            self._share_writer_process(_writer_choice(writer))
+        #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
+        self.media = MediaRows(self.engine, give_up_s=give_up_s)
+        mark = "%s" if self.dialect == "postgresql" else "?"
+        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
+        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
+        if migrate:
+            self.mark_crashed()
+
+    def _open_schema(self, *, readonly: bool, migrate: bool) -> bool:
+        """Check the store answers and its schema: read as it is when read-only (an older
+        one marked so), else migrated to this version's. Returns whether it was migrated
+        (a read-only file store never is); the engine is closed on any failure."""
+        try:
+            check_reachable(self.engine)
+            if readonly and self.engine.url.database not in (None, "", ":memory:"):
+                with self._reading() as sql:
+                    self.revision = readable_revision(sql)
+                if self.revision != head_revision():
+                    mark_older(self.engine, str(self.revision), head_revision())
+                return False
+            if migrate:  # (an in-memory store is private to this process: given a schema)
+                ensure_schema(self.engine)
+            return migrate
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def _share_writer_process(self, chosen: str) -> None:
+        """Write metric batches through the writer process this process shares among its
+        stores, where `chosen` is not ``thread`` and another process can open the store."""
+        shared = None if chosen == "thread" else _reopenable(self.url)
         if shared is not None:
             self.writer_mode = chosen
             self._process = WriterProcess(
@@ -152,13 +173,6 @@ class Store(Writes, Reads, Listing, Crashes):
                 auto=chosen == "auto",
                 driving=self._driving_due,
             )
-        #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
-        self.media = MediaRows(self.engine, give_up_s=give_up_s)
-        mark = "%s" if self.dialect == "postgresql" else "?"
-        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
-        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
-        if migrate:
-            self.mark_crashed()
 
     def __repr__(self) -> str:
         return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
