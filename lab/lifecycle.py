@@ -346,10 +346,10 @@ def _benchmark(
 
 def _final_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a chain's next stage starts from: the parent run's newest one."""
-    from lab.loop.checkpoints import CheckpointManager
+    from lab.manifest import Manifest  # (the checkpoints' rows; the loop is above this module)
 
     root = run_dir / "checkpoints"
-    latest = CheckpointManager(root).get_latest_checkpoint_path() if root.is_dir() else None
+    latest = Manifest(root).newest() if root.is_dir() else None
     if latest is None:
         raise CheckpointError(
             f"the next stage starts from {run_dir.name}'s final checkpoint, but it saved none; "

@@ -650,9 +650,9 @@ def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> No
     from the points packed in the blocks (`_cut`), are the cut of every point: min, max and
     last exactly, the mean to rounding (it adds block sums), at bucket widths below and far
     above a block of 32 steps. (PostgreSQL's is checked above.)"""
-    from lab.server.dashboard import _cut
     from lab.server.read import bucket_bounds
     from lab.store import blocks
+    from lab.store.curves import cut as _cut
 
     store = Store(sqlite_url)
     try:

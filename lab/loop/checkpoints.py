@@ -17,7 +17,7 @@ knows is rebuilt from the manifest, cross-checked against the folders, when it i
 Retention, applied after each save commits, is `lab.loop.retention`: it keeps the union of
 what each rule of `CheckpointConfig` (`lab.loop.checkpoint_config`) keeps, and is the one
 place a checkpoint is removed. The manifest's rows, its reading and `latest` are
-`lab.loop.manifest`. This module re-exports their public names.
+`lab.manifest`. This module re-exports their public names.
 
 Nothing outside the root is ever read or deleted on the manager's own account: a manifest row,
 a `latest` file or a restored bookkeeping that names anything but a plain folder name (an
@@ -54,7 +54,9 @@ from lab._secrets import logger
 from lab.errors import CheckpointError, ConfigError
 from lab.loop.checkpoint_config import CheckpointConfig
 from lab.loop.checkpoint_config import is_int as _is_int
-from lab.loop.manifest import (
+from lab.loop.payload import check_safe, json_info
+from lab.loop.retention import apply_retention, ranked
+from lab.manifest import (
     COMPLETE_MARKER,
     INFO_FILE,
     LATEST_FILE,
@@ -64,11 +66,9 @@ from lab.loop.manifest import (
     Manifest,
     step_dirname,
 )
-from lab.loop.manifest import is_complete as _is_complete
-from lab.loop.manifest import one_line as _one_line
-from lab.loop.manifest import write_durable as _write_durable
-from lab.loop.payload import check_safe, json_info
-from lab.loop.retention import apply_retention, ranked
+from lab.manifest import is_complete as _is_complete
+from lab.manifest import one_line as _one_line
+from lab.manifest import write_durable as _write_durable
 from lab.records import Kind, ManifestRow
 
 __all__ = [
@@ -322,9 +322,7 @@ class CheckpointManager:
         outside, a missing or incomplete one, garbage) is a CheckpointError, so a resume
         never starts from another step than the one the folder says without a word.
         """
-        self.read_latest()
-        committed = self._manifest.committed()
-        return self.root / committed[-1].save.path if committed else None
+        return self._manifest.newest()
 
     def latest_path(self) -> Path | None:
         """Alias of `get_latest_checkpoint_path()`, which the loop uses."""

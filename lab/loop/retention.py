@@ -31,7 +31,7 @@ import time
 
 from lab._secrets import logger
 from lab.loop.checkpoint_config import CheckpointConfig
-from lab.loop.manifest import Entry, Manifest
+from lab.manifest import Entry, Manifest
 from lab.records import ManifestRow
 
 __all__ = ["apply_retention", "keepers", "ranked"]

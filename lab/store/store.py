@@ -21,14 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
 from lab.errors import ConfigError
-from lab.store.blocks import Blocks, block_merge, block_put
-from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes
+from lab.store._values import _now
+from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes, let_go
 from lab.store.engine import (
     check_reachable,
     connect,
@@ -38,15 +37,15 @@ from lab.store.engine import (
 )
 from lab.store.listing import Listing
 from lab.store.media import MediaRows
+from lab.store.metric_rows import MetricRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.reads import Reads
-from lab.store.schema import SqlExperiment, SqlRun, SqlSummary
+from lab.store.schema import SqlIngestBatch
 from lab.store.sql import Sql
 from lab.store.statements import upsert
-from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
-from lab.store.writes import _METRIC_UPSERT, _OWNER, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
+from lab.store.writes import _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
 
 #: The writer thread's pause between batches when it writes them itself, and when it hands
 #: them to the writer process (see `Store._write_interval`).
@@ -60,8 +59,33 @@ __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "che
 WRITERS = ("auto", "thread", "process")
 
 
-class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
+class Store(Writes, Reads, Listing, Crashes):
     """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
+
+    `give_up_s`: how long a flush waits out a failing store before it raises (default
+    ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
+    running run says it is alive, and after how long without a word it counts as crashed.
+
+    `readonly` opens the store as commands that only read do (`lab ls`, `lab show`,
+    `lab.inspect`): a missing store is refused rather than created, an empty or
+    foreign database is refused rather than given lab's tables, an older schema is
+    read as it is (or refused with the upgrade command) rather than migrated, and
+    nothing is ever written: runs whose process is gone are shown as crashed by the
+    reads, not marked so in the store.
+
+    `create=False` is for commands that change a store without recording into it
+    (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
+    created, so a mistyped ``--store`` leaves nothing behind.
+
+    `writer` (else ``LAB_STORE_WRITER``, else ``auto``): where metric batches are
+    encoded and written. ``process``: by the writer process this process shares among
+    its stores (`lab.store.writer_process`, started with the first of them), so the
+    training thread never shares its interpreter's lock with the writes. ``thread``:
+    by a writer thread in this process. ``auto``: by the thread until the writer
+    process is ready, which the store starts once it has written
+    `lab.store.writer_process.AUTO_AFTER_POINTS` points itself, so short runs never
+    pay for starting one. A store no other process can open (SQLite in memory) and a
+    read-only one use the thread; `writer_mode` says which was taken.
 
     >>> store = Store("sqlite:///:memory:")
     >>> store.list_experiments()
@@ -80,104 +104,75 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         stale_after_s: float = STALE_AFTER_S,
         writer: str | None = None,
     ) -> None:
-        """`give_up_s`: how long a flush waits out a failing store before it raises (default
-        ``LAB_STORE_RETRY_S``, else 120 s). `heartbeat_s` and `stale_after_s`: how often a
-        running run says it is alive, and after how long without a word it counts as crashed.
-
-        `readonly` opens the store as commands that only read do (`lab ls`, `lab show`,
-        `lab.inspect`): a missing store is refused rather than created, an empty or
-        foreign database is refused rather than given lab's tables, an older schema is
-        read as it is (or refused with the upgrade command) rather than migrated, and
-        nothing is ever written: runs whose process is gone are shown as crashed by the
-        reads, not marked so in the store.
-
-        `create=False` is for commands that change a store without recording into it
-        (`lab tag`): a SQLite file that does not exist is refused (`NoStore`) rather than
-        created, so a mistyped ``--store`` leaves nothing behind.
-
-        `writer` (else ``LAB_STORE_WRITER``, else ``auto``): where metric batches are
-        encoded and written. ``process``: by the writer process this process shares among
-        its stores (`lab.store.writer_process`, started with the first of them), so the
-        training thread never shares its interpreter's lock with the writes. ``thread``:
-        by a writer thread in this process. ``auto``: by the thread until the writer
-        process is ready, which the store starts once it has written
-        `lab.store.writer_process.AUTO_AFTER_POINTS` points itself, so short runs never
-        pay for starting one. A store no other process can open (SQLite in memory) and a
-        read-only one use the thread; `writer_mode` says which was taken.
-        """
+        """Open the store at `url` (else ``LAB_STORE_URL``, else the default file); the
+        arguments are the class's."""
         self.url = resolve_url(url)
         self.readonly = readonly
         #: The schema revision read when opened read-only (an older one is read as it is).
         self.revision: str | None = None
         self.engine: Engine = make_engine(self.url, readonly=readonly, create=create)
-        try:
-            check_reachable(self.engine)
-            if readonly and self.engine.url.database not in (None, "", ":memory:"):
-                migrate = False
-                with self._reading() as sql:
-                    self.revision = readable_revision(sql)
-                if self.revision != head_revision():
-                    mark_older(self.engine, str(self.revision), head_revision())
-            elif migrate:  # (an in-memory store is private to this process: given a schema)
-                ensure_schema(self.engine)
-        except BaseException:
-            self.engine.dispose()
-            raise
+        migrate = self._open_schema(readonly=readonly, migrate=migrate)
         self.dialect = self.engine.dialect.name
         self.give_up_s = give_up_s
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        self._active: set[int] = set()  # runs started here and not finished: heartbeats
+        self._driving: set[int] = set()  # experiments begun here and not finished: heartbeats
+        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
+        self._good_keys: set[str] = set()  # metric keys checked already
+        #: Where metric batches are written, with their summaries, blocks and heartbeats.
+        self.metric_rows = MetricRows(
+            self.engine, active=self._active, driving_due=self._driving_due
+        )
+        self._replaced: Any = None  # a write function put in place of the metric rows'
         #: ``process``, ``thread`` or ``auto`` (the thread, then the process): where this
         #: store's metric batches are written.
         self.writer_mode = "thread"
         self._process: WriterProcess | None = None
-        chosen = _writer_choice(writer)
-        shared = None if chosen == "thread" or readonly or not create else _reopenable(self.url)
+        if not (readonly or not create):
+            self._share_writer_process(_writer_choice(writer))
+        #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
+        self.media = MediaRows(self.engine, give_up_s=give_up_s)
+        mark = "%s" if self.dialect == "postgresql" else "?"
+        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
+        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
+        if migrate:
+            self.mark_crashed()
+
+    def _open_schema(self, *, readonly: bool, migrate: bool) -> bool:
+        """Check the store answers and its schema: read as it is when read-only (an older
+        one marked so), else migrated to this version's. Returns whether it was migrated
+        (a read-only file store never is); the engine is closed on any failure."""
+        try:
+            check_reachable(self.engine)
+            if readonly and self.engine.url.database not in (None, "", ":memory:"):
+                with self._reading() as sql:
+                    self.revision = readable_revision(sql)
+                if self.revision != head_revision():
+                    mark_older(self.engine, str(self.revision), head_revision())
+                return False
+            if migrate:  # (an in-memory store is private to this process: given a schema)
+                ensure_schema(self.engine)
+            return migrate
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def _share_writer_process(self, chosen: str) -> None:
+        """Write metric batches through the writer process this process shares among its
+        stores, where `chosen` is not ``thread`` and another process can open the store."""
+        shared = None if chosen == "thread" else _reopenable(self.url)
         if shared is not None:
             self.writer_mode = chosen
             self._process = WriterProcess(
                 shared,
                 lambda: tuple(self._active),
-                fallback=self._write_metrics,
+                fallback=self.metric_rows.write,
                 auto=chosen == "auto",
                 driving=self._driving_due,
             )
-        #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
-        self.media = MediaRows(self.engine, give_up_s=give_up_s)
-        self._active: set[int] = set()  # runs started here and not finished: heartbeats
-        self._driving: set[int] = set()  # experiments begun here and not finished: heartbeats
-        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
-        self._good_keys: set[str] = set()  # metric keys checked already
-        mark = "%s" if self.dialect == "postgresql" else "?"
-        self._metric_upsert = _METRIC_UPSERT.format(m=mark)
-        self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
-        self._block_merge = block_merge(self.dialect, mark)
-        self._block_put = block_put(mark)
-        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
-        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
-        # Built once: the writer runs these with every batch, and building a statement
-        # costs more than running it.
-        ids = sa.bindparam("ids", expanding=True)
-        self._beat = (
-            sa.update(SqlRun)
-            .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")
-            .values(heartbeat_at=sa.bindparam("now"))
-        )
-        # a live driver's heartbeat: it drives the experiment (a crashed one runs again)
-        self._drive = (
-            sa.update(SqlExperiment)
-            .where(SqlExperiment.experiment_id.in_(ids),
-                   SqlExperiment.status.in_(("running", "crashed")))
-            .values(status="running", ended_at=None, heartbeat_at=sa.bindparam("now"),
-                    **{k: sa.bindparam(f"driver_{k}") for k in _OWNER})
-        )  # fmt: skip
-        self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
-            SqlSummary.run_id.in_(ids)
-        )
-        if migrate:
-            self.mark_crashed()
 
     def __repr__(self) -> str:
         return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -197,6 +192,25 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         key = upsert(model.__table__, tuple(values), tuple(keys), pk)(conn, values)  # type: ignore[attr-defined]
         assert key is not None  # (no guard: the row is inserted or updated)
         return int(key)
+
+    def hand_over(self, run_id: int) -> None:
+        """Leave run `run_id`, recorded here for another process (a client of ``lab serve``),
+        to that process: this one neither holds it nor keeps its heartbeat, so a client
+        that dies leaves a run that goes stale and is marked crashed, as a local one would."""
+        self._active.discard(run_id)
+        let_go(self.url, run_id)
+
+    def record_batch(self, conn: Connection, client_id: str, seq: int, rows: int) -> bool:
+        """Record that batch `seq` of client `client_id` (`rows` rows) is written, in the
+        transaction that writes it; False when it was recorded before (a batch sent again
+        is written once)."""
+        stmt = (
+            self._insert(SqlIngestBatch)
+            .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
+            .on_conflict_do_nothing(index_elements=["client_id", "seq"])
+            .returning(SqlIngestBatch.seq)
+        )
+        return conn.execute(stmt).first() is not None
 
     @property
     def writer(self) -> MetricWriter:
@@ -222,13 +236,22 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         process = self._process
         return PROCESS_INTERVAL_S if process is not None and process.joined else INTERVAL_S
 
-    def _batch_write(self) -> Any:
-        """The writer process, unless `_write_metrics` was replaced on this store (a bench
-        or a test that wraps it): the process could not run the replacement, so the thread
-        writes then."""
-        if self._process is not None and "_write_metrics" not in vars(self):
-            return self._process
+    @property
+    def _write_metrics(self) -> Any:
+        """The function the writer thread writes a batch with: the metric rows' `write`, or
+        what a bench or a test put in its place (before the writer starts) to wrap it."""
+        return self.metric_rows.write if self._replaced is None else self._replaced
+
+    @_write_metrics.setter
+    def _write_metrics(self, write: Any) -> None:
+        # The writer process could not run a replacement: this store's writer thread does.
+        self._replaced = write
         self._close_process()
+
+    def _batch_write(self) -> Any:
+        """The writer process when this store has one, else its writer thread's write."""
+        if self._process is not None:
+            return self._process
         return self._write_metrics
 
     def _close_process(self) -> None:

@@ -264,6 +264,13 @@ class Manifest:
                 with contextlib.suppress(OSError):
                     path.unlink(missing_ok=True)
 
+    def newest(self) -> Path | None:
+        """The newest committed checkpoint folder (the one to resume from), or None; a
+        `latest` file that names anything but a committed checkpoint is a CheckpointError."""
+        self.read_latest()
+        committed = self.committed()
+        return self.root / committed[-1].save.path if committed else None
+
     def read_latest(self) -> Path | None:
         """The checkpoint the `latest` file names (None without one), checked like a row: a
         committed checkpoint, or a CheckpointError naming the file and the fix."""
