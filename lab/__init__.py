@@ -8,8 +8,9 @@ command stay fast: torch is imported by the names that need it, not by the packa
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lab._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -86,15 +87,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from lab.store import Store
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module the first time the name is used, then keep it."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names("lab", _WHERE, globals(), __all__)
