@@ -14,6 +14,9 @@ from lab._lazy import lazy_names
 
 __version__ = "0.1.0"
 
+# The on-policy RL hooks join the lifecycle before anything reads it (light: no torch).
+from lab.rl import hooks as _rl_hooks  # noqa: F401
+
 #: Where each public name lives; ``lab.<name>`` imports its module on first access.
 _WHERE: dict[str, str] = {
     "Arm": "lab.experiment",

@@ -5,7 +5,8 @@ environments, or a batch of prompts) and learn from it for some epochs of miniba
 learn batch is one optimizer step, so an RL run reads like any other in the store. `Rollouts`
 keeps a sample of each episode as prediction rows. The PPO helpers (`gae`, `ppo_loss`,
 `explained_variance`) come from `lab.rl.ppo`, GRPO's (`grpo_advantages`, `approx_kl`) from
-`lab.rl.grpo`; each name's module is imported when the name is first used.
+`lab.rl.grpo`; each name's module is imported when the name is first used. The RL hooks
+(`lab.rl.hooks.RLHook`) register with the core's lifecycle when `lab` is imported.
 docs/rl.md shows the lifecycle and a runnable example.
 """
 
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 #: Where each public name lives; ``lab.rl.<name>`` imports its module on first access, so
-#: that importing the package (or one of its light modules) imports no torch.
+#: that ``import lab`` (which imports `lab.rl.hooks`, and so this package) imports no torch.
 _WHERE: dict[str, str] = {
     "EpisodeInfo": "lab.rl.loop",
     "Episodes": "lab.rl.experience",
