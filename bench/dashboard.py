@@ -97,7 +97,7 @@ def build_postgres(url: str, arms: int, repeats: int, steps: int, keys: int) -> 
             conn.exec_driver_sql("DELETE FROM summaries")
             conn.exec_driver_sql(_PG_SUMMARIES)
             for run_id, _a in runs:  # what the writer keeps with every batch
-                store._reblock_run(conn, run_id, None)
+                store.metric_rows.blocks.reblock_run(conn, run_id, None)
             finals: dict[int, dict[str, float]] = {}
             for run_id, key, value in conn.exec_driver_sql(
                 'SELECT run_id, "key", last_value FROM summaries'

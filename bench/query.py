@@ -89,7 +89,7 @@ def build(path: Path, arms: int, repeats: int, steps: int, keys: int) -> None:
         log(f"summaries filled ({filled}): {time.perf_counter() - t0:.1f} s")
         with store.engine.begin() as conn:  # what the writer keeps with every batch
             for run_id, _a in runs:
-                store._reblock_run(conn, run_id, None)
+                store.metric_rows.blocks.reblock_run(conn, run_id, None)
         log(f"metric blocks filled: {time.perf_counter() - t0:.1f} s")
         for run_id, _a in runs:
             store.finish_run(run_id, status="completed", summary=final_values(tmp, run_id))

@@ -85,7 +85,9 @@ def build(url: str, points: int) -> int:
         with store.engine.begin() as conn:
             conn.execute(sa.text(fill), {"run_id": run, "n": points})
             conn.execute(sa.text(_SUMMARY), {"run_id": run})
-            store._reblock_run(conn, run, None)  # what the writer keeps with every batch
+            store.metric_rows.blocks.reblock_run(
+                conn, run, None
+            )  # what the writer keeps with every batch
         if store.dialect == "postgresql":
             with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("VACUUM ANALYZE metrics")

@@ -119,7 +119,7 @@ def run_on_ranks(
     import torch
 
     fork = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
-    mp = multiprocessing.get_context("fork" if fork else "spawn")
+    mp = multiprocessing.get_context("fork") if fork else multiprocessing.get_context("spawn")
     others = []
     for rank in range(1, processes):
         proc = mp.Process(

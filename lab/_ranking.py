@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from lab._stats import Interval, Spread, check_bounds, spread
 from lab._table import plural
@@ -47,7 +47,7 @@ def check_mode(mode: Any) -> Mode:
     """`mode` if it is ``"min"`` or ``"max"``, else a `ConfigError` that says so."""
     if mode not in ("min", "max"):
         raise ConfigError(f"mode={mode!r}: use 'min' or 'max'")
-    return mode  # type: ignore[no-any-return]
+    return cast(Mode, mode)
 
 
 def check_bounds_map(bounds: Any) -> Bounds:

@@ -12,7 +12,7 @@ import torch
 try:  # numpy is optional: seed it when it is there
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy ships with the dev extra
-    _np = None
+    _np = None  # type: ignore[assignment]  # the module or None: checked before each use
 
 
 def seed_everything(seed: int) -> None:

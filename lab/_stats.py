@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from lab.errors import ConfigError
 
@@ -117,7 +117,7 @@ def check_interval(interval: Any) -> Interval:
             f"interval={interval!r}: use 't' (Student's t) or 'bootstrap' (percentile "
             "bootstrap over repeats, for bounded metrics such as accuracies)"
         )
-    return interval  # type: ignore[return-value]
+    return cast(Interval, interval)
 
 
 def check_bounds(bounds: Any, metric: str | None = None) -> tuple[float, float] | None:

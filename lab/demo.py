@@ -237,7 +237,8 @@ def open_quickstart(url: str | None = None) -> duckdb.DuckDBPyConnection:
         pass
     else:
         query = "select count(*) from experiments where name = 'quickstart'"
-        if con.sql(query).fetchone()[0]:  # type: ignore[index]
+        row = con.sql(query).fetchone()
+        if row is not None and row[0]:
             return con
         con.close()
     runs = Path(url.removeprefix("sqlite:///")).parent / "runs" if url.startswith(

@@ -39,14 +39,14 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from lab._distributed import portable
 from lab._imports import require
 from lab.errors import ConfigError, LabError
 
 #: The start method of every worker process; ``fork`` would copy torch's threads and locks.
-START_METHOD = "spawn"
+START_METHOD: Final = "spawn"
 #: How long a worker that has answered may take to exit before it is killed.
 EXIT_GRACE_S = 30.0
 

@@ -344,7 +344,7 @@ def plan(exp: Experiment) -> str:
     """What ``exp.run()`` would run, as text, without running anything, opening the store or
     writing a file: what ``lab run --dry-run`` prints, to check a study before it costs hours.
     """
-    runs = exp.repeats * sum(len(arm.stages or [None]) for arm in exp.arms)
+    runs = exp.repeats * sum(max(1, len(arm.stages or ())) for arm in exp.arms)
     where = {
         "serial": "serial",
         "processes": f"processes, {exp.workers} at a time",

@@ -23,8 +23,8 @@ import duckdb
 
 import lab.inspect
 from lab.errors import ExportError, LabError, NoExperiment
+from lab.store.columns import TABLES, Base
 from lab.store.engine import sqlite_error
-from lab.store.schema import TABLES, Base
 
 _RUNS = "run_id IN (SELECT run_id FROM runs WHERE experiment_id = {id})"
 # Which rows of each table belong to the experiment.

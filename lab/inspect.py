@@ -46,10 +46,11 @@ import sqlalchemy as sa
 
 from lab._secrets import logger, mask
 from lab.errors import ConfigError, SchemaTooOld, StoreError
+from lab.store.arrow import arrow_type as _arrow_type
+from lab.store.columns import TABLES, Base, copied_columns
 from lab.store.engine import connect as connect_store
 from lab.store.engine import make_engine, resolve_url
 from lab.store.migrations import head_revision
-from lab.store.schema import TABLES, Base, copied_columns
 from lab.store.store import Store
 
 if TYPE_CHECKING:
@@ -289,17 +290,6 @@ def _libpq(value: Any) -> str:
     if not text or any(c in text for c in " '\\"):
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return text
-
-
-def _arrow_type(column: sa.Column) -> pa.DataType:
-    kind = column.type
-    if isinstance(kind, sa.Integer):
-        return pa.int64()
-    if isinstance(kind, (sa.Double, sa.Float)):
-        return pa.float64()
-    if isinstance(kind, sa.DateTime):
-        return pa.timestamp("us")
-    return pa.string()  # text, and JSON as its text
 
 
 def _copy_through_arrow(

@@ -1,51 +1,37 @@
 """Shared fixtures: strict hooks, fresh stores on SQLite and on the real PostgreSQL server.
 
 PostgreSQL tests read ``LAB_TEST_POSTGRES_URL`` (`.ci/run` exports it). Without it they
-skip, except under ``CI=true``, where a missing server is a failure.
+skip, except under ``CI=true``, where a missing server is a failure (``tests/postgres.py``).
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from lab.store import Store
+from tests.postgres import new_database
 from tests.served import Served, serve
 
 os.environ["LAB_STRICT"] = "1"  # callback errors re-raise in tests unless a test opts out
 
 
-def _pg_admin_url() -> str | None:
-    url = os.environ.get("LAB_TEST_POSTGRES_URL")
-    if url:
-        return url
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail("CI=true but LAB_TEST_POSTGRES_URL is not set; .ci/run must export it")
-    return None
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that hold `slow` tests first, each module's order kept: with the README's
+    ``pytest -n 2 --dist loadfile`` the longest modules start first, so that none is left
+    running alone at the end."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL to a brand-new, empty PostgreSQL database, dropped after the test."""
-    admin = _pg_admin_url()
-    if admin is None:
-        pytest.skip("LAB_TEST_POSTGRES_URL is not set")
-    name = f"lab_test_{uuid.uuid4().hex[:12]}"
-    base = sa.engine.make_url(admin).set(drivername="postgresql+psycopg")
-    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        engine.dispose()
+    with new_database() as url:
+        yield url
 
 
 @pytest.fixture

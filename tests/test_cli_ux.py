@@ -277,6 +277,7 @@ def train(run):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ctrl_c_says_what_finished_and_the_command_that_continues(tmp_path: Path) -> None:
     (tmp_path / "intr_lib.py").write_text(INTERRUPTING_LIB)
     file = tmp_path / "intr.yaml"
@@ -351,6 +352,7 @@ def _interrupted(argv: list[str], tmp_path: Path, hold_at: str, sig: int) -> tup
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_the_continue_line_is_the_whole_command_and_continues_the_same_experiment(
     sig: str, tmp_path: Path
@@ -403,6 +405,7 @@ def test_a_dry_run_names_the_whole_command_that_runs_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_interrupt_before_any_run_finished_prints_one_line(tmp_path: Path) -> None:
     file = _held_file(tmp_path)
     url = f"sqlite:///{tmp_path / 'lab.db'}"

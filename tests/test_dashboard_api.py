@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from lab.loop import EvalResult, Evaluator
 from lab.server import create_app
 from lab.server.auth import create_token
 from lab.store import Store
+from tests.postgres import new_database
 from tests.served import serve
 
 API = "/api/v1/dashboard"
@@ -148,22 +148,8 @@ def _database(kind: str, folder: Path) -> Iterator[str]:
     if kind == "sqlite":
         yield f"sqlite:///{folder / 'lab.db'}"
         return
-    admin = os.environ.get("LAB_TEST_POSTGRES_URL")
-    if not admin:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true but LAB_TEST_POSTGRES_URL is not set; .ci/run must export it")
-        pytest.skip("LAB_TEST_POSTGRES_URL is not set")
-    name = f"lab_test_{uuid.uuid4().hex[:12]}"
-    base = sa.engine.make_url(admin).set(drivername="postgresql+psycopg")
-    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        engine.dispose()
+    with new_database() as url:
+        yield url
 
 
 @pytest.fixture(
@@ -664,9 +650,9 @@ def test_curves_cut_from_blocks_are_the_cut_of_the_points(sqlite_url: str) -> No
     from the points packed in the blocks (`_cut`), are the cut of every point: min, max and
     last exactly, the mean to rounding (it adds block sums), at bucket widths below and far
     above a block of 32 steps. (PostgreSQL's is checked above.)"""
-    from lab.server.dashboard import _cut
     from lab.server.read import bucket_bounds
     from lab.store import blocks
+    from lab.store.curves import cut as _cut
 
     store = Store(sqlite_url)
     try:

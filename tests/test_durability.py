@@ -358,6 +358,7 @@ TRAIN_FOREVER = """
 """
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])
 def test_a_signal_records_the_run_and_loses_no_logged_step(
     sqlite_url: str, tmp_path: Path, sig: signal.Signals, code: int

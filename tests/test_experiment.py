@@ -21,6 +21,7 @@ from lab import Arm, Callback, Experiment
 from lab._stats import spread, t_ppf
 from lab.errors import ConfigError
 from lab.experiment import safe_name
+from tests.recorder import Labels
 
 
 class ModelConfig(pydantic.BaseModel):
@@ -502,29 +503,17 @@ def test_docstring_examples_run(module: str) -> None:
 # the store is checked before anything runs; interrupts close the record
 
 
-class Everything(Callback):
-    """Records every experiment-level hook by name."""
+class Everything(
+    Labels,
+    hooks=("on_experiment_start", "on_run_start", "on_error", "on_run_end",
+           "on_experiment_end", "close"),
+):  # fmt: skip
+    """Records every experiment-level hook by name; an error by its class alone."""
 
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def on_experiment_start(self, ctx: lab.LogContext) -> None:
-        self.calls.append("on_experiment_start")
-
-    def on_run_start(self, ctx: lab.LogContext) -> None:
-        self.calls.append(f"on_run_start:{ctx.run_key}")
-
-    def on_error(self, ctx: lab.LogContext, exc: BaseException) -> None:
-        self.calls.append(f"on_error:{type(exc).__name__}")
-
-    def on_run_end(self, ctx: lab.LogContext, run_result: lab.RunResult, arm: Any) -> None:
-        self.calls.append(f"on_run_end:{run_result.run_key}:{run_result.status}")
-
-    def on_experiment_end(self, ctx: lab.LogContext, result: lab.ExperimentResult) -> None:
-        self.calls.append(f"on_experiment_end:{result.status}")
-
-    def close(self) -> None:
-        self.calls.append("close")
+    def note(self, hook: str, *args: Any, **kwargs: Any) -> str:
+        if hook == "on_error":
+            return f"{hook}:{type(args[1]).__name__}"
+        return super().note(hook, *args, **kwargs)
 
 
 def test_an_unreachable_store_stops_the_experiment_before_any_hook(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from lab.dispatch import Dispatcher
 from lab.errors import ConfigError
 from lab.hooks import ENDING_HOOKS, RUN_HOOKS
 from lab.store import Store
+from tests.recorder import Labels
 
 
 def _mse(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -70,40 +71,12 @@ class CriticalSink(Callback):
             raise OSError("store unreachable")
 
 
-class Recorder(Callback):
+class Recorder(
+    Labels,
+    hooks=("on_experiment_start", "on_run_start", "on_train_start", "on_step_end",
+           "on_train_end", "on_error", "on_run_end", "on_experiment_end", "close"),
+):  # fmt: skip
     """Records every hook it gets, by name, with the run key or status where it matters."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def on_experiment_start(self, ctx: lab.LogContext) -> None:
-        self.calls.append("on_experiment_start")
-
-    def on_run_start(self, ctx: lab.LogContext) -> None:
-        self.calls.append(f"on_run_start:{ctx.run_key}")
-
-    def on_train_start(self, state: lab.LoopState) -> None:
-        self.calls.append("on_train_start")
-
-    def on_step_end(
-        self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch, metrics: dict
-    ) -> None:
-        self.calls.append(f"on_step_end:{step_idx}")
-
-    def on_train_end(self, state: lab.LoopState, artifacts: LoopArtifacts) -> None:
-        self.calls.append("on_train_end")
-
-    def on_error(self, ctx: lab.LogContext, exc: BaseException) -> None:
-        self.calls.append(f"on_error:{ctx.run_key}:{type(exc).__name__}")
-
-    def on_run_end(self, ctx: lab.LogContext, run_result: lab.RunResult, arm: Any) -> None:
-        self.calls.append(f"on_run_end:{run_result.run_key}:{run_result.status}")
-
-    def on_experiment_end(self, ctx: lab.LogContext, result: lab.ExperimentResult) -> None:
-        self.calls.append(f"on_experiment_end:{result.status}")
-
-    def close(self) -> None:
-        self.calls.append("close")
 
 
 class BrokenRecorder(Recorder):

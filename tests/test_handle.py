@@ -20,7 +20,6 @@ import torch
 import lab
 import lab.inspect
 from lab import (
-    Callback,
     CheckpointConfig,
     Evaluator,
     Experiment,
@@ -28,7 +27,7 @@ from lab import (
     TrainingLoop,
 )
 from lab.errors import CheckpointError, ConfigError, HookOrderError
-from lab.hooks import HOOKS
+from tests.recorder import EVERY_HOOK, Recorder
 
 NUM_STEPS = 4
 
@@ -50,37 +49,22 @@ def _val(model: torch.nn.Module) -> dict[str, float]:
     return {"loss": float(_mse(model, (x, y)))}
 
 
-class Tracer(Callback):
+class Tracer(Recorder, hooks=EVERY_HOOK):
     """Records every hook as (hook, step, the payload's types), whatever fired it."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in HOOKS:
-            calls = object.__getattribute__(self, "calls")
-
-            def record(*args: Any, **kwargs: Any) -> None:
-                state = args[0] if args else None
-                step = getattr(state, "step", None)
-                if name == "on_checkpoint":
-                    step = args[1].step
-                elif name in ("pre_step", "on_step_end", "on_eval", "on_media"):
-                    step = args[1]
-                elif name in ("on_epoch_start", "on_epoch_end"):
-                    step = args[1]  # the epoch
-                elif name == "on_benchmark_eval":
-                    step = kwargs.get("step")
-                types = tuple(type(a).__name__ for a in args)
-                calls.append((name, step, types))
-
-            return record
-        return object.__getattribute__(self, name)
-
-
-# Every hook counts as overridden for the dispatcher: the tracer listens to all of them.
-for _hook in HOOKS:
-    setattr(Tracer, _hook, lambda self, *a, **k: None)
+    def note(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        state = args[0] if args else None
+        step = getattr(state, "step", None)
+        if name == "on_checkpoint":
+            step = args[1].step
+        elif name in ("pre_step", "on_step_end", "on_eval", "on_media"):
+            step = args[1]
+        elif name in ("on_epoch_start", "on_epoch_end"):
+            step = args[1]  # the epoch
+        elif name == "on_benchmark_eval":
+            step = kwargs.get("step")
+        types = tuple(type(a).__name__ for a in args)
+        return (name, step, types)
 
 
 def _model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -25,6 +25,7 @@ from lab.callbacks.monitors import SpeedMonitor
 from lab.errors import ConfigError, MetricError
 from lab.loop.schedules import Schedule
 from lab.store import Store
+from tests.recorder import Recorder
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -57,39 +58,29 @@ def _loop(steps: int | None, log_every: int, **kw: Any) -> TrainingLoop:
     return TrainingLoop(model, opt, data, _loss, steps, log_every=log_every, **kw)
 
 
-class Record(Callback):
+class Record(
+    Recorder,
+    hooks=("on_train_start", "on_epoch_start", "pre_step", "on_step_end", "on_eval",
+           "on_checkpoint", "on_epoch_end", "on_train_end"),
+):  # fmt: skip
     """Every loop hook in order, with what each step's hooks see."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+        super().__init__()
         self.steps: dict[int, dict[str, float]] = {}
 
-    def on_train_start(self, state: Any) -> None:
-        self.calls.append(("on_train_start",))
-
-    def on_epoch_start(self, state: Any, epoch: int) -> None:
-        self.calls.append(("on_epoch_start", epoch))
-
-    def pre_step(self, state: Any, step_idx: int, batch: Any) -> None:
-        self.calls.append(("pre_step", step_idx))
-
-    def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: dict) -> None:
-        assert state.step == step_idx and state.metrics is metrics
-        assert all(type(v) is float for v in metrics.values()), metrics
-        self.steps[step_idx] = dict(metrics)
-        self.calls.append(("on_step_end", step_idx, batch.index, batch.data is None))
-
-    def on_eval(self, state: Any, step_idx: int, eval_name: str, metrics: dict) -> None:
-        self.calls.append(("on_eval", step_idx))
-
-    def on_checkpoint(self, state: Any, row: Any) -> None:
-        self.calls.append(("on_checkpoint", row.step))
-
-    def on_epoch_end(self, state: Any, epoch: int) -> None:
-        self.calls.append(("on_epoch_end", epoch))
-
-    def on_train_end(self, state: Any, artifacts: Any) -> None:
-        self.calls.append(("on_train_end",))
+    def note(self, hook: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        if hook == "on_step_end":
+            state, step_idx, batch, metrics = args
+            assert state.step == step_idx and state.metrics is metrics
+            assert all(type(v) is float for v in metrics.values()), metrics
+            self.steps[step_idx] = dict(metrics)
+            return (hook, step_idx, batch.index, batch.data is None)
+        if hook == "on_checkpoint":
+            return (hook, args[1].step)
+        if hook in ("on_train_start", "on_train_end"):
+            return (hook,)
+        return (hook, args[1])  # the epoch, or the step
 
 
 def _no_time(metrics: dict[str, float]) -> dict[str, float]:

@@ -24,6 +24,7 @@ from lab import (
 )
 from lab.errors import ConfigError, LabError, LossError
 from lab.loop.checkpoints import CheckpointManager
+from tests.recorder import Recorder
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -438,39 +439,21 @@ def test_nan_loss_is_recorded_and_training_goes_on() -> None:
 # a bare loop's hooks
 
 
-class LoopLog(Callback):
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def on_train_start(self, state: lab.LoopState) -> None:
-        self.calls.append(("on_train_start",))
-
-    def pre_step(self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch) -> None:
-        self.calls.append(("pre_step", step_idx))
-
-    def on_step_end(
-        self, state: lab.LoopState, step_idx: int, batch: lab.TrainingBatch, metrics: dict
-    ) -> None:
-        self.calls.append(("on_step_end", step_idx))
-
-    def on_eval(self, state: lab.LoopState, step_idx: int, eval_name: str, metrics: dict) -> None:
-        self.calls.append(("on_eval", step_idx, eval_name, dict(metrics)))
-
-    def on_benchmark_eval(
-        self,
-        ctx: lab.LogContext,
-        eval_result: EvalResult,
-        predictions: list[dict],
-        *,
-        step: int | None = None,
-    ) -> None:
-        self.calls.append(("on_benchmark_eval", eval_result.name, step, eval_result.error))
-
-    def on_train_end(self, state: lab.LoopState, artifacts: LoopArtifacts) -> None:
-        self.calls.append(("on_train_end", artifacts.step))
-
-    def close(self) -> None:
-        self.calls.append(("close",))
+class LoopLog(
+    Recorder,
+    hooks=("on_train_start", "pre_step", "on_step_end", "on_eval", "on_benchmark_eval",
+           "on_train_end", "close"),
+):  # fmt: skip
+    def note(self, hook: str, *args: Any, **kwargs: Any) -> tuple:
+        if hook in ("pre_step", "on_step_end"):
+            return (hook, args[1])
+        if hook == "on_eval":
+            return (hook, args[1], args[2], dict(args[3]))
+        if hook == "on_benchmark_eval":
+            return (hook, args[1].name, kwargs.get("step"), args[1].error)
+        if hook == "on_train_end":
+            return (hook, args[1].step)
+        return (hook,)
 
 
 def test_bare_loop_fires_its_hooks_and_close() -> None:

@@ -21,10 +21,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lab import Callback, CheckpointConfig, Experiment, RunHandle, TrainingLoop
 from lab.errors import ConfigError, LossError
-from lab.hooks import HOOKS, LogContext, LoopState
+from lab.hooks import LogContext, LoopState
 from lab.loop.evals import EvalContext, Evaluator
 from lab.loop.optimizers import as_optimizers, needs_closure
 from lab.loop.schedules import Schedule, Schedules, as_schedules
+from tests.recorder import EVERY_HOOK, Recorder
 
 
 def _opt(lr: float = 0.1) -> torch.optim.Optimizer:
@@ -238,39 +239,28 @@ def _flat(*models: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()]).clone()
 
 
-class Trace(Callback):
+class Trace(
+    Recorder,
+    hooks=("on_train_start", "on_epoch_start", "pre_step", "on_step_end", "on_eval",
+           "on_checkpoint", "on_epoch_end", "on_train_end"),
+):  # fmt: skip
     """Every loop hook, in order, with its step or epoch, and each step's metrics."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
+        super().__init__()
         self.rows: list[dict[str, float]] = []
         self.positions: list[tuple[int, int, int]] = []
 
-    def on_train_start(self, state: LoopState) -> None:
-        self.calls.append(("on_train_start", state.step))
-
-    def on_epoch_start(self, state: LoopState, epoch: int) -> None:
-        self.calls.append(("on_epoch_start", epoch))
-
-    def pre_step(self, state: LoopState, step_idx: int, batch: Any) -> None:
-        self.calls.append(("pre_step", step_idx))
-
-    def on_step_end(self, state: LoopState, step_idx: int, batch: Any, metrics: dict) -> None:
-        self.calls.append(("on_step_end", step_idx))
-        self.rows.append(dict(metrics))
-        self.positions.append((step_idx, state.epoch, state.batch_in_epoch))
-
-    def on_eval(self, state: LoopState, step_idx: int, name: str, metrics: dict) -> None:
-        self.calls.append(("on_eval", step_idx))
-
-    def on_checkpoint(self, state: LoopState, row: Any) -> None:
-        self.calls.append(("on_checkpoint", row.step))
-
-    def on_epoch_end(self, state: LoopState, epoch: int) -> None:
-        self.calls.append(("on_epoch_end", epoch))
-
-    def on_train_end(self, state: LoopState, artifacts: Any) -> None:
-        self.calls.append(("on_train_end", state.step))
+    def note(self, hook: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+        if hook == "on_step_end":
+            state, step_idx, _, metrics = args
+            self.rows.append(dict(metrics))
+            self.positions.append((step_idx, state.epoch, state.batch_in_epoch))
+        if hook == "on_checkpoint":
+            return (hook, args[1].step)
+        if hook in ("on_train_start", "on_train_end"):
+            return (hook, args[0].step)
+        return (hook, args[1])  # the epoch, or the step
 
 
 class Crash(Callback):
@@ -765,30 +755,16 @@ def test_a_handle_without_steps_per_epoch_refuses_every_epochs_evaluators() -> N
     )
 
 
-class Tracer(Callback):
+class Tracer(Recorder, hooks=EVERY_HOOK):
     """Every hook as (hook, step or epoch, the payload's types), whatever fired it."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in HOOKS:
-            calls = object.__getattribute__(self, "calls")
-
-            def record(*args: Any, **kwargs: Any) -> None:
-                where = getattr(args[0], "step", None) if args else None
-                if name in ("pre_step", "on_step_end", "on_eval", "on_epoch_start", "on_epoch_end"):
-                    where = args[1]
-                elif name == "on_checkpoint":
-                    where = args[1].step
-                calls.append((name, where, tuple(type(a).__name__ for a in args)))
-
-            return record
-        return object.__getattribute__(self, name)
-
-
-for _hook in HOOKS:  # every hook counts as overridden: the tracer listens to all of them
-    setattr(Tracer, _hook, lambda self, *a, **k: None)
+    def note(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        where = getattr(args[0], "step", None) if args else None
+        if name in ("pre_step", "on_step_end", "on_eval", "on_epoch_start", "on_epoch_end"):
+            where = args[1]
+        elif name == "on_checkpoint":
+            where = args[1].step
+        return (name, where, tuple(type(a).__name__ for a in args))
 
 
 def _epoch_setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, list[Any], dict[str, Any]]:

@@ -30,6 +30,7 @@ from lab.callbacks.notify import Notifier
 from lab.errors import LabError, StoreError, StoreUnreachable
 from lab.loggers.console import ConsoleLogger
 from lab.store import Store
+from tests.postgres import admin_url
 
 LAB = str(Path(sys.executable).with_name("lab"))
 ROOT = str(Path(lab.inspect.__file__).resolve().parents[1])  # this checkout, for subprocesses
@@ -40,15 +41,6 @@ def _everything(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[s
     out, err = capfd.readouterr()
     records = [r.getMessage() for r in caplog.records]
     return "\n".join([out, err, caplog.text, *records])
-
-
-def _admin() -> str:
-    url = os.environ.get("LAB_TEST_POSTGRES_URL")
-    if not url:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true but LAB_TEST_POSTGRES_URL is not set")
-        pytest.skip("LAB_TEST_POSTGRES_URL is not set")
-    return url
 
 
 def _closed_port() -> int:
@@ -75,7 +67,7 @@ def test_a_store_that_refuses_the_password_never_shows_it(
     where: str, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     secret = f"Wr0ng-pw-{uuid.uuid4().hex[:8]}"
-    url = _with(_admin(), password=secret)
+    url = _with(admin_url(), password=secret)
     if where == "closed port":
         url = _with(url, port=_closed_port())
     with pytest.raises(StoreUnreachable) as info:

@@ -250,6 +250,7 @@ def _counted(served: Served, monkeypatch: pytest.MonkeyPatch, sent: list[str]) -
     return HttpStore(served.url, token=served.write_token, heartbeat_s=3600.0)
 
 
+@pytest.mark.serial  # slowed past 15 s (half the heartbeat), it sends one heartbeat more
 def test_a_small_experiment_makes_one_request_to_start_a_run_and_one_to_end_it(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

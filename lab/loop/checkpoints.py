@@ -14,26 +14,10 @@ point `latest` at it, then apply retention. A checkpoint is a `save` row, not fo
 `remove` row for its step, whose folder holds COMPLETE and state.pt. Everything the manager
 knows is rebuilt from the manifest, cross-checked against the folders, when it is created.
 
-Retention, applied after each save commits, keeps the union of what each rule keeps:
-
-- `keep_last=N` keeps the N newest non-ephemeral checkpoints (fixed ones count among them);
-- `keep_top_k=K` keeps the K best by `metric` (`mode` "min" or "max"); ties go to the newer;
-  a checkpoint whose value is NaN or missing is never among the best;
-- a save carries only values measured at its own step (the loop's step metrics, and an eval's
-  only when that eval ran at that step); a save without a value for `metric` is *unranked*:
-  `keep_top_k` never keeps it, so it is kept or removed by the other rules, and it never
-  displaces a ranked checkpoint nor counts as the best;
-- fixed steps (`fixed_steps`) are kept forever;
-- with neither `keep_last` nor `keep_top_k`, every non-ephemeral checkpoint is kept;
-- an ephemeral checkpoint is kept by no rule above but `keep_top_k`: it goes when the next
-  save commits, unless it is among the best;
-- the newest committed checkpoint is never removed.
-
-"Newest" is commit order (the order of the save rows); in a run that only moves forward that
-is the highest step. A removal appends a `remove` row whose `reason` names the rules that no
-longer keep the checkpoint (e.g. "keep_last=2; keep_top_k=1 by val/loss (min)"), then deletes
-the folder; a folder whose removal was recorded counts as removed even if a kill left it on
-disk, and `remove_stale_tmp()` deletes it later.
+Retention, applied after each save commits, is `lab.loop.retention`: it keeps the union of
+what each rule of `CheckpointConfig` (`lab.loop.checkpoint_config`) keeps, and is the one
+place a checkpoint is removed. The manifest's rows, its reading and `latest` are
+`lab.loop.manifest`. This module re-exports their public names.
 
 Nothing outside the root is ever read or deleted on the manager's own account: a manifest row,
 a `latest` file or a restored bookkeeping that names anything but a plain folder name (an
@@ -51,19 +35,16 @@ WARNING.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import errno
 import json
-import math
 import os
 import pickle
 import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -71,210 +52,46 @@ import torch
 
 from lab._secrets import logger
 from lab.errors import CheckpointError, ConfigError
+from lab.loop.checkpoint_config import CheckpointConfig
+from lab.loop.checkpoint_config import is_int as _is_int
+from lab.loop.manifest import (
+    COMPLETE_MARKER,
+    INFO_FILE,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    Manifest,
+    step_dirname,
+)
+from lab.loop.manifest import is_complete as _is_complete
+from lab.loop.manifest import one_line as _one_line
+from lab.loop.manifest import write_durable as _write_durable
 from lab.loop.payload import check_safe, json_info
+from lab.loop.retention import apply_retention, ranked
 from lab.records import Kind, ManifestRow
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "INFO_FILE",
+    "LATEST_FILE",
+    "MANIFEST_FILE",
+    "STATE_FILE",
+    "TMP_PREFIX",
+    "TRUST_ENV",
+    "CheckpointConfig",
+    "CheckpointManager",
+    "Kind",
+    "ManifestRow",
+    "load_state",
+    "snapshot_to_cpu",
+    "step_dirname",
+    "wait_for",
+]
 
 log = logger(__name__)
 
-STATE_FILE = "state.pt"
-INFO_FILE = "training_info.json"
-COMPLETE_MARKER = "COMPLETE"
-MANIFEST_FILE = "manifest.jsonl"
-LATEST_FILE = "latest"
-TMP_PREFIX = "tmp_"
 TRUST_ENV = "LAB_TRUST_CHECKPOINTS"
-
-_STEP_DIR = re.compile(r"step_(\d+)")
-
-
-def step_dirname(step: int) -> str:
-    """The folder name of the checkpoint taken after `step` steps."""
-    return f"step_{step:06d}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _smaller(every: int) -> str:
-    if every == 1:
-        return "with every=1 each save is regular: drop ephemeral_every"
-    return f"use ephemeral_every < every (e.g. ephemeral_every={every // 2}), or drop one"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """When the loop saves, and which saves it keeps; every option combines with the others.
-
-    Saving: `every` saves each N steps, `ephemeral_every` each N steps as an ephemeral save
-    (gone when the next save commits, unless `keep_top_k` keeps it; useful against
-    preemption), `fixed_steps` at those steps (kept forever), `save_at_start` at step 0
-    before the first step, `save_at_end` after the last step. A save due to `every`, a fixed
-    step, the start or the end is never ephemeral.
-
-    Keeping (the union; the newest checkpoint is always kept): `keep_last` keeps the newest N
-    non-ephemeral checkpoints (None: no limit), `keep_top_k` keeps the best K by `metric`,
-    lower better for `mode="min"`, higher for `mode="max"`. A save whose metrics have no
-    value for `metric` (no eval ran at its step) is unranked: kept or removed by the other
-    rules only. `metric` and `mode` without `keep_top_k` rank without pruning, for
-    `CheckpointManager.get_best_checkpoint_path(s)`. `ephemeral_every` must be smaller than
-    `every` (else no save would be ephemeral). `async_save=True` makes the loop's saves
-    asynchronous: the training thread waits only while the state is copied to CPU memory,
-    and one background thread writes and commits it (see `CheckpointManager.save_async`).
-    `sharded=True` writes the model and optimizer states through Distributed Checkpoint
-    (``torch.distributed.checkpoint``): under DDP every rank writes its share into the folder
-    being saved before it commits, and the checkpoint loads on any number of ranks (see
-    `lab.loop.sharded`); the rest of the state stays in ``state.pt``. With `async_save` too,
-    the shards are written in the background (DCP's `async_save`) and the save commits at
-    the next save or at the end of the fit.
-    """
-
-    every: int | None = None
-    keep_last: int | None = None
-    keep_top_k: int | None = None
-    metric: str | None = None
-    mode: Literal["min", "max"] | None = None
-    ephemeral_every: int | None = None
-    fixed_steps: Sequence[int] = ()
-    save_at_end: bool = True
-    save_at_start: bool = False
-    async_save: bool = False
-    sharded: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("every", "ephemeral_every"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise ConfigError(f"CheckpointConfig({name}={value!r}): use an int >= 1, or None")
-        for name in ("keep_last", "keep_top_k"):
-            value = getattr(self, name)
-            if value is not None and not _is_int(value):
-                raise ConfigError(f"CheckpointConfig({name}={value!r}): use an int >= 1, or None")
-        if self.keep_last is not None and self.keep_last < 1:
-            raise ConfigError(
-                f"CheckpointConfig(keep_last={self.keep_last}) would keep nothing; "
-                "use a value >= 1, or None to keep every checkpoint"
-            )
-        if self.keep_top_k is not None and self.keep_top_k < 1:
-            raise ConfigError(
-                f"CheckpointConfig(keep_top_k={self.keep_top_k}) would keep nothing; "
-                "use a value >= 1, or None to rank nothing"
-            )
-        for name in ("save_at_end", "save_at_start", "async_save", "sharded"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"CheckpointConfig({name}={getattr(self, name)!r}): use True or False"
-                )
-        given = self.fixed_steps
-        listed = isinstance(given, Iterable) and not isinstance(given, (str, bytes))
-        steps = tuple(given) if listed else ()
-        if not listed or not all(_is_int(s) and s >= 0 for s in steps):
-            raise ConfigError(
-                f"CheckpointConfig(fixed_steps={given!r}): give a list of steps, ints >= 0"
-            )
-        object.__setattr__(self, "fixed_steps", tuple(sorted(set(steps))))
-        self._check_ranking()
-        every, ephemeral = self.every, self.ephemeral_every
-        if every is not None and ephemeral is not None and ephemeral >= every:
-            raise ConfigError(
-                f"CheckpointConfig(every={every}, ephemeral_every={ephemeral}) makes no save "
-                f"ephemeral: each one would also be due to every; {_smaller(every)}"
-            )
-        if not (self.every or self.ephemeral_every or self.fixed_steps) and not (
-            self.save_at_end or self.save_at_start
-        ):
-            raise ConfigError(
-                "CheckpointConfig never saves: set every=N, ephemeral_every=N, fixed_steps=[...], "
-                "save_at_start=True or save_at_end=True, or pass checkpoint=None"
-            )
-
-    def _check_ranking(self) -> None:
-        metric, mode, top_k = self.metric, self.mode, self.keep_top_k
-        if metric is not None and (not isinstance(metric, str) or not metric):
-            raise ConfigError(
-                f"CheckpointConfig(metric={metric!r}): name a metric logged before each save, "
-                "e.g. 'val/loss'"
-            )
-        if mode is not None and mode not in ("min", "max"):
-            raise ConfigError(
-                f"CheckpointConfig(mode={mode!r}): use 'min' (lower is better) "
-                "or 'max' (higher is better)"
-            )
-        if top_k is not None and metric is None:
-            raise ConfigError(
-                f"CheckpointConfig(keep_top_k={top_k}) needs a metric to rank by: add "
-                "metric='val/loss' (logged before each save) and mode='min' or mode='max'"
-            )
-        if metric is not None and mode is None:
-            raise ConfigError(
-                f"CheckpointConfig(metric={metric!r}) needs a direction: add mode='min' "
-                "(lower is better) or mode='max' (higher is better)"
-            )
-        if mode is not None and metric is None:
-            raise ConfigError(
-                f"CheckpointConfig(mode={mode!r}) ranks nothing without a metric: add "
-                "metric='val/loss' (a step or eval metric), or drop mode"
-            )
-
-    def due(self, step: int, num_steps: int) -> bool:
-        """Whether to save after step `step` (step 0: before the first step) of `num_steps`.
-
-        The loop asks after every step, so this is a few integer tests.
-        """
-        if step == 0:
-            return self.save_at_start or 0 in self.fixed_steps
-        return (
-            (self.every is not None and step % self.every == 0)
-            or (self.ephemeral_every is not None and step % self.ephemeral_every == 0)
-            or step in self.fixed_steps
-            or (self.save_at_end and step == num_steps)
-        )
-
-    def is_ephemeral(self, step: int, num_steps: int | None = None, *, final: bool = False) -> bool:
-        """Whether a save at `step` is ephemeral, i.e. removed once the next save commits.
-
-        Only a save due to `ephemeral_every` alone is: one also due to `every`, a fixed step,
-        the start or the end (`step == num_steps`, or `final` for a run stopped early) is not,
-        since those are the saves the config asked to keep.
-        """
-        if self.ephemeral_every is None or step < 1 or step % self.ephemeral_every:
-            return False
-        if (self.every is not None and step % self.every == 0) or step in self.fixed_steps:
-            return False
-        at_end = final or (num_steps is not None and step == num_steps)
-        return not (self.save_at_end and at_end)
-
-    def kind(self, step: int, num_steps: int | None = None, *, final: bool = False) -> Kind:
-        """How a save at `step` is kept: "fixed" (forever), "ephemeral" or "regular"."""
-        if step in self.fixed_steps:
-            return "fixed"
-        return "ephemeral" if self.is_ephemeral(step, num_steps, final=final) else "regular"
-
-
-def _reason(config: CheckpointConfig, kind: str) -> str:
-    """The rules that no longer keep a checkpoint of this kind, as its removal row names them."""
-    names = []
-    if kind == "ephemeral":
-        every = config.ephemeral_every
-        names.append(f"ephemeral_every={every}" if every is not None else "ephemeral")
-    elif config.keep_last is not None:
-        names.append(f"keep_last={config.keep_last}")
-    if config.keep_top_k is not None:
-        names.append(f"keep_top_k={config.keep_top_k} by {config.metric} ({config.mode})")
-    return "; ".join(names)
-
-
-@dataclass
-class _Entry:
-    """The bookkeeping of one step: its latest save row, where that sits, and its removal."""
-
-    save: ManifestRow
-    order: int
-    removal: ManifestRow | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -323,13 +140,6 @@ def _disk_full(step: int, exc: BaseException, path: Path, root: Path) -> Checkpo
         f"cannot save step {step}: {os.strerror(exc.errno)} writing {path} ({free}); the "
         "earlier checkpoints are kept: free some space, or put the run folder on a larger disk"
     )
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def snapshot_to_cpu(state: Any) -> Any:
@@ -411,24 +221,6 @@ def wait_for(pending: Any) -> None:
         ) from exc
 
 
-def _is_complete(path: Path) -> bool:
-    return (path / COMPLETE_MARKER).is_file() and (path / STATE_FILE).is_file()
-
-
-def _plain_name(name: Any) -> bool:
-    """Whether `name` is one folder name: no separator, not absolute, not "." or "..", no NUL.
-
-    A manifest names its checkpoints this way; anything else could lead outside the folder.
-    """
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and "/" not in name
-        and "\\" not in name
-        and "\x00" not in name
-    )
-
-
 _REFUSED = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
@@ -504,22 +296,17 @@ class CheckpointManager:
                 f"cannot create the checkpoint folder {self.root}: {_one_line(exc)}; "
                 "pass a writable folder"
             ) from exc
-        self._rows: list[ManifestRow] = self._read_manifest()
-        self._entries: dict[int, _Entry] = {}
+        self._manifest = Manifest(self.root)
         self._pending: _PendingSave | None = None
-        self._rebuild()
-        for entry in self._entries.values():
-            self._inside(entry.save.path)
-        self._warn_inconsistencies()
 
     # -- queries ---------------------------------------------------------------------------
     def history(self) -> list[ManifestRow]:
         """Every manifest row, oldest first: what was saved and removed, and why."""
-        return list(self._rows)
+        return list(self._manifest.rows)
 
     def checkpoints(self) -> list[int]:
         """The steps of the checkpoints that exist now, oldest commit first."""
-        return [e.save.step for e in self._committed()]
+        return [e.save.step for e in self._manifest.committed()]
 
     @property
     def saved(self) -> list[int]:
@@ -536,7 +323,7 @@ class CheckpointManager:
         never starts from another step than the one the folder says without a word.
         """
         self.read_latest()
-        committed = self._committed()
+        committed = self._manifest.committed()
         return self.root / committed[-1].save.path if committed else None
 
     def latest_path(self) -> Path | None:
@@ -583,8 +370,8 @@ class CheckpointManager:
             raise ConfigError(
                 f"{_name}(mode={mode!r}): use 'min' (lower is better) or 'max' (higher is better)"
             )
-        ranked = self._ranked(self._committed(), metric, mode)
-        return [self.root / e.save.path for e in ranked[:k]]
+        best = ranked(self._manifest.committed(), metric, mode)
+        return [self.root / e.save.path for e in best[:k]]
 
     @overload
     def load_training_info(self, target: None) -> None: ...
@@ -629,7 +416,7 @@ class CheckpointManager:
         if isinstance(target, bool):
             raise CheckpointError(f"resolve({target!r}): pass a step number or a checkpoint path")
         if _is_int(target):
-            return self._resolve_step(int(target))
+            return self._manifest.resolve_step(int(target))
         if target == "latest":
             latest = self.get_latest_checkpoint_path()
             if latest is None:
@@ -637,36 +424,36 @@ class CheckpointManager:
             return latest
         path = Path(target)
         if isinstance(target, str) and target.isdigit() and not path.exists():
-            return self._resolve_step(int(target))
+            return self._manifest.resolve_step(int(target))
         if not path.exists() and not path.is_absolute() and (self.root / path).exists():
             path = self.root / path
         in_root = path.resolve().parent == self.root.resolve()
-        entry = self._entry_named(path.name) if in_root else None
+        entry = self._manifest.entry_named(path.name) if in_root else None
         if entry is not None and entry.removal is not None:
             raise CheckpointError(
-                f"{path} was removed ({entry.removal.reason}); {self._available()}"
+                f"{path} was removed ({entry.removal.reason}); {self._manifest.available()}"
             )
         if not path.exists():
             raise CheckpointError(
                 f"checkpoint {path} does not exist; pass a checkpoint folder or a step "
-                f"({self._available()})"
+                f"({self._manifest.available()})"
             )
         if path.is_dir() and path.resolve() == self.root.resolve():
             raise CheckpointError(
                 f"{path} is the checkpoint root, not a checkpoint; pass a step or one of its "
-                f"step_* folders ({self._available()})"
+                f"step_* folders ({self._manifest.available()})"
             )
         if not in_root:
             raise CheckpointError(
                 f"{path} is outside this run's checkpoint folder {self.root}; resume from a "
-                f"step or one of its step_* folders ({self._available()}), or copy the "
+                f"step or one of its step_* folders ({self._manifest.available()}), or copy the "
                 "checkpoint in first"
             )
         if not _is_complete(path):
             raise CheckpointError(
                 f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker or no "
                 f"{STATE_FILE}): an interrupted save or not a checkpoint folder "
-                f"({self._available()})"
+                f"({self._manifest.available()})"
             )
         return path
 
@@ -677,30 +464,7 @@ class CheckpointManager:
         checkpoint (a save row of the manifest, not removed since, whose folder inside the
         root is complete), or this raises CheckpointError naming the file and the fix.
         """
-        path = self.root / LATEST_FILE
-        fix = f"delete or fix that file ({self._available()})"
-        if path.is_symlink():
-            raise CheckpointError(
-                f"{path} is a link to {os.readlink(path)}; nothing outside {self.root} is "
-                f"read: {fix}"
-            )
-        try:
-            name = path.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}; {fix}") from exc
-        folder = self._inside(name, source=LATEST_FILE)
-        entry = self._entry_named(name)
-        if entry is None:
-            why = "no save row of manifest.jsonl records"
-        elif entry.removal is not None:
-            why = f"was removed ({entry.removal.reason})"
-        elif not _is_complete(folder):
-            why = "is missing or incomplete"
-        else:
-            return folder
-        raise CheckpointError(f"{path} names {name!r}, a checkpoint that {why}; {fix}")
+        return self._manifest.read_latest()
 
     def load(self, target: str | Path | int, *, trusted: bool | None = None) -> dict[str, Any]:
         """The saved state of a checkpoint (a folder, a step, or "latest"), on the CPU.
@@ -732,10 +496,10 @@ class CheckpointManager:
             elif path.name == f"{TMP_PREFIX}{LATEST_FILE}":
                 path.unlink()
                 removed.append(path)
-        for entry in sorted(self._entries.values(), key=lambda e: e.order):
+        for entry in sorted(self._manifest.entries.values(), key=lambda e: e.order):
             if entry.removal is None:
                 continue
-            folder = self._inside(entry.save.path)
+            folder = self._manifest.inside(entry.save.path)
             if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)
                 removed.append(folder)
@@ -744,7 +508,7 @@ class CheckpointManager:
     # -- bookkeeping as checkpoint state --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The retention bookkeeping (the manifest's rows), for a checkpoint to hold."""
-        return {"version": 1, "manifest": [asdict(row) for row in self._rows]}
+        return self._manifest.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore bookkeeping saved by `state_dict`; the manifest stays the source of truth.
@@ -753,35 +517,7 @@ class CheckpointManager:
         it holds only their beginning (or nothing, e.g. a folder restored from a copy of one
         checkpoint), the missing rows are appended to it. Rows that disagree are an error.
         """
-        try:
-            rows = [ManifestRow(**row) for row in state["manifest"]]
-        except (KeyError, TypeError) as exc:
-            raise CheckpointError(
-                f"load_state_dict got no checkpoint bookkeeping ({_one_line(exc)}); "
-                "pass what CheckpointManager.state_dict() returned"
-            ) from exc
-        for row in rows:
-            self._inside(row.path, source="the checkpoint's bookkeeping")
-        others = sorted({r.run_key for r in rows} - {self.run_key})
-        if others:
-            raise CheckpointError(
-                f"the bookkeeping belongs to run {others[0]!r}, not {self.run_key!r}; "
-                "restore it into that run's checkpoint folder"
-            )
-        mine = [r.to_json() for r in self._rows]
-        theirs = [r.to_json() for r in rows]
-        if mine[: len(theirs)] == theirs:
-            return
-        if theirs[: len(mine)] != mine:
-            shared = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
-            raise CheckpointError(
-                f"the bookkeeping disagrees with {self.root / MANIFEST_FILE} from row "
-                f"{shared + 1} on; it comes from another attempt at this run: use a fresh folder"
-            )
-        for row in rows[len(mine) :]:
-            self._append(row)
-            self._rows.append(row)
-        self._rebuild()
+        self._manifest.load_state_dict(state, self.run_key)
 
     # -- saving --------------------------------------------------------------------------------
     def save(
@@ -822,11 +558,34 @@ class CheckpointManager:
         check_safe(step, state)
         if kind is None:
             kind = self.config.kind(step, final=final)
-        final_dir = self._inside(step_dirname(step))  # a link that leads out is refused
+        final_dir = self._manifest.inside(step_dirname(step))  # a link that leads out is refused
         info = {"step": step, "run_key": self.run_key, "time": time.time(), **info}
         info["metrics"] = metrics
         # with `_waits`, save_async or the caller's `begin` made the folder and filled it
         tmp = self.begin(step) if _waits is None else self.root / f"{TMP_PREFIX}{final_dir.name}"
+        row = ManifestRow(
+            self.run_key, step, final_dir.name, "save", info["time"], metrics, kind=kind
+        )
+        self._commit(tmp, row, state, info, writers, _waits)
+        self._manifest.add(row)
+        self._manifest.point_latest(final_dir.name)
+        if final:
+            self._warn_if_never_ranked(step)
+        return [row, *apply_retention(self._manifest, self.config, self.run_key)]
+
+    def _commit(
+        self,
+        tmp: Path,
+        row: ManifestRow,
+        state: dict[str, Any],
+        info: dict[str, Any],
+        writers: Sequence[Callable[[Path, int], Any]],
+        waits: Sequence[Any] | None,
+    ) -> None:
+        """Write `state` and `info` into `tmp` with the loop's own files (`writers`, or what
+        `waits` names, written already), rename it into place and append `row`: the commit.
+        A failure removes what was written and raises one CheckpointError line."""
+        step, final_dir = row.step, self.root / row.path
         renamed = False
         writing = tmp / STATE_FILE  # the file being written, for a full disk's message
         out: _Recording | None = None
@@ -836,8 +595,7 @@ class CheckpointManager:
                 torch.save(state, out)
                 fh.flush()
                 os.fsync(fh.fileno())
-            waits = list(_waits) if _waits is not None else _run_writers(writers, tmp, step)
-            for pending in waits:
+            for pending in list(waits) if waits is not None else _run_writers(writers, tmp, step):
                 wait_for(pending)
             for extra in tmp.rglob("*"):  # the loop's own files are as durable as the state
                 if extra.is_file() and extra.name != STATE_FILE:
@@ -853,11 +611,8 @@ class CheckpointManager:
             os.replace(tmp, final_dir)
             renamed = True
             _fsync_dir(self.root)
-            row = ManifestRow(
-                self.run_key, step, final_dir.name, "save", info["time"], metrics, kind=kind
-            )
             writing = self.root / MANIFEST_FILE
-            self._append(row)
+            self._manifest.append(row)
         except BaseException as exc:
             shutil.rmtree(final_dir if renamed else tmp, ignore_errors=True)
             if not isinstance(exc, Exception) or isinstance(exc, CheckpointError):
@@ -869,18 +624,12 @@ class CheckpointManager:
             raise CheckpointError(
                 f"cannot save step {step} in {final_dir if renamed else tmp}: {_one_line(exc)}"
             ) from exc
-        self._rows.append(row)
-        self._entries[step] = _Entry(row, len(self._rows) - 1)
-        self._point_latest(final_dir.name)
-        if final:
-            self._warn_if_never_ranked(step)
-        return [row, *self._apply_retention()]
 
     def begin(self, step: int) -> Path:
         """Make the empty folder that `save(step, ..., begun=True)` will commit, and return
         it: for files written by several processes (each rank's shard of a sharded save)
         before one of them commits the save. Debris of an interrupted save is removed first."""
-        tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
+        tmp = self.root / f"{TMP_PREFIX}{self._manifest.inside(step_dirname(step)).name}"
         try:
             if tmp.is_dir() and not tmp.is_symlink():  # debris of an interrupted save
                 shutil.rmtree(tmp)
@@ -897,7 +646,8 @@ class CheckpointManager:
     def _warn_if_never_ranked(self, step: int) -> None:
         """At a run's last save, say so when no save had a value for the ranking metric."""
         metric = self.config.metric
-        if metric is None or any(metric in r.metrics for r in self._rows if r.event == "save"):
+        rows = self._manifest.rows
+        if metric is None or any(metric in r.metrics for r in rows if r.event == "save"):
             return
         log.warning(
             "CheckpointConfig(metric=%r) ranked no checkpoint up to step %d: no save had a "
@@ -936,7 +686,7 @@ class CheckpointManager:
         snapshot = snapshot_to_cpu(state)
         waits: list[Any] | None = None
         if writers:  # the loop's files are written (or started) now, on its own thread
-            tmp = self.root / f"{TMP_PREFIX}{self._inside(step_dirname(step)).name}"
+            tmp = self.root / f"{TMP_PREFIX}{self._manifest.inside(step_dirname(step)).name}"
             try:
                 if tmp.is_dir() and not tmp.is_symlink():
                     shutil.rmtree(tmp)
@@ -991,218 +741,3 @@ class CheckpointManager:
         # A save without a value of the ranking metric measured at its step is unranked:
         # kept or removed by the other rules, never counted among the best.
         return metrics
-
-    # -- retention -----------------------------------------------------------------------------
-    def _keepers(self, committed: list[_Entry]) -> dict[int, list[str]]:
-        """For each committed checkpoint, the rules that keep it (empty: remove it)."""
-        cfg = self.config
-        keep: dict[int, list[str]] = {e.save.step: [] for e in committed}
-        lasting = [e for e in committed if e.save.kind != "ephemeral"]
-        if cfg.keep_last is None and cfg.keep_top_k is None:
-            for e in lasting:
-                keep[e.save.step].append("no limit")
-        if cfg.keep_last is not None:
-            for e in lasting[-cfg.keep_last :]:
-                keep[e.save.step].append(f"keep_last={cfg.keep_last}")
-        if cfg.keep_top_k is not None and cfg.metric is not None and cfg.mode is not None:
-            for e in self._ranked(committed, cfg.metric, cfg.mode)[: cfg.keep_top_k]:
-                keep[e.save.step].append(f"keep_top_k={cfg.keep_top_k}")
-        for e in committed:
-            if e.save.kind == "fixed" or e.save.step in cfg.fixed_steps:
-                keep[e.save.step].append("fixed_steps")
-        if committed:
-            keep[committed[-1].save.step].append("newest")
-        return keep
-
-    @staticmethod
-    def _ranked(entries: list[_Entry], metric: str, mode: str) -> list[_Entry]:
-        """The entries with a number for `metric`, best first; ties: the newer first."""
-        sign = 1.0 if mode == "min" else -1.0
-        scored = [
-            (sign * value, -e.order, e)
-            for e in entries
-            if (value := e.save.metrics.get(metric)) is not None and not math.isnan(value)
-        ]
-        scored.sort(key=lambda t: (t[0], t[1]))
-        return [e for _, _, e in scored]
-
-    def _apply_retention(self) -> list[ManifestRow]:
-        committed = self._committed()
-        keep = self._keepers(committed)
-        rows = []
-        for entry in committed:
-            if keep[entry.save.step]:
-                continue
-            folder = self._inside(entry.save.path)  # before anything is recorded or deleted
-            row = ManifestRow(
-                self.run_key,
-                entry.save.step,
-                entry.save.path,
-                "remove",
-                time.time(),
-                reason=_reason(self.config, entry.save.kind),
-                kind=entry.save.kind,
-            )
-            try:
-                self._append(row)
-            except OSError as exc:  # retried after the next save: retention is a query
-                log.warning("cannot record the removal of %s: %s", entry.save.path, exc)
-                break
-            self._rows.append(row)
-            entry.removal = row
-            shutil.rmtree(folder, ignore_errors=True)
-            if folder.exists():
-                log.warning("%s is recorded as removed but could not be deleted", folder)
-            rows.append(row)
-        return rows
-
-    # -- bookkeeping ----------------------------------------------------------------------------
-    def _rebuild(self) -> None:
-        """Index the rows: each step's latest save, and its removal if one came after it."""
-        self._entries = {}
-        for order, row in enumerate(self._rows):
-            if row.event == "save":
-                self._entries[row.step] = _Entry(row, order)
-            elif row.step in self._entries:
-                self._entries[row.step].removal = row
-
-    def _committed(self) -> list[_Entry]:
-        return sorted(
-            (
-                e
-                for e in self._entries.values()
-                if e.removal is None and _is_complete(self.root / e.save.path)
-            ),
-            key=lambda e: e.order,
-        )
-
-    def _inside(self, name: Any, *, source: str = MANIFEST_FILE) -> Path:
-        """The folder a manifest row names, or CheckpointError if it lies outside the root.
-
-        Retention and `remove_stale_tmp` delete what the rows name, so a row is trusted only
-        with a plain folder name, and a folder that is a link must lead back into the root: a
-        manifest written by hand (an absolute path, "..", a link to elsewhere) touches nothing.
-        """
-        if not _plain_name(name):
-            fix = "fix or delete that file" if source == LATEST_FILE else "fix or remove that row"
-            raise CheckpointError(
-                f"{source} in {self.root} names {name!r}, which is not a folder inside it; "
-                f"a checkpoint is named by its step_* folder: {fix}"
-            )
-        folder = self.root / name
-        target = folder.resolve()
-        if folder.is_symlink() and target.parent != self.root.resolve():
-            raise CheckpointError(
-                f"{folder} is a link to {target}, outside the checkpoint folder {self.root}; "
-                "nothing there is loaded or removed: replace the link by the folder itself"
-            )
-        return folder
-
-    def _entry_named(self, name: str) -> _Entry | None:
-        return next((e for e in self._entries.values() if e.save.path == name), None)
-
-    def _available(self) -> str:
-        steps = self.checkpoints()
-        return f"available steps: {steps}" if steps else f"no checkpoints in {self.root}"
-
-    def _resolve_step(self, step: int) -> Path:
-        entry = self._entries.get(step)
-        folder = self.root / step_dirname(step)
-        if entry is not None and entry.removal is not None:
-            raise CheckpointError(
-                f"the checkpoint of step {step} was removed ({entry.removal.reason}); "
-                f"{self._available()}"
-            )
-        if entry is not None and _is_complete(self.root / entry.save.path):
-            return self.root / entry.save.path
-        if entry is not None:
-            raise CheckpointError(
-                f"the checkpoint of step {step} is recorded but {self.root / entry.save.path} "
-                f"is missing or incomplete; {self._available()}"
-            )
-        if _is_complete(folder):
-            raise CheckpointError(
-                f"{folder} is not recorded in {MANIFEST_FILE} (its save never committed); pass "
-                f"its path to load it anyway; {self._available()}"
-            )
-        raise CheckpointError(f"no checkpoint of step {step} in {self.root}; {self._available()}")
-
-    def _read_manifest(self) -> list[ManifestRow]:
-        path = self.root / MANIFEST_FILE
-        if not path.exists():
-            return []
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {path}: {_one_line(exc)}") from exc
-        if data and not data.endswith(b"\n"):  # a torn append: that row never committed
-            cut = data.rfind(b"\n") + 1
-            log.warning("%s ends with a partial row (an interrupted write); dropping it", path)
-            data = data[:cut]
-            try:
-                os.truncate(path, cut)
-            except OSError as exc:
-                log.warning("cannot drop the partial row of %s: %s", path, exc)
-        rows = []
-        for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(ManifestRow.from_json(line))
-            except (ValueError, TypeError) as exc:
-                raise CheckpointError(
-                    f"{path} line {number} is not a manifest row ({_one_line(exc)}); "
-                    "restore that line or remove it"
-                ) from exc
-        return rows
-
-    def _warn_inconsistencies(self) -> None:
-        known = set()
-        for entry in self._entries.values():
-            known.add(entry.save.path)
-            if entry.removal is None and not _is_complete(self.root / entry.save.path):
-                log.warning(
-                    "%s records step %d, but %s is missing or incomplete: not a checkpoint",
-                    MANIFEST_FILE,
-                    entry.save.step,
-                    self.root / entry.save.path,
-                )
-        for folder in sorted(self.root.glob("step_*")):
-            named = _STEP_DIR.fullmatch(folder.name) and folder.name not in known
-            if named and _is_complete(folder):
-                log.warning(
-                    "%s is a complete checkpoint that %s does not record (its save was "
-                    "interrupted before it committed); it is ignored: not listed, not the "
-                    "latest, never removed; load it by path",
-                    folder,
-                    MANIFEST_FILE,
-                )
-
-    def _append(self, row: ManifestRow) -> None:
-        """Append one row durably; a failed append is cut back off, so no torn row remains."""
-        path = self.root / MANIFEST_FILE
-        size = path.stat().st_size if path.is_file() else 0
-        try:
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(row.to_json() + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException:
-            if path.is_file():
-                with contextlib.suppress(OSError):
-                    os.truncate(path, size)
-            raise
-
-    def _point_latest(self, name: str) -> None:
-        """Point `latest` at `name`; the manifest stays authoritative if this fails, and the
-        old `latest` is removed then, so that it cannot name a checkpoint retention removes
-        (which `read_latest` would refuse)."""
-        tmp = self.root / f"{TMP_PREFIX}{LATEST_FILE}"
-        try:
-            _write_durable(tmp, name.encode())
-            os.replace(tmp, self.root / LATEST_FILE)
-        except OSError as exc:
-            log.warning("cannot update %s (%s); removed it", self.root / LATEST_FILE, exc)
-            for path in (tmp, self.root / LATEST_FILE):
-                with contextlib.suppress(OSError):
-                    path.unlink(missing_ok=True)

@@ -24,25 +24,25 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from lab._imports import require
-from lab._secrets import logger, mask, register
+from lab._secrets import logger, register
 from lab.errors import (
     ConfigError,
-    LabError,
-    NoExperiment,
-    NoRun,
-    NoToken,
-    RunBusy,
-    StoreError,
 )
+from lab.server.rejected import WRONG_TOKEN, Rejected
 from lab.store import Store
 
 require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
-from pydantic import BaseModel, Field  # noqa: E402
-from starlette.exceptions import HTTPException  # noqa: E402
-from starlette.requests import Request  # noqa: E402
+
+from lab.server.failures import (  # noqa: E402
+    STORE_DOWN,
+    BodyRefused,
+    add_handlers,
+    one_line,
+    store_failed,
+)
 
 #: The largest request body the server accepts unless told otherwise (``--max-body``).
 MAX_BODY = 64 * 1024 * 1024
@@ -55,70 +55,10 @@ HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 30.0
 #: How long an idle kept-alive connection stays open (``--timeout-keep-alive``, uvicorn's 5).
 KEEP_ALIVE_S = 5.0
-#: The one line a 401 says for a token the store does not know or has revoked.
-WRONG_TOKEN = "the token is wrong or revoked"
-#: The one line a 503 says while the store behind the server fails: nothing of the store's
-#: URL (user, host, database) or of the driver's reason, which only the server's log holds.
-STORE_DOWN = "the store behind the server failed; try again later (the server's log says why)"
-
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-class Health(BaseModel):
-    """The health check's answer: whether the server is up and its store answers."""
-
-    status: Literal["ok", "degraded"]
-    store: Literal["ok", "unreachable"]
-    schema_: str = Field(alias="schema", description="the store's schema revision")
-
-
-class TokenInfo(BaseModel):
-    """The name and scope of the token a request carries, and the one experiment it is
-    limited to (null: none)."""
-
-    name: str
-    scope: Literal["read", "write", "admin"]
-    experiment: str | None
-
-
-class Rejected(Exception):
-    """A request the server refuses: its HTTP `status`, the one line `detail` that says what
-    is wrong and what to do, and the dotted name of the offending `field` (or None). Routes
-    raise it; the app answers it as ``{"detail": ..., "field": ...}``."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.field = status, detail, field
-
-
-def _status_of(exc: LabError) -> int:
-    """The HTTP status of a `LabError` a route let through: what is missing is 404, a busy
-    run 409, any other refusal 400 (a `StoreError` is a 503 of its own: `STORE_DOWN`)."""
-    if isinstance(exc, NoExperiment | NoRun | NoToken):
-        return 404
-    if isinstance(exc, RunBusy):
-        return 409
-    return 400
-
-
-def _one_line(text: object) -> str:
-    """The first line of `text`, credentials masked: what an error body may say."""
-    lines = str(text).strip().splitlines()
-    return mask(lines[0].strip()) if lines else ""
-
-
-def store_failed(exc: BaseException) -> bool:
-    """Whether `exc` says the store itself failed (it cannot be reached, read or written: a
-    `StoreError`, a connection the driver lost or could not open), rather than that a request
-    asked for something wrong."""
-    import sqlalchemy.exc as sa_exc
-
-    if isinstance(exc, StoreError | sa_exc.OperationalError | sa_exc.InterfaceError):
-        return True
-    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
 class Outage:
@@ -143,7 +83,7 @@ class Outage:
             if self._since is not None:
                 return
             self._since = time.monotonic()
-        reason = _one_line(getattr(exc, "orig", None) or exc) or type(exc).__name__
+        reason = one_line(getattr(exc, "orig", None) or exc) or type(exc).__name__
         logger("uvicorn.error").error(
             "lab serve: the store failed (%s); requests are answered 503 until it answers again",
             reason,
@@ -216,11 +156,11 @@ class BodyLimit:
                 try:
                     message = await asyncio.wait_for(receive(), self.body_timeout)
                 except TimeoutError:
-                    raise _BodyRefused(self._stalled()) from None
+                    raise BodyRefused(self._stalled()) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _BodyRefused(self._too_large())
+                    raise BodyRefused(self._too_large())
                 done = not message.get("more_body", False)
             else:
                 done = True
@@ -233,7 +173,7 @@ class BodyLimit:
 
         try:
             await self.app(scope, counted, sending)
-        except _BodyRefused as exc:
+        except BodyRefused as exc:
             if not started:
                 await _send_rejected(send, exc.rejected)
 
@@ -244,18 +184,6 @@ class BodyLimit:
             "server's --timeout-body); send the request again",
             "body",
         )
-
-
-class _BodyRefused(HTTPException):
-    """Raised out of `receive` at the first byte over the limit, or when the body stops
-    arriving. An `HTTPException`, because FastAPI passes those through its body parsing
-    unchanged (it turns any other error there into a 400); the app's handler answers it,
-    and `BodyLimit` does if nothing else did. The connection is closed after: the rest of
-    the body is never read."""
-
-    def __init__(self, rejected: Rejected) -> None:
-        super().__init__(rejected.status, rejected.detail)
-        self.rejected = rejected
 
 
 async def _send_json(
@@ -437,15 +365,6 @@ def create_app(
     `body_timeout`: the longest a request body may pause (then 408).
     """
     import fastapi
-    import fastapi.security
-    import sqlalchemy as sa
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-
-    from lab.server import dashboard, ingest, owners, read, ui
-    from lab.server.openapi import problems, with_models
-    from lab.server.ops import OpsBatch
-    from lab.store.migrations import head_revision
 
     if not isinstance(max_body, int) or max_body < 1:
         raise ConfigError(f"max_body {max_body!r}: use a whole number of bytes >= 1")
@@ -472,175 +391,67 @@ def create_app(
     #: folder: by `lab ui` alone (this machine's store, on loopback), never by `lab serve`.
     app.state.run_folders = not auth
 
-    def answer(status: int, detail: str, field: str | None, **headers: str) -> Any:
-        return JSONResponse({"detail": detail, "field": field}, status, headers=headers or None)
-
-    @app.exception_handler(Rejected)
-    async def rejected(_request: Any, exc: Rejected) -> Any:
-        return answer(exc.status, _one_line(exc.detail), exc.field)
-
-    @app.exception_handler(_BodyRefused)
-    async def body_refused(_request: Any, exc: _BodyRefused) -> Any:
-        refused = exc.rejected
-        return answer(refused.status, refused.detail, refused.field, connection="close")
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Any, exc: HTTPException) -> Any:
-        detail, field = exc.detail, getattr(exc, "field", None)
-        headers = dict(exc.headers or {})
-        if exc.status_code == 404 and detail == "Not Found":
-            detail = f"no endpoint {request.method} {request.url.path}; /openapi.json lists them"
-        elif exc.status_code == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}"
-            headers["Allow"] = ", ".join(app.state.methods.allowed(request.url.path))
-        elif exc.status_code == 400 and detail == "There was an error parsing the body":
-            detail, field = "the body is not JSON in UTF-8; send a JSON body", "body"
-        return answer(exc.status_code, _one_line(detail), field, **headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Any, exc: RequestValidationError) -> Any:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(part) for part in first.get("loc", ())]
-        if first.get("type") == "json_invalid":
-            why = (first.get("ctx") or {}).get("error", "")
-            return answer(422, _one_line(f"the body is not valid JSON ({why})"), "body")
-        field = ".".join(loc) or None
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return answer(422, _one_line(f"{field}: {first.get('msg', 'invalid')}{more}"), field)
-
-    def store_down(exc: BaseException) -> Any:
-        outage.failed(exc)
-        return answer(503, STORE_DOWN, None)
-
-    @app.exception_handler(LabError)
-    async def lab_error(_request: Any, exc: LabError) -> Any:
-        if isinstance(exc, StoreError):  # its text names the store: the log alone says it
-            return store_down(exc)
-        return answer(_status_of(exc), _one_line(exc), getattr(exc, "field", None))
-
-    @app.exception_handler(sa.exc.IntegrityError)
-    async def conflict(_request: Any, exc: sa.exc.IntegrityError) -> Any:
-        why = _one_line(exc.orig)
-        return answer(409, f"the write conflicts with what the store holds: {why}", None)
-
-    @app.exception_handler(sa.exc.DataError)
-    async def bad_value(_request: Any, exc: sa.exc.DataError) -> Any:
-        return answer(400, f"the store cannot hold a value of this request: "
-                           f"{_one_line(exc.orig)}", None)  # fmt: skip
-
-    @app.exception_handler(sa.exc.DBAPIError)  # IntegrityError and DataError: above
-    async def driver_error(_request: Any, exc: sa.exc.DBAPIError) -> Any:
-        if not store_failed(exc):
-            raise exc  # a bug: a 500, its traceback in the log
-        return store_down(exc)
-
-    @app.exception_handler(OverflowError)
-    async def too_big(_request: Any, exc: OverflowError) -> Any:  # SQLite's 64-bit integers
-        return answer(400, "a number in the request is out of the store's range (integers "
-                           "hold 64 bits); send a smaller one", None)  # fmt: skip
-
-    @app.exception_handler(Exception)
-    async def bug(_request: Any, exc: Exception) -> Any:  # the traceback goes to the log
-        return answer(500, f"internal error in lab serve ({type(exc).__name__}); the server's "
-                           "log has the traceback", None)  # fmt: skip
-
-    def scoped(scope: str) -> Callable[..., None]:
-        """A dependency that lets a request through when its token (checked by `TokenGate`)
-        has `scope`; a write or admin token reads too. The bearer scheme is declared so that
-        the OpenAPI schema says how to authenticate."""
-        bearer = fastapi.security.HTTPBearer(auto_error=False)
-
-        def check(request: Request, _credentials: Any = fastapi.Depends(bearer)) -> None:
-            if scope == "write" and request.state.token.scope not in ("write", "admin"):
-                raise Rejected(
-                    403, "a read token cannot write; use a write token", "header.authorization"
-                )
-
-        return check
-
-    probed = [0.0]  # when the health check may ask the store again
-    # What any request past the token gate may be answered, whatever its route: no live
-    # token (401; off loopback, 421, without tokens), a body that stalls (408) or is too
-    # large (413), a store that fails (503).
-    everywhere = (401 if auth else 421, 408, 413, 503)
-
-    @app.get(
-        f"{API}/health",
-        tags=["health"],
-        response_model=Health,
-        responses={
-            503: {"model": Health, "description": "The server is up and its store fails"},
-            **problems(408, 413),
-        },
-    )
-    def health() -> Any:
-        """Whether the server is up and its store answers, and the store's schema revision
-        (no token needed): ``status`` ok or degraded, ``store`` ok or unreachable (then 503).
-        The store is asked at most once a second; between, the last answer stands."""
-        from lab.store.engine import check_reachable
-
-        if time.monotonic() >= probed[0]:
-            probed[0] = time.monotonic() + 1.0
-            try:
-                check_reachable(the_store.engine)
-            except Exception as exc:
-                if not store_failed(exc):
-                    raise
-                outage.failed(exc)
-            else:
-                outage.answered()
-        schema = the_store.revision or head_revision()
-        if outage.down:
-            body = {"status": "degraded", "store": "unreachable", "schema": schema}
-            return JSONResponse(body, 503)
-        return {"status": "ok", "store": "ok", "schema": schema}
-
-    @app.get(
-        f"{API}/token",
-        tags=["health"],
-        dependencies=[fastapi.Depends(scoped("read"))],
-        responses=problems(*everywhere),
-    )
-    def whoami(request: Request) -> TokenInfo:
-        """The name and scope of the token this request carries, and the one experiment it
-        is limited to (null: none): how a client checks its token (and whether it may write)
-        before it sends anything."""
-        token = request.state.token
-        return TokenInfo(name=token.name, scope=token.scope, experiment=token.experiment)
-
-    def checked(scope: str) -> list[Any]:  # the scope, then the ids the request names
-        return [fastapi.Depends(scoped(scope)), fastapi.Depends(owners.guard)]
-
-    # Every route past the token gate may answer these; each route declares its own besides.
-    answers = problems(*everywhere, 422)
-    if writes:
-        app.include_router(
-            ingest.router,
-            prefix=API,
-            dependencies=checked("write"),
-            responses={**answers, **problems(400, 403)},
-        )
-        with_models(app, OpsBatch)  # the ops batch: read within bounds, not by FastAPI
-    app.include_router(read.router, prefix=API, dependencies=checked("read"), responses=answers)
-    app.include_router(
-        dashboard.router,
-        prefix=f"{API}/dashboard",
-        dependencies=checked("read"),
-        responses=answers,
-    )
-    ui.mount(app, auth=auth)
-    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest.router.routes if writes else [])]
-    mounted += [(f"{API}{r.path}", r.methods) for r in read.router.routes]
-    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard.router.routes]
-    mounted += [(r.path, r.methods) for r in app.router.routes if getattr(r, "methods", None)]
-    app.state.methods = Methods(mounted)
+    app.state.probed = 0.0  # when the health check may ask the store again
+    add_handlers(app)
+    _add_routes(app, auth=auth, writes=writes)
     app.add_middleware(BodyLimit, max_body=max_body, body_timeout=body_timeout)
     if auth:  # added last: the outermost, runs first
         app.add_middleware(TokenGate, store=the_store, outage=outage)
     else:
         app.add_middleware(LocalReader)
     return app
+
+
+def _add_routes(app: Any, *, auth: bool, writes: bool) -> None:
+    """Add every route to `app`: health, the token check, the write API (with `writes`),
+    the read API, the dashboard's and the UI's pages, each router behind its scope and
+    ownership checks; and note the methods at each path (what a 405 names)."""
+    import fastapi
+
+    from lab.server.dashboard import router as dashboard_api
+    from lab.server.health import router as health_api
+    from lab.server.health import token_router
+    from lab.server.ingest import router as ingest_api
+    from lab.server.openapi import problems, with_models
+    from lab.server.ops import OpsBatch
+    from lab.server.owners import checked, scoped
+    from lab.server.read import router as read_api
+    from lab.server.ui import mount as mount_ui
+
+    # What any request past the token gate may be answered, whatever its route: no live
+    # token (401; off loopback, 421, without tokens), a body that stalls (408) or is too
+    # large (413), a store that fails (503).
+    everywhere = (401 if auth else 421, 408, 413, 503)
+    app.include_router(health_api, prefix=API)
+    app.include_router(
+        token_router,
+        prefix=API,
+        dependencies=[fastapi.Depends(scoped("read"))],
+        responses=problems(*everywhere),
+    )
+    # Every route past the token gate may answer these; each route declares its own besides.
+    answers = problems(*everywhere, 422)
+    if writes:
+        app.include_router(
+            ingest_api,
+            prefix=API,
+            dependencies=checked("write"),
+            responses={**answers, **problems(400, 403)},
+        )
+        with_models(app, OpsBatch)  # the ops batch: read within bounds, not by FastAPI
+    app.include_router(read_api, prefix=API, dependencies=checked("read"), responses=answers)
+    app.include_router(
+        dashboard_api,
+        prefix=f"{API}/dashboard",
+        dependencies=checked("read"),
+        responses=answers,
+    )
+    mount_ui(app, auth=auth)
+    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest_api.routes if writes else [])]
+    mounted += [(f"{API}{r.path}", r.methods) for r in read_api.routes]
+    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard_api.routes]
+    mounted += [(r.path, r.methods) for r in app.router.routes if getattr(r, "methods", None)]
+    app.state.methods = Methods(mounted)
 
 
 class Methods:
@@ -695,8 +506,40 @@ def _check_tls(certfile: str | None, keyfile: str | None) -> None:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(
             f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile}: not a PEM certificate "
-            f"and its private key ({_one_line(exc)})"
+            f"and its private key ({one_line(exc)})"
         ) from None
+
+
+def _check_options(port: int, max_body: int, *timeouts: float) -> None:
+    """`lab serve`'s port, largest body and timeouts (header, body, keep-alive), each
+    refused with one line that names its option."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
+    if max_body < 1:
+        raise ConfigError(f"--max-body {max_body}: use a number of bytes >= 1")
+    options = ("--timeout-header", "--timeout-body", "--timeout-keep-alive")
+    for option, seconds in zip(options, timeouts, strict=True):
+        _check_seconds(option, seconds)
+
+
+def _served_app(url: Any, host: str, *, max_body: int, body_timeout: float) -> Any:
+    """The app `lab serve` runs over the store at `url` (opened and migrated here): refused
+    with one line when `host` is not loopback and the store holds no live token, so that
+    the port never lets in someone the store cannot identify."""
+    from lab.server.auth import has_live_token
+
+    the_store = Store(url)
+    try:
+        if not is_loopback(host) and not has_live_token(the_store.engine):
+            raise ConfigError(
+                f"lab serve --host {host}: the store has no live token, so anyone who reaches "
+                "the port could write; make one first: lab token create NAME --scope write "
+                f"--store {url.shown}"
+            )
+        return create_app(the_store, max_body=max_body, body_timeout=body_timeout)
+    except BaseException:
+        the_store.close()
+        raise
 
 
 def serve(
@@ -726,18 +569,10 @@ def serve(
     require("uvicorn", "server", "lab serve")
     import uvicorn
 
-    from lab.server.auth import has_live_token
     from lab.server.timeouts import with_header_timeout
     from lab.store.engine import resolve_url
 
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port {port}: use a TCP port from 0 to 65535")
-    if max_body < 1:
-        raise ConfigError(f"--max-body {max_body}: use a number of bytes >= 1")
-    for option, seconds in (("--timeout-header", timeout_header),
-                            ("--timeout-body", timeout_body),
-                            ("--timeout-keep-alive", timeout_keep_alive)):  # fmt: skip
-        _check_seconds(option, seconds)
+    _check_options(port, max_body, timeout_header, timeout_body, timeout_keep_alive)
     url = resolve_url(store)
     if url.backend not in ("sqlite", "postgresql"):
         raise ConfigError(
@@ -745,18 +580,7 @@ def serve(
             "sqlite:/// or postgresql:// URL"
         )
     _check_tls(ssl_certfile, ssl_keyfile)
-    the_store = Store(url)
-    try:
-        if not is_loopback(host) and not has_live_token(the_store.engine):
-            raise ConfigError(
-                f"lab serve --host {host}: the store has no live token, so anyone who reaches "
-                "the port could write; make one first: lab token create NAME --scope write "
-                f"--store {url.shown}"
-            )
-        app = create_app(the_store, max_body=max_body, body_timeout=timeout_body)
-    except BaseException:
-        the_store.close()
-        raise
+    app = _served_app(url, host, max_body=max_body, body_timeout=timeout_body)
     config = uvicorn.Config(
         app,
         host=host,

@@ -1,7 +1,7 @@
 """Tokens: made once, kept only as a hash, compared in constant time.
 
 A token is ``lab_`` + 43 URL-safe random characters (256 bits). The store keeps its SHA-256
-hash (`lab.store.schema.SqlToken`), so a stolen database holds no usable token. A ``read``
+hash (`lab.store.tokens`), so a stolen database holds no usable token. A ``read``
 token reads; a ``write`` token reads too, and writes the experiments it owns; an ``admin``
 token reads and writes every experiment. A token may be limited to one experiment, which
 is then all it reads and writes (`lab.server.owners` has the whole model).
@@ -15,13 +15,12 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from lab._names import MAX_NAME, check_name
-from lab.errors import ConfigError, NoToken
-from lab.store.engine import transaction
-from lab.store.schema import TOKEN_SCOPES, SqlToken
+from lab.errors import ConfigError
+from lab.store import tokens
+from lab.store.tables import TOKEN_SCOPES
 
 Scope = Literal["read", "write", "admin"]
 PREFIX = "lab_"
@@ -58,23 +57,8 @@ def create_token(engine: Engine, name: str, scope: Scope, experiment: str | None
                 "or make a write token limited to it"
             )
     token = PREFIX + secrets.token_urlsafe(32)
-    with transaction(engine) as conn:
-        taken = conn.execute(sa.select(SqlToken.revoked_at).where(SqlToken.name == name)).first()
-        if taken is not None:
-            # a revoked token keeps its name, so that `lab token list` still shows it
-            state = "a revoked token" if taken.revoked_at is not None else "a token"
-            raise ConfigError(f"{state} named {name!r} exists; pick another name")
-        conn.execute(
-            sa.insert(SqlToken).values(
-                name=name,
-                scope=scope,
-                token_hash=hash_token(token),
-                created_at=datetime.now(UTC).replace(tzinfo=None),
-                revoked_at=None,
-                # only when given: a store migrated up to an older revision has no column
-                **({} if experiment is None else {"experiment": experiment}),
-            )
-        )
+    now = datetime.now(UTC).replace(tzinfo=None)
+    tokens.add_token(engine, name, scope, hash_token(token), now, experiment)
     return token
 
 
@@ -82,26 +66,22 @@ def find_token(engine: Engine, token: str) -> Token | None:
     """The name, scope and experiment of a live (not revoked) `token`, or None for a token
     the store does not know or has revoked. The lookup is by hash, and the hash is compared
     again in constant time, so no timing tells how much of a guess was right."""
-    row = _live(engine, token, SqlToken.experiment)
+    row = _live(engine, token, experiment=True)
     return None if row is None else Token(row.name, row.scope, row.experiment)
 
 
 def token_scope(engine: Engine, token: str) -> Scope | None:
     """The scope of a live `token`, or None (see `find_token`); it reads only the columns
     every revision with tokens has."""
-    row = _live(engine, token)
+    row = _live(engine, token, experiment=False)
     return None if row is None else row.scope
 
 
-def _live(engine: Engine, token: str, *more: Any) -> Any:
-    """The row of a live `token` (name, hash, scope, revoked_at and `more` columns)."""
+def _live(engine: Engine, token: str, *, experiment: bool) -> Any:
+    """The row of a live `token` (name, hash, scope, revoked_at, and its experiment with
+    `experiment`)."""
     digest = hash_token(token)
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.select(
-                SqlToken.name, SqlToken.token_hash, SqlToken.scope, SqlToken.revoked_at, *more
-            ).where(SqlToken.token_hash == digest)
-        ).first()
+    row = tokens.token_by_hash(engine, digest, experiment=experiment)
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
     return None if row.revoked_at is not None else row
@@ -111,26 +91,10 @@ def revoke_token(engine: Engine, name: str) -> datetime | None:
     """Revoke the token named `name`: every request that carries it is refused from now on
     (each request looks its token up). Returns when it was revoked before, or None if it
     was live until now; an unknown name raises `NoToken`."""
-    now = datetime.now(UTC).replace(tzinfo=None)
-    with transaction(engine) as conn:
-        row = conn.execute(
-            sa.select(SqlToken.token_id, SqlToken.revoked_at).where(SqlToken.name == name)
-        ).first()
-        if row is None:
-            raise NoToken(f"no token named {name!r}; lab token list shows the tokens")
-        if row.revoked_at is not None:
-            return row.revoked_at
-        conn.execute(
-            sa.update(SqlToken).where(SqlToken.token_id == row.token_id).values(revoked_at=now)
-        )
-    return None
+    return tokens.revoke_token(engine, name, datetime.now(UTC).replace(tzinfo=None))
 
 
 def has_live_token(engine: Engine) -> bool:
     """Whether the store holds a token that is not revoked: `lab serve` binds an address
     other than loopback only then, so nobody it cannot identify can reach the store."""
-    with engine.connect() as conn:
-        live = conn.execute(
-            sa.select(SqlToken.token_id).where(SqlToken.revoked_at.is_(None)).limit(1)
-        ).first()
-    return live is not None
+    return tokens.has_live_token(engine)

@@ -24,7 +24,7 @@ from typing import Any
 
 from lab._metrics import check_key
 from lab.errors import LabError
-from lab.server.app import Rejected
+from lab.server.rejected import Rejected
 
 #: The most metric rows one Arrow batch may hold: twice what `lab`'s client sends in one.
 MAX_BATCH_ROWS = 500_000

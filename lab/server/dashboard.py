@@ -19,7 +19,6 @@ once per app (each request reads through its own cursor of it). JSON is the read
 from __future__ import annotations
 
 import functools
-import json
 import math
 import threading
 from datetime import datetime
@@ -36,7 +35,6 @@ from lab._ranking import COUNTED_STATUSES, Mode, choose, counted, declaration, r
 from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
-from lab.server.app import Rejected
 from lab.server.openapi import (
     EXACT,
     NamePath,
@@ -59,21 +57,11 @@ from lab.server.read import (
     Text,
     bucket_bounds,
 )
-from lab.store import Store, blocks
+from lab.server.rejected import Rejected
+from lab.store import Store
+from lab.store import dashboard_reads as reads
+from lab.store.curves import Cells, cut
 from lab.store.engine import connect
-from lab.store.schema import (
-    BLOCK_STEPS,
-    SqlArm,
-    SqlCheckpoint,
-    SqlEval,
-    SqlExperiment,
-    SqlGroup,
-    SqlHistogram,
-    SqlImage,
-    SqlPrediction,
-    SqlRun,
-    SqlSummary,
-)
 
 router = fastapi.APIRouter(tags=["dashboard"])
 
@@ -254,12 +242,6 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return (end - start).total_seconds() if start is not None and end is not None else None
 
 
-def _nan(value: float | None) -> float:
-    """A metric value as read back: SQLite keeps NaN as NULL, and a metric is never
-    missing."""
-    return math.nan if value is None else value
-
-
 def _ranking(config: Any, keys: set[str] | list[str]) -> tuple[str | None, Mode]:
     """The metric and mode an experiment's arms are ranked by when the request names none:
     the one it declares, else ``val/loss`` or ``loss`` (`lab._ranking.choose`)."""
@@ -301,55 +283,15 @@ def experiments(
         raise Rejected(400, f"offset={offset}: give 0 to {EXACT}", "offset")
     if not 1 <= limit <= MAX_EXPERIMENTS:
         raise Rejected(400, f"limit={limit}: a page holds 1 to {MAX_EXPERIMENTS} rows", "limit")
-    where = sa.true()
-    if q:
-        where = sa.func.lower(SqlExperiment.name).contains(q.lower(), autoescape=True)
-    only = access(request).only
-    if only is not None:
-        where = sa.and_(where, SqlExperiment.name == only)
-    current = SqlRun.superseded_at.is_(None)
     with connect(store.engine) as conn:
-        total = conn.execute(sa.select(sa.func.count()).where(where)
-                             .select_from(SqlExperiment)).scalar_one()  # fmt: skip
-        page = conn.execute(
-            sa.select(SqlExperiment.experiment_id, SqlExperiment.name, SqlExperiment.status,
-                      SqlExperiment.repeats, SqlExperiment.config, SqlExperiment.created_at,
-                      SqlExperiment.ended_at)
-            .where(where).order_by(SqlExperiment.experiment_id.desc())
-            .offset(offset).limit(limit)
-        ).mappings().all()  # fmt: skip
-        ids = [e["experiment_id"] for e in page]
-        in_page = SqlRun.experiment_id.in_(ids)
-        runs = conn.execute(
-            sa.select(SqlRun.run_id, SqlRun.experiment_id, SqlRun.arm_id, SqlRun.stage,
-                      SqlRun.status).where(in_page, current)
-        ).all()  # fmt: skip
-        arms = dict(conn.execute(
-            sa.select(SqlArm.experiment_id, sa.func.count())
-            .where(SqlArm.experiment_id.in_(ids)).group_by(SqlArm.experiment_id)
-        ).all())  # fmt: skip
-        keys: dict[int, set[str]] = {}
-        for exp_id, key in conn.execute(
-            sa.select(SqlRun.experiment_id, SqlSummary.key).distinct()
-            .join(SqlSummary, SqlSummary.run_id == SqlRun.run_id).where(in_page, current)
-        ):  # fmt: skip
-            keys.setdefault(exp_id, set()).add(key)
+        found = reads.experiments_page(conn, q, access(request).only, offset, limit)
+        page, keys = found["page"], found["keys"]
         ranking = {e["experiment_id"]: _ranking(e["config"], keys.get(e["experiment_id"], set()))
                    for e in page}  # fmt: skip
         wanted = {metric for metric, _mode in ranking.values() if metric is not None}
-        finals = {
-            (run_id, key): _nan(value)
-            for run_id, key, value in conn.execute(
-                sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_value)
-                .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
-                .where(in_page, current, SqlSummary.key.in_(wanted),
-                       SqlRun.status.in_(COUNTED_STATUSES))
-            )
-        }  # fmt: skip
-        arm_order = {arm_id: (exp_id, name) for arm_id, exp_id, name in conn.execute(
-            sa.select(SqlArm.arm_id, SqlArm.experiment_id, SqlArm.name)
-            .where(SqlArm.experiment_id.in_(ids)).order_by(SqlArm.arm_id)
-        )}  # fmt: skip
+        ids = [e["experiment_id"] for e in page]
+        finals = reads.finals(conn, ids, wanted, COUNTED_STATUSES)
+    runs, arms, arm_order, total = found["runs"], found["arms"], found["arm_order"], found["total"]
     crashed = store.crashed_now()  # runs and experiments whose process is gone
     gone = crashed.runs
     per_exp: dict[int, list[Any]] = {}
@@ -405,11 +347,7 @@ def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, A
     runs as the runs table shows them, with their configs."""
     exp = store.get_experiment(name)
     with connect(store.engine) as conn:
-        configs = dict(conn.execute(
-            sa.select(SqlRun.run_id, SqlRun.config)
-            .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-            .where(SqlExperiment.name == name, SqlRun.superseded_at.is_(None))
-        ).all())  # fmt: skip
+        configs = reads.run_configs(conn, name)
     runs = [
         {
             "run_id": r["run_id"], "run_key": r["run_key"], "arm": r["arm"],
@@ -486,36 +424,21 @@ def curves(
 
     An arm's curves are drawn from the runs `lab.inspect` counts (completed and stopped, at
     the arm's last stage) and its running ones. Every run's buckets are cut on the server
-    (`_cut`) from the metric blocks: wide ones from their envelopes and the points at
-    their edges, narrow ones from the points packed in them, then the arms' numbers are
-    taken over the cells in numpy. The answer is a few thousand numbers, never every
+    (`lab.store.curves.cut`) from the metric blocks: wide ones from their envelopes and the
+    points at their edges, narrow ones from the points packed in them, then the arms'
+    numbers are taken over the cells in numpy. The answer is a few thousand numbers, never every
     point.
     """
     if not 1 <= buckets <= MAX_CURVE_BUCKETS:
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_CURVE_BUCKETS} buckets", "buckets")
     gone = _gone(store)
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
-        config = conn.execute(
-            sa.select(SqlExperiment.config).where(SqlExperiment.experiment_id == experiment_id)
-        ).scalar_one()
-        members = conn.execute(
-            sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.arm_id, SqlArm.name, SqlRun.repeat,
-                      SqlRun.stage, SqlRun.status)
-            .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
-            .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
-            .order_by(SqlRun.arm_id, SqlRun.repeat, SqlRun.stage, SqlRun.run_id)
-        ).all()  # fmt: skip
+        experiment_id = store.experiment_id(conn, name)
+        config, members = reads.curve_members(conn, experiment_id)
         ids = [r.run_id for r in members]
-        lo, hi = conn.execute(
-            sa.select(sa.func.min(SqlSummary.first_step), sa.func.max(SqlSummary.last_step))
-            .where(SqlSummary.run_id.in_(ids), SqlSummary.key == metric)
-        ).one()  # fmt: skip
+        lo, hi = reads.metric_span(conn, ids, metric)
         if lo is None:
-            known = conn.execute(
-                sa.select(SqlSummary.key).distinct().where(SqlSummary.run_id.in_(ids))
-                .order_by(SqlSummary.key)
-            ).scalars().all()  # fmt: skip
+            known = reads.metric_keys(conn, ids)
             raise Rejected(
                 404,
                 f"experiment {name!r} has no metric {metric!r}; it has: "
@@ -523,7 +446,19 @@ def curves(
                 "metric",
             )
         bounds = bucket_bounds(lo, hi, buckets)
-    cut = _cut(store.engine, ids, metric, bounds, last=runs)
+    cells = cut(store.engine, ids, metric, bounds, last=runs)
+    declared = (declaration(config).bounds or {}).get(metric)
+    answer_arms = [
+        _arm_curve(arm, cells, run_ids, declared) for arm, run_ids in _arms(members, gone)
+    ]
+    answer_runs = _run_curves(members, cells) if runs else []
+    return LabJSON({"metric": metric, "buckets": buckets, "arms": answer_arms,
+                    "runs": answer_runs})  # fmt: skip
+
+
+def _arms(members: list[Any], gone: dict[int, str]) -> list[tuple[str | None, list[int]]]:
+    """Each arm's name and the runs its curve is drawn from: at the arm's last stage, of
+    `CURVE_STATUSES` (a run whose process is gone counted as crashed)."""
     last_stage: dict[int | None, int] = {}
     for r in members:
         last_stage[r.arm_id] = max(last_stage.get(r.arm_id, r.stage), r.stage)
@@ -532,24 +467,23 @@ def curves(
         status = "crashed" if r.run_id in gone else r.status
         if status in CURVE_STATUSES and r.stage == last_stage[r.arm_id]:
             arms.setdefault(r.arm_id, (r.name, []))[1].append(r.run_id)
-    declared = declaration(config).bounds or {}
-    answer_arms = [
-        _arm_curve(arm, cut, run_ids, declared.get(metric)) for arm, run_ids in arms.values()
-    ]
+    return list(arms.values())
+
+
+def _run_curves(members: list[Any], cells: Cells) -> list[dict[str, Any]]:
+    """Each run's own curve: per bucket its last step, min, max and last value."""
     answer_runs = []
-    if runs:
-        starts = np.searchsorted(cut.run_id, [r.run_id for r in members], side="left")
-        stops = np.searchsorted(cut.run_id, [r.run_id for r in members], side="right")
-        for r, a, b in zip(members, starts.tolist(), stops.tolist(), strict=True):
-            counted = cut.counted[a:b]
-            answer_runs.append({
-                "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
-                "step": cut.step[a:b].tolist(),
-                "min": _listed(cut.low[a:b], counted), "max": _listed(cut.high[a:b], counted),
-                "last": cut.last[a:b].tolist(),
-            })  # fmt: skip
-    return LabJSON({"metric": metric, "buckets": buckets, "arms": answer_arms,
-                    "runs": answer_runs})  # fmt: skip
+    starts = np.searchsorted(cells.run_id, [r.run_id for r in members], side="left")
+    stops = np.searchsorted(cells.run_id, [r.run_id for r in members], side="right")
+    for r, a, b in zip(members, starts.tolist(), stops.tolist(), strict=True):
+        counted = cells.counted[a:b]
+        answer_runs.append({
+            "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
+            "step": cells.step[a:b].tolist(),
+            "min": _listed(cells.low[a:b], counted), "max": _listed(cells.high[a:b], counted),
+            "last": cells.last[a:b].tolist(),
+        })  # fmt: skip
+    return answer_runs
 
 
 @functools.lru_cache(maxsize=1024)
@@ -558,7 +492,7 @@ def _t(df: int) -> float:
 
 
 def _arm_curve(
-    arm: str | None, cut: _Cells, run_ids: list[int], bounds: tuple[float, float] | None
+    arm: str | None, cut: Cells, run_ids: list[int], bounds: tuple[float, float] | None
 ) -> dict[str, Any]:
     """One arm's curve from its runs' cells: per bucket that any of its runs reached, the
     last step any of them logged there, the mean of the runs' means with
@@ -612,221 +546,11 @@ def _listed(values: Any, known: Any) -> list[float | None]:
     return [v if k else None for v, k in zip(values.tolist(), known.tolist(), strict=True)]
 
 
-class _Cells:
-    """A metric's cut, one entry per run and non-empty bucket, sorted by run then bucket,
-    as numpy columns: `run_id`, bucket `i`, `low`, `high` and `mean` of the numbers
-    (NaN where `counted` is False: the bucket held NaN only), the `step` of the run's
-    last point in the bucket, and the `last` value as logged there (NaN kept; NaN
-    throughout when it was not asked for)."""
-
-    __slots__ = ("counted", "high", "i", "last", "low", "mean", "run_id", "step")
-
-    def __init__(self, cells: list[tuple[int, int, Any, Any, Any, int, Any]]) -> None:
-        cells.sort(key=lambda c: (c[0], c[1]))
-        nan = math.nan
-        self.run_id = np.array([c[0] for c in cells], dtype=np.int64)
-        self.i = np.array([c[1] for c in cells], dtype=np.int64)
-        self.low = np.array([nan if c[2] is None else c[2] for c in cells], dtype=float)
-        self.high = np.array([nan if c[3] is None else c[3] for c in cells], dtype=float)
-        self.mean = np.array([nan if c[4] is None else c[4] for c in cells], dtype=float)
-        self.counted = np.array([c[4] is not None for c in cells], dtype=bool)
-        self.step = np.array([c[5] for c in cells], dtype=np.int64)
-        self.last = np.array([nan if c[6] is None else c[6] for c in cells], dtype=float)
-
-    @classmethod
-    def of(cls, columns: blocks.Columns | None, rest: list[tuple[Any, ...]], last: bool) -> _Cells:
-        """The cells of a packed cut (`columns`), with `rest`'s (cut another way) added."""
-        cells = cls(rest)
-        if columns is None:
-            return cells
-        counted = columns.count > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(counted, columns.total / columns.count, np.nan)
-        parts = {
-            "run_id": columns.run_id, "i": columns.i, "low": columns.low,
-            "high": columns.high, "mean": mean, "counted": counted, "step": columns.final,
-            "last": columns.last if last else np.full(len(counted), np.nan),
-        }  # fmt: skip
-        order = None
-        if rest:
-            order = np.lexsort((np.r_[cells.i, columns.i], np.r_[cells.run_id, columns.run_id]))
-        for name, column in parts.items():
-            joined = np.concatenate([getattr(cells, name), column])
-            setattr(cells, name, joined if order is None else joined[order])
-        return cells
-
-
-def _cut(
-    engine: sa.Engine,
-    run_ids: list[int],
-    key: str,
-    bounds: list[tuple[int, int, int]],
-    *,
-    last: bool,
-) -> _Cells:
-    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): min, max
-    and mean without NaN, the last value as logged (with `last`), as `_Cells`.
-
-    Buckets narrower than two metric blocks, and every bucket on PostgreSQL (whose other
-    cut reads each point), are cut from the points packed in the blocks
-    (`lab.store.blocks.packed_columns`: a row per 32 points, cut in numpy). Wider ones on
-    SQLite are cut from the blocks' envelopes and the points at their edges
-    (`lab.store.blocks.cut_on`). A run whose blocks do not add up to its summary is cut
-    from its points (`_cut_by_points`): the same answer, read slower."""
-    if not run_ids:
-        return _Cells([])
-    sqlite = engine.dialect.name == "sqlite"
-    if sqlite and any(hi - lo >= 2 * BLOCK_STEPS for _, lo, hi in bounds):
-        cells = blocks.cut_on(engine, key, run_ids, bounds, last=last)
-        return _Cells([
-            (run_id, i, c[2], c[3], c[4] / c[5] if c[5] else None, c[1], c[6])
-            for (run_id, i), c in cells.items()
-        ])  # fmt: skip
-    with connect(engine) as conn:
-        columns, rest = blocks.packed_columns(conn, key, run_ids, bounds)
-    slow = []
-    if rest:
-        per_run = _cut_by_points(engine, rest, key, bounds, last=last)
-        slow = [(run_id, i, *c) for run_id, per in per_run.items() for i, c in per.items()]
-    return _Cells.of(columns, slow, last)
-
-
-def _cut_by_points(
-    engine: sa.Engine,
-    run_ids: list[int],
-    key: str,
-    bounds: list[tuple[int, int, int]],
-    *,
-    last: bool,
-) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """`_cut` from every point of the runs: one grouped pass (`_cut_points`), shared out
-    to one connection per core on a SQLite file when the buckets are many."""
-    parts = blocks.SPLIT_PARTS
-    many = len(run_ids) * len(bounds) >= blocks.SPLIT_BUCKETS
-    if engine.dialect.name == "sqlite" and many and parts > 1 and blocks._splittable(engine):
-        return _cut_points_split(engine, run_ids, key, bounds, last=last, parts=parts)
-    with connect(engine) as conn:
-        return _cut_points(conn, engine.dialect.name, run_ids, key, bounds, last=last)
-
-
-def _cut_points(
-    conn: sa.Connection,
-    dialect: str,
-    run_ids: list[int],
-    key: str,
-    bounds: list[tuple[int, int, int]],
-    *,
-    last: bool,
-) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """Per run and non-empty bucket of `key` (`bounds`, from `bucket_bounds`): (min, max,
-    mean, last step, last value), min, max and mean without NaN (None when the bucket held
-    NaN only), the last value as logged (with `last`; else None), in one grouped query over the
-    metrics' (run_id, key, step) key.
-
-    SQLite: the runs' buckets go into a temporary table in (run, bucket) order, joined to
-    each bucket's range of the key, so the grouping follows the key and never sorts the
-    points. PostgreSQL: one hash aggregate over the runs' range of the key, bucket i
-    holding the steps s with ``(s - lo) * n // (hi - lo + 1) == i``, the last value taken
-    in the same pass. On SQLite the last value is a key lookup per bucket at its last
-    step."""
-    if not run_ids:
-        return {}
-    args: dict[str, Any] = {"key": key}
-    if dialect == "sqlite":
-        conn.exec_driver_sql(_SQLITE_CURVE_BOUNDS)
-        conn.exec_driver_sql(_SQLITE_CURVE_BUCKETS)
-        conn.exec_driver_sql("DELETE FROM temp.lab_curve_bounds")
-        conn.exec_driver_sql("DELETE FROM temp.lab_curve_buckets")
-        conn.exec_driver_sql("INSERT INTO temp.lab_curve_bounds VALUES (?, ?, ?)", bounds)
-        conn.exec_driver_sql(
-            "INSERT INTO temp.lab_curve_buckets SELECT r.value, b.i, b.lo, b.hi "
-            "FROM json_each(?) r, temp.lab_curve_bounds b ORDER BY 1, 2",
-            (json.dumps(run_ids),),
-        )
-        lookup = (
-            '(SELECT l.value FROM metrics l WHERE l.run_id = g.run_id AND l."key" = :key '
-            "AND l.step = g.last_step)"
-        )
-        sql = sa.text(f"SELECT g.*, {lookup if last else 'NULL'} FROM ({_SQLITE_CURVE_CUT}) g")
-    else:
-        lo, hi = bounds[0][1], bounds[-1][2] - 1
-        args.update(run_ids=run_ids, lo=lo, n=len(bounds), width=hi - lo + 1)
-        # The groups' hash table in memory (a few MB per 100,000 buckets), not spilled to
-        # disk as the default work_mem would; no JIT, which costs more than it saves here.
-        conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
-        conn.exec_driver_sql("SET LOCAL jit = off")
-        grouped = _PG_CURVE_CUT.format(last=_PG_LAST if last else "NULL")
-        sql = sa.text(grouped).bindparams(sa.bindparam("run_ids", expanding=True))
-    out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for run_id, i, low, high, mean, step, value in conn.execute(sql, args):
-        out.setdefault(run_id, {})[int(i)] = (low, high, mean, step, _nan(value) if last else None)
-    return out
-
-
-def _cut_points_split(
-    engine: sa.Engine,
-    run_ids: list[int],
-    key: str,
-    bounds: list[tuple[int, int, int]],
-    *,
-    last: bool,
-    parts: int,
-) -> dict[int, dict[int, tuple[Any, ...]]]:
-    """`_cut_points` on SQLite, its runs shared out to `parts` connections at once (SQLite runs a
-    statement on one core): the same answer, each run read whole on one connection."""
-    shares = [run_ids[k::parts] for k in range(parts) if run_ids[k::parts]]
-
-    def cut(share: list[int]) -> dict[int, dict[int, tuple[Any, ...]]]:
-        with connect(engine) as conn:
-            return _cut_points(conn, "sqlite", share, key, bounds, last=last)
-
-    out: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for part in blocks._splitters.map(cut, shares):
-        out.update(part)
-    return out
-
-
-_PG_LAST = "(max(ARRAY[m.step::double precision, m.value]))[2]"
-_SQLITE_CURVE_BOUNDS = (
-    "CREATE TEMP TABLE IF NOT EXISTS lab_curve_bounds "
-    "(i INTEGER PRIMARY KEY, lo INTEGER NOT NULL, hi INTEGER NOT NULL)"
-)
-_SQLITE_CURVE_BUCKETS = (
-    "CREATE TEMP TABLE IF NOT EXISTS lab_curve_buckets (run_id INTEGER NOT NULL, "
-    "i INTEGER NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL, PRIMARY KEY (run_id, i)) "
-    "WITHOUT ROWID"
-)
-# SQLite keeps NaN as NULL, which min, max and avg skip.
-_SQLITE_CURVE_CUT = """
-SELECT b.run_id, b.i, min(m.value) AS lo_value, max(m.value) AS hi_value,
-       avg(m.value) AS mean, max(m.step) AS last_step
-FROM temp.lab_curve_buckets b
-JOIN metrics m ON m.run_id = b.run_id AND m."key" = :key AND m.step >= b.lo AND m.step < b.hi
-GROUP BY b.run_id, b.i
-"""
-# PostgreSQL keeps NaN, which it orders above every number: left out of min, max and avg.
-# The last value is taken in the same pass: the greatest (step, value) pair's value.
-_PG_CURVE_CUT = """
-SELECT m.run_id, (m.step - :lo) * :n / :width AS i,
-       min(NULLIF(m.value, 'NaN'::double precision)) AS lo_value,
-       max(NULLIF(m.value, 'NaN'::double precision)) AS hi_value,
-       avg(NULLIF(m.value, 'NaN'::double precision)) AS mean, max(m.step) AS last_step,
-       {last} AS last_value
-FROM metrics m
-WHERE m.run_id IN :run_ids AND m."key" = :key
-GROUP BY 1, 2
-"""
-
-
 # -- predictions: disagreements and breakdowns ------------------------------------------------
 
 
 def _check_eval(conn: sa.Connection, experiment_id: int, name: str, eval: str) -> None:
-    known = conn.execute(
-        sa.select(SqlEval.name).distinct().join(SqlRun, SqlRun.run_id == SqlEval.run_id)
-        .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
-        .order_by(SqlEval.name)
-    ).scalars().all()  # fmt: skip
+    known = reads.experiment_eval_names(conn, experiment_id)
     if eval not in known:
         raise Rejected(
             404, f"experiment {name!r} has no eval {eval!r}; it has: {', '.join(known) or 'none'}",
@@ -856,11 +580,8 @@ def disagreements(
     if not 1 <= limit <= MAX_DISAGREEMENTS:
         raise Rejected(400, f"limit={limit}: give 1 to {MAX_DISAGREEMENTS} rows", "limit")
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
-        arms = conn.execute(
-            sa.select(SqlArm.name).where(SqlArm.experiment_id == experiment_id)
-            .order_by(SqlArm.arm_id)
-        ).scalars().all()  # fmt: skip
+        experiment_id = store.experiment_id(conn, name)
+        arms = reads.arm_names(conn, experiment_id)
         for field, arm in (("arm_a", arm_a), ("arm_b", arm_b)):
             if arm not in arms:
                 raise Rejected(404, f"experiment {name!r} has no arm {arm!r}; arms: "
@@ -882,7 +603,7 @@ def breakdown(name: NamePath, eval: Text, store: Store = StoreDep, duck: Any = A
     import lab.inspect
 
     with connect(store.engine) as conn:
-        _check_eval(conn, store._experiment_id(conn, name), name, eval)
+        _check_eval(conn, store.experiment_id(conn, name), name, eval)
     return LabJSON({"rows": _relation_rows(lab.inspect.breakdown(duck, name, eval))})
 
 
@@ -910,21 +631,9 @@ def experiment(
     exp, runs = _run_rows(store, name)
     ids = [r["run_id"] for r in runs]
     with connect(store.engine) as conn:
-        keys = conn.execute(
-            sa.select(SqlSummary.key).distinct().where(SqlSummary.run_id.in_(ids))
-            .order_by(SqlSummary.key)
-        ).scalars().all()  # fmt: skip
-        evals = conn.execute(
-            sa.select(SqlEval.name).distinct().where(SqlEval.run_id.in_(ids))
-            .order_by(SqlEval.name)
-        ).scalars().all()  # fmt: skip
-        chained = conn.execute(
-            sa.select(SqlGroup.name, SqlArm.name, SqlRun.run_id)
-            .join(SqlRun, SqlRun.group_id == SqlGroup.group_id)
-            .join(SqlArm, SqlArm.arm_id == SqlGroup.arm_id, isouter=True)
-            .where(SqlGroup.kind == "chain", SqlRun.run_id.in_(ids))
-            .order_by(SqlGroup.group_id, SqlRun.stage, SqlRun.run_id)
-        ).all()  # fmt: skip
+        keys = reads.metric_keys(conn, ids)
+        evals = reads.eval_names(conn, ids)
+        chained = reads.chain_runs(conn, ids)
     if metric is not None and metric not in keys:
         raise Rejected(
             404, f"experiment {name!r} has no metric {metric!r}; it has: "
@@ -963,13 +672,7 @@ def experiment(
 
 
 def _run(conn: sa.Connection, run_id: int) -> Any:
-    found = conn.execute(
-        sa.select(*SqlRun.__table__.columns, SqlExperiment.name.label("experiment"),
-                  SqlArm.name.label("arm"))
-        .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-        .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
-        .where(SqlRun.run_id == run_id)
-    ).mappings().first()  # fmt: skip
+    found = reads.run_named(conn, run_id)
     if found is None:
         raise NoRun(f"no run with id {run_id} in the store; list them: GET "
                     "/api/v1/dashboard/experiments/NAME/runs")  # fmt: skip
@@ -987,47 +690,7 @@ def run(run_id: RunPath, store: Store = StoreDep) -> Any:
     (`image`). A run whose process is gone shows as crashed."""
     with connect(store.engine) as conn:
         r = _run(conn, run_id)
-        metrics = conn.execute(
-            sa.select(SqlSummary.key, SqlSummary.count, SqlSummary.first_step,
-                      SqlSummary.last_step, SqlSummary.last_value.label("last"),
-                      SqlSummary.min_value.label("min"), SqlSummary.max_value.label("max"))
-            .where(SqlSummary.run_id == run_id).order_by(SqlSummary.key)
-        ).mappings().all()  # fmt: skip
-        counts = (
-            sa.select(SqlPrediction.eval_id, sa.func.count().label("n"))
-            .join(SqlEval, SqlEval.eval_id == SqlPrediction.eval_id)
-            .where(SqlEval.run_id == run_id).group_by(SqlPrediction.eval_id).subquery()
-        )  # fmt: skip
-        evals = conn.execute(
-            sa.select(SqlEval.eval_id, SqlEval.name, SqlEval.step, SqlEval.metrics,
-                      SqlEval.breakdowns, SqlEval.tags, SqlEval.seconds, SqlEval.error,
-                      sa.func.coalesce(counts.c.n, 0).label("predictions"))
-            .join(counts, counts.c.eval_id == SqlEval.eval_id, isouter=True)
-            .where(SqlEval.run_id == run_id).order_by(SqlEval.eval_id)
-        ).mappings().all()  # fmt: skip
-        checkpoints = conn.execute(
-            sa.select(SqlCheckpoint.step, SqlCheckpoint.path, SqlCheckpoint.event,
-                      SqlCheckpoint.metrics, SqlCheckpoint.reason, SqlCheckpoint.created_at)
-            .where(SqlCheckpoint.run_id == run_id).order_by(SqlCheckpoint.checkpoint_id)
-        ).mappings().all()  # fmt: skip
-        newest = (
-            sa.select(SqlHistogram.key, sa.func.max(SqlHistogram.step).label("step"))
-            .where(SqlHistogram.run_id == run_id)
-            .group_by(SqlHistogram.key)
-            .subquery()
-        )
-        histograms = conn.execute(
-            sa.select(SqlHistogram.key, SqlHistogram.step, SqlHistogram.edges,
-                      SqlHistogram.counts, SqlHistogram.nan, SqlHistogram.posinf,
-                      SqlHistogram.neginf)
-            .join(newest, sa.and_(newest.c.key == SqlHistogram.key,
-                                  newest.c.step == SqlHistogram.step))
-            .where(SqlHistogram.run_id == run_id).order_by(SqlHistogram.key)
-        ).mappings().all()  # fmt: skip
-        images = conn.execute(
-            sa.select(SqlImage.key, SqlImage.step, SqlImage.width, SqlImage.height)
-            .where(SqlImage.run_id == run_id).order_by(SqlImage.key, SqlImage.step)
-        ).mappings().all()  # fmt: skip
+        parts = reads.run_records(conn, run_id)
     status, error = r["status"], r["error"]
     why = _gone(store).get(run_id) if status == "running" else None
     if why is not None:
@@ -1042,12 +705,10 @@ def run(run_id: RunPath, store: Store = StoreDep) -> Any:
         "callback_errors": r["callback_errors"] or [], "started_at": r["started_at"],
         "ended_at": r["ended_at"], "duration_s": _seconds(r["started_at"], r["ended_at"]),
         "parent_run_id": r["parent_run_id"], "live": status == "running",
-        "metrics": [{**m, "last": _nan(m["last"])} for m in metrics],
-        "evals": [dict(e) for e in evals],
-        "checkpoints": [dict(c) for c in checkpoints],
-        "histograms": [dict(h) for h in histograms],
+        "metrics": parts["metrics"], "evals": parts["evals"],
+        "checkpoints": parts["checkpoints"], "histograms": parts["histograms"],
         "images": [{**i, "url": base + urlencode({"key": i["key"], "step": i["step"]})}
-                   for i in images],
+                   for i in parts["images"]],
     })  # fmt: skip
 
 
@@ -1086,18 +747,15 @@ def image(
     absolute path or a link, is answered 404 like a missing file)."""
     with connect(store.engine) as conn:
         found = _run(conn, run_id)
-        row = conn.execute(
-            sa.select(SqlImage.path, SqlImage.data).where(
-                SqlImage.run_id == run_id, SqlImage.key == key, SqlImage.step == step
-            )
-        ).first()
+        row = reads.image_row(conn, run_id, key, step)
     if row is None:
         raise Rejected(404, f"run {run_id} has no image {key!r} at step {step}", "key")
-    if row.data is not None:
-        return Response(bytes(row.data), media_type="image/png")
+    path, data = row
+    if data is not None:
+        return Response(bytes(data), media_type="image/png")
     if not getattr(request.app.state, "run_folders", False):
         raise Rejected(404, NO_BYTES.format(run_id=run_id, key=key, step=step), "key")
-    return Response(_from_folder(found["output_dir"], row.path, run_id, key, step),
+    return Response(_from_folder(found["output_dir"], path, run_id, key, step),
                     media_type="image/png")  # fmt: skip
 
 

@@ -37,7 +37,6 @@ from lab._names import MAX_KEY, check_name
 from lab.errors import ConfigError, LabError, NoExperiment, NoRun, RunBusy, StoreError
 from lab.media import png_size
 from lab.records import EvalResult, ManifestRow
-from lab.server.app import Rejected
 from lab.server.bodies import metric_columns, ops_body
 from lab.server.openapi import (
     INT32,
@@ -57,11 +56,10 @@ from lab.server.openapi import (
 )
 from lab.server.ops import BATCH, OpsBatch, Owner
 from lab.server.owners import Access, access, as_id
+from lab.server.rejected import Rejected
 from lab.store import Store
-from lab.store._values import _now
-from lab.store.crashes import _HELD
 from lab.store.engine import one_transaction
-from lab.store.schema import EXPERIMENT_STATUSES, GROUP_KINDS, SqlIngestBatch
+from lab.store.tables import EXPERIMENT_STATUSES, GROUP_KINDS
 
 router = fastapi.APIRouter(tags=["write"])
 
@@ -360,7 +358,7 @@ def claim_run(
         **fields,
     )
     if run_id is not None:
-        _HELD.discard((store.url, run_id))
+        store.hand_over(run_id)
     return _json({"run_id": run_id, "finished": finished})
 
 
@@ -383,10 +381,8 @@ def start_run(
         owner=_owner(body.owner) or {},
         **fields,
     )
-    # The client's batches keep the run's heartbeat, not this server: a client that dies
-    # leaves a run that goes stale and is marked crashed, as a local one would.
-    store._active.discard(run_id)
-    _HELD.discard((store.url, run_id))
+    # The client's batches keep the run's heartbeat, not this server.
+    store.hand_over(run_id)
     return RunId(run_id=run_id)
 
 
@@ -521,13 +517,7 @@ def _batch_id(client_id: Any, seq: Any, where: str) -> tuple[str, int]:
 
 def _record_batch(store: Store, conn: sa.Connection, client_id: str, seq: int, rows: int) -> bool:
     """Record (client, seq) in this transaction; False when it was recorded before."""
-    stmt = (
-        store._insert(SqlIngestBatch)
-        .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
-        .on_conflict_do_nothing(index_elements=["client_id", "seq"])
-        .returning(SqlIngestBatch.seq)
-    )
-    return conn.execute(stmt).first() is not None
+    return store.record_batch(conn, client_id, seq, rows)
 
 
 @router.post(
@@ -741,7 +731,7 @@ def _heartbeat(
     """The heartbeat of a client's running runs, and of the experiments it drives with the
     client's process as their driver (`Store.drive`)."""
     if run_ids:
-        conn.execute(store._beat, {"ids": sorted(int(i) for i in run_ids), "now": _now()})
+        store.metric_rows.beat(conn, [int(i) for i in run_ids])
     if experiment_ids:
         driver = Owner.model_validate(owner or {}).model_dump()
         store.drive(conn, [int(i) for i in experiment_ids], driver)

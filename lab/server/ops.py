@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, 
 
 from lab._names import MAX_KEY
 from lab.server.openapi import EXACT, Id, Int32, Int53, KeptText, Key, Tag, whole
-from lab.store.schema import EXPERIMENT_STATUSES, RUN_STATUSES
+from lab.store.tables import EXPERIMENT_STATUSES, RUN_STATUSES
 
 #: The earliest and latest time (epoch seconds) a checkpoint row may carry: years 1 to 9999.
 FIRST_TIME, LAST_TIME = -62135596800.0, 253402300799.0

@@ -30,30 +30,20 @@ from __future__ import annotations
 
 import functools
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import fastapi
-import sqlalchemy as sa
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
-from lab.server.app import Rejected
 from lab.server.auth import Token
+from lab.server.rejected import Rejected
+from lab.store import ownership
 from lab.store.engine import connect, transaction
-from lab.store.schema import SqlArm, SqlExperiment, SqlGroup, SqlRun
 
 #: Ids looked up in one query at most (SQLite binds at most 32,766 parameters).
 CHUNK = 1000
-# Text, built once: a Core select costs more to compile than to run, and this runs with
-# every batch a client sends.
-_RUNS = sa.text(
-    "SELECT r.run_id, r.experiment_id, e.name, e.created_by FROM runs r "
-    "JOIN experiments e ON e.experiment_id = r.experiment_id WHERE r.run_id IN :ids"
-).bindparams(sa.bindparam("ids", expanding=True))
-_EXPERIMENTS = sa.text(
-    "SELECT experiment_id, name, created_by FROM experiments WHERE experiment_id IN :ids"
-).bindparams(sa.bindparam("ids", expanding=True))
 
 
 def grant(name: str, scope: str = "write") -> str:
@@ -105,11 +95,7 @@ class Access:
         (inside the transaction that creates it, when one is open, so what it checked is
         what it writes)."""
         with transaction(self.engine) as conn:
-            row = conn.execute(
-                sa.select(SqlExperiment.experiment_id, SqlExperiment.created_by).where(
-                    SqlExperiment.name == name
-                )
-            ).first()
+            row = ownership.experiment_named(conn, name)
         if row is None:
             if self.only is not None and name != self.only:
                 raise Rejected(
@@ -120,9 +106,10 @@ class Access:
                     field,
                 )
             return
-        self._experiments[row.experiment_id] = (name, row.created_by)
-        if not self.may_write(name, row.created_by):
-            self._refuse(name, row.created_by, field)
+        experiment_id, created_by = row
+        self._experiments[experiment_id] = (name, created_by)
+        if not self.may_write(name, created_by):
+            self._refuse(name, created_by, field)
 
     def check_write(
         self, *, runs: Iterable[int] = (), experiments: Iterable[int] = (), field: str | None
@@ -164,17 +151,8 @@ class Access:
         wanted += [(f"body.{f}", "run", i) for f, i in (runs or {}).items() if i is not None]
         if not wanted:
             return
-        table = {"group": (SqlGroup, SqlGroup.group_id), "arm": (SqlArm, SqlArm.arm_id),
-                 "run": (SqlRun, SqlRun.run_id)}  # fmt: skip
-        parts = [
-            sa.select(sa.literal(i).label("i"), column.label("id")).where(
-                column == value, model.experiment_id == experiment_id
-            )
-            for i, (_field, kind, value) in enumerate(wanted)
-            for model, column in [table[kind]]
-        ]
         with connect(self.engine) as conn:
-            found = {row.i for row in conn.execute(sa.union_all(*parts))}
+            found = ownership.parts_found(conn, experiment_id, [(k, v) for _f, k, v in wanted])
         for i, (field, kind, value) in enumerate(wanted):
             if i not in found:
                 raise Rejected(404, f"experiment {experiment_id} has no {kind} {value}", field)
@@ -211,11 +189,11 @@ class Access:
         if new_runs or new_experiments:
             with connect(self.engine) as conn:
                 for chunk in _chunks(new_runs):
-                    for run_id, exp_id, name, created_by in conn.execute(_RUNS, {"ids": chunk}):
+                    for run_id, exp_id, name, created_by in ownership.run_owners(conn, chunk):
                         self._runs[run_id] = exp_id
                         self._experiments[exp_id] = (name, created_by)
                 for chunk in _chunks(new_experiments):
-                    for exp_id, name, created_by in conn.execute(_EXPERIMENTS, {"ids": chunk}):
+                    for exp_id, name, created_by in ownership.experiment_owners(conn, chunk):
                         self._experiments[exp_id] = (name, created_by)
         for run_id in sorted(runs - self._runs.keys()):
             raise Rejected(
@@ -259,6 +237,29 @@ def _whole(text: Any) -> bool:
         and len(text) <= 19
         and (int(text) < 2**63)
     )
+
+
+def scoped(scope: str) -> Callable[..., None]:
+    """A dependency that lets a request through when its token (checked by
+    `lab.server.app.TokenGate`) has `scope`; a write or admin token reads too. The bearer
+    scheme is declared so that the OpenAPI schema says how to authenticate."""
+    import fastapi.security
+
+    bearer = fastapi.security.HTTPBearer(auto_error=False)
+
+    def check(request: fastapi.Request, _credentials: Any = fastapi.Depends(bearer)) -> None:
+        if scope == "write" and request.state.token.scope not in ("write", "admin"):
+            raise Rejected(
+                403, "a read token cannot write; use a write token", "header.authorization"
+            )
+
+    return check
+
+
+def checked(scope: str) -> list[Any]:
+    """The dependencies of a route behind `scope`: the scope, then the ids the request
+    names (`guard`)."""
+    return [fastapi.Depends(scoped(scope)), fastapi.Depends(guard)]
 
 
 async def guard(request: fastapi.Request) -> None:

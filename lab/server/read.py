@@ -16,7 +16,7 @@ import math
 import re
 import threading
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import fastapi
 import pyarrow as pa
@@ -27,7 +27,6 @@ from starlette.convertors import PathConvertor, register_url_convertor
 
 from lab._json import finite_json
 from lab.errors import NoExperiment, NoRun
-from lab.server.app import Rejected
 from lab.server.openapi import (
     NAME_IN_PATH,
     NO_NUL,
@@ -40,21 +39,10 @@ from lab.server.openapi import (
     ranged,
 )
 from lab.server.owners import access
-from lab.store import Store, blocks
+from lab.server.rejected import Rejected
+from lab.store import Store, arrow, blocks, dashboard_reads, served_reads
 from lab.store.engine import connect
-from lab.store.schema import (
-    TABLES,
-    Base,
-    SqlArm,
-    SqlCheckpoint,
-    SqlEval,
-    SqlExperiment,
-    SqlMetric,
-    SqlPrediction,
-    SqlRun,
-    SqlSummary,
-    copied_columns,
-)
+from lab.store.tables import TABLES
 
 router = fastapi.APIRouter(tags=["read"])
 
@@ -72,7 +60,6 @@ register_url_convertor("text", AnyText())
 #: server's own `PRIVATE_TABLES`: token hashes, ingest bookkeeping).
 SERVED_TABLES = TABLES
 #: Columns SQLite keeps NaN in as NULL (a metric value is never missing): NaN again on the wire.
-NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 #: The most predictions one page holds, and the most buckets one series is cut into.
 MAX_PAGE = 10_000
 MAX_BUCKETS = 100_000
@@ -364,13 +351,7 @@ def list_runs(
             )
     exp = store.get_experiment(name)
     with connect(store.engine) as conn:
-        configs = dict(
-            conn.execute(
-                sa.select(SqlRun.run_id, SqlRun.config)
-                .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-                .where(SqlExperiment.name == name)
-            ).all()
-        )
+        configs = dashboard_reads.run_configs(conn, name)
     runs = []
     for run in exp["runs"]:
         config = configs.get(run["run_id"]) or {}
@@ -411,31 +392,8 @@ def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) 
     min and max; what ``lab.inspect``'s ``final_metrics`` view holds, without a scan of
     the metrics."""
     with connect(store.engine) as conn:
-        experiment_id = store._experiment_id(conn, name)
-        query = (
-            sa.select(
-                SqlRun.run_id,
-                SqlRun.run_key,
-                SqlArm.name.label("arm"),
-                SqlRun.repeat,
-                SqlRun.stage,
-                SqlRun.status,
-                SqlSummary.key,
-                SqlSummary.count,
-                SqlSummary.first_step,
-                SqlSummary.last_step,
-                SqlSummary.last_value,
-                SqlSummary.min_value,
-                SqlSummary.max_value,
-            )
-            .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
-            .join(SqlArm, SqlArm.arm_id == SqlRun.arm_id, isouter=True)
-            .where(SqlRun.experiment_id == experiment_id, SqlRun.superseded_at.is_(None))
-            .order_by(SqlRun.run_id, SqlSummary.key)
-        )
-        if key is not None:
-            query = query.where(SqlSummary.key == key)
-        rows = [dict(r) for r in conn.execute(query).mappings()]
+        experiment_id = store.experiment_id(conn, name)
+        rows = served_reads.summary_rows(conn, experiment_id, key)
     gone = store.crashed_now().runs  # a run whose process is gone reads as crashed
     for row in rows:
         if row["last_value"] is None:  # SQLite keeps NaN as NULL
@@ -449,8 +407,7 @@ def summaries(name: NamePath, key: Text | None = None, store: Store = StoreDep) 
 
 
 def _check_run(conn: sa.Connection, run_id: int) -> None:
-    found = conn.execute(sa.select(SqlRun.run_id).where(SqlRun.run_id == run_id)).first()
-    if found is None:
+    if not served_reads.has_run(conn, run_id):
         raise NoRun(f"no run with id {run_id} in the store; list them: GET /experiments/NAME/runs")
 
 
@@ -479,35 +436,21 @@ def series(
         raise Rejected(400, f"buckets={buckets}: give 1 to {MAX_BUCKETS} buckets", "buckets")
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        span = conn.execute(
-            sa.select(SqlSummary.first_step, SqlSummary.last_step, SqlSummary.count).where(
-                SqlSummary.run_id == run_id, SqlSummary.key == key
-            )
-        ).first()
+        span = served_reads.series_span(conn, run_id, key)
         if span is None:
-            known = conn.execute(
-                sa.select(SqlSummary.key)
-                .where(SqlSummary.run_id == run_id)
-                .order_by(SqlSummary.key)
-            ).scalars()
+            known = served_reads.metric_keys(conn, run_id)
             raise Rejected(
                 404,
                 f"run {run_id} has no metric {key!r}; it has: {', '.join(known) or 'none'}",
                 "key",
             )
-        lo, hi, count = span
-        if buckets is None or count <= buckets:
-            rows = conn.execute(
-                sa.select(SqlMetric.step, SqlMetric.value)
-                .where(SqlMetric.run_id == run_id, SqlMetric.key == key)
-                .order_by(SqlMetric.step)
-            ).all()
-            steps = [s for s, _ in rows]
-            values = [math.nan if v is None else v for _, v in rows]
-            finite = [None if math.isnan(v) else v for v in values]
-            cut = list(zip(steps, steps, finite, finite, values, strict=True))
+    lo, hi, count = span
     if buckets is not None and count > buckets:
         cut = downsample(store.engine, run_id, key, lo, hi, buckets)
+    else:
+        points = store.metric_values(run_id, key)
+        finite = [None if math.isnan(v) else v for _, v in points]
+        cut = [(s, s, f, f, v) for (s, v), f in zip(points, finite, strict=True)]
     return LabJSON(
         {
             "run_id": run_id,
@@ -601,33 +544,9 @@ def predictions(
     cursor = _cursor(after)
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        query = (
-            sa.select(
-                SqlPrediction.eval_id,
-                SqlEval.name.label("eval"),
-                SqlEval.step,
-                SqlPrediction.idx,
-                SqlPrediction.example_id,
-                SqlPrediction.input,
-                SqlPrediction.output,
-                SqlPrediction.target,
-                SqlPrediction.score,
-                SqlPrediction.extras,
-            )
-            .join(SqlEval, SqlEval.eval_id == SqlPrediction.eval_id)
-            .where(SqlEval.run_id == run_id)
-            .order_by(SqlPrediction.eval_id, SqlPrediction.idx)
-            .limit(limit + 1)
+        rows = served_reads.prediction_rows(
+            conn, run_id, eval=eval, step=_step(step), after=cursor, limit=limit + 1
         )
-        if eval is not None:
-            query = query.where(SqlEval.name == eval)
-        if step is not None:
-            query = query.where(_step_is(step))
-        if cursor is not None:
-            query = query.where(
-                sa.tuple_(SqlPrediction.eval_id, SqlPrediction.idx) > sa.tuple_(*cursor)
-            )
-        rows = [dict(r) for r in conn.execute(query).mappings()]
     more = len(rows) > limit
     rows = rows[:limit]
     last = rows[-1] if rows else None
@@ -648,16 +567,16 @@ def _cursor(after: str | None) -> tuple[int, int] | None:
     return int(found[1]), int(found[2])
 
 
-def _step_is(step: str) -> Any:
+def _step(step: str | None) -> int | Literal["final"] | None:
+    if step is None or step == "final":
+        return step
     if STEP.fullmatch(step) is None:
         raise Rejected(
             400,
             f"step={step!r}: give a step number, or 'final' for the eval after training",
             "step",
         )
-    if step == "final":
-        return SqlEval.step.is_(None)
-    return SqlEval.step == int(step)
+    return int(step)
 
 
 @router.get(
@@ -669,24 +588,9 @@ def _step_is(step: str) -> Any:
 def evals(run_id: RunPath, store: Store = StoreDep) -> Any:
     """A run's evaluations in the order they ran: name, step (null after training),
     metrics, breakdowns, tags, seconds, error and the number of prediction rows."""
-    counts = (
-        sa.select(SqlPrediction.eval_id, sa.func.count().label("n"))
-        .group_by(SqlPrediction.eval_id)
-        .subquery()
-    )
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        rows = conn.execute(
-            sa.select(
-                SqlEval.eval_id, SqlEval.name, SqlEval.step, SqlEval.metrics,
-                SqlEval.breakdowns, SqlEval.tags, SqlEval.seconds, SqlEval.error,
-                SqlEval.created_at, sa.func.coalesce(counts.c.n, 0).label("predictions"),
-            )
-            .join(counts, counts.c.eval_id == SqlEval.eval_id, isouter=True)
-            .where(SqlEval.run_id == run_id)
-            .order_by(SqlEval.eval_id)
-        ).mappings()  # fmt: skip
-        return LabJSON([dict(r) for r in rows])
+        return LabJSON(served_reads.eval_rows(conn, run_id))
 
 
 @router.get(
@@ -700,16 +604,7 @@ def checkpoints(run_id: RunPath, store: Store = StoreDep) -> Any:
     with step, path, metrics and reason."""
     with connect(store.engine) as conn:
         _check_run(conn, run_id)
-        rows = conn.execute(
-            sa.select(
-                SqlCheckpoint.checkpoint_id, SqlCheckpoint.step, SqlCheckpoint.path,
-                SqlCheckpoint.event, SqlCheckpoint.metrics, SqlCheckpoint.reason,
-                SqlCheckpoint.created_at,
-            )
-            .where(SqlCheckpoint.run_id == run_id)
-            .order_by(SqlCheckpoint.checkpoint_id)
-        ).mappings()  # fmt: skip
-        return LabJSON([dict(r) for r in rows])
+        return LabJSON(served_reads.checkpoint_rows(conn, run_id))
 
 
 # -- whole tables -----------------------------------------------------------------------------
@@ -735,7 +630,7 @@ def table(
         try:
             data = read_table(store, table, only)
         except NoExperiment:  # not recorded yet: nothing of it to read
-            data = table_schema(table).empty_table()
+            data = arrow.table_schema(table).empty_table()
     else:
         data = read_table(store, table, experiment)
     return Response(to_ipc(data), media_type=ARROW_STREAM)
@@ -785,90 +680,16 @@ def to_ipc(data: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def arrow_type(column: sa.Column) -> pa.DataType:
-    """The Arrow type a store column travels as (JSON as its text)."""
-    kind = column.type
-    if isinstance(kind, sa.Integer):
-        return pa.int64()
-    if isinstance(kind, (sa.Double, sa.Float)):
-        return pa.float64()
-    if isinstance(kind, sa.DateTime):
-        return pa.timestamp("us")
-    return pa.string()
-
-
-def table_schema(table: str) -> pa.Schema:
-    """The Arrow schema of store table `table` on the wire."""
-    return pa.schema([(c.name, arrow_type(c)) for c in copied_columns(table)])
-
-
 def read_table(
     store: Store, table: str, experiment: str | None = None, *, current: bool = False
 ) -> pa.Table:
-    """Store table `table` as Arrow: every row, or those of `experiment` (its runs' rows;
-    `current`: superseded runs left out, as ``lab export`` does), in primary-key order."""
+    """Store table `table` as Arrow (`lab.store.arrow.read_table`); a table the server
+    does not serve is answered 404."""
     if table not in SERVED_TABLES:
         raise Rejected(
             404, f"no table {table!r} to read; the tables: {', '.join(SERVED_TABLES)}", "table"
         )
-    model = Base.metadata.tables[table]
-    copied = copied_columns(table)  # never an image's bytes
-    columns = [sa.cast(c, sa.Text).label(c.name) if isinstance(c.type, sa.JSON) else c
-               for c in copied]  # fmt: skip
-    query = sa.select(*columns).order_by(*model.primary_key.columns)
-    with connect(store.engine) as conn:
-        if experiment is not None:
-            experiment_id = store._experiment_id(conn, experiment)
-            query = query.where(_belongs(model, experiment_id, current=current))
-        rows = conn.execute(query).all()
-    if table in ("runs", "experiments"):
-        rows = _judged(store, model, rows)
-    schema = table_schema(table)
-    arrays = []
-    for i, (column, field) in enumerate(zip(copied, schema, strict=True)):
-        values = [r[i] for r in rows]
-        if (table, column.name) in NAN_AS_NULL:
-            values = [math.nan if v is None else v for v in values]
-        arrays.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _judged(store: Store, model: sa.Table, rows: list[Any]) -> list[Any]:
-    """The rows of `runs` or `experiments` with those whose process is gone shown as
-    crashed (`Store.crashed_now`), as ``lab ls`` and ``lab.inspect`` over the store itself
-    show them: a notebook reading through the server sees what one on the store sees."""
-    crashed = store.crashed_now()
-    gone = crashed.runs if model.name == "runs" else crashed.experiments
-    if not gone:
-        return rows
-    names = [c.name for c in model.columns]
-    key, status = names.index(model.name[:-1] + "_id"), names.index("status")
-    error = names.index("error") if "error" in names else None
-    out = []
-    for row in rows:
-        found = gone.get(row[key])
-        if found is not None and row[status] == "running":
-            row = list(row)
-            row[status] = "crashed"
-            if error is not None:
-                row[error] = found.why
-        out.append(row)
-    return out
-
-
-def _belongs(model: sa.Table, experiment_id: int, *, current: bool) -> Any:
-    """Which rows of `model` belong to an experiment: its own, its runs', its evals'."""
-    runs = sa.select(SqlRun.run_id).where(SqlRun.experiment_id == experiment_id)
-    if current:
-        runs = runs.where(SqlRun.superseded_at.is_(None))
-    if model.name == "runs" and current:
-        return sa.and_(model.c.experiment_id == experiment_id, model.c.superseded_at.is_(None))
-    if "experiment_id" in model.c:
-        return model.c.experiment_id == experiment_id
-    if "run_id" in model.c:
-        return model.c.run_id.in_(runs)
-    evals = sa.select(SqlEval.eval_id).where(SqlEval.run_id.in_(runs))
-    return model.c.eval_id.in_(evals)
+    return arrow.read_table(store, table, experiment, current=current)
 
 
 @router.get(

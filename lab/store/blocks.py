@@ -98,13 +98,15 @@ def block_rows(folded: dict[tuple[int, str, int], list[Any]]) -> list[tuple[Any,
 
 
 class Blocks:
-    """The block upkeep part of `lab.store.Store`."""
+    """The block upkeep of the metric rows (`lab.store.metric_rows.MetricRows`): its
+    statements, built once for the store's dialect, and the folds that run them."""
 
-    dialect: str
-    _block_merge: str
-    _block_put: str
+    def __init__(self, dialect: str) -> None:
+        mark = "%s" if dialect == "postgresql" else "?"
+        self._block_merge = block_merge(dialect, mark)
+        self._block_put = block_put(mark)
 
-    def _block(
+    def block(
         self,
         conn: Connection,
         rows: list[tuple[Any, ...]],
@@ -113,7 +115,7 @@ class Blocks:
     ) -> None:
         """Fold a batch's rows ((run, key, step, value, wall time), as written) into its
         blocks, in its transaction after them. A key whose batch only extends it (`acc`
-        and `again` as `_summarize` saw them) is folded in from the rows in hand, its
+        and `again` as `Summaries.summarize` saw them) is folded in from the rows in hand, its
         points appended to its last block's; one that logged a step again has every block
         from its first to its last step in the batch rebuilt from `metrics`."""
         folded = fold(rows, again)
@@ -123,7 +125,7 @@ class Blocks:
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)
 
-    def _reblock_run(self, conn: Connection, run_id: int, from_step: int | None) -> None:
+    def reblock_run(self, conn: Connection, run_id: int, from_step: int | None) -> None:
         """Rebuild a run's blocks from the rows: those from the block holding `from_step`
         on (after its metrics past a step went), or all of them (None)."""
         self._rebuild(conn, run_id, None, None if from_step is None else from_step // B, None)

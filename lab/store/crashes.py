@@ -40,6 +40,17 @@ _HELD: set[tuple[str, int]] = set()
 _DRIVING: set[tuple[str, int]] = set()
 
 
+def hold(url: str, run_id: int) -> None:
+    """Say that this process trains run `run_id` of the store at `url` (it claimed it)."""
+    _HELD.add((url, run_id))
+
+
+def let_go(url: str, run_id: int) -> None:
+    """Say that this process no longer trains run `run_id` (it finished it, released it, or
+    recorded it for another process)."""
+    _HELD.discard((url, run_id))
+
+
 class Gone(NamedTuple):
     """A `running` row whose owner is gone: its id, its name (run key or experiment name),
     why, the owner as judged (pid, process start, heartbeat: `mark_crashed` marks the row

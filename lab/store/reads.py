@@ -109,7 +109,9 @@ class Reads:
         return [(step, math.nan if value is None else value) for step, value in rows]
 
     @staticmethod
-    def _experiment_id(conn: Connection, name: str) -> int:
+    def experiment_id(conn: Connection, name: str) -> int:
+        """The id of the experiment named `name`, read in `conn`'s transaction;
+        `NoExperiment` names the known ones."""
         found = conn.execute(
             sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
         ).scalar_one_or_none()

@@ -19,8 +19,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from lab._names import MAX_KEY, MAX_NAME
 from lab.store.tables import DERIVED_TABLES as DERIVED_TABLES  # named with the models too
+from lab.store.tables import EXPERIMENT_STATUSES as EXPERIMENT_STATUSES
+from lab.store.tables import GROUP_KINDS as GROUP_KINDS
 from lab.store.tables import PRIVATE_TABLES as PRIVATE_TABLES
+from lab.store.tables import RUN_STATUSES as RUN_STATUSES
 from lab.store.tables import TABLES as TABLES
+from lab.store.tables import TOKEN_SCOPES as TOKEN_SCOPES
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -30,9 +34,6 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
-EXPERIMENT_STATUSES = ("running", "completed", "failed", "crashed")
-GROUP_KINDS = ("repeats", "chain")
 CHECKPOINT_EVENTS = ("save", "remove")
 
 
@@ -327,9 +328,6 @@ class SqlImage(Base):
     #: The PNG's bytes, kept in the store (revision 0008 on): what every door serves, so no
     #: server ever opens a file by a path that a client sent.
     data: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
-
-
-TOKEN_SCOPES = ("read", "write", "admin")
 
 
 class SqlToken(Base):

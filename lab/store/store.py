@@ -21,14 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
 from lab.errors import ConfigError
-from lab.store.blocks import Blocks, block_merge, block_put
-from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes
+from lab.store._values import _now
+from lab.store.crashes import _DRIVING, HEARTBEAT_S, STALE_AFTER_S, Crashes, let_go
 from lab.store.engine import (
     check_reachable,
     connect,
@@ -38,15 +37,15 @@ from lab.store.engine import (
 )
 from lab.store.listing import Listing
 from lab.store.media import MediaRows
+from lab.store.metric_rows import MetricRows
 from lab.store.migrations import ensure_schema, head_revision, readable_revision
 from lab.store.reads import Reads
-from lab.store.schema import SqlExperiment, SqlRun, SqlSummary
+from lab.store.schema import SqlIngestBatch
 from lab.store.sql import Sql
 from lab.store.statements import upsert
-from lab.store.summaries import _SUMMARY_UPSERT, Summaries
 from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
-from lab.store.writes import _METRIC_UPSERT, _OWNER, _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
+from lab.store.writes import _PREDICTION_INSERT, _RUN_HAS_ROWS, Writes
 
 #: The writer thread's pause between batches when it writes them itself, and when it hands
 #: them to the writer process (see `Store._write_interval`).
@@ -60,7 +59,7 @@ __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "che
 WRITERS = ("auto", "thread", "process")
 
 
-class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
+class Store(Writes, Reads, Listing, Crashes):
     """A `lab` store at a URL: opened, migrated to this version's schema, ready to write.
 
     >>> store = Store("sqlite:///:memory:")
@@ -129,6 +128,15 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         self.stale_after_s = stale_after_s
         self._writer: MetricWriter | None = None
         self._writer_lock = threading.Lock()
+        self._active: set[int] = set()  # runs started here and not finished: heartbeats
+        self._driving: set[int] = set()  # experiments begun here and not finished: heartbeats
+        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
+        self._good_keys: set[str] = set()  # metric keys checked already
+        #: Where metric batches are written, with their summaries, blocks and heartbeats.
+        self.metric_rows = MetricRows(
+            self.engine, active=self._active, driving_due=self._driving_due
+        )
+        self._replaced: Any = None  # a write function put in place of the metric rows'
         #: ``process``, ``thread`` or ``auto`` (the thread, then the process): where this
         #: store's metric batches are written.
         self.writer_mode = "thread"
@@ -140,42 +148,15 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
             self._process = WriterProcess(
                 shared,
                 lambda: tuple(self._active),
-                fallback=self._write_metrics,
+                fallback=self.metric_rows.write,
                 auto=chosen == "auto",
                 driving=self._driving_due,
             )
         #: Histogram and image rows (`lab.store.media`): queued like metrics, flushed with them.
         self.media = MediaRows(self.engine, give_up_s=give_up_s)
-        self._active: set[int] = set()  # runs started here and not finished: heartbeats
-        self._driving: set[int] = set()  # experiments begun here and not finished: heartbeats
-        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
-        self._good_keys: set[str] = set()  # metric keys checked already
         mark = "%s" if self.dialect == "postgresql" else "?"
-        self._metric_upsert = _METRIC_UPSERT.format(m=mark)
-        self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
-        self._block_merge = block_merge(self.dialect, mark)
-        self._block_put = block_put(mark)
         self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
         self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
-        # Built once: the writer runs these with every batch, and building a statement
-        # costs more than running it.
-        ids = sa.bindparam("ids", expanding=True)
-        self._beat = (
-            sa.update(SqlRun)
-            .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")
-            .values(heartbeat_at=sa.bindparam("now"))
-        )
-        # a live driver's heartbeat: it drives the experiment (a crashed one runs again)
-        self._drive = (
-            sa.update(SqlExperiment)
-            .where(SqlExperiment.experiment_id.in_(ids),
-                   SqlExperiment.status.in_(("running", "crashed")))
-            .values(status="running", ended_at=None, heartbeat_at=sa.bindparam("now"),
-                    **{k: sa.bindparam(f"driver_{k}") for k in _OWNER})
-        )  # fmt: skip
-        self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
-            SqlSummary.run_id.in_(ids)
-        )
         if migrate:
             self.mark_crashed()
 
@@ -197,6 +178,25 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         key = upsert(model.__table__, tuple(values), tuple(keys), pk)(conn, values)  # type: ignore[attr-defined]
         assert key is not None  # (no guard: the row is inserted or updated)
         return int(key)
+
+    def hand_over(self, run_id: int) -> None:
+        """Leave run `run_id`, recorded here for another process (a client of ``lab serve``),
+        to that process: this one neither holds it nor keeps its heartbeat, so a client
+        that dies leaves a run that goes stale and is marked crashed, as a local one would."""
+        self._active.discard(run_id)
+        let_go(self.url, run_id)
+
+    def record_batch(self, conn: Connection, client_id: str, seq: int, rows: int) -> bool:
+        """Record that batch `seq` of client `client_id` (`rows` rows) is written, in the
+        transaction that writes it; False when it was recorded before (a batch sent again
+        is written once)."""
+        stmt = (
+            self._insert(SqlIngestBatch)
+            .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
+            .on_conflict_do_nothing(index_elements=["client_id", "seq"])
+            .returning(SqlIngestBatch.seq)
+        )
+        return conn.execute(stmt).first() is not None
 
     @property
     def writer(self) -> MetricWriter:
@@ -222,13 +222,22 @@ class Store(Writes, Reads, Listing, Crashes, Summaries, Blocks):
         process = self._process
         return PROCESS_INTERVAL_S if process is not None and process.joined else INTERVAL_S
 
-    def _batch_write(self) -> Any:
-        """The writer process, unless `_write_metrics` was replaced on this store (a bench
-        or a test that wraps it): the process could not run the replacement, so the thread
-        writes then."""
-        if self._process is not None and "_write_metrics" not in vars(self):
-            return self._process
+    @property
+    def _write_metrics(self) -> Any:
+        """The function the writer thread writes a batch with: the metric rows' `write`, or
+        what a bench or a test put in its place (before the writer starts) to wrap it."""
+        return self.metric_rows.write if self._replaced is None else self._replaced
+
+    @_write_metrics.setter
+    def _write_metrics(self, write: Any) -> None:
+        # The writer process could not run a replacement: this store's writer thread does.
+        self._replaced = write
         self._close_process()
+
+    def _batch_write(self) -> Any:
+        """The writer process when this store has one, else its writer thread's write."""
+        if self._process is not None:
+            return self._process
         return self._write_metrics
 
     def _close_process(self) -> None:

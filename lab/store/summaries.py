@@ -44,18 +44,26 @@ GROUP BY m.run_id, m."key"
 
 
 class Summaries:
-    """The summary upkeep part of `lab.store.Store`."""
+    """The summary upkeep of the metric rows (`lab.store.metric_rows.MetricRows`): its
+    statements, built once for the store's dialect, and the folds that run them."""
 
-    dialect: str
-    _summary_upsert: str
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        mark = "%s" if dialect == "postgresql" else "?"
+        self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
+        ids = sa.bindparam("ids", expanding=True)
+        self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
+            SqlSummary.run_id.in_(ids)
+        )
 
-    def _summarize(
+    def summarize(
         self, conn: Connection, acc: dict[int, dict[str, list[Any]]]
     ) -> set[tuple[int, str]]:
         """Fold a batch into `summaries`. A batch that only extends a series (its first step
         after the stored last step, its steps increasing) is merged in place; one that logs
         a step again (stored, or twice in the batch), which may replace a min, a max or the
-        last value, is recomputed from `metrics`. Returns the (run, key) recomputed."""
+        last value, is recomputed from `metrics`. Returns the (run, key) recomputed (their
+        blocks are rebuilt too: `lab.store.blocks.Blocks.block`)."""
         known = {
             (run_id, key): last
             for run_id, key, last in conn.execute(self._last_steps, {"ids": list(acc)})
@@ -74,10 +82,10 @@ class Summaries:
         if merge:
             conn.exec_driver_sql(self._summary_upsert, merge)
         for run_id, keys in again.items():
-            self._resummarize(conn, run_id, keys)
+            self.resummarize(conn, run_id, keys)
         return {(run_id, key) for run_id, keys in again.items() for key in keys}
 
-    def _resummarize(self, conn: Connection, run_id: int, keys: list[str] | None = None) -> None:
+    def resummarize(self, conn: Connection, run_id: int, keys: list[str] | None = None) -> None:
         """Rebuild a run's summaries (or some keys' of them) from its metrics."""
         where = [SqlSummary.run_id == run_id]
         if keys is not None:

@@ -1,5 +1,6 @@
-"""The names of the store's tables, by what they hold: what a reader needs to recognise a
-lab store without loading the models (`lab.store.schema`, which names these tables)."""
+"""The names of the store's tables, by what they hold, and the values its columns allow
+(statuses, kinds, scopes): what a reader or the server needs without loading the models
+(`lab.store.schema`, which names these tables and checks these values)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ PRIVATE_TABLES = ("tokens", "ingest_batches")
 #: Tables derived from others and rebuilt from them (`metric_blocks` from `metrics`): no
 #: record of their own, so never exported nor shown by `lab.inspect`.
 DERIVED_TABLES = ("metric_blocks",)
+
+#: The statuses a run, an experiment may have; the kinds of a group; a token's scopes.
+RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
+EXPERIMENT_STATUSES = ("running", "completed", "failed", "crashed")
+GROUP_KINDS = ("repeats", "chain")
+TOKEN_SCOPES = ("read", "write", "admin")

@@ -322,26 +322,9 @@ class MetricWriter:
             else:
                 if isinstance(error, PartlyWritten):  # the first ones are written: done
                     items = items[error.done :]
-                self._buffer.extendleft(reversed(items))  # back at the front, in order
-                beyond = self._out_of_reach()
-                stopping = stop or any(entry is _STOP for entry in beyond)
-                if self._given_up() or (stopping and self._window_over()):
-                    error = self._not_written()
-                    for entry in (marker, *beyond):
-                        if type(entry) is _Flush and not entry.done.is_set():
-                            entry.error = error
-                            entry.done.set()
-                    if stopping:
-                        self._final = self._not_written(stopping=True)
-                        self._room_for = self._max_pending
-                        self._notify_room()
-                        return
-                else:  # the flush or the stop waits for the retry, behind the kept items
-                    tail = [m for m in (marker,) if m is not None] + ([_STOP] if stop else [])
-                    for entry in reversed(tail):
-                        self._buffer.insert(len(items), entry)
-                        self._asked.append(None)  # waiting again, to be taken again
-                    stop = False
+                ended, stop = self._put_back(items, marker, stop)
+                if ended:
+                    return
             self._room_for = self._max_pending
             self._cycle += 1  # even: what was taken is committed, or back in the buffer
             self._notify_room()
@@ -356,6 +339,33 @@ class MetricWriter:
                 # during the write wait for the next wake-up instead, so the writer does not
                 # chase the training thread with tiny transactions.
                 self._wake.set()
+
+    def _put_back(self, items: list[Any], marker: _Flush | None, stop: bool) -> tuple[bool, bool]:
+        """After a failed write: the batch back at the front of the buffer, in order, and
+        the flush or stop that came with it either failed (the retries are given up, or a
+        stop's window is over) or waiting behind it for the retry. Returns whether the
+        thread ends now and whether it still stops after this round."""
+        self._buffer.extendleft(reversed(items))  # back at the front, in order
+        beyond = self._out_of_reach()
+        stopping = stop or any(entry is _STOP for entry in beyond)
+        if self._given_up() or (stopping and self._window_over()):
+            failed = self._not_written()
+            for entry in (marker, *beyond):
+                if type(entry) is _Flush and not entry.done.is_set():
+                    entry.error = failed
+                    entry.done.set()
+            if stopping:
+                self._final = self._not_written(stopping=True)
+                self._room_for = self._max_pending
+                self._notify_room()
+                return True, stop
+            return False, stop
+        # the flush or the stop waits for the retry, behind the kept items
+        tail = [m for m in (marker,) if m is not None] + ([_STOP] if stop else [])
+        for entry in reversed(tail):
+            self._buffer.insert(len(items), entry)
+            self._asked.append(None)  # waiting again, to be taken again
+        return False, False
 
     def _out_of_reach(self) -> list[Any]:
         """The flush markers and the stop that a retry cannot reach while the items in front

@@ -12,7 +12,7 @@ The training process keeps `MetricWriter` (the bounded buffer, back-pressure, fl
 markers, retries, the flush at exit) and gives it a `WriterProcess` as its write function.
 For each batch, the writer thread pickles the items (one C call), sends them through a pipe
 (the GIL is released while the bytes go) and blocks, again without the GIL, until the
-process answers: after it committed the batch with the same `Store._write_metrics` code on
+process answers: after it committed the batch with the same `lab.store.metric_rows` code on
 its own connection to the store, or with the exception that write raised, which the writer
 thread raises in turn, so retries, backoff and the `StoreError` messages are those of a
 writer thread. `flush` therefore still returns once every row put before it is committed.
@@ -64,10 +64,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from lab._secrets import logger
 from lab.store.writer import MetricItem, _reason, rejected
+
+if TYPE_CHECKING:
+    from lab.store.metric_rows import Driving, MetricRows
 
 log = logger("lab.store")
 
@@ -82,11 +85,6 @@ _HELLO = "lab metric writer"
 #: test, a command that records a few rows never pays for starting one (0.5-2 s of CPU).
 #: A store opened while the process already runs and is ready hands it every batch.
 AUTO_AFTER_POINTS = 2_000
-
-
-#: Experiments whose heartbeat is due, and the process that drives them (host, pid,
-#: process_start, boot_id): what a batch carries besides its rows (`Store._driving_due`).
-Driving = tuple[list[int], dict[str, Any]]
 
 
 class WriterDied(OSError):
@@ -445,13 +443,13 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # the frames own stdout: a stray print must not corrupt them
-    import lab.store.store  # noqa: F401  (the slow part of the start, before "ready")
+    import lab.store.metric_rows  # noqa: F401  (the slow part of the start, before "ready")
 
     try:
         _send(sink, pickle.dumps((_HELLO, PROTOCOL), _PROTOCOL))  # ready: the first frame
     except OSError:
         return  # the training process ended before this one was ready: nothing to write
-    stores: dict[int, Any] = {}
+    stores: dict[int, MetricRows] = {}
     writing = threading.Lock()  # held while a frame is handled: the watch ends us between
     threading.Thread(target=_watch_parent, args=(os.getppid(), writing), daemon=True).start()
     while (frame := _receive(source)) is not None:
@@ -467,8 +465,8 @@ def main() -> None:
                 store = stores.get(key)
                 if store is None:
                     store = stores[key] = _open(url)
-                store._active = set(active)
-                store._write_metrics(items, driving)
+                store.active = set(active)
+                store.write(items, driving)
         except Exception as exc:
             reply = exc
         try:
@@ -497,11 +495,15 @@ def _watch_parent(parent: int, writing: threading.Lock) -> None:
         os._exit(0)
 
 
-def _open(url: str) -> Any:
-    """A store in this process; its schema is the training process's business."""
-    from lab.store.store import Store
+def _open(url: str) -> MetricRows:
+    """The metric rows of a store, in this process; its schema is the training process's
+    business."""
+    from lab.store.engine import check_reachable, make_engine
+    from lab.store.metric_rows import MetricRows
 
-    return Store(url, migrate=False, writer="thread")
+    engine = make_engine(url)
+    check_reachable(engine)
+    return MetricRows(engine)
 
 
 def _answer(error: BaseException | None) -> bytes:

@@ -17,6 +17,7 @@ whatever the token's own, so a browser session never writes. ``/ui/logout`` drop
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,56 +67,56 @@ def not_found_page(what: str) -> Any:
     return HTMLResponse(body, 404, headers=HEADERS)
 
 
-def _exists(request: Any, query: Any) -> bool:
+def _has(request: Any, lookup: Callable[..., bool], *args: Any) -> bool:
+    """What `lookup` (one of `lab.store.served_reads`) answers on a connection to the
+    request's store."""
     from lab.server.read import store_of
     from lab.store.engine import connect
 
     with connect(store_of(request).engine) as conn:
-        return conn.execute(query.limit(1)).first() is not None
+        return lookup(conn, *args)
 
 
 def _missing_experiment(request: Any, name: str) -> str | None:
-    import sqlalchemy as sa
+    from lab.store.served_reads import has_experiment
 
-    from lab.store.schema import SqlExperiment
-
-    query = sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
-    return None if _exists(request, query) else f"no experiment named {name!r} in this store"
+    found = _has(request, has_experiment, name)
+    return None if found else f"no experiment named {name!r} in this store"
 
 
 def _missing_metric(request: Any, name: str, key: str) -> str | None:
-    import sqlalchemy as sa
+    from lab.store.served_reads import has_metric
 
-    from lab.store.schema import SqlExperiment, SqlRun, SqlSummary
-
-    query = (
-        sa.select(SqlSummary.run_id)
-        .join(SqlRun, SqlRun.run_id == SqlSummary.run_id)
-        .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
-        .where(SqlExperiment.name == name, SqlSummary.key == key)
-    )
-    return None if _exists(request, query) else f"experiment {name!r} has no metric {key!r}"
+    found = _has(request, has_metric, name, key)
+    return None if found else f"experiment {name!r} has no metric {key!r}"
 
 
 def _missing_run(request: Any, run_id: str) -> str | None:
-    import sqlalchemy as sa
-
-    from lab.store.schema import SqlRun
+    from lab.store.served_reads import has_run
 
     if not run_id.isascii() or not run_id.isdigit() or len(run_id) > 18:
         return f"no run with id {run_id!r}: run ids are whole numbers"
-    query = sa.select(SqlRun.run_id).where(SqlRun.run_id == int(run_id))
-    return None if _exists(request, query) else f"no run with id {run_id} in this store"
+    found = _has(request, has_run, int(run_id))
+    return None if found else f"no run with id {run_id} in this store"
 
 
 def mount(app: Any, *, auth: bool = True) -> None:
     """Add the UI's pages, its static files and (with `auth`) the token cookie's two routes
     to `app`. The pages are left out of the OpenAPI schema: they are not API."""
-    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from starlette.staticfiles import StaticFiles
 
-    shell = (STATIC / "index.html").read_text(encoding="utf-8")
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _add_pages(app, auth=auth)
+    if auth:
+        _add_token_routes(app)
+
+
+def _add_pages(app: Any, *, auth: bool) -> None:
+    """The pages: the same shell each, or an HTML 404 for a name the store lacks when the
+    request holds a live token."""
+    from fastapi.responses import HTMLResponse
+
+    shell = (STATIC / "index.html").read_text(encoding="utf-8")
     page = {"methods": ["GET", "HEAD"], "include_in_schema": False}
 
     def shell_page(request: Request) -> Any:
@@ -155,15 +156,17 @@ def mount(app: Any, *, auth: bool = True) -> None:
                 return not_found_page(missing)
         return shell_page(request)
 
-    if not auth:
-        return
+
+def _add_token_routes(app: Any) -> None:
+    """``/ui/token`` (a token into the session cookie) and ``/ui/logout`` (dropped)."""
+    from fastapi.responses import JSONResponse, Response
 
     @app.post("/ui/token", include_in_schema=False)
     async def sign_in(request: Request) -> Any:
         from starlette.concurrency import run_in_threadpool
 
-        from lab.server.app import WRONG_TOKEN, Rejected
         from lab.server.auth import find_token
+        from lab.server.rejected import WRONG_TOKEN, Rejected
 
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise Rejected(415, 'send the token as JSON: {"token": "lab_..."}', "body")

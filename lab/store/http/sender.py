@@ -141,6 +141,49 @@ class _Batch:
         self.body = b""
 
 
+class _Cut:
+    """The batches `Sender._batches` cuts as it walks the queue, into `out`: the open run of
+    other writes (JSON) and the open run of metric steps (Arrow, or JSON when it is small)."""
+
+    def __init__(self, json_points: int, out: list[_Batch]) -> None:
+        self.json_points = json_points
+        self.out = out
+        self.steps: list[tuple[int, int, dict[str, float], float]] = []
+        self.points = 0
+        self.ops: list[Any] = []
+        self.ops_bytes = 0
+
+    def close_ops(self) -> None:
+        if self.ops:
+            first = self.ops[0]
+            run_id = first[0] if type(first) is tuple else first.run_id
+            self.out.append(_Batch("json", self.ops, run_id))
+            self.ops, self.ops_bytes = [], 0
+
+    def add_op(self, item: Any, size: int) -> None:
+        if self.ops and (len(self.ops) >= MAX_OPS or self.ops_bytes + size > MAX_OPS_BYTES):
+            self.close_ops()
+        self.ops.append(item)
+        self.ops_bytes += size
+
+    def add_step(self, item: tuple[int, int, dict[str, float], float]) -> None:
+        if self.steps and self.points + len(item[2]) > MAX_POINTS:
+            self.close_steps()
+        self.steps.append(item)
+        self.points += len(item[2])
+
+    def close_steps(self) -> None:
+        if not self.steps:
+            return
+        if self.json_points and self.points <= self.json_points:
+            for step in self.steps:
+                self.add_op(step, _STEP_BYTES + _POINT_BYTES * len(step[2]))
+        else:
+            self.close_ops()
+            self.out.append(_Batch("arrow", self.steps, self.steps[0][0]))
+        self.steps, self.points = [], 0
+
+
 class Sender:
     """Posts batches for one `HttpStore` (`client`), spooling them when it cannot.
 
@@ -235,58 +278,25 @@ class Sender:
         if unsent is not None and len(items) >= n and items[n - 1] is unsent.items[-1]:
             out.append(unsent)
             items = items[n:]
-        steps: list[tuple[int, int, dict[str, float], float]] = []
-        ops: list[Any] = []
-        points = 0
-        ops_bytes = 0
-
-        def close_ops() -> None:
-            nonlocal ops, ops_bytes
-            if ops:
-                first = ops[0]
-                out.append(_Batch("json", ops, first[0] if type(first) is tuple else first.run_id))
-                ops, ops_bytes = [], 0
-
-        def add_op(item: Any, size: int) -> None:
-            nonlocal ops_bytes
-            if ops and (len(ops) >= MAX_OPS or ops_bytes + size > MAX_OPS_BYTES):
-                close_ops()
-            ops.append(item)
-            ops_bytes += size
-
-        def close_steps() -> None:
-            nonlocal points, steps
-            if not steps:
-                return
-            if self.json_points and points <= self.json_points:
-                for step in steps:
-                    add_op(step, _STEP_BYTES + _POINT_BYTES * len(step[2]))
-            else:
-                close_ops()
-                out.append(_Batch("arrow", steps, steps[0][0]))
-            steps, points = [], 0
-
+        cut = _Cut(self.json_points, out)
         last = self.last_steps
         for item in items:
             if type(item) is tuple:
                 run_id, step = item[0], item[1]
                 if step > last.get(run_id, -1):
                     last[run_id] = step
-                if steps and points + len(item[2]) > MAX_POINTS:
-                    close_steps()
-                steps.append(item)
-                points += len(item[2])
+                cut.add_step(item)
             else:
-                close_steps()
+                cut.close_steps()
                 if item.name == "truncate_run":  # what is queued after it counts from there
                     after = item.args["after_step"]
                     if after is None:
                         last.pop(item.run_id, None)
                     else:
                         last[item.run_id] = after
-                add_op(item, len(dumps({"op": item.name, "args": item.args})))
-        close_steps()
-        close_ops()
+                cut.add_op(item, len(dumps({"op": item.name, "args": item.args})))
+        cut.close_steps()
+        cut.close_ops()
         return out
 
     def _number(self, batch: _Batch) -> _Batch:

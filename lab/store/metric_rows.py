@@ -1,0 +1,211 @@
+"""`MetricRows`: where a batch of metrics is written, with everything kept beside it in its
+transaction: each (run, key)'s summary (`lab.store.summaries`), its blocks
+(`lab.store.blocks`), and the heartbeats of the runs and experiments this process keeps
+alive.
+
+A `lab.store.Store` holds one and writes through it from its writer thread; the writer
+process (`lab.store.writer_process`) opens one of its own on the same store and writes the
+batches a training process hands it, with the same code. It needs nothing else of a store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from lab.store._values import _now
+from lab.store.blocks import Blocks
+from lab.store.engine import transaction
+from lab.store.schema import SqlExperiment, SqlRun
+from lab.store.summaries import Summaries
+
+if TYPE_CHECKING:
+    from lab.store.writer import MetricItem
+
+#: The experiments a process drives whose heartbeat is due, with their driver (host, pid,
+#: process_start, boot_id): what a batch carries besides its rows.
+Driving = tuple[list[int], dict[str, Any]]
+
+#: The columns that name the process owning a run or driving an experiment.
+OWNER = ("host", "pid", "process_start", "boot_id")
+_INF = math.inf
+
+_METRIC_UPSERT = (
+    'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
+    "VALUES ({m}, {m}, {m}, {m}, {m}) "
+    'ON CONFLICT (run_id, "key", step) DO UPDATE '
+    "SET value = excluded.value, wall_time = excluded.wall_time"
+)
+
+
+def _no_driving() -> Driving | None:
+    return None
+
+
+class MetricRows:
+    """The metric rows of the store behind `engine`, with their summaries, blocks and the
+    heartbeats that ride on each batch.
+
+    `active`: the runs started in this process and not finished (their heartbeat is
+    refreshed with each batch; the store shares its set). `driving_due`: the experiments
+    this process drives whose heartbeat is due, asked when a batch comes without them.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        active: set[int] | None = None,
+        driving_due: Callable[[], Driving | None] = _no_driving,
+    ) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.active: set[int] = set() if active is None else active
+        self.driving_due = driving_due
+        self.summaries = Summaries(self.dialect)
+        self.blocks = Blocks(self.dialect)
+        mark = "%s" if self.dialect == "postgresql" else "?"
+        self._metric_upsert = _METRIC_UPSERT.format(m=mark)
+        # Built once: the writer runs these with every batch, and building a statement
+        # costs more than running it.
+        ids = sa.bindparam("ids", expanding=True)
+        self._beat = (
+            sa.update(SqlRun)
+            .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")
+            .values(heartbeat_at=sa.bindparam("now"))
+        )
+        # a live driver's heartbeat: it drives the experiment (a crashed one runs again)
+        self._drive = (
+            sa.update(SqlExperiment)
+            .where(SqlExperiment.experiment_id.in_(ids),
+                   SqlExperiment.status.in_(("running", "crashed")))
+            .values(status="running", ended_at=None, heartbeat_at=sa.bindparam("now"),
+                    **{k: sa.bindparam(f"driver_{k}") for k in OWNER})
+        )  # fmt: skip
+
+    def write(self, items: list[MetricItem], driving: Driving | None = None) -> None:
+        """Write one batch of queued metrics ((run, step, metrics, wall time) each) in one
+        transaction, with their summaries, blocks and the heartbeats due."""
+        # Plain tuples through the driver's executemany: the writer thread holds the GIL
+        # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        # Per run and key: [count, first step, last step, last value, min, max, wall time,
+        # again]. min and max start at +inf and -inf; NaN never compares, so it never enters
+        # them, and min > max at the end means every point was NaN. `again`: a step came at
+        # or before the batch's last one (logged again, or out of order), so the folds in
+        # place (count, min, max, blocks) cannot be trusted: the key is recomputed from rows.
+        acc: dict[int, dict[str, list[Any]]] = {}
+        for run_id, step, metrics, wall_time in items:
+            per = acc.get(run_id)
+            if per is None:
+                per = acc[run_id] = {}
+            for key, value in metrics.items():
+                append((run_id, key, step, value, wall_time))
+                # the fold in place, not a call per point: this loop is the ingest's cost
+                s = per.get(key)
+                if s is None:
+                    s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
+                s[0] += 1
+                if step > s[2]:
+                    s[2], s[3], s[6] = step, value, wall_time
+                else:
+                    _again(s, step, value, wall_time)
+                if value < s[4]:
+                    s[4] = value
+                if value > s[5]:
+                    s[5] = value
+        self._commit(rows, acc, driving)
+
+    def write_columns(
+        self,
+        run_ids: Sequence[int],
+        steps: Sequence[int],
+        keys: Sequence[str],
+        values: Sequence[float],
+        wall_times: Sequence[float],
+    ) -> None:
+        """`Store.write_metric_columns`: a client's checked batch, as columns, now."""
+        acc: dict[int, dict[str, list[Any]]] = {}  # as in write
+        for run_id, key, step, value, wall_time in zip(
+            run_ids, keys, steps, values, wall_times, strict=True
+        ):
+            per = acc.get(run_id)
+            if per is None:
+                per = acc[run_id] = {}
+            s = per.get(key)
+            if s is None:
+                s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
+            s[0] += 1
+            if step > s[2]:
+                s[2], s[3], s[6] = step, value, wall_time
+            else:
+                _again(s, step, value, wall_time)
+            if value < s[4]:
+                s[4] = value
+            if value > s[5]:
+                s[5] = value
+        rows = list(zip(run_ids, keys, steps, values, wall_times, strict=True))
+        self._commit(rows, acc)
+
+    def _commit(
+        self,
+        rows: list[tuple[Any, ...]],
+        acc: dict[int, dict[str, list[Any]]],
+        driving: Driving | None = None,
+    ) -> None:
+        """Write a batch's rows and summaries, and the heartbeats of the runs started here
+        and of the experiments driven here (`driving`: handed over by the process that
+        drives them, else this store's own, when due), in one transaction."""
+        beating = set(acc) | self.active
+        if driving is None:
+            driving = self.driving_due()
+        if not rows and not beating and driving is None:
+            return
+        with transaction(self.engine) as conn:
+            if rows:
+                conn.exec_driver_sql(self._metric_upsert, rows)
+                again = self.summaries.summarize(conn, acc)
+                self.blocks.block(conn, rows, acc, again)
+            if beating:
+                self.beat(conn, beating)
+            if driving is not None:
+                self.drive(conn, *driving)
+
+    def beat(self, conn: Connection, run_ids: Sequence[int] | set[int]) -> None:
+        """Refresh the heartbeat of `run_ids` that are `running`, in `conn`'s transaction:
+        their process is alive (a client of `lab serve` says so with each batch)."""
+        conn.execute(self._beat, {"ids": sorted(run_ids), "now": _now()})
+
+    def drive(self, conn: Connection, experiment_ids: Sequence[int], owner: dict[str, Any]) -> None:
+        """Refresh the heartbeat of experiments that `owner` (host, pid, process_start,
+        boot_id) drives, and record it as their driver: of two processes that drive one
+        experiment, the one still alive holds it. A crashed one runs again (a live driver
+        says so); a finished one stays finished."""
+        if experiment_ids:
+            params = {f"driver_{k}": owner.get(k) for k in OWNER}
+            conn.execute(self._drive, {"ids": sorted(experiment_ids), "now": _now(), **params})
+
+    def recount(self, conn: Connection, run_id: int, after_step: int | None) -> None:
+        """Rebuild a run's summaries and its blocks from its rows, after its metrics past
+        `after_step` (None: all of them) went."""
+        self.summaries.resummarize(conn, run_id)
+        self.blocks.reblock_run(conn, run_id, after_step)
+
+
+def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
+    """A step at or before the batch's last one for its key (see `MetricRows.write`):
+    the key is recomputed from the rows (the row stored is the last one logged for its
+    step)."""
+    s[7] = True
+    if step == s[2]:
+        s[3], s[6] = value, wall_time
+    elif step < s[1]:
+        s[1] = step
+
+
+__all__ = ["OWNER", "Driving", "MetricRows"]

@@ -1,0 +1,175 @@
+"""Writes to the store: what a run records as it trains: metrics (through the buffered
+writer), evals with their predictions, checkpoint rows. One part of `lab.store.Store` (see
+`lab.store.writes`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from lab._metrics import as_number, check_key
+from lab._names import MAX_KEY, check_name
+from lab.store._values import _free_text, _now, _text
+from lab.store.engine import dumps_json, transaction
+from lab.store.liveness import this_owner
+from lab.store.metric_rows import Driving, MetricRows
+from lab.store.schema import (
+    SqlCheckpoint,
+    SqlEval,
+)
+
+if TYPE_CHECKING:
+    from lab.records import EvalResult, ManifestRow
+
+
+_PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
+
+
+_PREDICTION_INSERT = (
+    "INSERT INTO predictions (eval_id, idx, example_id, input, output, target, score, extras) "
+    "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m}, {m})"
+)
+
+
+class RecordWrites:
+    """The part of `lab.store.Store` that writes a run's metrics, evals and checkpoint rows."""
+
+    engine: Engine
+    _good_keys: set[str]
+    _prediction_insert: str
+    metric_rows: MetricRows
+    _driving: set[int]
+    _driven_at: float
+    heartbeat_s: float
+
+    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
+        """Queue one step's metrics; waits only while the buffer is full.
+
+        Values must be numbers: ints, floats, numpy scalars and one-element tensors are
+        taken (NaN and inf included); anything else raises `MetricError` naming the key and
+        the step, and nothing of that step is queued. A copy is queued, so changing the dict
+        afterwards changes nothing written.
+        """
+        row = {}
+        good = self._good_keys
+        for key, value in metrics.items():
+            if key not in good:
+                self._check_key(key, step)
+            row[key] = value if type(value) is float else as_number(key, step, value)
+        self.writer.put(run_id, step, row, time.time())
+
+    def _check_key(self, key: Any, step: int) -> None:
+        check_key(key, step)
+        self._good_keys.add(key)
+
+    def write_metric_columns(
+        self,
+        run_ids: Sequence[int],
+        steps: Sequence[int],
+        keys: Sequence[str],
+        values: Sequence[float],
+        wall_times: Sequence[float],
+    ) -> None:
+        """Write metric rows given as columns, now, in one transaction (with their
+        summaries): what `lab serve` does with a batch a client sent, whose keys and values
+        it has checked. The buffered `log_metrics` is the way for a training loop."""
+        self.metric_rows.write_columns(run_ids, steps, keys, values, wall_times)
+
+    def _driving_due(self) -> Driving | None:
+        """The experiments this process drives whose heartbeat is due (every half
+        `heartbeat_s`), with this process as their driver; None when none is."""
+        if not self._driving:
+            return None
+        now = time.monotonic()
+        if now - self._driven_at < self.heartbeat_s / 2:
+            return None
+        self._driven_at = now
+        return sorted(self._driving), this_owner()
+
+    def write_eval(
+        self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Record an eval and its predictions, replacing an earlier one at the same step.
+
+        An eval is keyed by (run, name, step), step None meaning after training: writing one
+        again (a re-run, a resumed run scoring the same step) deletes the earlier row and,
+        by cascade, its predictions, in the same transaction, so readers never see both.
+        The predictions go in as one batched insert, `idx` in list order. The name is checked
+        like an `Evaluator`'s; NUL in the error text is stored as U+FFFD.
+        """
+        check_name("eval", result.name, MAX_KEY)
+        same = sa.and_(
+            SqlEval.run_id == run_id,
+            SqlEval.name == result.name,
+            SqlEval.step.is_(None) if result.step is None else SqlEval.step == result.step,
+        )
+        with transaction(self.engine) as conn:
+            conn.execute(sa.delete(SqlEval).where(same))
+            eval_id = conn.execute(
+                sa.insert(SqlEval)
+                .values(
+                    run_id=run_id,
+                    name=result.name,
+                    step=result.step,
+                    metrics=result.metrics,
+                    breakdowns=result.breakdowns,
+                    tags=result.tags,
+                    seconds=result.seconds,
+                    error=_free_text(result.error),
+                    created_at=_now(),
+                )
+                .returning(SqlEval.eval_id)
+            ).scalar_one()
+            if predictions:  # plain tuples through the driver: no per-row dict to compile
+                conn.exec_driver_sql(
+                    self._prediction_insert,
+                    [_prediction_row(eval_id, i, p) for i, p in enumerate(predictions)],
+                )
+        return eval_id
+
+    def write_checkpoint(self, run_id: int, row: ManifestRow) -> None:
+        """Record one manifest row (a save or a removal)."""
+        with transaction(self.engine) as conn:
+            conn.execute(
+                sa.insert(SqlCheckpoint).values(
+                    run_id=run_id,
+                    step=row.step,
+                    path=row.path,
+                    event=row.event,
+                    metrics=row.metrics,
+                    reason=row.reason,
+                    created_at=datetime.fromtimestamp(row.time, UTC).replace(tzinfo=None),
+                )
+            )
+
+
+def _prediction_row(eval_id: int, idx: int, pred: dict[str, Any]) -> tuple[Any, ...]:
+    """One prediction as the driver's parameters: the known fields, the rest as JSON.
+
+    A NaN score is stored as NULL (no score) on both backends. SQLite cannot keep a NaN
+    apart from NULL, and a score column that held NaN on PostgreSQL only would make the
+    same eval average to NaN there and to a number on SQLite. ±inf is kept.
+    """
+    get = pred.get
+    extras = {k: v for k, v in pred.items() if k not in _PREDICTION_FIELDS}
+    example_id = get("example_id")
+    score = get("score")
+    if score is not None:
+        score = float(score)
+        if score != score:  # NaN
+            score = None
+    return (
+        eval_id,
+        idx,
+        None if example_id is None else _text(str(example_id)),
+        _text(get("input")),
+        _text(get("output")),
+        _text(get("target")),
+        score,
+        dumps_json(extras) if extras else None,
+    )
