@@ -8,10 +8,14 @@ command stay fast: torch is imported by the names that need it, not by the packa
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lab._lazy import lazy_names
 
 __version__ = "0.1.0"
+
+# The on-policy RL hooks join the lifecycle before anything reads it (light: no torch).
+from lab.rl import hooks as _rl_hooks  # noqa: F401
 
 #: Where each public name lives; ``lab.<name>`` imports its module on first access.
 _WHERE: dict[str, str] = {
@@ -86,15 +90,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from lab.store import Store
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module the first time the name is used, then keep it."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names("lab", _WHERE, globals(), __all__)

@@ -34,7 +34,16 @@ from lab._distributed import for_rank
 from lab._metrics import as_number, check_key
 from lab._secrets import logger
 from lab.errors import CallbackError, ConfigError, MetricError, RefusedMetric
-from lab.hooks import ENDING_HOOKS, HOOKS, RUN_HOOKS, Callback, Hook, Phase, phase_of, priority_of
+from lab.hooks import (
+    ENDING_HOOKS,
+    EXPERIMENT_HOOKS,
+    Callback,
+    Hook,
+    HookEnum,
+    Phase,
+    phase_of,
+    priority_of,
+)
 
 #: The log of dispatching (kept under the name users filter on: the hooks' own).
 log = logger("lab.hooks")
@@ -170,7 +179,7 @@ class _FailurePolicy:
     def receives(self, cb_id: int, hook: str) -> bool:
         """Whether `hook` reaches the callback now: a disabled one gets only `ENDING_HOOKS`
         (to release what it holds), an unstarted one none of `RUN_HOOKS`."""
-        if cb_id in self.unstarted and hook in RUN_HOOKS:
+        if cb_id in self.unstarted and hook not in EXPERIMENT_HOOKS:
             return False
         return cb_id not in self.disabled or hook in ENDING_HOOKS
 
@@ -393,7 +402,7 @@ class Dispatcher:
                 for cb in (self._step_end_order if hook == Hook.STEP_END else self.callbacks)
                 if receives(id(cb), hook) and (target := _target(cb, hook)) is not None
             )
-            for hook in HOOKS
+            for hook in Hook  # every hook registered by now, a plug-in's too (lab.hooks.HOOKS)
         }
 
     def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -430,7 +439,7 @@ class Dispatcher:
         """The callbacks disabled for the current run after failing too often in a row."""
         return [cb for cb in self.callbacks if id(cb) in self._policy.disabled]
 
-    def listens(self, hook: Hook) -> bool:
+    def listens(self, hook: HookEnum) -> bool:
         """Whether any callback overrides `hook`; the loop skips building arguments if not."""
         return bool(self._listeners[hook])
 
@@ -443,9 +452,10 @@ class Dispatcher:
             and callable(getattr(cb, "load_state_dict", None))
         ]
 
-    def fire(self, hook: Hook, *args: Any, **kwargs: Any) -> None:
-        """Call `hook` on every callback that overrides it, in phase order (a `Hook`; its
-        name as a str is the same key)."""
+    def fire(self, hook: HookEnum, *args: Any, **kwargs: Any) -> None:
+        """Call `hook` on every callback that overrides it, in phase order (a `Hook`, or a
+        member of a plug-in's enum such as `lab.rl.hooks.RLHook`; its name as a str is the
+        same key)."""
         listeners = self._listeners[hook]
         for name, method, critical in listeners:
             if self.trace:

@@ -10,21 +10,14 @@ The lifecycle, with every hook in the place it fires::
             on_group_start(ctx, group_name)
             for each run of the group:
                 on_run_start(ctx)                        # ctx.run_config is set
-                train(run) -> TrainingLoop.fit(run), a RunHandle, OnPolicyLoop.fit(run):
+                train(run) -> TrainingLoop.fit(run), a RunHandle, a plug-in's loop:
                     [post_checkpoint_loaded(state, path)] # only when resuming a checkpoint
                     on_train_start(state)
                     [evals with at_start, at step_idx 0: the eval hooks below]
                     [on_epoch_start(state, epoch)]       # when the loop counts epochs
                                                          # (again for an epoch resumed
                                                          # mid-way)
-                    [an on-policy loop (lab.rl.OnPolicyLoop), each episode from 0:
-                     on_episode_start(state, episode)
-                     on_make_experience_start(state, episode)
-                     on_make_experience_end(state, episode, experience)
-                     [its rollout sample: the eval hooks below, at the current step]
-                     each learn epoch: on_learn_epoch_start(state, epoch)
-                       each learn batch, which is one step below:
-                         on_learn_batch_start(state, step_idx, batch)]
+                    <hooks registered after on_epoch_start>
                     each step:
                         pre_step(state, step_idx, batch) # once per optimizer step, before
                                                          # its first micro-batch
@@ -37,15 +30,8 @@ The lifecycle, with every hook in the place it fires::
                                                           step=step_idx)
                         each save:      on_checkpoint(state, row)
                                         # (a save due only as an ephemeral one is
-                                        # skipped while a callback blocks those; an
-                                        # on-policy loop saves only after an episode's
-                                        # last step)
-                    [the on-policy loop, after each step (learn batch):
-                         on_learn_batch_end(state, step_idx, batch, metrics)
-                       after each learn epoch's last batch:
-                         on_learn_epoch_end(state, epoch)
-                     after the episode's last learn epoch:
-                     on_episode_end(state, episode)]
+                                        # skipped while a callback blocks those)
+                    <hooks registered after on_checkpoint>
                     [on_epoch_end(state, epoch)]         # after the epoch's last step,
                                                          # its evals and saves
                     on_train_end(state, artifacts)
@@ -70,6 +56,10 @@ A callback whose class sets `run_end_in_parent` also gets `on_run_end` in the pa
 each run's result arrives there (a display that counts the runs done).
 
 `HOOKS` below is the same list in order; a test keeps it equal to the methods of `Callback`.
+A plug-in adds hooks of its own with `register_hooks`: they join `HOOKS` after the hook it
+names, `Callback` gets their methods, and their part of the lifecycle above takes the place
+of the marker ``<hooks registered after NAME>``. The on-policy RL loop registers its eight
+(`lab.rl.hooks`) when `lab` is imported, so they are always in place.
 
 Order, in every hook: by phase (`Phase`), produce -> record -> attach -> mirror -> act ->
 report -> notify -> trace, and inside a phase in the order the callbacks were attached. A
@@ -104,23 +94,22 @@ holds `step == 7`, and a metric logged there is stored at step 7.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
-from pathlib import Path
+from enum import EnumType, IntEnum, StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lab.records import LogContext
-
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from lab.records import (
         ArmResult,
         EvalResult,
-        Experience,
         ExperimentResult,
+        LogContext,
         LoopArtifacts,
         ManifestRow,
         Media,
@@ -129,10 +118,37 @@ if TYPE_CHECKING:
     )
 
 
-class Hook(StrEnum):
-    """Every hook, in the order of the lifecycle above: a member's value is the name of the
-    `Callback` method it calls (a test keeps the two equal). A dispatcher is told which hook
-    to fire by a member (``hooks.fire(Hook.STEP_END, state, step_idx, batch, metrics)``)."""
+class HookEnum(StrEnum):
+    """The base of every enum of hooks: `Hook` (the core's), and each a plug-in registers
+    (`register_hooks`). A member's value is the name of the `Callback` method it calls."""
+
+
+class _Registered(EnumType):
+    """`Hook`'s type: iterating `Hook` walks `HOOKS`, every hook in lifecycle order, the
+    registered ones among the core's, so that code which walks the hooks sees them all."""
+
+    def __iter__(cls) -> Iterator[Any]:
+        registered = globals().get("HOOKS")  # None while `Hook` itself is being made
+        return super().__iter__() if registered is None else iter(registered)
+
+    def __reversed__(cls) -> Iterator[Any]:
+        return reversed(tuple(iter(cls)))
+
+    def __len__(cls) -> int:
+        return len(tuple(iter(cls)))
+
+    def __contains__(cls, member: object) -> bool:
+        return member in tuple(iter(cls))
+
+
+class Hook(HookEnum, metaclass=_Registered):
+    """The core's hooks, in the order of the lifecycle above: a member's value is the name of
+    the `Callback` method it calls (a test keeps the two equal). A dispatcher is told which
+    hook to fire by a member (``hooks.fire(Hook.STEP_END, state, step_idx, batch, metrics)``).
+
+    Iterating `Hook` gives every hook, those a plug-in registered included (`HOOKS`); the
+    members of `Hook` itself are the core's alone.
+    """
 
     EXPERIMENT_START = "on_experiment_start"
     GROUP_START = "on_group_start"
@@ -140,20 +156,12 @@ class Hook(StrEnum):
     POST_CHECKPOINT_LOADED = "post_checkpoint_loaded"
     TRAIN_START = "on_train_start"
     EPOCH_START = "on_epoch_start"
-    EPISODE_START = "on_episode_start"
-    MAKE_EXPERIENCE_START = "on_make_experience_start"
-    MAKE_EXPERIENCE_END = "on_make_experience_end"
-    LEARN_EPOCH_START = "on_learn_epoch_start"
-    LEARN_BATCH_START = "on_learn_batch_start"
     PRE_STEP = "pre_step"
     STEP_END = "on_step_end"
     MEDIA = "on_media"
     EVAL = "on_eval"
     BENCHMARK_EVAL = "on_benchmark_eval"
     CHECKPOINT = "on_checkpoint"
-    LEARN_BATCH_END = "on_learn_batch_end"
-    LEARN_EPOCH_END = "on_learn_epoch_end"
-    EPISODE_END = "on_episode_end"
     EPOCH_END = "on_epoch_end"
     TRAIN_END = "on_train_end"
     ERROR = "on_error"
@@ -162,8 +170,9 @@ class Hook(StrEnum):
     CLOSE = "close"
 
 
-#: Every hook, in the order of the lifecycle above (equal to their names as strings).
-HOOKS: tuple[Hook, ...] = tuple(Hook)
+#: Every hook, in the order of the lifecycle above (equal to their names as strings): the
+#: core's, and those a plug-in registered (`register_hooks`) after the hook it named.
+HOOKS: tuple[HookEnum, ...] = tuple(Hook.__members__.values())
 
 #: The hooks that end what a callback started: a callback disabled for failing too often
 #: still gets these, so that it can release what it holds (a profiler it started, the
@@ -172,10 +181,57 @@ ENDING_HOOKS: frozenset[Hook] = frozenset(
     {Hook.TRAIN_END, Hook.ERROR, Hook.RUN_END, Hook.EXPERIMENT_END, Hook.CLOSE}
 )
 
-#: The hooks of one run, from `on_run_start` to `on_run_end`.
-RUN_HOOKS: frozenset[Hook] = frozenset(
-    HOOKS[HOOKS.index(Hook.RUN_START) : HOOKS.index(Hook.RUN_END) + 1]
+#: The hooks of the experiment around its runs, which fire outside any run.
+EXPERIMENT_HOOKS: frozenset[Hook] = frozenset(
+    {Hook.EXPERIMENT_START, Hook.GROUP_START, Hook.EXPERIMENT_END, Hook.CLOSE}
 )
+
+#: The hooks of one run, from `on_run_start` to `on_run_end`: every hook but the experiment's.
+RUN_HOOKS: frozenset[HookEnum] = frozenset(HOOKS) - EXPERIMENT_HOOKS
+
+
+def register_hooks(
+    hooks: Sequence[HookEnum], *, after: HookEnum, methods: type, lifecycle: str
+) -> None:
+    """Add a plug-in's `hooks` to the lifecycle, in their order, right after the hook `after`.
+
+    Why: the core fires and documents its own hooks, and knows no plug-in's; a plug-in (the
+    on-policy RL loop, `lab.rl.hooks`) brings its hooks here so that dispatchers, the failure
+    policy and `Callback` treat them as any other. `Callback` gets each hook's default method
+    from the class `methods` (a method of the hook's name that does nothing), and `lifecycle`
+    (the hooks in the place they fire, flush left) replaces the marker line
+    ``<hooks registered after NAME>`` in this module's docstring, indented as it is.
+    A dispatcher built afterwards listens to them; register before building any.
+    """
+    global HOOKS, RUN_HOOKS
+    known = set(HOOKS)
+    for hook in hooks:
+        if hook in known:
+            raise ValueError(f"{hook!r} is a hook already; give each hook one name of its own")
+        if not callable(vars(methods).get(hook.value)):
+            raise ValueError(f"{methods.__name__} has no method {hook.value}; define one")
+    if after not in known:
+        raise ValueError(f"{after!r} is not a hook; name the hook yours follow")
+    _splice(f"<hooks registered after {after.value}>", lifecycle)
+    at = HOOKS.index(after) + 1
+    HOOKS = (*HOOKS[:at], *hooks, *HOOKS[at:])
+    RUN_HOOKS = frozenset(HOOKS) - EXPERIMENT_HOOKS
+    for hook in hooks:
+        setattr(Callback, hook.value, vars(methods)[hook.value])
+
+
+def _splice(marker: str, text: str) -> None:
+    """Put `text` in place of the docstring line that holds `marker`, at its indentation."""
+    doc = globals()["__doc__"]
+    if doc is None:  # python -OO: no docstrings to keep in step
+        return
+    lines = doc.split("\n")
+    at = next((i for i, line in enumerate(lines) if line.strip() == marker), None)
+    if at is None:
+        raise ValueError(f"lab.hooks' lifecycle has no line {marker}; add one where they fire")
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    lines[at : at + 1] = [indent + line if line else line for line in text.strip("\n").split("\n")]
+    globals()["__doc__"] = "\n".join(lines)
 
 
 class Phase(IntEnum):
@@ -447,38 +503,6 @@ class Callback:
     def on_epoch_start(self, state: LoopState, epoch: int) -> None:
         """Before the first step of epoch `epoch` (0-based), in loops that count epochs."""
 
-    # -- on-policy RL phases (lab.rl.OnPolicyLoop; ColossalChat's trainer callbacks) ---------
-    def on_episode_start(self, state: LoopState, episode: int) -> None:
-        """Before episode `episode` (0-based) makes its experience."""
-
-    def on_make_experience_start(self, state: LoopState, episode: int) -> None:
-        """Right before the policy acts to make episode `episode`'s experience."""
-
-    def on_make_experience_end(
-        self, state: LoopState, episode: int, experience: Experience
-    ) -> None:
-        """After the experience was made, before its rollout sample and the first learn
-        batch: the whole `experience` of the episode."""
-
-    def on_learn_epoch_start(self, state: LoopState, epoch: int) -> None:
-        """Before the first learn batch of learn epoch `epoch` (0-based, within the episode)."""
-
-    def on_learn_batch_start(self, state: LoopState, step_idx: int, batch: Experience) -> None:
-        """Before learn batch `batch` (a minibatch of the experience) becomes step
-        `step_idx`; `pre_step` follows."""
-
-    def on_learn_batch_end(
-        self, state: LoopState, step_idx: int, batch: Experience, metrics: dict[str, float]
-    ) -> None:
-        """After step `step_idx`'s hooks, evals and save: the learn batch and the step's
-        metrics (the episode's metrics too, at its last batch)."""
-
-    def on_learn_epoch_end(self, state: LoopState, epoch: int) -> None:
-        """After learn epoch `epoch`'s last learn batch."""
-
-    def on_episode_end(self, state: LoopState, episode: int) -> None:
-        """After episode `episode`'s last learn epoch (and the save at its boundary)."""
-
     def pre_step(self, state: LoopState, step_idx: int, batch: TrainingBatch) -> None:
         """Right before step `step_idx` runs, with its batch already on the device."""
 
@@ -504,3 +528,15 @@ class Callback:
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         """Once, after the last step and the final checkpoint."""
+
+
+def __getattr__(name: str) -> Any:
+    """`LogContext`, from `lab.records` when first asked for here. Why: `import lab` imports
+    this module (the RL hooks register with it), and importing the records with it would add
+    about 20 ms of CPU to every `lab` command; the hooks need them for annotations only."""
+    if name == "LogContext":
+        from lab.records import LogContext
+
+        globals()["LogContext"] = LogContext
+        return LogContext
+    raise AttributeError(f"module 'lab.hooks' has no attribute {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -400,6 +401,63 @@ def test_hooks_import_only_the_records_they_carry() -> None:
     and under TYPE_CHECKING alike (its dispatcher is `lab.dispatch`)."""
     path = _modules()["lab.hooks"]
     assert _imports("lab.hooks", path, type_checking=True) == {"lab.records"}
+
+
+#: The on-policy RL hooks and records, which live in `lab.rl` and register with the core.
+RL_HOOKS = (
+    "on_episode_start",
+    "on_make_experience_start",
+    "on_make_experience_end",
+    "on_learn_epoch_start",
+    "on_learn_batch_start",
+    "on_learn_batch_end",
+    "on_learn_epoch_end",
+    "on_episode_end",
+)
+RL_RECORDS = ("Experience", "Episodes")
+#: The core of the lifecycle: the hooks, the records they carry, the dispatcher, the engine.
+CORE = ("lab/hooks.py", "lab/records.py", "lab/dispatch.py", "lab/lifecycle.py")
+
+
+def test_the_core_names_no_rl_hook_nor_record() -> None:
+    """The core knows no RL name, in its code, comments or docstrings: neither an RL hook (as
+    a method name, ``on_episode_start``, or an enum member, ``EPISODE_START``) nor an RL
+    record. `lab.rl.hooks` registers the hooks (`lab.hooks.register_hooks`), and the records
+    live in `lab.rl.experience`."""
+    words = [*RL_HOOKS, *(h.removeprefix("on_").upper() for h in RL_HOOKS), *RL_RECORDS]
+    named = re.compile(r"\b(" + "|".join(words) + r")\b")
+    found = [
+        f"{module}:{n}: {m.group(1)}"
+        for module in CORE
+        for n, line in enumerate((ROOT.parent / module).read_text(encoding="utf-8").splitlines(), 1)
+        for m in named.finditer(line)
+    ]
+    assert found == [], "the core names RL:\n" + "\n".join(found)
+    from lab.rl.hooks import RLHook
+
+    assert [hook.value for hook in RLHook] == list(RL_HOOKS)
+
+
+def test_the_rl_hooks_take_their_places_in_the_lifecycle() -> None:
+    """Registered when `lab` is imported: after `on_epoch_start` and after `on_checkpoint`,
+    with their methods on `Callback` and their text in `lab.hooks`' lifecycle; a hook is
+    registered once."""
+    from lab.hooks import HOOKS, Hook, register_hooks
+    from lab.rl.hooks import RLHook
+
+    at = HOOKS.index
+    assert HOOKS[at(Hook.EPOCH_START) + 1 : at(Hook.PRE_STEP)] == tuple(RLHook)[:5]
+    assert HOOKS[at(Hook.CHECKPOINT) + 1 : at(Hook.EPOCH_END)] == tuple(RLHook)[5:]
+    assert tuple(Hook) == HOOKS and len(Hook) == 26 and RLHook.EPISODE_END in Hook
+    assert len(Hook.__members__) == 18  # the core's own
+    assert [getattr(Callback, h.value).__module__ for h in RLHook] == ["lab.rl.hooks"] * 8
+    assert [
+        line for line in lab.hooks.__doc__.splitlines() if line.strip().startswith("<hooks")
+    ] == []
+    again = re.escape("<RLHook.EPISODE_START: 'on_episode_start'> is a hook already")
+    with pytest.raises(ValueError, match=again):
+        register_hooks([RLHook.EPISODE_START], after=Hook.EPOCH_START, methods=object, lifecycle="")
+    assert lab.hooks.HOOKS == HOOKS
 
 
 def test_the_records_stand_on_the_ground_floor() -> None:

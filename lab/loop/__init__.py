@@ -6,8 +6,9 @@ needs no torch (`lab.loop.metric_names`) is imported without the ones that do.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lab._lazy import lazy_names
 
 #: Where each name lives; ``lab.loop.<name>`` imports its module on first access.
 _WHERE: dict[str, str] = {
@@ -47,15 +48,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from lab.loop.training import TrainingLoop
 
 
-def __getattr__(name: str) -> Any:
-    """Import a name's module the first time the name is used, then keep it."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lab.loop' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once imported, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names("lab.loop", _WHERE, globals(), __all__)

@@ -4,19 +4,17 @@
 environments, or a batch of prompts) and learn from it for some epochs of minibatches; each
 learn batch is one optimizer step, so an RL run reads like any other in the store. `Rollouts`
 keeps a sample of each episode as prediction rows. The PPO helpers (`gae`, `ppo_loss`,
-`explained_variance`) come from `lab.rl.ppo`, imported when first used; GRPO's
-(`grpo_advantages`, `approx_kl`) from `lab.rl.grpo`. docs/rl.md shows the lifecycle and a
-runnable example.
+`explained_variance`) come from `lab.rl.ppo`, GRPO's (`grpo_advantages`, `approx_kl`) from
+`lab.rl.grpo`; each name's module is imported when the name is first used. The RL hooks
+(`lab.rl.hooks.RLHook`) register with the core's lifecycle when `lab` is imported.
+docs/rl.md shows the lifecycle and a runnable example.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from lab.rl.experience import Episodes, Experience
-from lab.rl.grpo import approx_kl, grpo_advantages
-from lab.rl.loop import EpisodeInfo, OnPolicyLoop
-from lab.rl.rollouts import Rollouts
+from lab._lazy import lazy_names
 
 __all__ = [
     "EpisodeInfo",
@@ -31,13 +29,27 @@ __all__ = [
     "ppo_loss",
 ]
 
-_PPO = ("gae", "ppo_loss", "explained_variance")
+#: Where each public name lives; ``lab.rl.<name>`` imports its module on first access, so
+#: that ``import lab`` (which imports `lab.rl.hooks`, and so this package) imports no torch.
+_WHERE: dict[str, str] = {
+    "EpisodeInfo": "lab.rl.loop",
+    "Episodes": "lab.rl.experience",
+    "Experience": "lab.rl.experience",
+    "OnPolicyLoop": "lab.rl.loop",
+    "Rollouts": "lab.rl.rollouts",
+    "approx_kl": "lab.rl.grpo",
+    "explained_variance": "lab.rl.ppo",
+    "gae": "lab.rl.ppo",
+    "grpo_advantages": "lab.rl.grpo",
+    "ppo_loss": "lab.rl.ppo",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from lab.rl.experience import Episodes, Experience
+    from lab.rl.grpo import approx_kl, grpo_advantages
+    from lab.rl.loop import EpisodeInfo, OnPolicyLoop
+    from lab.rl.ppo import explained_variance, gae, ppo_loss
+    from lab.rl.rollouts import Rollouts
 
 
-def __getattr__(name: str) -> Any:
-    """The PPO helpers, from `lab.rl.ppo` on first use."""
-    if name in _PPO:
-        from lab.rl import ppo
-
-        return getattr(ppo, name)
-    raise AttributeError(f"module 'lab.rl' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names("lab.rl", _WHERE, globals(), __all__)

@@ -20,7 +20,7 @@ import torch
 
 from lab._metrics import as_number
 from lab.errors import ConfigError, LossError
-from lab.hooks import Callback, Hook
+from lab.hooks import Callback
 from lab.loop.checkpoints import CheckpointConfig
 from lab.loop.evals import Evaluator
 from lab.loop.handle import RunHandle
@@ -28,6 +28,7 @@ from lab.loop.settings import LoopSettings, Setting
 from lab.loop.steps import positive_int
 from lab.records import Kind, LoopArtifacts, TrainingBatch
 from lab.rl.experience import Experience
+from lab.rl.hooks import RLHook
 from lab.rl.rollouts import Rollouts
 
 if TYPE_CHECKING:
@@ -213,12 +214,12 @@ class OnPolicyLoop:
         params = [p for p in policy.parameters() if p.requires_grad]
         clip = self.max_grad_norm
         step_batch = TrainingBatch()
-        learn_start = hooks.listens(Hook.LEARN_BATCH_START)
-        learn_end = hooks.listens(Hook.LEARN_BATCH_END)
+        learn_start = hooks.listens(RLHook.LEARN_BATCH_START)
+        learn_end = hooks.listens(RLHook.LEARN_BATCH_END)
         while self._episodes_done < self.num_episodes and not state.stop_requested:
             episode = self._episodes_done
             info = EpisodeInfo(episode, self.num_episodes, state.step, self._generator, self.device)
-            hooks.fire(Hook.EPISODE_START, state, episode)
+            hooks.fire(RLHook.EPISODE_START, state, episode)
             experience, made = self._experience(loop, info)
             summary = _episode_metrics(experience)
             # -- learn: epochs of minibatches, one optimizer step each ------------------
@@ -226,14 +227,14 @@ class OnPolicyLoop:
             size = (experience.size, per_epoch)
             learn_started = time.perf_counter()
             for epoch in range(self.learn_epochs):
-                hooks.fire(Hook.LEARN_EPOCH_START, state, epoch)
+                hooks.fire(RLHook.LEARN_EPOCH_START, state, epoch)
                 batches = experience.minibatches(
                     self.batch_size, generator=self._generator, shuffle=self.shuffle
                 )
                 for i, batch in enumerate(batches):
                     step_idx = state.step + 1
                     if learn_start:
-                        hooks.fire(Hook.LEARN_BATCH_START, state, step_idx, batch)
+                        hooks.fire(RLHook.LEARN_BATCH_START, state, step_idx, batch)
                     step_batch.data, step_batch.epoch, step_batch.index = batch, epoch, i
                     loop.pre_step(step_batch)
                     out = self.learn(batch, info)
@@ -253,15 +254,15 @@ class OnPolicyLoop:
                         save = self._episode_done(loop, info, size, timing, metrics)
                     loop.end_step(metrics, step_batch, save=save)
                     if learn_end:
-                        hooks.fire(Hook.LEARN_BATCH_END, state, step_idx, batch, metrics)
-                hooks.fire(Hook.LEARN_EPOCH_END, state, epoch)
-            hooks.fire(Hook.EPISODE_END, state, episode)
+                        hooks.fire(RLHook.LEARN_BATCH_END, state, step_idx, batch, metrics)
+                hooks.fire(RLHook.LEARN_EPOCH_END, state, epoch)
+            hooks.fire(RLHook.EPISODE_END, state, episode)
 
     def _experience(self, loop: RunHandle, info: EpisodeInfo) -> tuple[Experience, float]:
         """The episode's experience (the policy acts, without gradients), on `device`, and
         the seconds it took; a rollout sample is evaluated when one is due."""
         state, hooks, episode = loop.state, loop.hooks, info.episode
-        hooks.fire(Hook.MAKE_EXPERIENCE_START, state, episode)
+        hooks.fire(RLHook.MAKE_EXPERIENCE_START, state, episode)
         started = time.perf_counter()
         with torch.no_grad():
             experience = self.make_experience(info)
@@ -273,7 +274,7 @@ class OnPolicyLoop:
         if self.device is not None:
             experience = experience.to(self.device)
         made = time.perf_counter() - started
-        hooks.fire(Hook.MAKE_EXPERIENCE_END, state, episode, experience)
+        hooks.fire(RLHook.MAKE_EXPERIENCE_END, state, episode, experience)
         rollouts = self.rollouts
         if rollouts is not None and rollouts.due(episode):
             sample = rollouts.sample(experience, seed=self._seed, episode=episode)
