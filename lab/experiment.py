@@ -16,7 +16,7 @@ import json
 import os
 import pickle
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -355,7 +355,7 @@ class Experiment:
         self.benchmarks = list(benchmarks)
         self.executor: Executor = executor
         #: Every run of every arm, stages included.
-        self.n_runs = repeats * sum(len(arm.stages or [None]) for arm in arms)
+        self.n_runs = repeats * sum(_stage_count(arm) for arm in arms)
         self.workers = _workers(executor, workers, self.n_runs)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
@@ -540,7 +540,7 @@ class Experiment:
                 for name, cfgs in self.stage_configs.items()
             ],
         ]  # fmt: skip
-        dumps = pickle.dumps
+        dumps: Callable[[Any], Any] = pickle.dumps
         # a notebook, a REPL; Ray's cloudpickle sends what they define by value
         interactive = not hasattr(sys.modules["__main__"], "__file__")
         if self.executor == "ray":
@@ -559,7 +559,7 @@ class Experiment:
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
         if self.store is not False and not any(isinstance(cb, StoreSink) for cb in callbacks):
-            callbacks.append(store_sink(self.store))  # type: ignore[arg-type]
+            callbacks.append(store_sink(self.store))
         return for_rank(callbacks)  # under torchrun, rank 0 alone records
 
     def _experiment_config(self) -> dict[str, Any]:
@@ -588,7 +588,7 @@ class Experiment:
             (_run_key(arm, repeat, stage), arm, repeat, stage)
             for arm in self.arms
             for repeat in self._repeats()
-            for stage in range(len(arm.stages or [None]))
+            for stage in range(_stage_count(arm))
         ]
 
     def _repeats(self) -> range:
@@ -598,7 +598,7 @@ class Experiment:
         return range(self.repeats)
 
     def _planned(self, arm: Arm) -> int:
-        return len(self._repeats()) * len(arm.stages or [None])
+        return len(self._repeats()) * _stage_count(arm)
 
     def _fingerprint(self, arm: Arm, repeat: int, stage: int) -> Fingerprint:
         """What the run of (arm, repeat, stage) depends on: a recorded run stands for it only
@@ -673,7 +673,7 @@ class Experiment:
         return RunJob(
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
             seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,
-            parent_run_key=parent_key, benchmarks=self.benchmarks,
+            parent_run_key=parent_key, benchmarks=list(self.benchmarks),
             run_callbacks=self.run_callbacks, resources={**self.resources, **arm.resources},
         )  # fmt: skip
 
@@ -782,7 +782,7 @@ def _split_callbacks(
         if callable(item) and not isinstance(item, Callback):
             factories.append(item)
         else:
-            shared.append(item)  # type: ignore[arg-type]  # (not a Callback: Dispatcher says so)
+            shared.append(item)  # (may not be a Callback: Dispatcher says so)
     return shared, factories
 
 
@@ -809,6 +809,11 @@ def _run_key(arm: Arm, repeat: int, stage: int) -> str:
     """A run's key, which is also its folder's name: ``small-r0``, ``chain-r0-s1``."""
     key = f"{safe_name(arm.name)}-r{repeat}"
     return key + f"-s{stage}" if arm.stages is not None else key
+
+
+def _stage_count(arm: Arm) -> int:
+    """How many runs one repeat of `arm` is: one per stage, or one without stages."""
+    return len(arm.stages) if arm.stages else 1
 
 
 def _jsonable(value: Any) -> Any:

@@ -224,9 +224,9 @@ def _connect_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
     files = {name: folder / f"{name}.parquet" for name in TABLES}
     missing = [n for n in TABLES if not files[n].is_file() and n not in _ADDED_LATER]
     if missing:
-        files = ", ".join(f"{name}.parquet" for name in missing)
+        lacking = ", ".join(f"{name}.parquet" for name in missing)
         raise StoreError(
-            f"{folder} is not a lab export: it lacks {files}; "
+            f"{folder} is not a lab export: it lacks {lacking}; "
             f"write one with: lab export NAME --to {folder}"
         )
     con = duckdb.connect()
@@ -250,6 +250,7 @@ def _load_scanner(con: duckdb.DuckDBPyConnection, backend: str) -> None:
     except ImportError:
         con.execute(f"LOAD {extension}")  # installed by hand; never INSTALL from here
         return
+    assert module.__file__ is not None  # a regular package (its __init__.py), never a namespace
     path = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}"
     con.execute(f"LOAD '{path / (extension + '.duckdb_extension')}'")
 
@@ -257,7 +258,7 @@ def _load_scanner(con: duckdb.DuckDBPyConnection, backend: str) -> None:
 def _attach(con: duckdb.DuckDBPyConnection, store: Store) -> None:
     backend = store.dialect
     _load_scanner(con, backend)
-    url = store.url.parsed
+    url = resolve_url(store.url).parsed  # (the store's own StoreURL, as it is)
     if backend == "sqlite":
         database = url.database
         if not database or database == ":memory:":

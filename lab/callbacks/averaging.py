@@ -180,6 +180,7 @@ class ModelAverager(Callback):
 
     def _next_merge(self, after: int) -> int | None:
         """The first merge step > `after` within the run, or None."""
+        step: int | None
         if self.every is not None:
             step = (after // self.every + 1) * self.every
         else:
@@ -309,7 +310,7 @@ class ModelAverager(Callback):
             averaged[key] = source.detach().to(device="cpu", dtype=value.dtype, copy=True)
         metadata = getattr(entries, "_metadata", None)
         if metadata is not None:  # module versions, as load_state_dict expects them
-            averaged._metadata = metadata  # type: ignore[attr-defined]
+            averaged._metadata = metadata  # type: ignore[attr-defined]  # torch's own attribute
         info = {
             "metrics": dict(state.metrics),
             "merge_step": window.merge_step,

@@ -52,16 +52,16 @@ def register(
             raise ConfigError(f"callback kind {kind!r} is registered twice")
         model = config if config is not None else config_from_signature(cls, live=live)
         REGISTRY[kind] = (cls, model)
-        cls.Config = model  # type: ignore[attr-defined]
+        cls.Config = model  # type: ignore[attr-defined]  # made here, for each registered class
         if not getattr(cls.__init__, _CHECKED, False):  # its own, or an inherited unchecked one
-            cls.__init__ = _checked_init(cls, model)  # type: ignore[method-assign]
+            cls.__init__ = _checked_init(cls, model)  # type: ignore[method-assign]  # the point
         return cls
 
     return decorate
 
 
 def config_from_signature(
-    cls: type, *, live: Sequence[str] = (), name: str | None = None
+    cls: type[Any], *, live: Sequence[str] = (), name: str | None = None
 ) -> type[pydantic.BaseModel]:
     """A pydantic model with one field per parameter of ``cls.__init__`` (less `live`):
     the annotation is the field's type, the default its default, and unknown fields are
@@ -86,7 +86,7 @@ def config_from_signature(
                 f"{cls.__module__}, where the annotation is looked up"
             ) from None
         fields[pname] = (annotation, ... if p.default is p.empty else p.default)
-    model = pydantic.create_model(  # type: ignore[call-overload]
+    model = pydantic.create_model(
         name or f"{cls.__name__}Config",
         __config__=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True),
         __module__=cls.__module__,
@@ -109,7 +109,7 @@ def _resolve(annotation: Any, namespace: dict[str, Any]) -> Any:
     return typing.get_type_hints(holder, globalns=namespace, include_extras=True)["x"]
 
 
-def _checked_init(cls: type, model: type[pydantic.BaseModel]) -> Callable[..., None]:
+def _checked_init(cls: type[Any], model: type[pydantic.BaseModel]) -> Callable[..., None]:
     """``cls.__init__``, checking each given argument against `model` first and passing on
     what it validated (a list for a tuple becomes a tuple, an int for a float a float).
 

@@ -12,19 +12,18 @@ from lab.loggers.wandb import WandbLogger  # wandb itself is imported only when 
 from lab.store.urls import resolve_url
 
 if TYPE_CHECKING:
-    from lab.sinks import StoreSink
     from lab.store.http import HttpStore
     from lab.store.store import Store
 
 __all__ = ["ConsoleLogger", "JsonlLogger", "SqlLogger", "WandbLogger", "store_sink"]
 
 
-def store_sink(store: Store | HttpStore | str | None = None) -> StoreSink:
+def store_sink(store: Store | HttpStore | str | None = None) -> SqlLogger:
     """The callback that records into `store` (a `Store`, a URL, or None for
     ``LAB_STORE_URL``, else ``sqlite:///lab.db``): the one place that maps a store to the
     logger that writes it, so `Experiment` never names a backend. `SqlLogger` writes a SQL
     store and a ``lab serve`` server (an http(s) URL, through `lab.store.http.HttpStore`)
-    alike."""
+    alike; it is a callback and a `lab.sinks.StoreSink` both."""
     if store is None or isinstance(store, str):
         return SqlLogger(resolve_url(store))
     return SqlLogger(store)

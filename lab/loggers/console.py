@@ -118,7 +118,7 @@ class ConsoleLogger(Callback):
         self.summary = summary
         self._bars: Progress | None = None
         self._experiment_task: TaskID | None = None
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str | None, _Live] = {}  # by run key (LogContext types it optional)
         self._total = 0  # runs the experiment will run (grows if a chain has more)
         self._done = 0
         self._in_worker = False
@@ -197,7 +197,7 @@ class ConsoleLogger(Callback):
         if self._use_bars():
             bars = self._start_bars()
             live.task = bars.add_task(
-                key, total=state.num_steps, completed=state.step, kind="run", live=live
+                str(key), total=state.num_steps, completed=state.step, kind="run", live=live
             )
 
     def on_step_end(
@@ -212,10 +212,11 @@ class ConsoleLogger(Callback):
             self._bars.update(live.task, completed=step_idx)  # drawn by rich's refresh thread
             return
         due = step_idx % self.every == 0 or step_idx == live.num_steps
-        if not due and self.every_s is None:
+        every_s = self.every_s
+        if not due and every_s is None:
             return  # most steps: no clock read, no string
         now = time.perf_counter()
-        if due or now - live.printed_at >= self.every_s:  # type: ignore[operator]
+        if due or (every_s is not None and now - live.printed_at >= every_s):
             live.printed_at = now
             self._print(self.step_line(state.ctx.run_key, live, now))
 
@@ -229,7 +230,7 @@ class ConsoleLogger(Callback):
             )
 
     # -- text ----------------------------------------------------------------------------
-    def step_line(self, key: str, live: _Live, now: float) -> str:
+    def step_line(self, key: str | None, live: _Live, now: float) -> str:
         """One plain progress line: run, step, chosen metrics, rate and ETA."""
         parts = [f"{key}  step {live.step}/{live.num_steps}"]
         shown = live.text(self.metrics)

@@ -46,11 +46,9 @@ HOOKS_FILE = "hooks.jsonl"
 def _summarize(value: Any) -> Any:
     """A JSON-able form of `value`: tensors become their shape and dtype (never their data,
     which could be huge and is not what a hook log is for); anything unknown its repr."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch = None  # type: ignore[assignment]
-    if torch is not None and isinstance(value, torch.Tensor):
+    import torch  # a dependency, imported here so that the module stays light
+
+    if isinstance(value, torch.Tensor):
         return {"tensor": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
@@ -366,7 +364,8 @@ def replay(
         raise ConfigError(f"replay cannot rebuild {unknown}; it replays {', '.join(REPLAYED)}")
     path = Path(path)
     ctx = LogContext(experiment="", output_dir=path.parent.parent)
-    state = LoopState(ctx=ctx, model=None, optimizer=None, num_steps=0)  # type: ignore[arg-type]
+    # a replay has neither model nor optimizer: callbacks that read them do not replay
+    state = LoopState(ctx=ctx, model=None, optimizer=None, num_steps=0)  # type: ignore[arg-type]  # no model
     batch = TrainingBatch()
     fired: list[str] = []
     for rec in read_hooks(path):
@@ -430,7 +429,7 @@ def _fire(
         callback.on_error(ctx, ReplayedError(rec["error"]))
     elif hook == "on_train_end":
         artifacts = LoopArtifacts(
-            model=None,  # type: ignore[arg-type]
+            model=None,  # type: ignore[arg-type]  # a replay has no model (see `replay`)
             metrics=rec["metrics"],
             step=rec["step"],
             stopped=rec.get("stopped", False),

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import pydantic
 
@@ -119,25 +119,29 @@ class SqlLogger(Callback):
     def __init__(self, store: Store | HttpStore | str | None = None) -> None:
         self._store_arg = store
         self._owns_store = store is None or isinstance(store, str)
-        self._store: Store | None = None if self._owns_store else store  # type: ignore[assignment]
+        self._store: Store | HttpStore | None = None
+        if not isinstance(store, str):
+            self._store = store
         self._run_id: int | None = None
         self._runs: dict[str, int] = {}
         self._errors_written: dict[str, list[dict[str, Any]]] = {}
         self._resumed_at: int | None = None
         self._provenance: Provenance | None = None  # read once per experiment
         self._reading: Future[Provenance] | None = None  # ... in a thread, from its start
-        self._claims: dict[str, int] = {}  # run key -> id: claimed here, not started yet
+        # run key (LogContext types it optional) -> id: claimed here, not started yet
+        self._claims: dict[str | None, int] = {}
         self._filling: dict[int, _Pending] = {}  # run id -> its provenance, still to record
 
-    def open(self) -> Store:
+    def open(self) -> Store | HttpStore:
         """Open (create or upgrade) the store now; an Experiment calls this before any hook,
         so a bad URL, a dead server or a newer schema stops it before anything runs."""
         if self._store is None:
-            self._store = open_store(self._store_arg)  # type: ignore[assignment, arg-type]
-        return self._store  # type: ignore[return-value]
+            # a URL or None: a store given is `_store` (a pickled copy gets its URL instead)
+            self._store = open_store(cast("str | None", self._store_arg))
+        return self._store
 
     @property
-    def store(self) -> Store:
+    def store(self) -> Store | HttpStore:
         """The open store."""
         return self.open()
 
@@ -312,9 +316,10 @@ class SqlLogger(Callback):
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
     ) -> None:
-        self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]
+        # per step, so no check: on_run_start opened the store and set the run's id
+        self._store.log_metrics(self._run_id, step_idx, metrics)  # type: ignore[union-attr, arg-type]  # set
         if state.checkpoint_due:  # durable before the checkpoint commits
-            self._store.flush()  # type: ignore[union-attr]
+            self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
 
     def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
         store = self.open()
@@ -416,10 +421,10 @@ class SqlLogger(Callback):
         try:
             record = pending.record
             if record is None:
-                assert self._reading is not None or self._provenance is not None
                 if self._provenance is None:
                     reading, self._reading = self._reading, None
-                    self._provenance = reading.result()  # type: ignore[union-attr]
+                    assert reading is not None  # read from the experiment's start on
+                    self._provenance = reading.result()
                 record = _run_record(self._provenance, pending.run_key, pending.run_dir)
             store.set_provenance(run_id, record)
         except Exception as exc:

@@ -30,7 +30,7 @@ import math
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import pydantic
 
@@ -323,12 +323,14 @@ def _log_media(run: Any, media: dict[str, Media], step: int) -> None:
     bins and counts as they are; NaN, +inf and -inf counts, which wandb's histogram has no
     place for, as ``<key>/nan``, ``<key>/posinf``, ``<key>/neginf`` when not 0), an `Image`
     as ``wandb.Image`` of its file. Runs on the sender thread."""
+    import numpy as np
     import wandb
 
     row: dict[str, Any] = {}
     for key, record in media.items():
-        if isinstance(record, Histogram):
-            row[key] = wandb.Histogram(np_histogram=(list(record.counts), list(record.edges)))
+        if isinstance(record, Histogram):  # (counts, edges) as numpy.histogram gives them
+            counts, edges = np.asarray(record.counts), np.asarray(record.edges)
+            row[key] = wandb.Histogram(np_histogram=(counts, edges))
             for name in ("nan", "posinf", "neginf"):
                 if getattr(record, name):
                     row[f"{key}/{name}"] = getattr(record, name)
@@ -344,7 +346,8 @@ def _table(predictions: list[dict[str, Any]]) -> Any:
     columns = [c for c in PREDICTION_COLUMNS if any(c in p for p in predictions)]
     columns += sorted({k for p in predictions for k in p} - set(columns))
     data = [[_cell(p.get(c)) for c in columns] for p in predictions]
-    return wandb.Table(columns=columns, data=data)
+    # wandb types its column names as list[str | int]; the list is only read
+    return wandb.Table(columns=cast("list[str | int]", columns), data=data)
 
 
 def _cell(value: Any) -> Any:

@@ -143,8 +143,9 @@ class CheckpointConfig:
                 "metric='val/loss' (a step or eval metric), or drop mode"
             )
 
-    def due(self, step: int, num_steps: int) -> bool:
-        """Whether to save after step `step` (step 0: before the first step) of `num_steps`.
+    def due(self, step: int, num_steps: int | None) -> bool:
+        """Whether to save after step `step` (step 0: before the first step) of `num_steps`
+        (None: a loop that decides itself when to stop, so no step is the end).
 
         The loop asks after every step, so this is a few integer tests.
         """

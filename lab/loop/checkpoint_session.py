@@ -121,14 +121,14 @@ class CheckpointSession:
         optimizers: dict[str, Any],
         schedulers: dict[str, Any],
         scaler: Any,
-        stateful: dict[str, Any],
+        stateful: Mapping[str, Any] | None,
     ) -> None:
         self.config = config
         self.model = model
         self.optimizers = optimizers
         self.schedulers = schedulers
         self.scaler = scaler
-        self.stateful = stateful
+        self.stateful: Mapping[str, Any] = {} if stateful is None else stateful
         self.progress = Progress()
         self.user_state: dict[str, Any] = {}
         self.loop_state: dict[str, Any] = {}

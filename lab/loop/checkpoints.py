@@ -413,7 +413,7 @@ class CheckpointManager:
             return None
         if isinstance(target, bool):
             raise CheckpointError(f"resolve({target!r}): pass a step number or a checkpoint path")
-        if _is_int(target):
+        if isinstance(target, int):  # not a bool (refused above)
             return self._manifest.resolve_step(int(target))
         if target == "latest":
             latest = self.get_latest_checkpoint_path()

@@ -69,9 +69,10 @@ class Feed:
         group, k = self._group, self.accumulate
         i = 0
         while i < k:
-            if self._items is None:
-                self._open()
-            item = next(self._items, _END)  # type: ignore[arg-type]
+            items = self._items
+            if items is None:
+                items = self._open()
+            item = next(items, _END)
             if item is _END:
                 self._pass_ended(i)  # the partial group is dropped; a new pass follows
                 i = 0
@@ -94,7 +95,8 @@ class Feed:
         state.batch_in_epoch = 0
         self._items = None
 
-    def _open(self) -> None:
+    def _open(self) -> Iterator[Any]:
+        """Begin a pass over the data (at the position and RNG states a resume restored)."""
         session = self.session
         restored, session.restored = session.restored, None
         if restored is not None and restored.get("epoch_rng") is None:
@@ -104,8 +106,8 @@ class Feed:
             # saved with each checkpoint of this pass: a run that saves none skips the
             # capture (~60 µs, numpy's state the most of it, at every pass)
             session.epoch_rng = rng_state() if session.manager is not None else None
-            self._items = iter(self.data)
-            return
+            self._items = items = iter(self.data)
+            return items
         set_rng_state(restored["epoch_rng"])
         session.epoch_rng = restored["epoch_rng"]
         items = iter(self.data)
@@ -119,6 +121,7 @@ class Feed:
                 )
         set_rng_state(restored["rng"])
         self._items = items
+        return items
 
     def _pass_ended(self, partial: int) -> None:
         state, k = self.state, self.accumulate

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -245,7 +245,7 @@ class RunHandle:
             bare.open()  # on_experiment_start, on_group_start, on_run_start
         state = self._open_state()
         path = session.open(self._folder, self.ctx.run_key or "", self.resume)
-        self._steps.saving = session.manager is not None
+        self._steps.saving = self.loop_settings.checkpoint if session.manager is not None else None
         if session.manager is not None and path is not None:
             session.restore(path)
             self.resumed_from = path
@@ -397,7 +397,7 @@ class RunHandle:
         Optional: a loop with nothing to announce calls only `end_step`.
         """
         if self._phase != _RUNNING:
-            self._check_running("pre_step")
+            _not_running(self, "pre_step")
         state, steps = self.state, self._steps
         step = steps.begin(state.step + 1)
         hb = steps.wrap(batch)
@@ -428,10 +428,9 @@ class RunHandle:
         materialises. Until then `state.step` counts the held step as ended, and
         `state.metrics` stays the last materialised step's.
         """
-        state = self.state if self._phase == _RUNNING else None
-        if state is None:
-            self._check_running("end_step")
-        steps = self._steps
+        if self._phase != _RUNNING:
+            _not_running(self, "end_step")
+        state, steps = self.state, self._steps
         step = steps.next_step(step)
         clean = steps.read(step, metrics, batch, save)  # held steps' on_step_end first
         if clean is None:  # held: nothing of it is read on the host yet
@@ -447,7 +446,8 @@ class RunHandle:
             self._evals.run_due(step, num_steps or 0, settings.steps_per_epoch)
         last = step == num_steps or state.stop_requested
         if checkpoints is not None and (
-            state.checkpoint_due or (save is None and last and config.save_at_end)
+            state.checkpoint_due
+            or (save is None and last and config is not None and config.save_at_end)
         ):
             self._save_now(final=last)
         if state.stop_requested and last:
@@ -565,16 +565,21 @@ class RunHandle:
         return rows
 
     def _check_running(self, what: str) -> None:
-        if self._phase == _NEW:
-            raise HookOrderError(
-                f"{what}() before the run handle started: use `with RunHandle(...) as loop:` "
-                "(or call loop.start() first)"
-            )
-        if self._phase == _ENDED:
-            raise HookOrderError(
-                f"{what}() after the run ended (at step {self.state.step}); nothing more can "
-                "be logged to it"
-            )
+        if self._phase != _RUNNING:
+            _not_running(self, what)
+
+
+def _not_running(handle: RunHandle, what: str) -> NoReturn:
+    """Refuse `what` on a handle that has not started yet, or has ended."""
+    if handle._phase == _NEW:
+        raise HookOrderError(
+            f"{what}() before the run handle started: use `with RunHandle(...) as loop:` "
+            "(or call loop.start() first)"
+        )
+    raise HookOrderError(
+        f"{what}() after the run ended (at step {handle.state.step}); nothing more can be "
+        "logged to it"
+    )
 
 
 def _check_num_steps(num_steps: Any) -> None:

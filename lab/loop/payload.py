@@ -19,7 +19,7 @@ import re
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -42,6 +42,15 @@ _LEAVES = frozenset(
     | {torch.Tensor, torch.nn.Parameter, torch.Size, torch.device, torch.dtype}
 )
 _CONTAINERS = frozenset((dict, OrderedDict, Counter, list, tuple, set))
+
+
+class Stateful(Protocol):
+    """What a checkpoint saves and restores: a callback that `Dispatcher.stateful` picked
+    (it has both methods), a `stateful` object, an optimizer, a scheduler."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
 
 
 def callback_states(keyed: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,7 +180,9 @@ def states(kind: str, named: dict[str, Any]) -> dict[str, Any]:
     return {f"{kind}s": {name: obj.state_dict() for name, obj in named.items()}}
 
 
-def load_states(kind: str, named: dict[str, Any], payload: dict[str, Any], path: Path) -> None:
+def load_states(
+    kind: str, named: Mapping[str, Any], payload: Mapping[str, Any], path: Path
+) -> None:
     if not named:
         return
     if list(named) == [kind]:
@@ -258,7 +269,7 @@ def load_callback_states(saved: dict[str, Any], path: Path, hooks: Dispatcher) -
     keys = state_keys(hooks.stateful(), own=by_index is None)
     for key, cb in keys.items():
         if key in saved:
-            cb.load_state_dict(saved[key])
+            cast(Stateful, cb).load_state_dict(saved[key])
     fresh = [key for key in keys if key not in saved]
     unclaimed = [key for key in saved if key not in keys]
     parts = []
@@ -274,7 +285,7 @@ def load_callback_states(saved: dict[str, Any], path: Path, hooks: Dispatcher) -
         log.warning("resuming from %s: %s", path, "; ".join(parts))
 
 
-def load_model(model: torch.nn.Module, payload: dict[str, Any], path: Path) -> None:
+def load_model(model: torch.nn.Module, payload: Mapping[str, Any], path: Path) -> None:
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:

@@ -164,14 +164,13 @@ class Schedules(Callback):
             else:
                 self._epoch_metric.append((sched, metric))
         self._warned: set[str] = set()
+        #: {metric name: who needs it}, for the needed-names check before the first step.
+        self.metrics_needed = {
+            item.metric: item.label for item in self.items if item.metric is not None
+        }
 
     def __bool__(self) -> bool:
         return bool(self.items)
-
-    @property
-    def metrics_needed(self) -> dict[str, str]:  # type: ignore[override]
-        """{metric name: who needs it}, for the needed-names check before the first step."""
-        return {item.metric: item.label for item in self.items if item.metric is not None}
 
     def step_metrics_read(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The step metrics the schedulers read after every step, and after an epoch's
@@ -181,8 +180,9 @@ class Schedules(Callback):
         at_end = tuple(dict.fromkeys([*every, *(metric for _, metric in self._epoch_metric)]))
         return every, at_end
 
-    def after_step(self, metrics: Mapping[str, float]) -> None:
-        """Step the per-step schedulers, after the optimizer step."""
+    def after_step(self, metrics: Mapping[str, Any]) -> None:
+        """Step the per-step schedulers, after the optimizer step; the metrics a scheduler
+        reads are numbers by now (the others may be tensors still on their device)."""
         for sched in self._per_step:
             sched.step()
         for sched, metric in self._step_metric:
@@ -195,7 +195,7 @@ class Schedules(Callback):
         for sched, key in self._eval_metric.get(eval_name, ()):
             self._step_with(sched, f"{eval_name}/{key}", metrics, key)
 
-    def after_epoch(self, metrics: Mapping[str, float]) -> None:
+    def after_epoch(self, metrics: Mapping[str, Any]) -> None:
         """Step the per-epoch schedulers after an epoch's last optimizer step; `metrics` are
         that step's."""
         for sched in self._per_epoch:
@@ -204,7 +204,7 @@ class Schedules(Callback):
             self._step_with(sched, metric, metrics)
 
     def _step_with(
-        self, sched: Any, metric: str, metrics: Mapping[str, float], key: str | None = None
+        self, sched: Any, metric: str, metrics: Mapping[str, Any], key: str | None = None
     ) -> None:
         value = metrics.get(metric if key is None else key)
         if value is None:  # not logged this time: the scheduler waits for a fresh value

@@ -24,6 +24,7 @@ from lab.records import TrainingBatch
 if TYPE_CHECKING:
     from lab.dispatch import Dispatcher
     from lab.hooks import LoopState
+    from lab.loop.checkpoint_config import CheckpointConfig
     from lab.loop.checkpoint_session import Progress
     from lab.loop.metric_names import MetricWatch
     from lab.loop.settings import LoopSettings
@@ -53,11 +54,12 @@ class StepEnds:
         self.last = progress.last  # the last value of each step metric (lab._ranking)
         self.seen: set[str] = set()  # step metric names logged in this fit (ranking check)
         checkpoint = settings.checkpoint
-        # Whether steps still add to `seen`: only with a ranking metric not yet logged.
-        self._ranking_open = checkpoint is not None and checkpoint.metric is not None
+        # The ranking metric while steps still add to `seen` (None once it was logged).
+        self._ranking = checkpoint.metric if checkpoint is not None else None
         self.watch: MetricWatch | None = None
-        self._watch_step = False
-        self.saving = False
+        self._watch_step: MetricWatch | None = None  # `watch`, until its step lookup is done
+        #: The run's `CheckpointConfig` when it saves (its checkpoints are open), else None.
+        self.saving: CheckpointConfig | None = None
         self.begun = 0  # the step pre_step announced and end_step has not ended yet
         self.state: LoopState
         self.hooks: Dispatcher
@@ -72,7 +74,7 @@ class StepEnds:
             hooks.callbacks, settings.checkpoint, settings.declared, settings.open,
             settings.evaluators,
         )  # fmt: skip
-        self._watch_step = watch is not None and bool(watch.at_step)
+        self._watch_step = watch if watch is not None and watch.at_step else None
         self.buffer.every = self.buffer.in_effect(hooks.callbacks)
 
     def attach(self, state: LoopState) -> None:
@@ -148,12 +150,12 @@ class StepEnds:
             step % self.buffer.every == 0
             or step == num_steps
             or self.state.stop_requested
-            or self._watch_step
+            or self._watch_step is not None
             or save
             or (spe is not None and step % spe == 0)
         ):
             return True
-        if save is None and self.saving and settings.checkpoint.due(step, num_steps):  # type: ignore[union-attr]
+        if save is None and (saving := self.saving) is not None and saving.due(step, num_steps):
             return True
         if settings.evaluators:
             return any(ev.due(step, num_steps=num_steps or 0) for ev in settings.evaluators)
@@ -167,14 +169,15 @@ class StepEnds:
             hb = self.batch if batch is None else self.wrap(batch)
             hooks.fire(_STEP_END, self.state, step, hb, clean)
         self.last.update(clean)  # after the hook: the keys its producers added count too
-        if self._ranking_open:  # step metric names (producers' keys too), for the check
+        ranking = self._ranking
+        if ranking is not None:  # step metric names (producers' keys too), for the check
             self.seen.update(clean)  # at saves, until the ranking metric shows up
-            self._ranking_open = (
-                self.settings.checkpoint.metric not in clean and len(self.seen) < 64  # type: ignore[union-attr]
-            )
-        if self._watch_step:  # needed names no source declared: looked for once
-            self._watch_step = False
-            self.watch.after_step(step, clean)  # type: ignore[union-attr]
+            if ranking in clean or len(self.seen) >= 64:
+                self._ranking = None
+        watch = self._watch_step
+        if watch is not None:  # needed names no source declared: looked for once
+            self._watch_step = None
+            watch.after_step(step, clean)
 
     def may_log(self, metric: str | None) -> bool:
         """Whether the steps may yet log the ranking `metric`: it is declared, or the loop

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -138,7 +138,7 @@ class TrainingLoop:
         self.steps_per_epoch = epoch_length(data, steps_per_epoch, num_epochs, accumulate)
         self.num_epochs = num_epochs
         if num_steps is None:
-            self.num_steps = num_epochs * self.steps_per_epoch  # type: ignore[operator]
+            self.num_steps = num_epochs * self.steps_per_epoch
         self.schedules = as_schedules(scheduler)
         if self.steps_per_epoch is None:
             check_no_epoch_settings(self.schedules, evaluators)
@@ -308,7 +308,7 @@ class TrainingLoop:
                 loop.end_epoch()
 
     def _step(
-        self, group: list[Any], data: Any, step_idx: int, params: list[torch.Tensor]
+        self, group: list[Any], data: Any, step_idx: int, params: Sequence[torch.Tensor]
     ) -> tuple[Any, dict[str, Any] | None, torch.Tensor | None, float]:
         """One optimizer step on `group` (`data`: its first micro-batch, on its device): the
         loss, the extra metrics, the gradient norm and the learning rate the step used."""
@@ -320,7 +320,7 @@ class TrainingLoop:
             return self._closure_step(data, params)
         optimizer, scaler, grad_clip = self.optimizer, self.scaler, self.grad_clip
         if self.accumulate == 1:
-            loss, extra = _unpack_loss(self.loss_fn(self.model, data))  # type: ignore[misc]
+            loss, extra = _unpack_loss(self.loss_fn(self.model, data))  # type: ignore[misc]  # not None (_check_step)
             optimizer.zero_grad(set_to_none=True)
             if scaler is None:
                 loss.backward()
@@ -355,7 +355,7 @@ class TrainingLoop:
         for i, micro in enumerate(group):
             if i > 0 and device is not None:
                 micro = _to_device(micro, device)
-            out = self.loss_fn(model, first if i == 0 else micro)  # type: ignore[misc]
+            out = self.loss_fn(model, first if i == 0 else micro)  # type: ignore[misc]  # not None (_check_step)
             loss, extra = _unpack_loss(out)
             scaled = loss / k
             if scaler is None:
@@ -368,10 +368,11 @@ class TrainingLoop:
                 sums[name] = sums.get(name, 0.0) + as_number(name, step_idx, value)
                 counts[name] = counts.get(name, 0) + 1
         means = {name: value / counts[name] for name, value in sums.items()}
-        return total / k, means  # type: ignore[operator]
+        assert total is not None  # the group holds `accumulate` (>= 2) micro-batches
+        return total / k, means
 
     def _closure_step(
-        self, data: Any, params: list[torch.Tensor]
+        self, data: Any, params: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, Any] | None, torch.Tensor | None, float]:
         """Step an optimizer that re-evaluates the loss (LBFGS): the loss function runs in
         the closure; the metrics and the gradient norm are those of its first evaluation."""
@@ -381,7 +382,7 @@ class TrainingLoop:
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            loss, extra = _unpack_loss(loss_fn(model, data))  # type: ignore[misc]
+            loss, extra = _unpack_loss(loss_fn(model, data))  # type: ignore[misc]  # not None (_check_step)
             loss.backward()
             if not first:
                 first.append((loss, extra, _grad_norm(params, grad_clip) if params else None))
@@ -390,7 +391,8 @@ class TrainingLoop:
             return loss
 
         lr = float(optimizer.param_groups[0]["lr"])
-        optimizer.step(closure)
+        # torch types a closure as returning a float; LBFGS takes the loss tensor (its docs)
+        optimizer.step(cast("Callable[[], float]", closure))
         loss, extra, grad_norm = first[0]
         return loss, extra, grad_norm, lr
 
@@ -414,7 +416,7 @@ def _check_length(num_steps: int | None, num_epochs: int | None, accumulate: int
         )
 
 
-def _grad_norm(params: list[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:
+def _grad_norm(params: Sequence[torch.Tensor], grad_clip: float | None) -> torch.Tensor | None:
     """The total 2-norm of the gradients before clipping; None when no parameter has one.
 
     Without `grad_clip` the gradients are only measured, never rescaled: `clip_grad_norm_`
