@@ -729,12 +729,12 @@ def _heartbeat(
     owner: dict[str, Any] | None = None,
 ) -> None:
     """The heartbeat of a client's running runs, and of the experiments it drives with the
-    client's process as their driver (`Store.drive`)."""
+    client's process as their driver (`MetricRows.drive`)."""
     if run_ids:
         store.metric_rows.beat(conn, [int(i) for i in run_ids])
     if experiment_ids:
         driver = Owner.model_validate(owner or {}).model_dump()
-        store.drive(conn, [int(i) for i in experiment_ids], driver)
+        store.metric_rows.drive(conn, [int(i) for i in experiment_ids], driver)
 
 
 def _media(store: Store, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
