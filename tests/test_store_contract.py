@@ -4,14 +4,13 @@ and under TYPE_CHECKING."""
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_architecture import _cycle, _modules
+from test_architecture import _cycle, _imports, _modules
 
 ROOT = Path(__file__).resolve().parent.parent / "lab"
 
@@ -20,45 +19,14 @@ def _module(path: Path) -> str:
     return next(name for name, p in _modules().items() if p == path)
 
 
-def _every_import(path: Path, known: set[str]) -> set[str]:
-    """The `lab` modules `path` imports anywhere: at module level, under TYPE_CHECKING and
-    inside functions (a reader follows them all)."""
-    name = _module(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-
-    def target(dotted: str) -> None:
-        while dotted and dotted not in known:
-            dotted = dotted.rpartition(".")[0]
-        if dotted and dotted != name:
-            out.add(dotted)
-
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                target(alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            target(module)
-            for alias in node.names:
-                if f"{module}.{alias.name}" in known:
-                    target(f"{module}.{alias.name}")
-    return out
-
-
 @pytest.mark.parametrize("part", ["lab.store", "lab.server"])
 def test_a_part_has_no_import_circle_even_inside_functions(part: str) -> None:
     """Inside `part`, no module imports back a module that imports it, however late: an
     import inside a function (`create_app`'s) or under TYPE_CHECKING still counts. A
     package's ``__init__`` is left out (it gathers its modules' names)."""
     paths = _modules()
-    known = set(paths)
     graph = {
-        name: {d for d in _every_import(path, known) if d.startswith(part + ".")}
+        name: {d for d in _imports(name, path, everywhere=True) if d.startswith(part + ".")}
         for name, path in paths.items()
         if name.startswith(part + ".") and path.name != "__init__.py"
     }
