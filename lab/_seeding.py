@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,10 @@ except ImportError:  # pragma: no cover - numpy ships with the dev extra
 
 
 def seed_everything(seed: int) -> None:
-    """Seed `random`, numpy (when installed) and torch (CPU and every CUDA device)."""
+    """Seed `random`, numpy (when installed) and torch (CPU and every CUDA device), and set
+    ``PL_GLOBAL_SEED``: the seed Lightning's ``seed_everything()`` and its dataloader
+    workers take when given none, so a Lightning fit inside a run takes the run's seed."""
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
     random.seed(seed)
     if _np is not None:
         _np.random.seed(seed % 2**32)

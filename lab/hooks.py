@@ -312,6 +312,10 @@ RUNS, FINISHED_BEFORE, EXECUTOR = "lab:runs", "lab:finished_before", "lab:execut
 #: `LogContext.extras` holding the experiment's tags (a list) and notes (a str or None), as
 #: ``Experiment(tags=..., notes=...)`` gave them; a sink records them with the experiment.
 TAGS, NOTES = "lab:tags", "lab:notes"
+#: `LogContext.extras` holding the config a framework reported for the current run (a
+#: LightningModule's hparams) when the run's own config is an arm's: a sink records it with
+#: the run's provenance, as ``"framework_config"``, when the run ends.
+FRAMEWORK_CONFIG = "lab:framework_config"
 
 
 @dataclass(eq=False)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from lab.errors import ConfigError
-from lab.hooks import Callback
+from lab.hooks import FRAMEWORK_CONFIG, Callback
 from lab.loop.framework import FrameworkHandle
 from lab.records import Kind, ManifestRow, RunSpec
 
@@ -85,6 +85,13 @@ class FrameworkRun:
         name = options.pop("experiment")
         self._run = self._stack.enter_context(start_run(name, config=config, **options))
         return self._run
+
+    def framework_config(self, config: Mapping[str, Any]) -> None:
+        """Inside an Experiment, record `config` (the framework's hyperparameters) beside the
+        arm's config: in the run's provenance, as ``"framework_config"``, when the run ends.
+        Standalone it is the run's config already (`open`)."""
+        if not self.standalone:
+            self.open().ctx.extras[FRAMEWORK_CONFIG] = dict(config)
 
     def start(
         self, model: torch.nn.Module | None = None, restored: tuple[int, str | Path] | None = None

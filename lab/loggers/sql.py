@@ -38,7 +38,7 @@ import pydantic
 from lab._secrets import logger
 from lab.callbacks.registry import register
 from lab.errors import ConfigError
-from lab.hooks import NOTES, TAGS, Callback, LogContext, LoopState, Phase
+from lab.hooks import FRAMEWORK_CONFIG, NOTES, TAGS, Callback, LogContext, LoopState, Phase
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
 from lab.store import open_store
@@ -276,6 +276,9 @@ class SqlLogger(Callback):
         store.flush()
         run_id = self._require_run(ctx)
         self._provenance_filled(store, run_id)  # a finished run always has its provenance
+        framework = ctx.extras.pop(FRAMEWORK_CONFIG, None)
+        if framework is not None:
+            self._add_framework_config(store, run_id, ctx, framework)
         store.finish_run(
             run_id,
             status=run_result.status,
@@ -408,6 +411,17 @@ class SqlLogger(Callback):
                 pending.done.set()
 
         reading.add_done_callback(fill)
+
+    def _add_framework_config(
+        self, store: Store | HttpStore, run_id: int, ctx: LogContext, config: Any
+    ) -> None:
+        """Record the config a framework reported beside the run's own (`FRAMEWORK_CONFIG`),
+        in its provenance record."""
+        if self._provenance is None:
+            reading, self._reading = self._reading, None
+            self._provenance = reading.result() if reading is not None else _collect()
+        record = _run_record(self._provenance, ctx.run_key, ctx.run_dir)
+        store.set_provenance(run_id, {**record, "framework_config": config})
 
     def _provenance_filled(self, store: Store | HttpStore, run_id: int) -> None:
         """Wait until a run started before its provenance was read has it recorded; write it
