@@ -231,3 +231,64 @@ def test_bad_arguments_are_one_clear_line(kwargs: dict[str, Any], message: str) 
     with pytest.raises(ConfigError) as info:
         LabLogger(**kwargs)
     assert str(info.value) == message
+
+
+def test_test_and_predict_after_the_fit_are_post_training_evals(tmp_path: Path) -> None:
+    def train(run: lab.RunSpec) -> None:
+        model = Tiny()
+        fit = trainer(LabLogger(run, predictions=True), epochs=1)
+        fit.fit(model, loader(), loader())
+        fit.test(model, loader())
+        fit.predict(model, loader())
+
+    db = tmp_path / "lab.db"
+    lab.Experiment("lt", train, store=f"sqlite:///{db}", output_dir=tmp_path / "runs").run()
+    evals = _rows(db, "SELECT name, step, metrics FROM evals ORDER BY eval_id")
+    assert [(name, step) for name, step, _ in evals] == [("val", 4), ("test", None),
+                                                         ("predict", None)]  # fmt: skip
+    assert evals[1][2] == evals[0][2]  # the same model on the same examples
+    counts = "SELECT e.name, count(*) FROM predictions p JOIN evals e USING (eval_id) GROUP BY 1"
+    assert sorted(_rows(db, counts)) == [("predict", 32), ("test", 32), ("val", 32)]
+    predicted = _rows(
+        db,
+        "SELECT example_id, output FROM predictions JOIN evals USING "
+        "(eval_id) WHERE name = 'predict' ORDER BY CAST(example_id AS INT)",
+    )
+    tested = _rows(db, "SELECT output FROM predictions JOIN evals USING (eval_id) WHERE "
+                       "name = 'test' ORDER BY CAST(substr(example_id, 3) AS INT)")  # fmt: skip
+    assert predicted == [(str(i), o) for i, (o,) in enumerate(tested)]  # predict_step's tensor
+    assert _rows(db, "SELECT key, step FROM metrics WHERE key LIKE 'test/%'") == [
+        ("test/loss", 4)
+    ]  # a post-training eval's metrics join the run's last step
+    assert _rows(db, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_lightning_clis_parsed_config_is_recorded_with_the_run(tmp_path: Path) -> None:
+    pytest.importorskip("jsonargparse")
+    from jsonargparse import lazy_instance
+    from lightning.pytorch.cli import LightningCLI
+
+    db = tmp_path / "lab.db"
+    log = lazy_instance(LabLogger, experiment="cli", store=f"sqlite:///{db}", quiet=True,
+                        save_dir=str(tmp_path / "runs"))  # fmt: skip
+    args = ["--model.lr=0.02", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]  # fmt: skip
+    cli = LightningCLI(Tiny, run=False, args=args, trainer_defaults={"logger": log},
+                       save_config_kwargs={"overwrite": True})  # fmt: skip
+    cli.trainer.fit(cli.model, loader(), loader())
+    ((config,),) = _rows(db, "SELECT config FROM runs")
+    config = json.loads(config)
+    assert {k: v for k, v in config.items() if k != "lightning_cli"} == {
+        "lr": 0.02, "fail_at": 0, "interrupt": False
+    }  # fmt: skip
+    assert config["lightning_cli"]["model"] == {"lr": 0.02, "fail_at": 0, "interrupt": False}
+    assert config["lightning_cli"]["trainer"]["max_epochs"] == 1
+    logger = config["lightning_cli"]["trainer"]["logger"]
+    assert logger["class_path"] == "lab.integrations.lightning.LabLogger"
+
+
+def test_credentials_in_the_hparams_are_masked(tmp_path: Path) -> None:
+    log = LabLogger(experiment="lt", save_dir=tmp_path)
+    log.log_hyperparams({"api_token": "abc123", "db": "postgresql://u:hunter22@h/db", "n": 2})
+    assert log.hparams == {"api_token": "***", "db": "postgresql://u:***@h/db", "n": 2}

@@ -29,6 +29,7 @@ The run ends with the fit; ``validate``/``test``/``predict`` after it (inside an
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lab._secrets import HIDDEN, SECRET_NAME, mask
 from lab._secrets import logger as _logger
 from lab.errors import ConfigError
 from lab.hooks import Hook
@@ -49,6 +51,7 @@ from lab.records import EvalResult, RunSpec
 __all__ = ["LabCallback", "LabLogger"]
 
 log = _logger("lab.integrations.lightning")
+_SECRET = re.compile(SECRET_NAME, re.IGNORECASE)
 
 
 class LabLogger(Logger):
@@ -130,7 +133,9 @@ class LabLogger(Logger):
         Lightning record (in an Experiment), recorded when the fit starts."""
         if not isinstance(params, Mapping):
             params = vars(params)  # an argparse Namespace
-        self.hparams.update(_plain(dict(params)))
+        # keys with a leading "_" are Lightning's own (LightningCLI's `_instantiator`)
+        config = _plain(dict(params), hide=True)
+        self.hparams.update({k: v for k, v in config.items() if k[:1] != "_"})
 
     def log_graph(self, model: Any, input_array: Any = None) -> None:
         """Lightning's first call with the model: add `LabCallback` to its trainer."""
@@ -359,18 +364,23 @@ def _prediction_rows(outputs: Any, start: int) -> Iterator[dict[str, Any]]:
         yield {"example_id": str(start + i), **_plain(dict(row))}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, *, hide: bool = False) -> Any:
     """JSON-ready: tensors as lists or numbers, mappings and sequences walked, paths and other
-    objects as their string."""
+    objects as their string. `hide` (a config) masks credentials, as every record lab keeps
+    does: the value of a key that says secret, a URL's password."""
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {
+            str(k): HIDDEN if hide and _SECRET.search(str(k)) else _plain(v, hide=hide)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
+        return [_plain(v, hide=hide) for v in value]
+    if value is None or isinstance(value, bool | int | float):
         return value
-    return str(value)
+    text = value if isinstance(value, str) else str(value)
+    return mask(text) if hide else text
 
 
 def _cli_config(trainer: Trainer) -> dict[str, Any] | None:
@@ -380,5 +390,5 @@ def _cli_config(trainer: Trainer) -> dict[str, Any] | None:
         config = getattr(cb, "config", None)
         if type(cb).__name__ == "SaveConfigCallback" and config is not None:
             as_dict = getattr(config, "as_dict", None)
-            return _plain(as_dict() if callable(as_dict) else dict(vars(config)))
+            return _plain(as_dict() if callable(as_dict) else dict(vars(config)), hide=True)
     return None
