@@ -292,3 +292,25 @@ def test_credentials_in_the_hparams_are_masked(tmp_path: Path) -> None:
     log = LabLogger(experiment="lt", save_dir=tmp_path)
     log.log_hyperparams({"api_token": "abc123", "db": "postgresql://u:hunter22@h/db", "n": 2})
     assert log.hparams == {"api_token": "***", "db": "postgresql://u:***@h/db", "n": 2}
+
+
+class EpochMean(Tiny):
+    """Also logs the epoch's mean loss, which Lightning reports after the epoch's last step's
+    validation and save."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/mean", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_end_of_epoch_metrics_join_the_epochs_last_step(tmp_path: Path) -> None:
+    db = tmp_path / "lab.db"
+    log = LabLogger(experiment="lt", store=f"sqlite:///{db}", save_dir=tmp_path, quiet=True)
+    trainer(log).fit(EpochMean(), loader(), loader())
+    assert _rows(db, "SELECT step, value FROM metrics WHERE key = 'epoch' ORDER BY step") == [
+        (step, float((step - 1) // 4)) for step in STEPS
+    ]  # no step moved
+    means = _rows(db, "SELECT step FROM metrics WHERE key = 'train/mean' ORDER BY step")
+    assert means == [(4,), (8,), (12,)]
+    assert _rows(db, "SELECT DISTINCT step FROM checkpoints ORDER BY step") == means

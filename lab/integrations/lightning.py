@@ -28,9 +28,11 @@ The run ends with the fit; ``validate``/``test``/``predict`` after it (inside an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,8 @@ class LabCallback(LightningCallback):
         self._saved: dict[str, float | None] = {}  # top-k path -> its score, as recorded
         self._last: dict[str, int] = {}  # last checkpoint path -> its mtime, as recorded
         self._fit_ended = False
+        self._held: list[Callable[[], Any]] = []  # the current step's evals and checkpoints
+        self._held_step = 0
 
     @property
     def _run(self) -> FrameworkRun:
@@ -215,10 +219,13 @@ class LabCallback(LightningCallback):
             error = self.error or RuntimeError(f"the Lightning fit ended {status}")
             self.error = None
             self._fit_ended = True
+            with contextlib.suppress(Exception):  # what the step held, before the failure
+                self._release()
             self._run.finish(error)
             return
         if fitting and not self._fit_ended:
             self._fit_ended = True
+            self._release()
             self._run.finish()
 
     # -- metrics ---------------------------------------------------------------------------------
@@ -232,7 +239,29 @@ class LabCallback(LightningCallback):
                 self._run.log({"epoch": epoch}, self._step())
             return
         if self._recording():
-            self._run.log(values, self._step())
+            step = self._step()
+            if self._held and step > self._held_step:
+                self._release()
+            self._run.log(values, step)
+
+    def _hold(self, record: Callable[[], Any]) -> None:
+        """Record an eval or a checkpoint of the current step once the step is complete:
+        Lightning logs an epoch's end-of-epoch metrics at its last step after that step's
+        validation and save, and they belong to that step."""
+        self._held.append(record)
+        self._held_step = self._step()
+
+    def _release(self) -> None:
+        """The held step is complete: record it, then its evals and checkpoints."""
+        held, self._held = self._held, []
+        for record in held:
+            record()
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._release()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._release()
 
     def _step(self) -> int:
         trainer = self.logger.trainer
@@ -292,7 +321,9 @@ class LabCallback(LightningCallback):
         metrics = {_strip(name, k): v for k, v in metrics.items()}
         predictions = rows if self.logger.predictions else None
         if self._recording():  # during the fit: an eval at the trainer's step
-            self._run.evaluate(name, metrics, step=self._step(), predictions=predictions)
+            step = self._step()
+            self._hold(lambda: self._run.evaluate(name, metrics, step=step,
+                                                  predictions=predictions))  # fmt: skip
             return
         run = self._run.open(self.logger.hparams) if not self._run.standalone else None
         if run is None:
@@ -319,10 +350,11 @@ class LabCallback(LightningCallback):
             if path not in self._saved:
                 self._saved[path] = value = _score(score)
                 metrics = {monitor: value} if value is not None else None
-                self._run.checkpoint(path, step=step, metrics=metrics)
+                self._hold(partial(self._run.checkpoint, path, step=step, metrics=metrics))
         for path in [p for p in self._saved if p not in current]:
             self._saved.pop(path)
-            self._run.checkpoint(path, step=step, removed="top-k: a better one replaced it")
+            reason = "top-k: a better one replaced it"
+            self._hold(partial(self._run.checkpoint, path, step=step, removed=reason))
         last = cb.last_model_path
         if last and os.path.exists(last):
             mtime = os.stat(last).st_mtime_ns
@@ -330,7 +362,8 @@ class LabCallback(LightningCallback):
                 self._last[last] = mtime
                 value = _score(cb.current_score) if cb.monitor else None
                 metrics = {monitor: value} if value is not None else None
-                self._run.checkpoint(last, step=step, metrics=metrics, kind="ephemeral")
+                self._hold(partial(self._run.checkpoint, last, step=step, metrics=metrics,
+                                   kind="ephemeral"))  # fmt: skip
 
 
 def _strip(name: str, key: str) -> str:

@@ -105,6 +105,8 @@ class FrameworkRun:
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record `metrics` at the framework's `step` (merged with others of the same step)."""
+        if self.handle is not None and step <= self.handle.state.step:
+            step = self.handle.state.step + 1  # a step already recorded: the next one
         if self._pending_step is not None and step > self._pending_step:
             self._flush()
         if self._pending_step is None or step > self._pending_step:
