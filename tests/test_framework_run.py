@@ -147,3 +147,20 @@ def test_bad_arguments_are_one_clear_line(kwargs: dict[str, Any], message: str) 
     with pytest.raises(ConfigError) as info:
         FrameworkRun(**kwargs)
     assert str(info.value) == message
+
+
+def test_a_value_for_a_recorded_step_joins_the_next_without_moving_later_ones(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "lab.db"
+    run = FrameworkRun(experiment="fw", store=f"sqlite:///{db}", quiet=True,
+                       output_dir=tmp_path / "runs")  # fmt: skip
+    run.log({"loss": 1.0}, 1)
+    run.evaluate("val", {"loss": 0.9}, step=1)  # step 1 is recorded
+    run.log({"epoch_mean": 1.5}, 1)  # reported late: joins step 2
+    run.log({"loss": 2.0}, 2)
+    run.log({"loss": 3.0}, 3)
+    run.finish()
+    assert _rows(db, "SELECT step, key FROM metrics ORDER BY step, key") == [
+        (1, "loss"), (1, "val/loss"), (2, "epoch_mean"), (2, "loss"), (3, "loss"),
+    ]  # fmt: skip
