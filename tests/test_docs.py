@@ -26,6 +26,7 @@ EXTRAS = {
     "system": ("pynvml",),
     "rl": ("gymnasium",),
     "ray": ("ray",),
+    "lightning": ("lightning", "jsonargparse"),
     "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
 }
 
@@ -235,6 +236,19 @@ def _check_ray_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_lightning_page(out: str, namespace: dict[str, object]) -> None:
+    assert out.splitlines() == [
+        "[('slow-r0', 'completed'), ('slow-r1', 'completed'), ('fast-r0', 'completed'), "
+        "('fast-r1', 'completed')]",
+        "[('fast-r0', 0), ('fast-r1', 1), ('slow-r0', 0), ('slow-r1', 1)]",
+        "[(512,)]",  # 4 runs x 2 validations x 64 examples
+        """[('{"lr": 0.05}', '{"lr":0.05}')]""",  # the arm's config; the module's hparams
+        "lightning-alone main-r0 lightning-runs/lightning-alone/main-r0",
+        """[('{"lr": 0.05}', 'val', 4)]""",
+    ]
+    assert not Path("lightning-runs").exists()  # cleaned up
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -248,6 +262,7 @@ PAGES = {
     "rl-rlhf.md": _check_rl_rlhf_page,
     "rl-cartpole.md": _check_rl_cartpole_page,
     "ray.md": _check_ray_page,
+    "lightning.md": _check_lightning_page,
 }
 
 
