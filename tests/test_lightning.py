@@ -314,3 +314,15 @@ def test_end_of_epoch_metrics_join_the_epochs_last_step(tmp_path: Path) -> None:
     means = _rows(db, "SELECT step FROM metrics WHERE key = 'train/mean' ORDER BY step")
     assert means == [(4,), (8,), (12,)]
     assert _rows(db, "SELECT DISTINCT step FROM checkpoints ORDER BY step") == means
+
+
+def test_an_interrupt_inside_an_experiment_is_not_a_completed_run(tmp_path: Path) -> None:
+    def train(run: lab.RunSpec) -> None:
+        trainer(LabLogger(run)).fit(Tiny(fail_at=3, interrupt=True), loader(), loader())
+
+    db = tmp_path / "lab.db"
+    with pytest.raises((SystemExit, KeyboardInterrupt)):
+        lab.Experiment("lt", train, store=f"sqlite:///{db}", output_dir=tmp_path / "runs").run()
+    ((status, error),) = _rows(db, "SELECT status, error FROM runs")
+    assert status != "completed"
+    assert (status, error) == ("failed", "interrupted (SystemExit)")
