@@ -46,9 +46,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lab._secrets import HIDDEN, SECRET_NAME, mask
 from lab._secrets import logger as _logger
 from lab.errors import ConfigError
-from lab.hooks import Hook
 from lab.integrations.recording import FrameworkRun
-from lab.records import EvalResult, RunSpec
+from lab.records import RunSpec
 
 __all__ = ["LabCallback", "LabLogger"]
 
@@ -186,9 +185,6 @@ class LabCallback(LightningCallback):
     def _run(self) -> FrameworkRun:
         return self.logger.recording
 
-    def state_key(self) -> str:
-        return "LabCallback"
-
     # -- the fit ---------------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the run's recording, at the step Lightning restored when it resumed."""
@@ -325,16 +321,14 @@ class LabCallback(LightningCallback):
             self._hold(lambda: self._run.evaluate(name, metrics, step=step,
                                                   predictions=predictions))  # fmt: skip
             return
-        run = self._run.open(self.logger.hparams) if not self._run.standalone else None
-        if run is None:
+        if self._run.standalone:
             log.warning(
                 "LabLogger: the %s results after the fit are not recorded: a standalone run "
                 "ends with its fit (record them inside an Experiment's train(run))",
                 name,
             )
             return
-        result = EvalResult(name, metrics, predictions=list(rows), step=None)
-        run.dispatcher.fire(Hook.BENCHMARK_EVAL, run.ctx, result, result.predictions, step=None)
+        self._run.evaluate_after(name, metrics, predictions=rows)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def checkpoints(self, cb: ModelCheckpoint) -> None:
@@ -343,7 +337,7 @@ class LabCallback(LightningCallback):
         if not self._recording():
             return
         step, monitor = self._step(), cb.monitor or "score"
-        current = dict(cb.best_k_models)
+        current: dict[str, Any] = dict(cb.best_k_models)
         if not current and cb.best_model_path:  # no monitor: the newest save is the one kept
             current = {cb.best_model_path: None}
         for path, score in current.items():
@@ -416,7 +410,7 @@ def _plain(value: Any, *, hide: bool = False) -> Any:
     return mask(text) if hide else text
 
 
-def _cli_config(trainer: Trainer) -> dict[str, Any] | None:
+def _cli_config(trainer: Any) -> dict[str, Any] | None:
     """`LightningCLI`'s parsed config, from its ``SaveConfigCallback``, when the trainer has
     one."""
     for cb in trainer.callbacks:

@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
+from lab.dispatch import Dispatcher
 from lab.errors import ConfigError
-from lab.hooks import FRAMEWORK_CONFIG, Callback
+from lab.hooks import FRAMEWORK_CONFIG, Callback, Hook
 from lab.loop.framework import FrameworkHandle
-from lab.records import Kind, ManifestRow, RunSpec
+from lab.records import EvalResult, Kind, ManifestRow, RunSpec
 
 
 class FrameworkRun:
@@ -125,6 +126,23 @@ class FrameworkRun:
         its per-example `predictions` when given."""
         handle = self._at(step)
         handle.log_eval(name, metrics, predictions=predictions)
+
+    def evaluate_after(
+        self,
+        name: str,
+        metrics: Mapping[str, Any],
+        *,
+        predictions: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Record an evaluation the framework ran after its fit ended (a test, a predict):
+        a post-training eval (step NULL), as an Experiment's benchmarks are, while the run is
+        still open (inside an Experiment's ``train(run)``)."""
+        run = self.open()
+        rows = [dict(p) for p in predictions or ()]
+        result = EvalResult(name, dict(metrics), predictions=rows, step=None)
+        hooks = run.dispatcher
+        assert isinstance(hooks, Dispatcher)  # what an Experiment hands every run
+        hooks.fire(Hook.BENCHMARK_EVAL, run.ctx, result, result.predictions, step=None)
 
     def checkpoint(
         self,
