@@ -36,9 +36,10 @@ def loader() -> DataLoader:
 def rows(batch_idx: int, out: torch.Tensor, y: torch.Tensor) -> list[dict[str, Any]]:
     """One prediction row per example of a batch."""
     return [
-        {"example_id": f"ex{batch_idx * BATCH + k}", "output": float(o), "target": float(t)}
+        {"example_id": f"ex{batch_idx * BATCH + k}", "output": float(o), "target": float(t),
+         "score": -abs(float(o) - float(t))}  # higher is better
         for k, (o, t) in enumerate(zip(out.squeeze(-1), y.squeeze(-1), strict=True))
-    ]
+    ]  # fmt: skip
 
 
 class Tiny(pl.LightningModule):

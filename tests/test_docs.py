@@ -243,6 +243,7 @@ def _check_lightning_page(out: str, namespace: dict[str, object]) -> None:
         "[('fast-r0', 0), ('fast-r1', 1), ('slow-r0', 0), ('slow-r1', 1)]",
         "[(512,)]",  # 4 runs x 2 validations x 64 examples
         """[('{"lr": 0.05}', '{"lr":0.05}')]""",  # the arm's config; the module's hparams
+        "diff 3",  # lab.inspect.disagreements over the validations' predictions
         "lightning-alone main-r0 lightning-runs/lightning-alone/main-r0",
         """[('{"lr": 0.05}', 'val', 4)]""",
     ]

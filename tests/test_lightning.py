@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("lightning")
 
 import lab
+import lab.inspect
 from lab.errors import ConfigError
 from lab.integrations.lightning import LabLogger
 from tests.lightning_tiny import EPOCHS, Tiny, experiment, handle_loop, loader, trainer
@@ -189,6 +190,14 @@ def test_inside_an_experiment_arms_times_repeats_with_a_seed_each(swept: Any) ->
         "lr": 0.05, "fail_at": 0, "interrupt": False
     }  # fmt: skip
     assert json.loads(rows["runs"][0][3]) == {"lr": 0.05}  # the arm's config
+    con = lab.inspect.connect(f"sqlite:///{db}")
+    try:  # the last validation's predictions, compared across the arms' repeats
+        worst = lab.inspect.disagreements(con, "lt", "val", "slow", "fast", limit=3).fetchall()
+    finally:
+        con.close()
+    assert len({row[0] for row in worst}) == 3  # three examples, each scored by both arms
+    assert all(row[-1] is not None for row in worst)  # diff: score_a - score_b
+    assert abs(worst[0][-1]) >= abs(worst[1][-1]) >= abs(worst[2][-1])  # largest diff first
 
 
 def test_sigkill_mid_fit_and_a_rerun_resume_the_same_run(swept: Any, tmp_path: Path) -> None:
