@@ -1,0 +1,75 @@
+"""accelerate, recorded by `lab`: ``Accelerator(log_with=LabTracker(...))``.
+
+`LabTracker` is an accelerate `GeneralTracker` over `FrameworkRun`, on the main process only:
+``accelerator.init_trackers(name, config=...)`` records the config (the run's config
+standalone; inside an `Experiment`'s ``train(run)`` the arm's config stays the run's and
+this one is written to ``<run dir>/accelerate_config.json``), ``accelerator.log(values,
+step=)`` records the values at that step (the step after the last one when none is given),
+and ``accelerator.end_training()`` completes the run. accelerate has no hook for a failure:
+``tracker.finish(error)`` records one (a failed run, with its traceback).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from accelerate.tracking import GeneralTracker, on_main_process
+
+from lab.integrations.recording import FrameworkRun
+from lab.records import RunSpec
+
+#: The file, in an `Experiment` run's folder, that keeps the config given `init_trackers`.
+CONFIG_FILE = "accelerate_config.json"
+
+
+class LabTracker(GeneralTracker):
+    """Records what an `Accelerator` logs as a `lab` run (main process only).
+
+    `run`: the `RunSpec` an `Experiment` gave ``train(run)``; without it the other arguments
+    start a run of its own, as `FrameworkRun` says (`experiment`, `store`, ...).
+    """
+
+    name = "lab"
+    requires_logging_directory = False
+    main_process_only = True
+
+    def __init__(self, run: RunSpec | None = None, **standalone: Any) -> None:
+        """The arguments are the class's."""
+        super().__init__()
+        self.recording = FrameworkRun(run, **standalone)
+        self._step = 0
+
+    @property
+    def tracker(self) -> FrameworkRun:
+        """The recording itself (``accelerator.get_tracker("lab").tracker``)."""
+        return self.recording
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record `values` as the run's configuration and start the run."""
+        config = json.loads(json.dumps(values, default=str))
+        if self.recording.standalone:
+            self.recording.open(config)
+        else:
+            spec = self.recording.open()
+            spec.dir.mkdir(parents=True, exist_ok=True)
+            (spec.dir / CONFIG_FILE).write_text(json.dumps(config, indent=1))
+        self.recording.start()
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record the numeric `values` at `step` (default: the step after the last)."""
+        self._step = self._step + 1 if step is None else int(step)
+        metrics = {k: float(v) for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+        if metrics:
+            self.recording.log(metrics, self._step)
+
+    @on_main_process
+    def finish(self, error: BaseException | None = None) -> None:
+        """Complete the run (``accelerator.end_training()``), or fail it with `error`."""
+        self.recording.finish(error)
+
+
+__all__ = ["CONFIG_FILE", "LabTracker"]
