@@ -11,6 +11,11 @@ and ``accelerator.end_training()`` completes the run. accelerate has no hook for
 
 from __future__ import annotations
 
+from lab._imports import require
+
+require("accelerate", "accelerate", "lab.integrations.accelerate")
+
+# ruff: noqa: E402 (the framework is imported once the line above found it)
 import json
 from typing import Any
 

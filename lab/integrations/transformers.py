@@ -19,6 +19,11 @@ repeats range over `TrainingArguments` fields.
 
 from __future__ import annotations
 
+from lab._imports import require
+
+require("transformers", "transformers", "lab.integrations.transformers")
+
+# ruff: noqa: E402 (the framework is imported once the line above found it)
 import dataclasses
 import json
 import logging
