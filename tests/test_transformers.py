@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -134,22 +133,9 @@ def test_the_hooks_come_in_the_documented_order(fitted: dict[str, Any]) -> None:
     ]  # fmt: skip
 
 
-_KILLED = textwrap.dedent(
-    """
-    import os, signal, sys
-    import transformers
-    from lab.integrations.transformers import LabCallback, train
-    from tests import tiny_transformers as tiny
-
-    class Kill(transformers.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == int(sys.argv[1]):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    callback = LabCallback(experiment="bert", store="sqlite:///lab.db", quiet=True)
-    train(tiny.trainer("out", [callback, Kill()], save_total_limit=None,
-                       metric_for_best_model=None))
-    """
+_KILLED = (
+    "import sys; from pathlib import Path; from tests import tiny_transformers as tiny; "
+    "tiny.recorded_fit(Path.cwd(), int(sys.argv[1]))"
 )
 
 
@@ -157,30 +143,38 @@ def test_a_trainer_killed_with_sigkill_resumes_the_same_run_with_the_same_rows(
     tmp_path: Path,
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
 
-    def run(where: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
-        where.mkdir(exist_ok=True)
-        return subprocess.run([sys.executable, "-c", _KILLED, str(kill_at)], cwd=where, env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-
-    assert run(tmp_path / "straight", 0).returncode == 0
-    assert run(tmp_path / "killed", 5).returncode == -signal.SIGKILL
-    resumed = run(tmp_path / "killed", 0)
-    assert resumed.returncode == 0, resumed.stderr
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, "5"], cwd=killed_dir, env=env, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    tiny.recorded_fit(tmp_path / "straight")  # meanwhile, the same fit uninterrupted, here
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    saved = sorted(p.name for p in (killed_dir / "out").glob("checkpoint-*"))
+    assert saved == ["checkpoint-2", "checkpoint-4"]  # killed after step 5
+    every = Every()
+    tiny.recorded_fit(killed_dir, callbacks=[every])  # run again: it resumes from checkpoint-4
+    assert every.calls[:6] == [
+        "on_experiment_start", "on_group_start", "on_run_start:main-r0",
+        "post_checkpoint_loaded", "on_train_start", "on_step_end:5",
+    ]  # fmt: skip
     sql = (
         "SELECT step, key, value FROM metrics WHERE key NOT LIKE '%second' AND key NOT LIKE "
         "'%runtime' AND key NOT LIKE 'train/%' ORDER BY step, key"
     )
-    straight, killed = tmp_path / "straight" / "lab.db", tmp_path / "killed" / "lab.db"
-    assert _rows(killed, sql) == _rows(straight, sql)
-    assert len(_rows(killed, sql)) == 6 * 4 + 3  # loss, grad_norm, learning_rate, epoch
+    straight, again = tmp_path / "straight" / "lab.db", killed_dir / "lab.db"
+    assert _rows(again, sql) == _rows(straight, sql)
+    assert len(_rows(again, sql)) == 6 * 4 + 3  # loss, grad_norm, learning_rate, epoch
     for sql in (
         "SELECT name, step FROM evals ORDER BY step, name",
         "SELECT step, event FROM checkpoints ORDER BY step",
         "SELECT run_key, status FROM runs",
     ):
-        assert _rows(killed, sql) == _rows(straight, sql), sql
-    assert _rows(killed, "SELECT status FROM runs") == [("completed",)]
+        assert _rows(again, sql) == _rows(straight, sql), sql
+    assert _rows(again, "SELECT status FROM runs") == [("completed",)]
 
 
 def test_a_trainer_that_raises_fails_the_run_with_its_traceback(tmp_path: Path) -> None:

@@ -3,6 +3,9 @@ the Hugging Face `Trainer` tests train on CPU in about a second."""
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +54,28 @@ def trainer(output_dir: Path, callbacks: list[Any], **fields: Any) -> transforme
         model=model(), args=arguments(output_dir, **fields), train_dataset=examples(32, 1),
         eval_dataset=examples(8, 2), callbacks=callbacks,
     )  # fmt: skip
+
+
+class _Kill(transformers.TrainerCallback):
+    """SIGKILLs this process after the Trainer's step `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def recorded_fit(folder: Path, kill_at: int = 0, callbacks: Sequence[Any] = ()) -> None:
+    """The tiny fit recorded standalone into ``folder/lab.db`` (checkpoints every 2 steps,
+    all kept), through `train` (so a rerun resumes); SIGKILLed after step `kill_at` when it
+    is not 0; `callbacks` are lab's. The SIGKILL test runs it in a subprocess and in its
+    own process alike."""
+    from lab.integrations.transformers import LabCallback, train
+
+    callback = LabCallback(experiment="bert", store=f"sqlite:///{folder / 'lab.db'}",
+                           output_dir=folder / "runs", callbacks=callbacks,
+                           quiet=True)  # fmt: skip
+    added = [callback, _Kill(kill_at)] if kill_at else [callback]
+    train(trainer(folder / "out", added, save_total_limit=None, metric_for_best_model=None))
