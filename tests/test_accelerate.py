@@ -106,3 +106,55 @@ def test_bad_input_is_one_clear_line() -> None:
     with pytest.raises(ConfigError) as info:
         LabTracker(run="r")  # type: ignore[arg-type]
     assert str(info.value) == "run='r': pass the RunSpec that train(run) was given"
+
+
+def test_a_loop_resumed_from_its_saved_state_continues_the_run(tmp_path: Path) -> None:
+    every = Every()
+    db = tmp_path / "lab.db"
+    saved = tmp_path / "checkpoint-2"
+
+    def train(run: lab.RunSpec) -> Any:
+        tracker = LabTracker(run)
+        if saved.exists():  # accelerator.load_state(saved) restored step 2
+            tracker.resumed(2, saved)
+        accelerator = Accelerator(cpu=True, log_with=tracker)
+        accelerator.init_trackers("tiny", config={"lr": 0.1})
+        if saved.exists():
+            accelerator.log({"loss": 0.3})  # no step given: the one after the restored step
+            accelerator.end_training()
+            return run.artifacts
+        for step in (1, 2, 3):
+            accelerator.log({"loss": 1.0 / step}, step=step)
+            if step == 2:
+                saved.mkdir()  # accelerator.save_state(saved)
+                tracker.checkpoint(saved, metrics={"loss": 0.5})
+        raise RuntimeError("the loop broke after step 3")
+
+    experiment = {"store": f"sqlite:///{db}", "output_dir": tmp_path / "runs",
+                  "callbacks": [every]}  # fmt: skip
+    first = lab.Experiment("acc", train, **experiment).run()
+    assert [r.status for r in first.runs] == ["failed"]
+    every.calls.clear()
+    again = lab.Experiment("acc", train, **experiment).run()
+    assert [r.status for r in again.runs] == ["completed"]
+    assert rows(db, "SELECT step, value FROM metrics ORDER BY step") == [(1, 1.0), (2, 0.5),
+                                                                         (3, 0.3)]  # fmt: skip
+    assert rows(db, "SELECT step, path, event, metrics FROM checkpoints") == [
+        (2, str(saved), "save", '{"loss": 0.5}'),
+    ]
+    assert every.calls[:6] == [
+        "on_experiment_start", "on_group_start", "on_run_start:base-r0",
+        "post_checkpoint_loaded", "on_train_start", "on_step_end:3",
+    ]  # fmt: skip
+
+
+def test_resumed_after_the_run_started_is_one_clear_line(tmp_path: Path) -> None:
+    tracker = LabTracker(experiment="acc", store=f"sqlite:///{tmp_path / 'lab.db'}",
+                         output_dir=tmp_path / "runs", quiet=True)  # fmt: skip
+    Accelerator(cpu=True, log_with=tracker).init_trackers("tiny", config={})
+    with pytest.raises(ConfigError) as info:
+        tracker.resumed(2, tmp_path / "checkpoint-2")
+    assert str(info.value) == (
+        "tracker.resumed(...) came after accelerator.init_trackers(...): call it first"
+    )
+    tracker.finish()

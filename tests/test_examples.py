@@ -45,6 +45,12 @@ CASES = {
         "kl-0.4-r1",
         "step_000020",
     ),
+    "accelerate_tracker.py": (
+        ["--steps", "12", "--save-every", "4"],
+        6,  # saved every 4 steps: resumed from checkpoint-4, accelerate's own save_state
+        "lr-1e-2-r1",
+        "checkpoint-4",
+    ),
     "transformers_trainer.py": (
         ["--max-steps", "6", "--n-train", "32", "--save-every", "2"],
         5,  # saved every 2 steps: resumed from checkpoint-4, the Trainer's own
@@ -130,11 +136,12 @@ def _history(folder: Path) -> tuple[list[tuple], ...]:
 
 def _latest(run_folder: Path) -> str:
     """The checkpoint the run in `run_folder` resumes from: lab's ``checkpoints/latest``, or
-    the newest ``checkpoint-N`` a Hugging Face Trainer saved in ``trainer/``."""
+    the newest ``checkpoint-N`` the framework saved (the Trainer in ``trainer/``, accelerate's
+    ``save_state`` in ``accelerate/``)."""
     latest = run_folder / "checkpoints" / "latest"
     if latest.exists():
         return latest.read_text()
-    saved = [p.name for p in (run_folder / "trainer").glob("checkpoint-*")]
+    saved = [p.name for p in run_folder.glob("*/checkpoint-*")]
     return max(saved, key=lambda name: int(name.rsplit("-", 1)[1]))
 
 

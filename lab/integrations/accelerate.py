@@ -6,7 +6,10 @@ standalone; inside an `Experiment`'s ``train(run)`` the arm's config stays the r
 this one is written to ``<run dir>/accelerate_config.json``), ``accelerator.log(values,
 step=)`` records the values at that step (the step after the last one when none is given),
 and ``accelerator.end_training()`` completes the run. accelerate has no hook for a failure:
-``tracker.finish(error)`` records one (a failed run, with its traceback).
+``tracker.finish(error)`` records one (a failed run, with its traceback); nor does a tracker
+see ``accelerator.save_state``/``load_state``: ``tracker.checkpoint(path, step=)`` records a
+saved folder by reference, and ``tracker.resumed(step, path)`` (before ``init_trackers``)
+says the loop continues from the state it loaded, so the run keeps its rows up to `step`.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ require("accelerate", "accelerate", "lab.integrations.accelerate")
 
 # ruff: noqa: E402 (the framework is imported once the line above found it)
 import json
+from pathlib import Path
 from typing import Any
 
 from accelerate.tracking import GeneralTracker, on_main_process
 
+from lab.errors import ConfigError
 from lab.integrations.recording import FrameworkRun
 from lab.records import RunSpec
 
@@ -44,6 +49,7 @@ class LabTracker(GeneralTracker):
         super().__init__()
         self.recording = FrameworkRun(run, **standalone)
         self._step = 0
+        self._restored: tuple[int, Path] | None = None
 
     @property
     def tracker(self) -> FrameworkRun:
@@ -60,7 +66,28 @@ class LabTracker(GeneralTracker):
             spec = self.recording.open()
             spec.dir.mkdir(parents=True, exist_ok=True)
             (spec.dir / CONFIG_FILE).write_text(json.dumps(config, indent=1))
-        self.recording.start()
+        self.recording.start(restored=self._restored)
+
+    @on_main_process
+    def resumed(self, step: int, path: str | Path) -> None:
+        """The loop continues from the state ``accelerator.load_state(path)`` loaded, saved at
+        `step`: the run keeps its rows up to `step` and drops those past it. Call it before
+        ``accelerator.init_trackers`` (the run starts there)."""
+        if self.recording.handle is not None:
+            raise ConfigError(
+                "tracker.resumed(...) came after accelerator.init_trackers(...): call it first"
+            )
+        self._restored = (int(step), Path(path))
+        self._step = int(step)
+
+    @on_main_process
+    def checkpoint(
+        self, path: str | Path, step: int | None = None, metrics: dict[str, float] | None = None
+    ) -> None:
+        """Record the folder ``accelerator.save_state(path)`` wrote, by reference (nothing is
+        copied), at `step` (default: the last logged step), with `metrics` to rank it by."""
+        self.recording.checkpoint(path, step=self._step if step is None else int(step),
+                                  metrics=metrics)  # fmt: skip
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
