@@ -27,6 +27,8 @@ EXTRAS = {
     "rl": ("gymnasium",),
     "ray": ("ray",),
     "lightning": ("lightning", "jsonargparse"),
+    "transformers": ("transformers",),
+    "accelerate": ("accelerate",),
     "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
 }
 
@@ -228,6 +230,13 @@ def _check_serve_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_transformers_page(out: str, namespace: dict[str, object]) -> None:
+    assert "[('eval', 2), ('eval', 4), ('train', 4), ('test', 4)]" in out
+    assert "[(2, 'save', None), (4, 'save', None), (4, 'remove', 'save_total_limit')]" in out
+    assert "('fast-r1', 'completed')]" in out
+    assert "[(1, 'loss'), (2, 'loss'), (3, 'loss')]" in out
+
+
 def _check_ray_page(out: str, namespace: dict[str, object]) -> None:
     assert out.splitlines()[-2:] == [
         "[('slow-r0', 'completed'), ('slow-r1', 'completed'), ('fast-r0', 'completed'), "
@@ -264,6 +273,7 @@ PAGES = {
     "rl-cartpole.md": _check_rl_cartpole_page,
     "ray.md": _check_ray_page,
     "lightning.md": _check_lightning_page,
+    "transformers.md": _check_transformers_page,
 }
 
 

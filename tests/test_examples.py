@@ -51,6 +51,18 @@ CASES = {
         "kl-0.4-r1",
         "step_000020",
     ),
+    "accelerate_tracker.py": (
+        ["--steps", "12", "--save-every", "4"],
+        6,  # saved every 4 steps: resumed from checkpoint-4, accelerate's own save_state
+        "lr-1e-2-r1",
+        "checkpoint-4",
+    ),
+    "transformers_trainer.py": (
+        ["--max-steps", "6", "--n-train", "32", "--save-every", "2"],
+        5,  # saved every 2 steps: resumed from checkpoint-4, the Trainer's own
+        "lr-1e-3-r1",
+        "checkpoint-4",
+    ),
     "ppo_cartpole.py": (
         [
             *("--n-timesteps", "512", "--n-envs", "2", "--n-steps", "16", "--batch-size", "16"),
@@ -88,10 +100,18 @@ def _run(script: str, folder: Path, *flags: str) -> subprocess.CompletedProcess[
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+# The metrics a resumed run records otherwise than an uninterrupted one: wall times, and the
+# Trainer's closing `train_loss` (its mean over the steps the last process trained).
+RESUMED_OTHERWISE = (
+    "key <> 'step_time' AND key NOT LIKE 'throughput/%' AND key NOT LIKE '%runtime' "
+    "AND key NOT LIKE '%per_second' AND key <> 'train/loss'"
+)
+
+
 def _history(folder: Path) -> tuple[list[tuple], ...]:
     """Every run's status, every metric at every step, every run's final metrics, and every
-    image; leaving out `step_time` and `throughput/*` (wall times), with NaN as "nan" (a NaN
-    equals no other)."""
+    image; leaving out those `RESUMED_OTHERWISE` names, with NaN as "nan" (a NaN equals no
+    other)."""
     con = lab.inspect.connect(f"sqlite:///{folder / 'lab.db'}")
 
     def rows(sql: str) -> list[tuple]:
@@ -104,11 +124,11 @@ def _history(folder: Path) -> tuple[list[tuple], ...]:
         runs = rows("SELECT run_key, status FROM runs ORDER BY run_key")
         metrics = rows(
             "SELECT r.run_key, m.step, m.key, m.value FROM metrics m JOIN runs r USING (run_id) "
-            "WHERE m.key <> 'step_time' AND m.key NOT LIKE 'throughput/%' ORDER BY ALL"
+            f"WHERE {RESUMED_OTHERWISE} ORDER BY ALL"
         )
         final = rows(
-            "SELECT run_key, key, step, value FROM final_metrics WHERE key <> 'step_time' "
-            "AND key NOT LIKE 'throughput/%' ORDER BY ALL"
+            f"SELECT run_key, key, step, value FROM final_metrics WHERE {RESUMED_OTHERWISE} "
+            "ORDER BY ALL"
         )
         images = rows(
             "SELECT r.run_key, i.key, i.step, i.path, i.width, i.height FROM images i "
@@ -118,6 +138,20 @@ def _history(folder: Path) -> tuple[list[tuple], ...]:
         con.close()
     images = [(*row[:3], _inside(folder, row[3]), *row[4:]) for row in images]
     return runs, metrics, final, images
+
+
+def _latest(run_folder: Path) -> str:
+    """The checkpoint the run in `run_folder` resumes from: lab's ``checkpoints/latest``, or
+    Lightning's ``checkpoints/last.ckpt``, or the newest ``checkpoint-N`` the framework saved
+    (the Trainer in ``trainer/``, accelerate's ``save_state`` in ``accelerate/``)."""
+    latest = run_folder / "checkpoints" / "latest"
+    if latest.exists():
+        return latest.read_text()
+    last = run_folder / "checkpoints" / "last.ckpt"  # Lightning's, where Lightning put it
+    if last.is_file():
+        return last.name
+    saved = [p.name for p in run_folder.glob("*/checkpoint-*")]
+    return max(saved, key=lambda name: int(name.rsplit("-", 1)[1]))
 
 
 def _inside(folder: Path, path: str) -> str:
@@ -138,11 +172,7 @@ def test_example_resumed_after_sigkill_ends_as_if_never_stopped(
     assert "4 runs (4 completed)" in out  # the experiment summary, at the end
     _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err[-3000:]
-    folder = tmp_path / "killed" / "runs" / Path(script).stem / killed_run / "checkpoints"
-    if checkpoint.endswith(".ckpt"):  # a Lightning checkpoint: its file, where Lightning put it
-        assert (folder / checkpoint).is_file()
-    else:
-        assert (folder / "latest").read_text() == checkpoint
+    assert _latest(tmp_path / "killed" / "runs" / Path(script).stem / killed_run) == checkpoint
 
     resumed = _run(script, tmp_path / "killed", *flags)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
