@@ -26,6 +26,7 @@ EXTRAS = {
     "system": ("pynvml",),
     "rl": ("gymnasium",),
     "ray": ("ray",),
+    "import": ("mlflow", "tensorboard"),
     "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
 }
 
@@ -235,6 +236,17 @@ def _check_ray_page(out: str, namespace: dict[str, object]) -> None:
     ]
 
 
+def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    assert lines == [
+        "imported 4 new runs (12 points) from mlflow into experiment 'lr-sweep'",
+        "nothing new: the 4 runs from mlflow are in experiment 'lr-sweep' already",
+        "('lr=0.1', 2, 0.15000000000000002)",
+    ]
+    page = (README.parent / "docs" / "importing.md").read_text(encoding="utf-8")
+    assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -248,6 +260,7 @@ PAGES = {
     "rl-rlhf.md": _check_rl_rlhf_page,
     "rl-cartpole.md": _check_rl_cartpole_page,
     "ray.md": _check_ray_page,
+    "importing.md": _check_importing_page,
 }
 
 

@@ -208,7 +208,8 @@ def _seed_of(config: dict[str, Any]) -> int | None:
 def plan(runs: Sequence[SourceRun], arm_by: Sequence[str]) -> Plan:
     """Arms, repeats and seeds for `runs` (see the module's docstring)."""
     out = Plan()
-    ordered = sorted(runs, key=lambda r: (r.started_at or 0.0, r.source_id))
+    index = {id(r): i for i, r in enumerate(runs)}  # the source's order breaks ties
+    ordered = sorted(runs, key=lambda r: (r.started_at or 0.0, index[id(r)]))
     if not arm_by:
         names = [r.name for r in ordered]
         for r in ordered:

@@ -28,7 +28,9 @@ def read_mlflow(uri: str, experiment: str | None = None) -> Source:
     try:
         client = MlflowClient(tracking_uri=uri)
         exp = _experiment(client, uri, experiment)
-        runs = client.search_runs([exp.experiment_id], max_results=50000)
+        runs = client.search_runs(
+            [exp.experiment_id], max_results=50000, order_by=["attributes.start_time ASC"]
+        )
         read = [_run(client, r) for r in runs]
     except SourceError:
         raise
