@@ -49,6 +49,15 @@ token_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(token_app, name="token")
+import_app = typer.Typer(
+    help=(
+        "Bring runs recorded by MLflow, wandb or TensorBoard into the store, as an "
+        "experiment (docs/importing.md). Importing the same runs again adds only what is new."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(import_app, name="import")
 
 StoreOption = Annotated[
     str | None,
@@ -550,6 +559,74 @@ def sync(
         for line in sent.left:
             typer.echo(f"lab: not sent: {line}", err=True)
         raise typer.Exit(1)
+
+
+NameOption = Annotated[
+    str | None,
+    typer.Option("--name", metavar="NAME", help="The lab experiment to import into"),
+]
+ArmByOption = Annotated[
+    str | None,
+    typer.Option(
+        "--arm-by",
+        metavar="FIELD[,FIELD]",
+        help="Config fields whose values make an arm; its repeats ordered by the seed field "
+        "when every run has one, else by start time [default: each run its own arm]",
+    ),
+]
+
+
+@import_app.command("mlflow")
+@_clean_errors
+def import_mlflow(
+    uri: Annotated[str, typer.Argument(metavar="URI", help="MLflow tracking URI")],
+    experiment: Annotated[
+        str | None,
+        typer.Option(
+            "--experiment", metavar="NAME",
+            help="The MLflow experiment [default: the only one with runs]",
+        ),
+    ] = None,
+    name: NameOption = None,
+    arm_by: ArmByOption = None,
+    store: StoreOption = None,
+) -> None:  # fmt: skip
+    """Import an MLflow experiment's runs: params, metric histories, tags, statuses."""
+    from lab.importers import import_mlflow as run_import
+
+    result = run_import(uri, experiment=experiment, name=name, store=store, arm_by=arm_by)
+    typer.echo(result.line())
+
+
+@import_app.command("wandb")
+@_clean_errors
+def import_wandb(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(metavar="RUN_DIR...", help="wandb/run-* or wandb/offline-run-* folders"),
+    ],
+    name: NameOption = None,
+    arm_by: ArmByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Import wandb runs from their folders: config, history, tags, states."""
+    from lab.importers import import_wandb as run_import
+
+    typer.echo(run_import(run_dirs, name=name, store=store, arm_by=arm_by).line())
+
+
+@import_app.command("tensorboard")
+@_clean_errors
+def import_tensorboard(
+    logdir: Annotated[Path, typer.Argument(metavar="LOGDIR", help="The SummaryWriter folder")],
+    name: NameOption = None,
+    arm_by: ArmByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Import TensorBoard runs: scalars with their steps and wall times, add_hparams."""
+    from lab.importers import import_tensorboard as run_import
+
+    typer.echo(run_import(logdir, name=name, store=store, arm_by=arm_by).line())
 
 
 @db_app.command("upgrade")

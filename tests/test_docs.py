@@ -29,6 +29,7 @@ EXTRAS = {
     "lightning": ("lightning", "jsonargparse"),
     "transformers": ("transformers",),
     "accelerate": ("accelerate",),
+    "import": ("mlflow", "tensorboard"),
     "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
 }
 
@@ -259,6 +260,17 @@ def _check_lightning_page(out: str, namespace: dict[str, object]) -> None:
     assert not Path("lightning-runs").exists()  # cleaned up
 
 
+def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    assert lines == [
+        "imported 4 new runs (12 points) from mlflow into experiment 'lr-sweep'",
+        "nothing new: the 4 runs from mlflow are in experiment 'lr-sweep' already",
+        "('lr=0.1', 2, 0.15000000000000002)",
+    ]
+    page = (README.parent / "docs" / "importing.md").read_text(encoding="utf-8")
+    assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -274,6 +286,7 @@ PAGES = {
     "ray.md": _check_ray_page,
     "lightning.md": _check_lightning_page,
     "transformers.md": _check_transformers_page,
+    "importing.md": _check_importing_page,
 }
 
 
