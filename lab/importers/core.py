@@ -232,7 +232,8 @@ def plan(runs: Sequence[SourceRun], arm_by: Sequence[str]) -> Plan:
             members = sorted(members, key=lambda r: (_seed_of(r.config), r.started_at or 0.0))
         for i, r in enumerate(members):
             out.repeat[r.source_id] = i
-            out.seed[r.source_id] = _seed_of(r.config) if _seed_of(r.config) is not None else i
+            seed = _seed_of(r.config)
+            out.seed[r.source_id] = seed if seed is not None else i
     return out
 
 
