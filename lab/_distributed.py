@@ -293,6 +293,8 @@ class MetricReducer:
         self._keys: tuple[str, ...] | None = None
         self._plan: tuple[list[str], bool, float] = ([], False, 0.0)
         self._torch = torch
+        # the newer torch's name; the older ones in the supported range have only the other
+        self._gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def _layout(self, keys: tuple[str, ...]) -> tuple[list[str], bool, float]:
         hows = [self._how(key) for key in keys]
@@ -336,7 +338,7 @@ class MetricReducer:
         if any(gather for _, _, gather, _ in plans):
             gathered = torch.empty(world * size, dtype=torch.float64, device=self.device)
             try:
-                dist.all_gather_single(gathered, packed)
+                self._gather(gathered, packed)
             except RuntimeError as exc:
                 raise _lost(steps[-1], exc) from exc
             table = gathered.view(world, size).tolist()

@@ -551,7 +551,9 @@ class Dispatcher:
     def _count_streak(self, cb_id: int | None) -> bool:
         """Add a failure to the callback's streak; True when it reaches the limit. A disabled
         callback (failing in an ending hook) has no streak: it stays disabled."""
-        limit = self._limits.get(cb_id) if cb_id is not None else None
+        if cb_id is None:
+            return False
+        limit = self._limits.get(cb_id)
         if limit is None or cb_id in self._policy.disabled:
             return False
         streaks = self._policy.streaks
@@ -567,8 +569,10 @@ class Dispatcher:
     def _disable(self, failure: CallbackFailure, cb_id: int | None) -> None:
         """Take the callback out of every listener tuple of this run, with one warning."""
         policy = self._policy
+        if cb_id is None:
+            return
         policy.streaks.pop(cb_id, None)
-        if cb_id is None or cb_id in policy.disabled:
+        if cb_id in policy.disabled:
             return
         policy.disabled.add(cb_id)
         failure.disabled = True

@@ -337,7 +337,9 @@ class LoopState:
 
     ctx: LogContext
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    #: The run's first optimizer; None when the loop was given none (an RL loop may step
+    #: its own) and in a replay (`lab.loggers.jsonl.replay`).
+    optimizer: torch.optim.Optimizer | None
     num_steps: int
     step: int = 0
     epoch: int = 0

@@ -421,7 +421,7 @@ def run_callbacks(factories: Sequence[CallbackFactory], run: RunSpec) -> list[Ca
                     f"callback factory {name} returned {cb!r} for run {run.run_key}; a factory "
                     "returns a lab.Callback or a list of them"
                 )
-        built += items
+            built.append(cb)
     return built
 
 

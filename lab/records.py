@@ -116,10 +116,9 @@ class LogContext:
 
 class RunHooks(Protocol):
     """What a run fires its hooks through (`lab.dispatch.Dispatcher` is the one): a loop
-    extends it with its own callbacks, and sends the run's hooks to it."""
-
-    def fire(self, hook: str, *args: Any, **kwargs: Any) -> None:
-        """Call `hook` on every callback that listens to it."""
+    extends it with its own callbacks, and sends the run's hooks to what `extended` returns.
+    The hooks are members of `lab.hooks.HookEnum`, which these records do not import, so
+    `fire` is the dispatcher's own."""
 
     def extended(self, extra: Iterable[Any]) -> Any:
         """These callbacks plus `extra`, sharing the failure record."""
@@ -439,7 +438,7 @@ class ExperimentResult:
         ranking, unranked = None, None
         if chosen is not None:
             ranking, unranked = self._ranking(arm_runs, chosen, mode, unfinished)
-        by_status = dict(collections.Counter(r.status for r in self.runs))
+        by_status = dict(collections.Counter[str](r.status for r in self.runs))
         return Summary(
             self.name, rows, chosen, mode, ranking.best if ranking else None,
             ranking.runner_up if ranking else None, ranking.margin if ranking else None,

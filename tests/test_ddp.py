@@ -141,8 +141,9 @@ SCRIPT = textwrap.dedent(
 
 
     if __name__ == "__main__":
-        if os.environ.get("DDP_OWN_GROUP") == "1":
-            dist.init_process_group("gloo")
+        own = os.environ.get("DDP_OWN_GROUP")  # "1": gloo; else the backend named
+        if own:
+            dist.init_process_group("gloo" if own == "1" else own)
         if os.environ.get("DDP_RESUME") == "1":  # one never stopped; one crashed, then resumed
             experiment("whole")
             os.environ["DDP_CRASH_AT"] = "4"
@@ -382,3 +383,30 @@ def test_under_torchrun_with_nccl_the_values_are_the_mean_over_ranks(
     assert _reports(tmp_path)[0] == [[["base-r0", "completed", None]]]
     stored = _rows(tmp_path / "lab.db", "SELECT value FROM metrics WHERE key = 'rank_id'")
     assert stored == [(0.5,)] * 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("own_group", ["", "nccl"])
+def test_on_one_gpu_under_nccl_a_sharded_resume_equals_a_run_that_never_stopped(
+    script: Path, tmp_path: Path, own_group: str
+) -> None:
+    """One rank on the one GPU: DDP's gradients and the Distributed Checkpoint's plans go
+    through NCCL, in the group lab makes (gloo for CPU tensors, NCCL for CUDA ones) and in
+    an NCCL-only group the program made itself."""
+    out = _torchrun(script, tmp_path, nproc=1, DDP_CUDA="1", DDP_SHARDED="1", DDP_RESUME="1",
+                    DDP_OWN_GROUP=own_group)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    whole, crashed, resumed = _reports(tmp_path)[0]
+    assert whole == resumed == [["base-r0", "completed", None]]
+    assert crashed[0][:2] == ["base-r0", "failed"]
+    folder = tmp_path / "out"
+    a = json.loads((folder / "end-whole-base-r0-0.json").read_text())
+    b = json.loads((folder / "end-ddp-base-r0-0.json").read_text())
+    assert a["step"] == b["step"] == 6
+    for name in a["weights"]:
+        torch.testing.assert_close(
+            torch.tensor(b["weights"][name]), torch.tensor(a["weights"][name]), rtol=0, atol=0
+        )
+    stored = _rows(tmp_path / "lab.db", "SELECT DISTINCT value FROM metrics WHERE key = 'rank_id'")
+    assert stored == [(0.0,)]

@@ -226,6 +226,7 @@ def test_gpu_memory_monitor_on_cpu_says_inactive_exactly_once(
     assert not any(k.startswith("gpu_memory/") for row in rec.rows.values() for k in row)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_memory_monitor_reports_on_cuda() -> None:
     rec = Recorder()

@@ -68,6 +68,24 @@ def test_experience_tensors_that_disagree_in_batch_size_are_one_error() -> None:
     assert isinstance(err.value, ConfigError)
 
 
+def test_an_experience_field_that_is_no_tensor_is_one_error_that_names_torch_tensor() -> None:
+    with pytest.raises(ExperienceError) as err:
+        Experience(action_log_probs=torch.zeros(4), rewards=[0.0, 0.0, 0.0, 0.0])
+    assert str(err.value) == (
+        "Experience.rewards is a list; give a torch.Tensor with the batch on dim 0 (or None)"
+    )
+
+
+def test_experience_to_moves_every_tensor_and_keeps_the_missing_ones_missing() -> None:
+    exp = Experience(
+        action_log_probs=torch.zeros(3), rewards=torch.ones(3), values=torch.arange(3.0)
+    )
+    moved = exp.to("cpu")
+    assert moved is not exp and moved.kl is None and moved.actions is None
+    torch.testing.assert_close(moved.values, torch.arange(3.0))
+    torch.testing.assert_close(moved.rewards, torch.ones(3))
+
+
 def test_experience_minibatches_cover_every_row_once_in_the_generators_order() -> None:
     exp = Experience(
         action_log_probs=torch.arange(10.0),

@@ -108,9 +108,7 @@ class LoopSettings:
         rank, world = rank_and_world()
         return LoopState(
             ctx=ctx, model=model, num_steps=self.num_steps or 0, rank=rank, world_size=world,
-            # None for a handle given no optimizer (an RL loop may step its own): LoopState
-            # (lab.hooks) types the field as callbacks use it
-            optimizer=first,  # type: ignore[arg-type]  # None: no optimizer (see above)
+            optimizer=first,  # None for a handle given no optimizer (an RL loop may step its own)
         )  # fmt: skip
 
     def for_run(self, optimizer: Any) -> dict[str, Any]:

@@ -94,26 +94,26 @@ class Callback(LabCallback):
     def on_fit_end(self) -> None:
         """Once, after the last episode (lab's `on_train_end`)."""
 
-    def on_episode_start(self, episode: int) -> None:  # type: ignore[override]
+    def on_episode_start(self, episode: int) -> None:
         """Before episode `episode` makes its experience."""
 
-    def on_episode_end(self, episode: int) -> None:  # type: ignore[override]
+    def on_episode_end(self, episode: int) -> None:
         """After episode `episode`'s last learn epoch."""
 
-    def on_make_experience_start(self) -> None:  # type: ignore[override]
+    def on_make_experience_start(self) -> None:
         """Right before the policy acts."""
 
-    def on_make_experience_end(self, experience: Experience) -> None:  # type: ignore[override]
+    def on_make_experience_end(self, experience: Experience) -> None:
         """After the episode's experience was made."""
 
-    def on_learn_epoch_start(self, epoch: int) -> None:  # type: ignore[override]
+    def on_learn_epoch_start(self, epoch: int) -> None:
         """Before learn epoch `epoch`."""
 
-    def on_learn_epoch_end(self, epoch: int) -> None:  # type: ignore[override]
+    def on_learn_epoch_end(self, epoch: int) -> None:
         """After learn epoch `epoch`."""
 
-    def on_learn_batch_start(self) -> None:  # type: ignore[override]
+    def on_learn_batch_start(self) -> None:
         """Before each learn batch (an optimizer step)."""
 
-    def on_learn_batch_end(self, experience: Experience) -> None:  # type: ignore[override]
+    def on_learn_batch_end(self, experience: Experience) -> None:
         """After each learn batch, with the minibatch it learned from."""

@@ -88,7 +88,7 @@ class Experience:
                 continue
             if not isinstance(value, Tensor):
                 raise ExperienceError(
-                    f"Experience.{name} is a {type(value).__name__}; give a torch.torch.Tensor "
+                    f"Experience.{name} is a {type(value).__name__}; give a torch.Tensor "
                     "with the batch on dim 0 (or None)"
                 )
             if value.dim() == 0:
@@ -166,7 +166,7 @@ class Experience:
 
     def to(self, device: str | torch.device) -> Experience:
         """The same experience with every tensor on `device`."""
-        moved = {
+        moved: dict[str, Any] = {  # as `__getitem__`'s values: each field's own type
             name: (None if getattr(self, name) is None else getattr(self, name).to(device))
             for name in _EXPERIENCE_TENSORS
         }

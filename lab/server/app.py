@@ -36,6 +36,8 @@ from lab.store import Store
 
 require("fastapi", "server", "lab serve")  # before starlette, so a missing extra is one line
 
+from starlette.routing import BaseRoute, Route  # noqa: E402
+
 from lab.server.failures import (  # noqa: E402
     STORE_DOWN,
     BodyRefused,
@@ -447,11 +449,17 @@ def _add_routes(app: Any, *, auth: bool, writes: bool) -> None:
         responses=answers,
     )
     mount_ui(app, auth=auth)
-    mounted = [(f"{API}{r.path}", r.methods) for r in (ingest_api.routes if writes else [])]
-    mounted += [(f"{API}{r.path}", r.methods) for r in read_api.routes]
-    mounted += [(f"{API}/dashboard{r.path}", r.methods) for r in dashboard_api.routes]
-    mounted += [(r.path, r.methods) for r in app.router.routes if getattr(r, "methods", None)]
+    mounted = _answered(API, ingest_api.routes if writes else [])
+    mounted += _answered(API, read_api.routes)
+    mounted += _answered(f"{API}/dashboard", dashboard_api.routes)
+    mounted += _answered("", app.router.routes)
     app.state.methods = Methods(mounted)
+
+
+def _answered(prefix: str, routes: list[BaseRoute]) -> list[tuple[str, set[str]]]:
+    """Each route's path under `prefix` with the methods it answers: a route of HTTP
+    methods only (a mount, such as the UI's files, answers none of its own)."""
+    return [(f"{prefix}{r.path}", r.methods) for r in routes if isinstance(r, Route) and r.methods]
 
 
 class Methods:

@@ -23,7 +23,7 @@ import math
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import fastapi
 import numpy as np
@@ -248,9 +248,11 @@ def _ranking(config: Any, keys: set[str] | list[str]) -> tuple[str | None, Mode]
     return choose(None, None, declaration(config), keys)
 
 
-def _check_mode(mode: str | None) -> None:
+def _check_mode(mode: str | None) -> Mode | None:
+    """`mode` as the ranking takes it: None, ``min`` or ``max``; anything else a 400."""
     if mode is not None and mode not in ("min", "max"):
         raise Rejected(400, f"mode={mode!r}: use min (lower is better) or max", "mode")
+    return cast(Mode | None, mode)
 
 
 def _gone(store: Store) -> dict[int, str]:
@@ -518,9 +520,8 @@ def _arm_curve(
     points[b[has]] = True
     steps = np.full(size, -1, dtype=np.int64)
     np.maximum.at(steps, b, cut.step[mine])
-    n, mean, std, lows, highs, points, steps = (
-        x[reached] for x in (n, mean, std, lows, highs, points, steps)
-    )
+    n, mean, std = n[reached], mean[reached], std[reached]
+    lows, highs, points, steps = lows[reached], highs[reached], points[reached], steps[reached]
     n = n.astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         quantile = np.array([_t(int(k) - 1) if k >= 2 else math.nan for k in n])
@@ -627,7 +628,7 @@ def experiment(
     tried first."""
     import lab.inspect
 
-    _check_mode(mode)
+    wanted = _check_mode(mode)
     exp, runs = _run_rows(store, name)
     ids = [r["run_id"] for r in runs]
     with connect(store.engine) as conn:
@@ -639,7 +640,6 @@ def experiment(
             404, f"experiment {name!r} has no metric {metric!r}; it has: "
                  f"{', '.join(keys) or 'none'}", "metric",
         )  # fmt: skip
-    wanted: Mode | None = mode  # type: ignore[assignment]  # checked above
     chosen, chosen_mode = choose(metric, wanted, declaration(exp["config"]), keys)
     chosen = chosen or (keys[0] if keys else None)
     summary: list[dict[str, Any]] = []

@@ -99,7 +99,7 @@ class ArmIn(Body):
 
 class GroupIn(Body):
     name: Name
-    kind: Literal[GROUP_KINDS] = "repeats"  # type: ignore[valid-type]
+    kind: Literal[GROUP_KINDS] = "repeats"  # type: ignore[valid-type]  # made of the store's tuple
     arm_id: Id | None = None
 
 
@@ -123,7 +123,7 @@ class StartIn(RunIn):
 
 
 class FinishExperimentIn(Body):
-    status: Literal[EXPERIMENT_STATUSES]  # type: ignore[valid-type]
+    status: Literal[EXPERIMENT_STATUSES]  # type: ignore[valid-type]  # made of the store's tuple
     callback_errors: list[dict[str, Any]] | None = None
 
 

@@ -102,7 +102,7 @@ def with_models(app: Any, *models: type[BaseModel]) -> None:
     app.openapi = openapi
 
 
-def ranged(default: int, low: int, high: int, **kwargs: Any) -> Any:
+def ranged(default: int | None, low: int, high: int, **kwargs: Any) -> Any:
     """A query parameter that the route itself checks to lie in `low`..`high` (answering
     400 with a line that names the limits): the range as the document declares it."""
     return fastapi.Query(default, json_schema_extra={"minimum": low, "maximum": high}, **kwargs)

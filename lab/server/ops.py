@@ -13,7 +13,7 @@ hold NUL, which PostgreSQL cannot hold.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
 
@@ -93,7 +93,7 @@ class WriteCheckpoint(Strict):
 
 class FinishRun(Strict):
     run_id: Id
-    status: Literal[RUN_STATUSES]  # type: ignore[valid-type]
+    status: Literal[RUN_STATUSES]  # type: ignore[valid-type]  # made of the store's tuple
     error: str | None = None
     traceback: str | None = None
     summary: dict[str, Any] | None = None
@@ -114,7 +114,7 @@ class SetProvenance(Strict):
 
 class FinishExperiment(Strict):
     experiment_id: Id
-    status: Literal[EXPERIMENT_STATUSES]  # type: ignore[valid-type]
+    status: Literal[EXPERIMENT_STATUSES]  # type: ignore[valid-type]  # made of the store's tuple
     callback_errors: list[dict[str, Any]] | None = None
 
 
@@ -230,22 +230,25 @@ ARGS: dict[str, type[BaseModel]] = {
 }
 
 
-def _op(name: str, args: type[BaseModel]) -> Any:
+def _op(name: str, args: type[BaseModel]) -> type[BaseModel]:
     """The model of one op, ``{"op": name, "args": {...}}`` (any other key is ignored)."""
     title = "".join(part.title() for part in name.split("_")) + "Op"
     return create_model(
         title,
         __config__=ConfigDict(strict=True),
-        op=(Literal[name], ...),  # type: ignore[valid-type]
+        op=(Literal[name], ...),  # type: ignore[arg-type]  # the op's name, made at run time
         args=(args, ...),
     )
 
 
-#: One op: which model its arguments take is told by its ``op``.
-AnyOp = Annotated[
-    Union[tuple(_op(name, args) for name, args in ARGS.items())],  # type: ignore[valid-type]  # noqa: UP007
-    Field(discriminator="op"),
-]
+if TYPE_CHECKING:  # a union made at run time: to a type checker, each op is a model of `_op`
+    AnyOp = BaseModel
+else:
+    #: One op: which model its arguments take is told by its ``op``.
+    AnyOp = Annotated[
+        Union[tuple(_op(name, args) for name, args in ARGS.items())],  # noqa: UP007
+        Field(discriminator="op"),
+    ]
 
 
 class OpsBatch(BaseModel):
@@ -256,7 +259,7 @@ class OpsBatch(BaseModel):
     model_config = ConfigDict(strict=True)
 
     client_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    seq: whole(1, EXACT)  # type: ignore[valid-type]
+    seq: whole(1, EXACT)  # type: ignore[valid-type]  # an Annotated int made at run time
     ops: list[AnyOp]
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import shlex
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import fastapi
 from fastapi.concurrency import run_in_threadpool
@@ -228,7 +228,7 @@ def as_id(value: Any, field: str) -> int:
     return value
 
 
-def _whole(text: Any) -> bool:
+def _whole(text: Any) -> TypeGuard[str]:
     """Whether a path or query value is an id the store can hold (a 64-bit whole number)."""
     return (
         isinstance(text, str)
@@ -275,15 +275,15 @@ async def guard(request: fastapi.Request) -> None:
     found = access(request)
     reading = request.method in ("GET", "HEAD")
     path, query = request.path_params, request.query_params
-    for field, name in (
+    for place, name in (
         ("path.name", path.get("name")),
         ("path.experiment", path.get("experiment") if reading else None),
         ("query.experiment", query.get("experiment")),
     ):
         if isinstance(name, str):
-            found.check_read(name, field)
+            found.check_read(name, place)
     ids: dict[str, list[int]] = {"runs": [], "experiments": []}
-    field = None
+    field: str | None = None
     for where, key, kind in (
         ("path.run_id", path.get("run_id"), "runs"),
         ("path.experiment_id", path.get("experiment_id"), "experiments"),

@@ -16,7 +16,7 @@ import math
 import re
 import threading
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import fastapi
 import pyarrow as pa
@@ -492,7 +492,7 @@ def downsample(
     bounds = bucket_bounds(lo, hi, n)
     cells = blocks.cut_on(engine, key, [run_id], bounds, last=True)
     return [
-        (c[0], c[1], c[2], c[3], c[6])
+        (c[0], c[1], c[2], c[3], cast(float, c[6]))  # the last value: asked for (last=True)
         for c in (cells.get((run_id, i)) for i, _, _ in bounds)
         if c is not None
     ]
@@ -568,8 +568,10 @@ def _cursor(after: str | None) -> tuple[int, int] | None:
 
 
 def _step(step: str | None) -> int | Literal["final"] | None:
-    if step is None or step == "final":
-        return step
+    if step is None:
+        return None
+    if step == "final":
+        return "final"
     if STEP.fullmatch(step) is None:
         raise Rejected(
             400,

@@ -14,6 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
+    from lab.store.records import (
+        CurrentRun,
+        ExperimentRecord,
+        ExperimentSummary,
+        FinishedRun,
+        PreviousRun,
+    )
     from lab.store.writer import MetricWriter
 
 
@@ -61,7 +68,7 @@ class StoreAPI(Protocol):
     # -- a run --------------------------------------------------------------------------------
     def claim_run(
         self, experiment_id: int, group_id: int, **fields: Any
-    ) -> tuple[int | None, dict[str, Any] | None]:
+    ) -> tuple[int | None, FinishedRun | None]:
         """Claim a run before it starts: its id when won, else the record of the process
         that finished it."""
         ...
@@ -134,11 +141,11 @@ class StoreAPI(Protocol):
         """A run's id by its key, if it was recorded."""
         ...
 
-    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+    def previous_runs(self, experiment: str) -> dict[str, PreviousRun]:
         """An experiment's current runs by key, for a later attempt to reuse."""
         ...
 
-    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
+    def current_runs(self, experiment: str) -> list[CurrentRun]:
         """An experiment's runs that are not superseded."""
         ...
 
@@ -154,10 +161,10 @@ class StoreAPI(Protocol):
         """One run's (step, value) pairs for `key`, in step order."""
         ...
 
-    def list_experiments(self) -> list[dict[str, Any]]:
+    def list_experiments(self) -> list[ExperimentSummary]:
         """Every experiment with its status and run counts, newest first."""
         ...
 
-    def get_experiment(self, name: str) -> dict[str, Any]:
+    def get_experiment(self, name: str) -> ExperimentRecord:
         """An experiment with its arms and runs."""
         ...

@@ -3,7 +3,8 @@ marking them `crashed`.
 
 A running run's row names its host, pid, process start time and boot id, and its heartbeat
 is refreshed with each batch of metrics; `lab.store.liveness.owner_gone` judges them. The
-claim (`lab.store.writes`) and ``lab rm`` ask `_owner_gone` before they take over a run.
+claim (`lab.store.run_writes`) and ``lab rm`` ask `CrashReads.owner_gone` before they take
+over a run.
 
 An experiment's row names its driver the same way: the process that began it
 (`Store.begin_experiment`: `Experiment.run`, `lab.start_run`, a bare fit), the latest one
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from lab.store.sql import Sql
+    from lab.store.urls import StoreURL
 
 HEARTBEAT_S = 30.0  # how often a running run's heartbeat is refreshed, at the least
 STALE_AFTER_S = 300.0  # a `running` run not seen for this long is `crashed`
@@ -87,14 +90,25 @@ _RUNNING_EXPERIMENTS = (
 
 class CrashReads:
     """The crash judgement, as every reader makes it (`lab.store.Store`, and the reader
-    commands open, `lab.store.reader.Reader`): which `running` rows have lost their owner."""
+    commands open, `lab.store.reader.Reader`): which `running` rows have lost their owner.
 
-    url: str
-    readonly: bool
-    stale_after_s: float
-    if TYPE_CHECKING:
+    `reading` opens a `Sql` over one of the reader's connections; `url` names the store in
+    this process's own claims (`hold`); `readonly`: whether the reader only shows the rows
+    it judges (`crashed_now`) rather than marking them; `stale_after_s` as in `Store`.
+    """
 
-        def _reading(self) -> AbstractContextManager[Sql]: ...
+    def __init__(
+        self,
+        url: StoreURL,
+        reading: Callable[[], AbstractContextManager[Sql]],
+        *,
+        readonly: bool,
+        stale_after_s: float,
+    ) -> None:
+        self.url = url
+        self.reading = reading
+        self.readonly = readonly
+        self.stale_after_s = stale_after_s
 
     def crashed_now(self) -> Crashed:
         """The runs and experiments a read-only store shows as crashed (and never marks so):
@@ -102,15 +116,15 @@ class CrashReads:
         them when it opens."""
         if not self.readonly:
             return Crashed({}, {})
-        runs, experiments = self._judge()
+        runs, experiments = self.judge()
         return Crashed({g.id: g for g in runs}, {g.id: g for g in experiments})
 
-    def _judge(self, now: datetime | None = None) -> tuple[list[Gone], list[Gone]]:
+    def judge(self, now: datetime | None = None) -> tuple[list[Gone], list[Gone]]:
         """The `running` runs whose owner is gone, and the `running` experiments whose
         driver is gone and none of whose running runs has a live owner: one read of each
         table, one judgement per running row."""
         now = now or _now()
-        with self._reading() as sql:
+        with self.reading() as sql:
             running = sql.rows(_RUNNING_RUNS)
             driven = sql.rows(_RUNNING_EXPERIMENTS)
             when = sql.time
@@ -118,7 +132,7 @@ class CrashReads:
         alive: set[int] = set()  # experiments with a run whose owner lives
         for run_id, key, exp_id, host, pid, started, boot, beat in running:
             beat = when(beat)
-            why = self._owner_gone(run_id, host, pid, started, boot, beat, now)
+            why = self.owner_gone(run_id, host, pid, started, boot, beat, now)
             if why is None:
                 alive.add(exp_id)
                 continue
@@ -129,14 +143,14 @@ class CrashReads:
             if exp_id in alive:
                 continue  # one of its runs trains under a live process
             beat = when(beat)
-            why = self._owner_gone(exp_id, host, pid, started, boot, beat, now, held=_DRIVING)
+            why = self.owner_gone(exp_id, host, pid, started, boot, beat, now, held=_DRIVING)
             if why is None:
                 continue
             experiments.append(Gone(exp_id, name, f"{why} while it ran", pid, started, beat,
                                     exp_id))  # fmt: skip
         return runs, experiments
 
-    def _owner_gone(
+    def owner_gone(
         self,
         row_id: int,
         host: str | None,
@@ -169,10 +183,13 @@ class CrashReads:
         )  # fmt: skip
 
 
-class Crashes(CrashReads):
-    """The crash detection part of `lab.store.Store`: the judgement, and marking it."""
+class Crashes:
+    """The crash detection part of `lab.store.Store`: marking what `judge` (its
+    `CrashReads`) finds in the store behind `engine`."""
 
-    engine: Engine
+    def __init__(self, engine: Engine, judge: CrashReads) -> None:
+        self.engine = engine
+        self.judge = judge
 
     def mark_crashed(self) -> list[str]:
         """Mark `running` runs whose owner is gone as `crashed`, then `running` experiments
@@ -187,7 +204,7 @@ class Crashes(CrashReads):
         all) is never judged.
         """
         now = _now()
-        runs, experiments = self._judge(now)
+        runs, experiments = self.judge.judge(now)
         if not runs and not experiments:
             return []
         import sqlalchemy as sa

@@ -1,10 +1,10 @@
 """Writes to the store: experiments (begun, finished, renamed, deleted), their arms and
-groups. One part of `lab.store.Store` (see `lab.store.writes`)."""
+groups. One part of `lab.store.Store` (see `lab.store.store`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -13,25 +13,50 @@ from lab._names import MAX_NAME, check_name, check_tags
 from lab._reuse import busy_message
 from lab.errors import ConfigError, NoExperiment, RunBusy
 from lab.store._values import _now
-from lab.store.crashes import _DRIVING
+from lab.store.crashes import _DRIVING, CrashReads
 from lab.store.engine import transaction
 from lab.store.liveness import this_owner
 from lab.store.metric_rows import OWNER
+from lab.store.reads import experiment_id
 from lab.store.schema import (
     SqlArm,
     SqlExperiment,
     SqlGroup,
     SqlRun,
 )
-from lab.store.statements import update
+from lab.store.statements import update, upsert_row
+from lab.store.tag_writes import annotate
+
+if TYPE_CHECKING:
+    from lab.store.records import Deleted
+    from lab.store.urls import StoreURL
 
 
 class ExperimentWrites:
-    """The part of `lab.store.Store` that writes experiments, their arms and groups."""
+    """The part of `lab.store.Store` that writes experiments, their arms and groups, into
+    the store at `url` behind `engine` (of `dialect`).
 
-    url: str
-    engine: Engine
-    _driving: set[int]
+    `driving`: the experiments this process drives (the store's `Heartbeats.experiments`);
+    `judge` tells a live owner of a running run from a gone one; `writer` starts the
+    background metric writer (it keeps a driven experiment's heartbeat).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        url: StoreURL,
+        dialect: str,
+        *,
+        driving: set[int],
+        judge: CrashReads,
+        writer: Callable[[], object],
+    ) -> None:
+        self.engine = engine
+        self.url = url
+        self.dialect = dialect
+        self.driving = driving
+        self.judge = judge
+        self.writer = writer
 
     def begin_experiment(
         self,
@@ -74,14 +99,15 @@ class ExperimentWrites:
                 known = sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
                 if conn.execute(known).first() is None:
                     values["created_by"] = created_by
-            exp_id = self._upsert(conn, SqlExperiment, values, ["name"], "experiment_id")
+            table = SqlExperiment.__table__
+            exp_id = upsert_row(conn, table, values, ["name"], "experiment_id")
             if add or notes is not None:
                 where = SqlExperiment.experiment_id == exp_id
-                self._annotate(conn, SqlExperiment, where, add=add, remove=[], notes=notes)
+                annotate(conn, self.dialect, SqlExperiment, where, add=add, remove=[], notes=notes)
         if owner is None:
-            self._driving.add(exp_id)
+            self.driving.add(exp_id)
             _DRIVING.add((self.url, exp_id))
-            _ = self.writer  # started now: it keeps the experiment's heartbeat
+            self.writer()  # started now: it keeps the experiment's heartbeat
         return exp_id
 
     def add_arm(
@@ -96,7 +122,7 @@ class ExperimentWrites:
             "config": config,
         }
         with transaction(self.engine) as conn:
-            return self._upsert(conn, SqlArm, values, ["experiment_id", "name"], "arm_id")
+            return upsert_row(conn, SqlArm.__table__, values, ["experiment_id", "name"], "arm_id")
 
     def add_group(
         self, experiment_id: int, name: str, *, kind: str = "repeats", arm_id: int | None = None
@@ -105,7 +131,8 @@ class ExperimentWrites:
         check_name("group", name, MAX_NAME)
         values = {"experiment_id": experiment_id, "name": name, "kind": kind, "arm_id": arm_id}
         with transaction(self.engine) as conn:
-            return self._upsert(conn, SqlGroup, values, ["experiment_id", "name"], "group_id")
+            keys = ["experiment_id", "name"]
+            return upsert_row(conn, SqlGroup.__table__, values, keys, "group_id")
 
     def finish_experiment(
         self,
@@ -117,7 +144,7 @@ class ExperimentWrites:
         """Record an experiment's final status and the failures of its experiment-level
         callbacks (NULL when there were none); this process drives it no more (its
         heartbeat stops). An experiment the store does not hold raises `NoExperiment`."""
-        self._driving.discard(experiment_id)
+        self.driving.discard(experiment_id)
         _DRIVING.discard((self.url, experiment_id))
         with transaction(self.engine) as conn:
             stmt = update(
@@ -132,14 +159,14 @@ class ExperimentWrites:
                 f"no experiment with id {experiment_id} in the store; lab ls lists them"
             )
 
-    def delete_experiment(self, name: str) -> dict[str, Any]:
+    def delete_experiment(self, name: str) -> Deleted:
         """Delete an experiment and, by cascade, its arms, groups, runs (superseded ones
         too), metrics, summaries, evals, predictions, checkpoint, histogram and image rows,
         in one transaction. Run folders are files, not rows: they stay, and are returned
         (``folders``, sorted) with the number of runs deleted (``runs``). Refused with
         `RunBusy` while a live process trains one of its runs."""
         with transaction(self.engine) as conn:
-            exp_id = self.experiment_id(conn, name)
+            exp_id = experiment_id(conn, name)
             for run in conn.execute(
                 sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.host, SqlRun.pid,
                           SqlRun.process_start, SqlRun.boot_id, SqlRun.started_at,
@@ -148,7 +175,7 @@ class ExperimentWrites:
             ).mappings():  # fmt: skip
                 owner = (run["run_id"], run["host"], run["pid"], run["process_start"],
                          run["boot_id"], run["heartbeat_at"])  # fmt: skip
-                if self._owner_gone(*owner) is None:
+                if self.judge.owner_gone(*owner) is None:
                     raise RunBusy(busy_message(name, run["run_key"], dict(run)))
             folders = conn.execute(
                 sa.select(SqlRun.output_dir).where(SqlRun.experiment_id == exp_id)
@@ -162,7 +189,7 @@ class ExperimentWrites:
         if not isinstance(new, str) or not new.strip():
             raise ConfigError(f"an experiment needs a non-empty name, got {new!r}")
         with transaction(self.engine) as conn:
-            exp_id = self.experiment_id(conn, old)
+            exp_id = experiment_id(conn, old)
             taken = conn.execute(
                 sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == new)
             ).first()

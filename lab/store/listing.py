@@ -11,14 +11,16 @@ crashed (`lab.store.crashes`), without writing it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lab._json import floats_back
 from lab.errors import NoExperiment
 
 if TYPE_CHECKING:
     from lab.store.crashes import Crashed
+    from lab.store.records import ExperimentRecord, ExperimentSummary, RunRecord
     from lab.store.sql import Sql
 
 _EXPERIMENTS = (
@@ -70,15 +72,18 @@ _LATEST = (
 
 class Listing:
     """The listing part of every SQL reader (`lab.store.Store`, `lab.store.reader.Reader`):
-    each gives `_reading` (a `Sql` over one of its connections) and `crashed_now`."""
+    each gives `reading` (a `Sql` over one of its connections) and `crashed_now` (what it
+    shows as crashed without writing it: `lab.store.crashes.CrashReads.crashed_now`)."""
 
-    if TYPE_CHECKING:
+    def __init__(
+        self,
+        reading: Callable[[], AbstractContextManager[Sql]],
+        crashed_now: Callable[[], Crashed],
+    ) -> None:
+        self.reading = reading
+        self.crashed_now = crashed_now
 
-        def _reading(self) -> AbstractContextManager[Sql]: ...
-
-        def crashed_now(self) -> Crashed: ...
-
-    def list_experiments(self) -> list[dict[str, Any]]:
+    def list_experiments(self) -> list[ExperimentSummary]:
         """Every experiment with its status and its run counts by status, newest first.
 
         Superseded runs (see `Experiment(fresh=True)`) are left out of the counts and
@@ -86,7 +91,7 @@ class Listing:
         is gone show as crashed (`crashed_now`), as `mark_crashed` would mark them.
         """
         crashed = self.crashed_now()
-        with self._reading() as sql:
+        with self.reading() as sql:
             experiments = sql.rows(_EXPERIMENTS)
             by_status: dict[int, dict[str, int]] = {}
             for exp_id, status, n in sql.rows(_RUN_COUNTS):
@@ -118,7 +123,7 @@ class Listing:
             for exp_id, name, status, repeats, created_at, tags, notes in experiments
         ]
 
-    def get_experiment(self, name: str) -> dict[str, Any]:
+    def get_experiment(self, name: str) -> ExperimentRecord:
         """An experiment with its tags and notes, its arms and runs (status, newest step,
         error, final metrics, tags, notes, provenance), and the failures of its
         experiment-level callbacks.
@@ -127,7 +132,7 @@ class Listing:
         crashed run shows where it got to), overlaid with the final metrics it returned.
         Superseded runs are left out; `superseded` counts them.
         """
-        with self._reading() as sql:
+        with self.reading() as sql:
             found = sql.rows(_EXPERIMENT, name=name)
             if not found:
                 known = sorted(n for (n,) in sql.rows(_NAMES))
@@ -173,9 +178,7 @@ class Listing:
         }
 
 
-def _with_latest(
-    run: dict[str, Any], latest: dict[str, Any] | None, gone: str | None
-) -> dict[str, Any]:
+def _with_latest(run: dict[str, Any], latest: dict[str, Any] | None, gone: str | None) -> RunRecord:
     """A run's record with its newest step and its metrics' last values from `summaries`,
     then the final metrics the run returned (which add post-training evals) over them;
     `gone`: why a `running` run is crashed, when a read-only store shows it so."""
@@ -189,4 +192,4 @@ def _with_latest(
     }
     if gone is not None:
         shown.update(status="crashed", error=gone)
-    return shown
+    return cast("RunRecord", shown)  # (`_RUN_FIELDS` and the step: the record's keys)

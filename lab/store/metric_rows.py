@@ -11,6 +11,7 @@ batches a training process hands it, with the same code. It needs nothing else o
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from lab.store._values import _now
 from lab.store.blocks import Blocks
 from lab.store.engine import transaction
+from lab.store.liveness import this_owner
 from lab.store.schema import SqlExperiment, SqlRun
 from lab.store.summaries import Summaries
 
@@ -44,6 +46,30 @@ _METRIC_UPSERT = (
 
 def _no_driving() -> Driving | None:
     return None
+
+
+class Heartbeats:
+    """What this process keeps alive in one store: `runs` it started and has not finished,
+    `experiments` it began and has not finished (it drives them). Their heartbeats ride on
+    the metric batches (`MetricRows.write`); an experiment's is due every half
+    `heartbeat_s`."""
+
+    def __init__(self, heartbeat_s: float) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.runs: set[int] = set()
+        self.experiments: set[int] = set()
+        self._driven_at = -math.inf  # when their heartbeat was last handed to the writer
+
+    def driving_due(self) -> Driving | None:
+        """The experiments this process drives whose heartbeat is due, with this process
+        as their driver; None when none is."""
+        if not self.experiments:
+            return None
+        now = time.monotonic()
+        if now - self._driven_at < self.heartbeat_s / 2:
+            return None
+        self._driven_at = now
+        return sorted(self.experiments), this_owner()
 
 
 class MetricRows:

@@ -16,17 +16,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from lab.store.crashes import STALE_AFTER_S, CrashReads
+from lab.store.crashes import STALE_AFTER_S, Crashed, CrashReads
 from lab.store.engine import older, reader_connection
 from lab.store.listing import Listing
 from lab.store.migrations import head_revision, readable_revision
+from lab.store.records import ExperimentRecord, ExperimentSummary
 from lab.store.sql import Sql
 from lab.store.urls import resolve_url
 
 _TOKENS = "SELECT name, scope, experiment, created_at, revoked_at FROM tokens ORDER BY token_id"
 
 
-class Reader(Listing, CrashReads):
+class Reader:
     """The store at `url` (else ``LAB_STORE_URL``, else ``sqlite:///lab.db``), opened to read.
 
     >>> reader = Reader("sqlite:///lab.db")  # doctest: +SKIP
@@ -38,8 +39,6 @@ class Reader(Listing, CrashReads):
     of another host counts as crashed, as for `Store`.
     """
 
-    readonly = True
-
     def __init__(
         self,
         url: str | None = None,
@@ -48,9 +47,12 @@ class Reader(Listing, CrashReads):
         stale_after_s: float = STALE_AFTER_S,
     ) -> None:
         self.url = resolve_url(url)
-        self.stale_after_s = stale_after_s
         self._conn = reader_connection(self.url)
         self._older: str | None = None
+        self._crash_reads = CrashReads(
+            self.url, self._reading, readonly=True, stale_after_s=stale_after_s
+        )
+        self._listing = Listing(self._reading, self._crash_reads.crashed_now)
         try:
             with self._reading() as sql:
                 #: The schema revision (None: an empty database, with `empty_ok`).
@@ -68,6 +70,19 @@ class Reader(Listing, CrashReads):
     @contextmanager
     def _reading(self) -> Iterator[Sql]:
         yield Sql(self._conn, where=self.url.shown, older=self._older)
+
+    def list_experiments(self) -> list[ExperimentSummary]:
+        """Every experiment with its run counts, newest first (`Listing.list_experiments`)."""
+        return self._listing.list_experiments()
+
+    def get_experiment(self, name: str) -> ExperimentRecord:
+        """An experiment with its arms and runs (`Listing.get_experiment`)."""
+        return self._listing.get_experiment(name)
+
+    def crashed_now(self) -> Crashed:
+        """The runs and experiments shown as crashed, never marked so
+        (`CrashReads.crashed_now`)."""
+        return self._crash_reads.crashed_now()
 
     def list_tokens(self) -> list[dict[str, Any]]:
         """Every `lab serve` token's name, scope, the experiment it is limited to (None:

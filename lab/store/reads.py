@@ -5,7 +5,8 @@ metrics, as plain dicts (the ORM rows never leave this package). What ``lab ls``
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -15,11 +16,17 @@ from lab.errors import NoExperiment
 from lab.store.engine import connect
 from lab.store.schema import SqlExperiment, SqlMetric, SqlRun, SqlSummary
 
+if TYPE_CHECKING:
+    from lab.store.records import CurrentRun, PreviousRun
+
 
 class Reads:
-    """The reading part of `lab.store.Store`."""
+    """The reading part of `lab.store.Store`: the store behind `engine`; `flush` makes what
+    the store has queued durable (a run's last step counts the metrics queued for it)."""
 
-    engine: Engine
+    def __init__(self, engine: Engine, flush: Callable[[], None]) -> None:
+        self.engine = engine
+        self.flush = flush
 
     def find_run(self, experiment_id: int, run_key: str) -> int | None:
         """The id of an experiment's run by its key, if it was recorded."""
@@ -30,7 +37,7 @@ class Reads:
                 )
             ).scalar_one_or_none()
 
-    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+    def previous_runs(self, experiment: str) -> dict[str, PreviousRun]:
         """An experiment's current (not superseded) runs by run key, if any: status, seed,
         stage, config, config hash, final metrics, owner, and the experiment's recorded
         train function (``train``), so a later attempt can tell whether it may reuse them."""
@@ -61,14 +68,14 @@ class Reads:
             row = {k: v for k, v in r.items() if k != "experiment_config"}
             row["summary"] = floats_back(r["summary"] or {})
             row["train"] = (r["experiment_config"] or {}).get("train")
-            out[r["run_key"]] = row
+            out[r["run_key"]] = cast("PreviousRun", row)  # (the columns selected above)
         return out
 
-    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
+    def current_runs(self, experiment: str) -> list[CurrentRun]:
         """An experiment's runs that are not superseded: id, key, status, folder, owner."""
         with connect(self.engine) as conn:
             return [
-                dict(r)
+                cast("CurrentRun", dict(r))
                 for r in conn.execute(
                     sa.select(SqlRun.run_id, SqlRun.run_key, SqlRun.status, SqlRun.output_dir,
                               SqlRun.host, SqlRun.pid, SqlRun.started_at)
@@ -108,15 +115,15 @@ class Reads:
             ).all()
         return [(step, math.nan if value is None else value) for step, value in rows]
 
-    @staticmethod
-    def experiment_id(conn: Connection, name: str) -> int:
-        """The id of the experiment named `name`, read in `conn`'s transaction;
-        `NoExperiment` names the known ones."""
-        found = conn.execute(
-            sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
-        ).scalar_one_or_none()
-        if found is None:
-            known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
-            hint = f"; known: {', '.join(sorted(known))}" if known else ""
-            raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
-        return found
+
+def experiment_id(conn: Connection, name: str) -> int:
+    """The id of the experiment named `name`, read in `conn`'s transaction;
+    `NoExperiment` names the known ones."""
+    found = conn.execute(
+        sa.select(SqlExperiment.experiment_id).where(SqlExperiment.name == name)
+    ).scalar_one_or_none()
+    if found is None:
+        known = conn.execute(sa.select(SqlExperiment.name)).scalars().all()
+        hint = f"; known: {', '.join(sorted(known))}" if known else ""
+        raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+    return found

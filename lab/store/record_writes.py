@@ -1,11 +1,11 @@
 """Writes to the store: what a run records as it trains: metrics (through the buffered
 writer), evals with their predictions, checkpoint rows. One part of `lab.store.Store` (see
-`lab.store.writes`)."""
+`lab.store.store`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +16,7 @@ from lab._metrics import as_number, check_key
 from lab._names import MAX_KEY, check_name
 from lab.store._values import _free_text, _now, _text
 from lab.store.engine import dumps_json, transaction
-from lab.store.liveness import this_owner
-from lab.store.metric_rows import Driving, MetricRows
+from lab.store.metric_rows import MetricRows
 from lab.store.schema import (
     SqlCheckpoint,
     SqlEval,
@@ -25,6 +24,7 @@ from lab.store.schema import (
 
 if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
+    from lab.store.writer import MetricWriter
 
 
 _PREDICTION_FIELDS = ("example_id", "input", "output", "target", "score")
@@ -37,15 +37,23 @@ _PREDICTION_INSERT = (
 
 
 class RecordWrites:
-    """The part of `lab.store.Store` that writes a run's metrics, evals and checkpoint rows."""
+    """The part of `lab.store.Store` that writes a run's metrics, evals and checkpoint rows
+    into the store behind `engine` (of `dialect`): metrics queued to the background writer
+    that `writer` gives (started on first use), or written now through `metric_rows`."""
 
-    engine: Engine
-    _good_keys: set[str]
-    _prediction_insert: str
-    metric_rows: MetricRows
-    _driving: set[int]
-    _driven_at: float
-    heartbeat_s: float
+    def __init__(
+        self,
+        engine: Engine,
+        dialect: str,
+        metric_rows: MetricRows,
+        writer: Callable[[], MetricWriter],
+    ) -> None:
+        self.engine = engine
+        self.metric_rows = metric_rows
+        self.writer = writer
+        self._good_keys: set[str] = set()  # metric keys checked already
+        mark = "%s" if dialect == "postgresql" else "?"
+        self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
 
     def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
@@ -61,7 +69,7 @@ class RecordWrites:
             if key not in good:
                 self._check_key(key, step)
             row[key] = value if type(value) is float else as_number(key, step, value)
-        self.writer.put(run_id, step, row, time.time())
+        self.writer().put(run_id, step, row, time.time())
 
     def _check_key(self, key: Any, step: int) -> None:
         check_key(key, step)
@@ -79,17 +87,6 @@ class RecordWrites:
         summaries): what `lab serve` does with a batch a client sent, whose keys and values
         it has checked. The buffered `log_metrics` is the way for a training loop."""
         self.metric_rows.write_columns(run_ids, steps, keys, values, wall_times)
-
-    def _driving_due(self) -> Driving | None:
-        """The experiments this process drives whose heartbeat is due (every half
-        `heartbeat_s`), with this process as their driver; None when none is."""
-        if not self._driving:
-            return None
-        now = time.monotonic()
-        if now - self._driven_at < self.heartbeat_s / 2:
-            return None
-        self._driven_at = now
-        return sorted(self._driving), this_owner()
 
     def write_eval(
         self, run_id: int, result: EvalResult, predictions: list[dict[str, Any]] | None = None

@@ -1,10 +1,10 @@
 """Writes to the store: a run's claim, start, release, supersession, truncation and end,
-and what it records at its end. One part of `lab.store.Store` (see `lab.store.writes`)."""
+and what it records at its end. One part of `lab.store.Store` (see `lab.store.store`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -14,7 +14,7 @@ from lab._names import MAX_KEY, check_name, check_tags
 from lab._reuse import busy_message
 from lab.errors import NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now
-from lab.store.crashes import hold, let_go
+from lab.store.crashes import CrashReads, hold, let_go
 from lab.store.engine import transaction
 from lab.store.liveness import this_owner
 from lab.store.metric_rows import MetricRows
@@ -28,6 +28,12 @@ from lab.store.schema import (
     SqlRun,
 )
 from lab.store.statements import update, upsert
+from lab.store.tag_writes import annotate
+
+if TYPE_CHECKING:
+    from lab.store.records import FinishedRun
+    from lab.store.urls import StoreURL
+    from lab.store.writer import MetricWriter
 
 #: Whether a run has any row that `truncate_run` would drop: a run that starts afresh
 #: (most runs) has none, and is spared seven deletes and the summaries' recount.
@@ -39,12 +45,37 @@ _RUN_HAS_ROWS = " UNION ALL ".join(
 
 
 class RunWrites:
-    """The part of `lab.store.Store` that writes runs, from their claim to their end."""
+    """The part of `lab.store.Store` that writes runs, from their claim to their end, into
+    the store at `url` behind `engine` (of `dialect`).
 
-    url: str
-    engine: Engine
-    _run_has_rows: str
-    metric_rows: MetricRows
+    `active`: the runs this process trains (the store's `Heartbeats.runs`, whose heartbeat
+    rides on the metric batches of `metric_rows`); `judge` tells a live owner of a claimed
+    row from a gone one; `writer` starts the background metric writer (it keeps a quiet
+    run's heartbeat); `flush` makes what the store has queued durable.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        url: StoreURL,
+        dialect: str,
+        metric_rows: MetricRows,
+        *,
+        active: set[int],
+        judge: CrashReads,
+        writer: Callable[[], MetricWriter],
+        flush: Callable[[], None],
+    ) -> None:
+        self.engine = engine
+        self.url = url
+        self.dialect = dialect
+        self.metric_rows = metric_rows
+        self.active = active
+        self.judge = judge
+        self.writer = writer
+        self.flush = flush
+        mark = "%s" if dialect == "postgresql" else "?"
+        self._run_has_rows = _RUN_HAS_ROWS.format(m=mark)
 
     def start_run(
         self,
@@ -73,12 +104,13 @@ class RunWrites:
 
         The claim is atomic, on SQLite and PostgreSQL alike: of two processes that start
         the same run key at once, one gets the row and the other raises `RunBusy`, as does
-        anyone while the row is `running` under a live process (see `_owner_gone`). A run
-        claimed earlier with `claim_run` passes its id as `claimed`: this process (a worker,
-        say) then takes the row over. What the run recorded earlier stays until its training
-        starts: `truncate_run` then drops all of it for a fresh start, or what lies after
-        the checkpoint for a resume. `owner` (host, pid, process_start, boot_id) names the
-        process that trains the run when it is not this one (a `lab serve` client).
+        anyone while the row is `running` under a live process (see
+        `CrashReads.owner_gone`). A run claimed earlier with `claim_run` passes its id as
+        `claimed`: this process (a worker, say) then takes the row over. What the run
+        recorded earlier stays until its training starts: `truncate_run` then drops all of
+        it for a fresh start, or what lies after the checkpoint for a resume. `owner` (host,
+        pid, process_start, boot_id) names the process that trains the run when it is not
+        this one (a `lab serve` client).
         """
         values = self._run_values(
             experiment_id, group_id, run_key=run_key, arm_id=arm_id, repeat=repeat,
@@ -97,13 +129,13 @@ class RunWrites:
             if taken != 1:
                 raise RunBusy(f"run {run_key} was claimed by this experiment, but its row is no "
                               "longer running; run the experiment again")  # fmt: skip
-            run_id = claimed
+            run_id: int | None = claimed
         else:
             run_id, _finished = self._claim(values, ("completed", "failed", "stopped", "crashed"))
-            assert run_id is not None
-        self._active.add(run_id)
+        assert run_id is not None  # (a finished run is claimed again: started afresh)
+        self.active.add(run_id)
         hold(self.url, run_id)
-        _ = self.writer  # started now: it keeps the heartbeat while the run is quiet
+        self.writer()  # started now: it keeps the heartbeat while the run is quiet
         return run_id
 
     def claim_run(
@@ -121,7 +153,7 @@ class RunWrites:
         parent_run_id: int | None = None,
         config_hash: str | None = None,
         owner: dict[str, Any] | None = None,
-    ) -> tuple[int | None, dict[str, Any] | None]:
+    ) -> tuple[int | None, FinishedRun | None]:
         """Claim a run that an experiment is about to train, atomically; ``(run_id, None)``
         when this process won it.
 
@@ -177,7 +209,7 @@ class RunWrites:
 
     def _claim(
         self, values: dict[str, Any], reclaim: tuple[str, ...]
-    ) -> tuple[int | None, dict[str, Any] | None]:
+    ) -> tuple[int | None, FinishedRun | None]:
         """Insert the run's row, or take over its row when its status is one of `reclaim`
         (and its hash is the same, when both have one), in one transaction whose outcome
         says who won; else judge the row that is there (see `claim_run`)."""
@@ -199,7 +231,7 @@ class RunWrites:
             if row["status"] == "running":
                 owner = (row["run_id"], row["host"], row["pid"], row["process_start"],
                          row["boot_id"], row["heartbeat_at"])  # fmt: skip
-                if self._owner_gone(*owner) is None:
+                if self.judge.owner_gone(*owner) is None:
                     raise RunBusy(busy_message(row["name"], values["run_key"], row))
                 took = conn.execute(  # compare-and-swap: only if nobody took it meanwhile
                     sa.update(SqlRun)
@@ -328,7 +360,7 @@ class RunWrites:
         refuses NUL, and the run would stay `running` with its real error lost), and any
         credential they quote (a store URL's password, a token) as ``***``, as in the logs.
         """
-        self._active.discard(run_id)
+        self.active.discard(run_id)
         let_go(self.url, run_id)
         add = check_tags(tags)
         with transaction(self.engine) as conn:
@@ -347,7 +379,7 @@ class RunWrites:
                 raise _no_run(run_id)
             if add or notes is not None:
                 where = SqlRun.run_id == run_id
-                self._annotate(conn, SqlRun, where, add=add, remove=[], notes=notes)
+                annotate(conn, self.dialect, SqlRun, where, add=add, remove=[], notes=notes)
 
     def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
         """Record a run's provenance after its start: `SqlLogger` starts a run while git is

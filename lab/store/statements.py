@@ -28,6 +28,16 @@ def upsert(
     return Upsert(table, columns, keys, pk, where)
 
 
+def upsert_row(
+    conn: sa.Connection, table: sa.FromClause, values: dict[str, Any], keys: list[str], pk: str
+) -> int:
+    """Insert `values` into `table`, or update the row with the same `keys`; returns its
+    primary key `pk` (an experiment's, an arm's, a group's: written again on each attempt)."""
+    key = upsert(table, tuple(values), tuple(keys), pk)(conn, values)
+    assert key is not None  # (no guard: the row is inserted or updated)
+    return int(key)
+
+
 class Upsert:
     """An upsert as text, its binds typed by the table's columns (JSON, timestamps: the
     same conversions as Core's), and the columns' Python defaults (``default=``) filled in

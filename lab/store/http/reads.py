@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 
@@ -19,6 +19,8 @@ from lab._json import NON_FINITE, floats_back
 
 if TYPE_CHECKING:  # pyarrow is imported by the reads that answer Arrow: lab ls needs none
     import pyarrow as pa
+
+    from lab.store.records import ExperimentRecord, ExperimentSummary
 
 _TIMES = ("created_at", "ended_at", "started_at")
 
@@ -35,17 +37,18 @@ class HttpReads:
         return self._request("GET", path, params=given or None).json()
 
     # -- what Store reads too ----------------------------------------------------------------
-    def list_experiments(self) -> list[dict[str, Any]]:
+    def list_experiments(self) -> list[ExperimentSummary]:
         """Every experiment with its status and run counts, newest first (as
         `Store.list_experiments`)."""
-        return [_times(row) for row in self._read("/experiments")]
+        # (the server answers `Store.list_experiments`'s records as JSON)
+        return [cast("ExperimentSummary", _times(row)) for row in self._read("/experiments")]
 
-    def get_experiment(self, name: str) -> dict[str, Any]:
+    def get_experiment(self, name: str) -> ExperimentRecord:
         """An experiment with its arms and runs, as `Store.get_experiment` gives it (what
         ``lab show`` prints); `NoExperiment` names the known ones."""
         exp = _times(self._read(f"/experiments/{_part(name)}"))
         exp["runs"] = [_run(r) for r in exp["runs"]]
-        return exp
+        return cast("ExperimentRecord", exp)  # (`Store.get_experiment`'s record, as JSON)
 
     def metric_values(self, run_id: int, key: str) -> list[tuple[int, float]]:
         """One run's (step, value) pairs for `key`, in step order, NaN restored."""

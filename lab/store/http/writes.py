@@ -20,7 +20,7 @@ from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lab._metrics import as_number, check_key
 from lab.errors import MetricError, TokenRejected
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import httpx
 
     from lab.records import EvalResult, ManifestRow
+    from lab.store.records import CurrentRun, FinishedRun, PreviousRun
 
 
 class HttpWrites:
@@ -190,7 +191,7 @@ class HttpWrites:
 
     def claim_run(
         self, experiment_id: int, group_id: int, **fields: Any
-    ) -> tuple[int | None, dict[str, Any] | None]:
+    ) -> tuple[int | None, FinishedRun | None]:
         """Claim a run before it starts (see `Store.claim_run`), under this process."""
         body = {"group_id": group_id, **fields, "owner": self._owner}
         answer = self._post(f"/experiments/{experiment_id}/claims", body)
@@ -259,16 +260,16 @@ class HttpWrites:
         self.flush()
         return self._post("/records/mark_crashed", {}, retry=True)["run_keys"]
 
-    def previous_runs(self, experiment: str) -> dict[str, dict[str, Any]]:
+    def previous_runs(self, experiment: str) -> dict[str, PreviousRun]:
         """The current runs of `experiment`, by run key (see `Store.previous_runs`), their
         times as `datetime`, as `Store` gives them."""
         runs = self._get(f"/records/experiments/{_quote(experiment)}/previous_runs")
-        return {key: _times(row) for key, row in runs.items()}
+        return {key: cast("PreviousRun", _times(row)) for key, row in runs.items()}
 
-    def current_runs(self, experiment: str) -> list[dict[str, Any]]:
-        """The current runs of `experiment`, as rows."""
+    def current_runs(self, experiment: str) -> list[CurrentRun]:
+        """The current runs of `experiment`, as `Store.current_runs` gives them."""
         rows = self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
-        return [_times(row) for row in rows]
+        return [cast("CurrentRun", _times(row)) for row in rows]
 
     def run_keys(self, experiment: str) -> list[str]:
         """Every run key `experiment` has recorded, superseded ones included."""
