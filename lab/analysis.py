@@ -620,7 +620,7 @@ def _axes(ax: Axes | None) -> tuple[Figure, Axes]:
     if ax is None:
         fig = Figure()
         return fig, fig.add_subplot()
-    return ax.get_figure(), ax  # type: ignore[return-value]
+    return ax.get_figure(), ax  # type: ignore[return-value]  # an Axes always has a figure
 
 
 def _label(arm: str | None) -> str:

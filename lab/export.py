@@ -102,7 +102,7 @@ def _write_tables(
             (n,) = con.execute(
                 f'COPY (SELECT * FROM "{table}" WHERE {where} ORDER BY {order}) '
                 f"TO '{path}' (FORMAT parquet)"
-            ).fetchone()  # type: ignore[misc]
+            ).fetchone()  # type: ignore[misc]  # a COPY answers one row, its count
             counts[table] = int(n)
     except BaseException as exc:
         for tmp, _ in written:
@@ -122,7 +122,7 @@ def _export_error(
 ) -> LabError | None:
     """One line for a failed export: a store that cannot be read, or a folder that cannot
     be written (the files written so far are removed); None for anything else."""
-    (source,) = con.execute("SELECT url FROM lab_source").fetchone()  # type: ignore[misc]
+    (source,) = con.execute("SELECT url FROM lab_source").fetchone()  # type: ignore[misc]  # one row
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     mapped = sqlite_error(exc, source)
     if mapped is not None:

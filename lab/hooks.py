@@ -295,12 +295,12 @@ def priority_of(callback: object) -> int:
     """The number `callback` is ordered by (higher first, ties in attachment order): the
     `priority` it sets, when it sets one, else its phase's (`PHASE_PRIORITY`)."""
     if "priority" in getattr(callback, "__dict__", {}):
-        return int(callback.priority)  # type: ignore[attr-defined]
+        return int(callback.priority)  # type: ignore[attr-defined]  # in its __dict__
     for klass in type(callback).__mro__:
         if klass.__name__ == "Callback" and klass.__module__ == __name__:
             break
         if "priority" in vars(klass):
-            return int(klass.priority)  # type: ignore[attr-defined]
+            return int(klass.priority)  # type: ignore[attr-defined]  # in vars(klass)
     return PHASE_PRIORITY[phase_of(callback)]
 
 

@@ -88,3 +88,8 @@ def test_ci_runs_the_readmes_test_command_mypy_and_prints_the_suites_time() -> N
     dev = " ".join(pyproject["project"]["optional-dependencies"]["dev"])
     assert "pytest-xdist" in dev and "mypy" in dev
     assert pyproject["tool"]["mypy"]["files"] == ["lab"]
+
+
+def test_a_type_error_in_lab_fails_ci() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "\nMYPY_FAILS_CI=1\n" in ci

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         TrainingBatch,
     )
     from lab.store.http import HttpStore
+    from lab.store.records import FinishedRun
     from lab.store.store import Store
 
 log = logger("lab.loggers.sql")
@@ -194,7 +195,7 @@ class SqlLogger(Callback):
             arm_id=ctx.ids.get(arm_key(ctx.arm)) if ctx.arm is not None else None,
         )
 
-    def claim(self, ctx: LogContext) -> dict[str, Any] | None:
+    def claim(self, ctx: LogContext) -> FinishedRun | None:
         """Claim the run `ctx` points at before any of its hooks fire (see
         `Store.claim_run`): None when this process won it, the run's record when another
         process finished it meanwhile; raises `RunBusy` while a live process trains it."""

@@ -62,6 +62,7 @@ from lab.store import Store
 from lab.store import dashboard_reads as reads
 from lab.store.curves import Cells, cut
 from lab.store.engine import connect
+from lab.store.records import ExperimentRecord
 
 router = fastapi.APIRouter(tags=["dashboard"])
 
@@ -344,7 +345,7 @@ def _best_arm(
 # -- one experiment ---------------------------------------------------------------------------
 
 
-def _run_rows(store: Store, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _run_rows(store: Store, name: str) -> tuple[ExperimentRecord, list[dict[str, Any]]]:
     """An experiment (`Store.get_experiment`: crashed runs shown as crashed) and its current
     runs as the runs table shows them, with their configs."""
     exp = store.get_experiment(name)

@@ -6,6 +6,7 @@ on every backend, a run whose process is gone shown as crashed."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -65,7 +66,7 @@ def read_table(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _judged(store: Store, model: sa.Table, rows: list[Any]) -> list[Any]:
+def _judged(store: Store, model: sa.Table, rows: Sequence[Any]) -> Sequence[Any]:
     """The rows of `runs` or `experiments` with those whose process is gone shown as
     crashed (`Store.crashed_now`), as ``lab ls`` and ``lab.inspect`` over the store itself
     show them: a notebook reading through the server sees what one on the store sees."""

@@ -396,7 +396,7 @@ def cut(
         _merge(out, conn.execute(sa.text(_RIGHT), args).all())
     if last and out:
         _last_values(conn, key, out)
-    return {k: tuple(cell) for k, cell in out.items()}  # type: ignore[misc]
+    return {k: tuple(cell) for k, cell in out.items()}
 
 
 def _total(total: float | None, count: int, nan_sums: int) -> float:
@@ -407,7 +407,7 @@ def _total(total: float | None, count: int, nan_sums: int) -> float:
     return math.nan if total is None or nan_sums else total
 
 
-def _cells(rows: list[Any]) -> dict[tuple[int, int], list[Any]]:
+def _cells(rows: Sequence[Any]) -> dict[tuple[int, int], list[Any]]:
     """The cells of the first part read (a count is an int here on either database)."""
     nan = math.nan
     return {
@@ -417,7 +417,7 @@ def _cells(rows: list[Any]) -> dict[tuple[int, int], list[Any]]:
     }  # fmt: skip
 
 
-def _merge(out: dict[tuple[int, int], list[Any]], rows: list[Any]) -> None:
+def _merge(out: dict[tuple[int, int], list[Any]], rows: Sequence[Any]) -> None:
     """Fold a later part of the buckets (higher steps) into their cells."""
     for run_id, i, first, final, low, high, total, count, nan in rows:
         count = int(count)
@@ -502,7 +502,7 @@ def packed_columns(
     rest = [r for r in run_ids if r not in use]
     lo, hi = bounds[0][1], bounds[-1][2]
     args = (key, lo // B, (hi - 1) // B + 1)
-    rows: list[Any] = []
+    rows: Sequence[Any] = []
     if use:
         marks = "?" if conn.dialect.name == "sqlite" else "%s"
         sql = _PACKED.format(ids=", ".join([marks] * len(use)), m=marks)
@@ -523,7 +523,7 @@ _PACKED = (
 )
 
 
-def _columns(rows: list[Any], bounds: Sequence[tuple[int, int, int]]) -> Columns | None:
+def _columns(rows: Sequence[Any], bounds: Sequence[tuple[int, int, int]]) -> Columns | None:
     """`packed_columns` from its blocks, read in (run, block) order."""
     import numpy as np  # the store's write path never needs it
 

@@ -33,7 +33,7 @@ def experiments_page(
     current ``runs`` (run_id, experiment_id, arm_id, stage, status), its ``arms`` counted
     per experiment, the summary ``keys`` of each experiment's runs, and the ``arm_order``
     (arm_id to (experiment_id, name)), so the list costs a fixed number of queries."""
-    where = sa.true()
+    where: sa.ColumnElement[bool] = sa.true()
     if q:
         where = sa.func.lower(SqlExperiment.name).contains(q.lower(), autoescape=True)
     if only is not None:
@@ -156,7 +156,7 @@ def arm_names(conn: sa.Connection, experiment_id: int) -> list[str]:
 
 def chain_runs(conn: sa.Connection, run_ids: list[int]) -> list[tuple[str, str | None, int]]:
     """(group, arm, run_id) of the runs that belong to a continual chain, by group, stage."""
-    return [tuple(row) for row in conn.execute(  # type: ignore[misc]  # three columns
+    return [(group, arm, run_id) for group, arm, run_id in conn.execute(
         sa.select(SqlGroup.name, SqlArm.name, SqlRun.run_id)
         .join(SqlRun, SqlRun.group_id == SqlGroup.group_id)
         .join(SqlArm, SqlArm.arm_id == SqlGroup.arm_id, isouter=True)

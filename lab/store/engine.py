@@ -135,13 +135,20 @@ def reader_connection(url: str) -> Any:
             f"the driver for {url.parts.drivername!r} is not installed ({exc.name}); "
             "run: pip install 'lab[postgres]'"
         ) from None
+    from psycopg.abc import ConnParam
+    from psycopg.conninfo import make_conninfo
+
     parts = url.parts
-    try:  # the keywords SQLAlchemy's psycopg dialect gives, its connect_args last
-        return psycopg.connect(
-            host=parts.host, port=parts.port, user=parts.username, password=parts.password,
-            dbname=parts.database, autocommit=True,
-            **{**parts.query, "connect_timeout": 10, "options": _PG_READ_ONLY},
-        )  # fmt: skip
+    # the keywords SQLAlchemy's psycopg dialect gives, its connect_args last; a query value
+    # is written as psycopg writes any value into the connection string, by str()
+    params: dict[str, ConnParam] = {
+        "host": parts.host, "port": parts.port, "user": parts.username,
+        "password": parts.password, "dbname": parts.database,
+        **{key: str(value) for key, value in parts.query.items()},
+        "connect_timeout": 10, "options": _PG_READ_ONLY,
+    }  # fmt: skip
+    try:
+        return psycopg.connect(make_conninfo("", **params), autocommit=True)
     except psycopg.Error as exc:
         operational = isinstance(exc, psycopg.OperationalError)
         raise connect_error(exc, url.shown, "postgresql", operational=operational) from None
@@ -262,8 +269,9 @@ def _check_sqlite_file(path: Path, url: str) -> None:
         ) from None
     if not header:
         return  # an empty file is an empty database
-    with _SEEN_LOCK:
-        _SEEN_FILES.add(seen)
+    if seen is not None:  # (None: its stat failed, so it is checked again next time)
+        with _SEEN_LOCK:
+            _SEEN_FILES.add(seen)
     if header[: len(_MAGIC)] != _MAGIC[: len(header)]:
         raise NotADatabase(
             f"{path} is not a SQLite database (its first bytes are not the SQLite header); "

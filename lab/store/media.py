@@ -29,11 +29,15 @@ from lab._metrics import check_key
 from lab.errors import MetricError
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.engine import connect, transaction
-from lab.store.schema import SqlHistogram, SqlImage
-from lab.store.writer import MetricItem, MetricWriter
+from lab.store.schema import Base, SqlHistogram, SqlImage
+from lab.store.writer import Item, MetricWriter
 
-_HISTOGRAMS = SqlHistogram.__table__
-_IMAGES = SqlImage.__table__
+#: The models' tables (the same objects as their ``__table__``, typed as tables).
+_HISTOGRAMS = Base.metadata.tables[SqlHistogram.__tablename__]
+_IMAGES = Base.metadata.tables[SqlImage.__tablename__]
+
+#: One step's media as queued: {key: (record, run folder)}.
+Media = dict[str, tuple[Histogram | Image, Path | None]]
 
 
 class MediaRows:
@@ -42,7 +46,7 @@ class MediaRows:
     def __init__(self, engine: Engine, *, give_up_s: float | None = None) -> None:
         self.engine = engine
         self._give_up_s = give_up_s
-        self._writer: MetricWriter | None = None
+        self._writer: MetricWriter[Media] | None = None
         self._good_keys: set[str] = set()  # keys checked already
         module = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._upserts = {}
@@ -70,7 +74,7 @@ class MediaRows:
         step, and nothing of that step is queued. The records are frozen: they are queued as
         they are, not copied.
         """
-        rows: dict[str, tuple[Histogram | Image, Path | None]] = {}
+        rows: Media = {}
         good = self._good_keys
         for key, record in media.items():
             if key not in good:
@@ -87,7 +91,7 @@ class MediaRows:
         if rows:
             self._queue().put(run_id, step, rows, time.time())
 
-    def _queue(self) -> MetricWriter:
+    def _queue(self) -> MetricWriter[Media]:
         if self._writer is None:
             self._writer = MetricWriter(self._write, give_up_s=self._give_up_s, what="media")
         return self._writer
@@ -104,7 +108,7 @@ class MediaRows:
             writer.close()
 
     # -- the writer thread ---------------------------------------------------------------
-    def _write(self, items: list[MetricItem]) -> None:
+    def _write(self, items: list[Item[Media]]) -> None:
         # One row per (run, key, step), the last logged wins: PostgreSQL refuses an upsert
         # that touches one row twice in a statement.
         latest: dict[str, dict[tuple[int, str, int], dict[str, Any]]] = {
@@ -112,7 +116,7 @@ class MediaRows:
             "images": {},
         }
         for run_id, step, rows, wall_time in items:
-            for key, (record, folder) in rows.items():  # type: ignore[misc]
+            for key, (record, folder) in rows.items():
                 if isinstance(record, Histogram):
                     table, values = "histograms", _histogram_row(record)
                 else:

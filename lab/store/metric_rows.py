@@ -98,7 +98,7 @@ class MetricRows:
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
         # Built once: the writer runs these with every batch, and building a statement
         # costs more than running it.
-        ids = sa.bindparam("ids", expanding=True)
+        ids: sa.BindParameter[list[int]] = sa.bindparam("ids", expanding=True)
         self._beat = (
             sa.update(SqlRun)
             .where(SqlRun.run_id.in_(ids), SqlRun.status == "running")

@@ -197,6 +197,7 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
         return
     with connect(engine) as conn:
         raw = conn.connection.driver_connection  # outside SQLAlchemy's transaction: no BEGIN
+        assert raw is not None  # (None only once the connection is closed)
         raw.execute("PRAGMA foreign_keys=OFF")
         try:
             conn.execution_options(**{_WRITE: True})

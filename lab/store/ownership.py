@@ -19,10 +19,11 @@ _RUNS = sa.text(
 _EXPERIMENTS = sa.text(
     "SELECT experiment_id, name, created_by FROM experiments WHERE experiment_id IN :ids"
 ).bindparams(sa.bindparam("ids", expanding=True))
+#: Each kind of part: its id column and its experiment's.
 _PARTS = {
-    "group": (SqlGroup, SqlGroup.group_id),
-    "arm": (SqlArm, SqlArm.arm_id),
-    "run": (SqlRun, SqlRun.run_id),
+    "group": (SqlGroup.group_id, SqlGroup.experiment_id),
+    "arm": (SqlArm.arm_id, SqlArm.experiment_id),
+    "run": (SqlRun.run_id, SqlRun.experiment_id),
 }
 
 
@@ -52,9 +53,9 @@ def parts_found(conn: sa.Connection, experiment_id: int, wanted: list[tuple[str,
     parts that belong to experiment `experiment_id`, in one query."""
     parts = [
         sa.select(sa.literal(i).label("i"), column.label("id")).where(
-            column == value, model.experiment_id == experiment_id
+            column == value, owner == experiment_id
         )
         for i, (kind, value) in enumerate(wanted)
-        for model, column in [_PARTS[kind]]
+        for column, owner in [_PARTS[kind]]
     ]
     return {row.i for row in conn.execute(sa.union_all(*parts))}

@@ -49,7 +49,9 @@ class Upsert:
         self.defaults = [
             (c.name, c.default)
             for c in table.columns
-            if c.default is not None and c.name not in columns and not c.primary_key
+            if isinstance(c.default, sa.ColumnDefault)
+            and c.name not in columns
+            and not c.primary_key
         ]
         inserted = (*columns, *(name for name, _ in self.defaults))
         quoted = {c: f'"{c}"' for c in (*inserted, *keys, pk)}
@@ -70,7 +72,7 @@ class Upsert:
         when `where` kept the row that was there."""
         params = dict(values)
         for name, default in self.defaults:
-            params[name] = default.arg(None) if default.is_callable else default.arg  # type: ignore[attr-defined, operator]
+            params[name] = default.arg(None) if default.is_callable else default.arg
         return conn.execute(self.statement, params).scalar_one_or_none()
 
 

@@ -140,7 +140,7 @@ class Store:
         self.give_up_s = give_up_s
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
-        self._writer: MetricWriter | None = None
+        self._writer: MetricWriter[dict[str, float]] | None = None
         self._writer_lock = threading.Lock()
         #: The runs and experiments this process keeps alive: their heartbeats.
         self._heartbeats = Heartbeats(heartbeat_s)
@@ -486,11 +486,11 @@ class Store:
 
     # -- the metric writer --------------------------------------------------------------------
     @property
-    def writer(self) -> MetricWriter:
+    def writer(self) -> MetricWriter[dict[str, float]]:
         """The background metric writer, started on first use."""
         return self._started_writer()
 
-    def _started_writer(self) -> MetricWriter:
+    def _started_writer(self) -> MetricWriter[dict[str, float]]:
         """The background metric writer, started now unless it runs (what the parts that
         queue metrics or keep heartbeats are given)."""
         if self._writer is None:

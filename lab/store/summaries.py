@@ -51,7 +51,7 @@ class Summaries:
         self.dialect = dialect
         mark = "%s" if dialect == "postgresql" else "?"
         self._summary_upsert = _SUMMARY_UPSERT.format(m=mark)
-        ids = sa.bindparam("ids", expanding=True)
+        ids: sa.BindParameter[list[int]] = sa.bindparam("ids", expanding=True)
         self._last_steps = sa.select(SqlSummary.run_id, SqlSummary.key, SqlSummary.last_step).where(
             SqlSummary.run_id.in_(ids)
         )

@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from lab._env import seconds_from_env
 from lab._secrets import logger, mask
@@ -43,8 +43,12 @@ from lab.store.engine import SQLITE_BUSY_TIMEOUT_MS
 
 log = logger("lab.store")
 
-#: One step of one run: (run_id, step, {key: value}, wall_time).
-MetricItem = tuple[int, int, dict[str, float], float]
+#: What a writer is given for one step of one run: {key: value} for metrics.
+P = TypeVar("P")
+#: One step of one run: (run_id, step, what was logged, wall_time).
+Item = tuple[int, int, P, float]
+#: One step of one run's metrics: (run_id, step, {key: value}, wall_time).
+MetricItem = Item[dict[str, float]]
 
 DEFAULT_GIVE_UP_S = 120.0
 
@@ -93,8 +97,9 @@ def give_up_after() -> float:
     return seconds_from_env("LAB_STORE_RETRY_S", DEFAULT_GIVE_UP_S, StoreError)
 
 
-class MetricWriter:
-    """Buffers metric items and writes them in batches from a background thread.
+class MetricWriter(Generic[P]):
+    """Buffers metric items (or other items of one step, `P`: a step's media) and writes
+    them in batches from a background thread.
 
     `interval_s`: how long the writer thread sleeps between batches (a function is asked
     before each sleep, for a write function whose best pace changes). `idle_s`: when
@@ -107,7 +112,7 @@ class MetricWriter:
 
     def __init__(
         self,
-        write: Callable[[list[MetricItem]], None],
+        write: Callable[[list[Item[P]]], None],
         *,
         max_pending: int = 8192,
         max_batch: int = 50_000,
@@ -154,7 +159,7 @@ class MetricWriter:
         _install_exit_handlers()
 
     # -- the training thread's side ------------------------------------------------------
-    def put(self, run_id: int, step: int, metrics: dict[str, float], wall_time: float) -> None:
+    def put(self, run_id: int, step: int, metrics: P, wall_time: float) -> None:
         """Buffer one step's metrics; waits only while the buffer is full."""
         if len(self._buffer) >= self._room_for:
             self._wait_for_room()
@@ -249,7 +254,7 @@ class MetricWriter:
         since = self._failing_since
         seconds = 0.0 if since is None else time.monotonic() - since
         n = self.unwritten()
-        if rejected(error):
+        if error is not None and rejected(error):
             why = f"the store rejected them ({_reason(error)})"
         else:
             why = f"the store has failed for {seconds:.1f}s ({_reason(error)})"
@@ -271,9 +276,9 @@ class MetricWriter:
             raise final from final.__cause__
 
     # -- the writer thread -----------------------------------------------------------------
-    def _take(self) -> tuple[list[MetricItem], _Flush | None, bool]:
+    def _take(self) -> tuple[list[Item[P]], _Flush | None, bool]:
         """Pop what is buffered up to the first flush marker or stop (or `max_batch`)."""
-        items: list[MetricItem] = []
+        items: list[Item[P]] = []
         while len(items) < self._max_batch:
             try:
                 item = self._buffer.popleft()
@@ -386,7 +391,7 @@ class MetricWriter:
         since = self._failing_since
         return since is not None and time.monotonic() - since >= self._give_up_s
 
-    def _attempt(self, items: list[MetricItem]) -> BaseException | None:
+    def _attempt(self, items: list[Item[P]]) -> BaseException | None:
         try:
             self._write(items)
         except Exception as exc:
@@ -421,7 +426,7 @@ def _chained(error: StoreError, cause: BaseException | None) -> StoreError:
 
 
 # -- the end of the process -------------------------------------------------------------------
-_live: weakref.WeakSet[MetricWriter] = weakref.WeakSet()
+_live: weakref.WeakSet[MetricWriter[Any]] = weakref.WeakSet()
 _installed = False
 
 

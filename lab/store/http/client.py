@@ -192,16 +192,16 @@ class HttpClient:
 
     def _refused(
         self, answer: httpx.Response, waited: float = 0.0
-    ) -> StoreError | ConfigError | RunBusy:
+    ) -> StoreError | ConfigError | NoExperiment | RunBusy:
         """`lab`'s error for an answer that is not a success, after `waited` seconds; its
         `status` attribute is the answer's HTTP status."""
         error = self._error_for(answer, waited)
-        error.status = answer.status_code  # type: ignore[union-attr]
+        error.status = answer.status_code  # type: ignore[union-attr]  # an attribute of its own
         return error
 
     def _error_for(
         self, answer: httpx.Response, waited: float
-    ) -> StoreError | ConfigError | RunBusy:
+    ) -> StoreError | ConfigError | NoExperiment | RunBusy:
         status = answer.status_code
         try:
             body = answer.json()

@@ -26,26 +26,19 @@ from lab._metrics import as_number, check_key
 from lab.errors import MetricError, TokenRejected
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.crashes import HEARTBEAT_S
+from lab.store.http.client import HttpClient
 from lab.store.http.reads import _times
 from lab.store.http.sender import MAX_JSON_POINTS, Op, Sender, dumps
 from lab.store.liveness import this_owner
 from lab.store.writer import MetricWriter
 
 if TYPE_CHECKING:
-    import httpx
-
     from lab.records import EvalResult, ManifestRow
     from lab.store.records import CurrentRun, FinishedRun, PreviousRun
 
 
-class HttpWrites:
-    """The write methods of `HttpStore` (over `lab.store.http.client.HttpClient`)."""
-
-    scope: str
-    retry_s: float
-    if TYPE_CHECKING:
-
-        def _request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
+class HttpWrites(HttpClient):
+    """The write methods of `HttpStore`: a `lab.store.http.client.HttpClient` that writes."""
 
     def __init__(
         self,
@@ -58,7 +51,7 @@ class HttpWrites:
         """`heartbeat_s`: how often a quiet run tells the server it is alive. `max_pending`:
         how many steps the buffer holds before `log_metrics` waits (back-pressure). Other
         keywords go to `HttpClient` (token, timeout, retry_s)."""
-        super().__init__(url, **client)  # type: ignore[call-arg]
+        super().__init__(url, **client)
         #: This store's client id: every batch it sends carries it, with its sequence number.
         self.client_id = uuid.uuid4().hex
         self.heartbeat_s = heartbeat_s
@@ -68,13 +61,13 @@ class HttpWrites:
         self._claimed: dict[int, tuple[float, dict[str, Any]]] = {}
         self._cwd = str(Path.cwd())
         self._sender = Sender(
-            self,  # type: ignore[arg-type]
+            self,
             self.client_id,
             self._folder_of,
             heartbeat_s=heartbeat_s,
-            json_points=MAX_JSON_POINTS if "metrics" in self.ops else 0,  # type: ignore[attr-defined]
+            json_points=MAX_JSON_POINTS if "metrics" in self.ops else 0,
         )
-        self._writer: MetricWriter | None = None
+        self._writer: MetricWriter[dict[str, float]] | None = None
         self._writer_lock = threading.Lock()
         self._good_keys: set[str] = set()
         self._owner = this_owner()
@@ -84,7 +77,7 @@ class HttpWrites:
 
     # -- the queue -----------------------------------------------------------------------
     @property
-    def writer(self) -> MetricWriter:
+    def writer(self) -> MetricWriter[dict[str, float]]:
         """The background sender's buffer and thread, started on first use."""
         if self._writer is None:
             with self._writer_lock:
@@ -105,7 +98,7 @@ class HttpWrites:
     def _need_write(self) -> None:
         if self.scope != "write":
             raise TokenRejected(
-                f"the token for lab serve at {self.url.shown} is a read token; writing needs "  # type: ignore[attr-defined]
+                f"the token for lab serve at {self.url.shown} is a read token; writing needs "
                 "one made with: lab token create NAME --scope write"
             )
 
@@ -141,7 +134,7 @@ class HttpWrites:
             try:
                 self._sender.finish()
             finally:
-                self._http.close()  # type: ignore[attr-defined]
+                self._http.close()
 
     def _post(self, path: str, body: dict[str, Any], *, retry: bool = False) -> Any:
         self._need_write()
@@ -215,9 +208,10 @@ class HttpWrites:
         `running` under this process since its claim, and no other process may take it
         meanwhile: it starts without a request, its provenance queued with its writes.
         Any other start (a run another process claimed, a worker's) asks the server."""
-        when, what = self._claimed.pop(claimed, (-math.inf, None))  # type: ignore[arg-type]
+        unclaimed = (-math.inf, None)
+        when, what = unclaimed if claimed is None else self._claimed.pop(claimed, unclaimed)
         same = what == {"experiment_id": experiment_id, "group_id": group_id, **fields}
-        if same and time.monotonic() - when < self.heartbeat_s:
+        if claimed is not None and same and time.monotonic() - when < self.heartbeat_s:
             run_id = claimed
             if provenance is not None:
                 self._queue("set_provenance", {"run_id": run_id, "provenance": provenance}, run_id)
@@ -243,7 +237,7 @@ class HttpWrites:
         """Drop a run's rows after a step, or all of them (see `Store.truncate_run`), after
         what was queued before and before what is queued after: queued with the run's
         writes where the server takes it in a batch, else sent once the queue is."""
-        if "truncate_run" in self.ops:  # type: ignore[attr-defined]
+        if "truncate_run" in self.ops:
             self._queue("truncate_run", {"run_id": run_id, "after_step": after_step}, run_id)
             return
         self.flush()
