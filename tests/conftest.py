@@ -19,10 +19,30 @@ from tests.served import Served, serve
 os.environ["LAB_STRICT"] = "1"  # callback errors re-raise in tests unless a test opts out
 
 
+#: What a module that holds a `serial` test says: ``pytest -m serial`` imports only those.
+SERIAL = "pytest.mark.serial"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``pytest -m serial`` (the README's second command) a test module that marks no
+    test `serial` is not imported: collecting the whole suite again costs a process that
+    imports torch, wandb, scipy and the rest for 8 tests."""
+    if config.getoption("markexpr") != "serial" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    return SERIAL not in collection_path.read_text(encoding="utf-8") or None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every item is still here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules that hold `slow` tests first, each module's order kept: with the README's
     ``pytest -n 2 --dist loadfile`` the longest modules start first, so that none is left
-    running alone at the end."""
+    running alone at the end. A `serial` test in a module that does not spell `SERIAL` would
+    be left out of ``pytest -m serial``: that stops the run."""
+    for item in items:
+        if item.get_closest_marker("serial") and SERIAL not in item.path.read_text("utf-8"):
+            raise pytest.UsageError(f"{item.path.name}: mark serial tests with @{SERIAL}")
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_modules)
 
@@ -48,6 +68,21 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return request.getfixturevalue("pg_url")
 
 
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def module_store_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """`store_url` made once for a module's tests, on each backend: for tests that only read
+    what one fixture recorded, so that they do not record it again each."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('store') / 'lab.db'}"
+        return
+    with new_database() as url:
+        yield url
+
+
 @pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
     """An open, migrated store on each backend, closed after the test."""
@@ -68,6 +103,16 @@ def served(store_url: str) -> Iterator[Served]:
     """A real `lab serve` (uvicorn in a subprocess on loopback) in front of `store_url`, on
     SQLite and on PostgreSQL, with `write_token` and `read_token` made for it."""
     server = serve(store_url)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_served(module_store_url: str) -> Iterator[Served]:
+    """`served` started once for a module's tests, on each backend (`module_store_url`)."""
+    server = serve(module_store_url)
     try:
         yield server
     finally:

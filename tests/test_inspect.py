@@ -46,8 +46,12 @@ class Recorder(Callback):
             self.points.append((ctx.arm, ctx.repeat, step_idx, key, value))
 
 
-@pytest.fixture
-def recorded(store_url: str, tmp_path: Path) -> tuple[str, Recorder]:
+@pytest.fixture(scope="module")
+def recorded(
+    module_store_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Recorder]:
+    """Experiment ``inspect-me`` recorded once per backend; the tests that take it only read."""
+    store_url, tmp_path = module_store_url, tmp_path_factory.mktemp("inspect")
     recorder = Recorder()
     Experiment(
         "inspect-me",

@@ -31,11 +31,16 @@ from tests.served import Served
 STEPS = 20
 
 
-@pytest.fixture
-def recorded(served: Served, tmp_path: Path) -> Iterator[tuple[Served, Store]]:
+@pytest.fixture(scope="module")
+def recorded(
+    module_served: Served, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Served, Store]]:
     """The quickstart experiment (2 arms x 3 repeats, evals and 64 predictions a run) recorded
-    into the served store, with the local `Store` on the same rows to compare against."""
-    quickstart(served.store_url, output_dir=tmp_path / "runs", steps=STEPS)
+    into the served store, with the local `Store` on the same rows to compare against.
+    Recorded once per backend for the module: the tests that take it read it, and what one
+    adds (a tag, a run's checkpoint rows) no other one reads."""
+    served = module_served
+    quickstart(served.store_url, output_dir=tmp_path_factory.mktemp("runs"), steps=STEPS)
     store = Store(served.store_url)
     try:
         yield served, store
@@ -363,7 +368,8 @@ def test_an_unknown_experiment_is_a_404_that_names_the_known_ones(
 
 
 @pytest.mark.parametrize("what", ["series?key=loss", "predictions", "evals", "checkpoints"])
-def test_an_unknown_run_is_a_404(served: Served, what: str) -> None:
+def test_an_unknown_run_is_a_404(module_served: Served, what: str) -> None:
+    served = module_served
     with served.client(served.read_token) as c:
         answer = c.get(f"/api/v1/runs/999/{what}")
     assert answer.status_code == 404
