@@ -9,6 +9,7 @@ Every door into a run comes through here: `Experiment.run` (serial, a process po
     start_group            on_group_start
     RunScope.open          on_run_start            (open_run)
     RunScope.trained       on_benchmark_eval(step=None), the post-training benchmarks
+    evaluated_after        on_benchmark_eval(step=None), a framework's eval after its fit
     RunScope.failed        on_error                (fail_run)
     RunScope.close         on_run_end              (end_run), then the run's own close
     record_lost            the hooks of a run whose worker ended without a result
@@ -339,9 +340,15 @@ def _benchmark(
                 error=f"{type(exc).__name__}: {exc}",
                 seconds=time.perf_counter() - started,
             )  # how long until it raised
-        hooks.fire(Hook.BENCHMARK_EVAL, ctx, res, res.predictions, step=None)
+        evaluated_after(hooks, ctx, res)
         metrics.update({f"{res.name}/{k}": v for k, v in res.metrics.items()})
     return metrics
+
+
+def evaluated_after(hooks: Dispatcher, ctx: LogContext, result: EvalResult) -> None:
+    """Fire `on_benchmark_eval` for an evaluation after training (step None): a benchmark's,
+    or one a framework ran after its fit (`lab.integrations.FrameworkRun.evaluate_after`)."""
+    hooks.fire(Hook.BENCHMARK_EVAL, ctx, result, result.predictions, step=None)
 
 
 def _final_checkpoint(run_dir: Path) -> Path:

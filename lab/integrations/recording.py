@@ -24,7 +24,8 @@ import torch
 
 from lab.dispatch import Dispatcher
 from lab.errors import ConfigError
-from lab.hooks import FRAMEWORK_CONFIG, Callback, Hook
+from lab.hooks import FRAMEWORK_CONFIG, Callback
+from lab.lifecycle import evaluated_after
 from lab.loop.framework import FrameworkHandle
 from lab.records import EvalResult, Kind, ManifestRow, RunSpec
 
@@ -142,7 +143,7 @@ class FrameworkRun:
         result = EvalResult(name, dict(metrics), predictions=rows, step=None)
         hooks = run.dispatcher
         assert isinstance(hooks, Dispatcher)  # what an Experiment hands every run
-        hooks.fire(Hook.BENCHMARK_EVAL, run.ctx, result, result.predictions, step=None)
+        evaluated_after(hooks, run.ctx, result)
 
     def checkpoint(
         self,
