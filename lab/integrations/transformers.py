@@ -26,7 +26,6 @@ require("transformers", "transformers", "lab.integrations.transformers")
 # ruff: noqa: E402 (the framework is imported once the line above found it)
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,12 @@ import numpy as np
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
+from lab._secrets import logger
 from lab.errors import ConfigError
 from lab.integrations.recording import FrameworkRun
 from lab.records import RunSpec
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: The file, in an `Experiment` run's folder, that keeps the `TrainingArguments` and the model's
 #: config (the run's own config is its arm's).
