@@ -164,3 +164,25 @@ def test_a_value_for_a_recorded_step_joins_the_next_without_moving_later_ones(
     assert _rows(db, "SELECT step, key FROM metrics ORDER BY step, key") == [
         (1, "loss"), (1, "val/loss"), (2, "epoch_mean"), (2, "loss"), (3, "loss"),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("module", "package", "extra"),
+    [
+        ("lab.integrations.lightning", "lightning", "lightning"),
+        ("lab.integrations.transformers", "transformers", "transformers"),
+        ("lab.integrations.accelerate", "accelerate", "accelerate"),
+    ],
+)
+def test_an_integration_without_its_framework_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, package: str, extra: str
+) -> None:
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ConfigError) as info:
+        importlib.import_module(module)
+    assert str(info.value).startswith(f"{module} needs the {package} package: ")
+    assert str(info.value).endswith(f"[{extra}]'")

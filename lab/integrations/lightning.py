@@ -28,6 +28,11 @@ The run ends with the fit; ``validate``/``test``/``predict`` after it (inside an
 
 from __future__ import annotations
 
+from lab._imports import require
+
+require("lightning", "lightning", "lab.integrations.lightning")
+
+# ruff: noqa: E402 (the framework is imported once the line above found it)
 import contextlib
 import os
 import re
