@@ -821,3 +821,24 @@ def test_one_module_fires_the_experiment_group_and_run_hooks() -> None:
     assert len(firing) == 1, "the lifecycle hooks fire in several modules:\n" + "\n".join(
         f"{module}:{where}" for module, found in sorted(firing.items()) for where in found
     )
+
+
+def test_sweeps_import_no_optuna_scipy_nor_numpy_until_a_sampler_needs_them() -> None:
+    """``import lab`` and ``lab.sweeps`` (its space, `Sweep` and the grid and random samplers)
+    import none of Optuna, scipy or numpy; a Sobol or TPE sampler imports them when it asks."""
+    code = (
+        "import sys\nimport lab, lab.sweeps\nfrom lab.sweeps import Sweep, Float, Choice\n"
+        "space = {'lr': Float(1e-4, 0.1, log=True), 'opt': Choice(['adam', 'sgd'])}\n"
+        "Sweep(space, sampler='tpe').make_sampler()\n"
+        "Sweep(space, sampler='random').make_sampler().ask([], 4)\n"
+        "Sweep({'opt': Choice(['adam', 'sgd'])}, sampler='grid').make_sampler().ask([], 4)\n"
+        "heavy = ('optuna', 'scipy', 'numpy')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "Sweep(space, sampler='tpe').make_sampler().ask([], 1)\n"
+        "Sweep(space, sampler='sobol').make_sampler().ask([], 1)\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.splitlines() == ["[]", "['numpy', 'optuna', 'scipy']"]

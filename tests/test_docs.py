@@ -30,6 +30,7 @@ EXTRAS = {
     "transformers": ("transformers",),
     "accelerate": ("accelerate",),
     "import": ("mlflow", "tensorboard"),
+    "sweeps": ("optuna", "cmaes"),
     "dev": ("pandas", "scipy", "pytest", "hypothesis", "selenium", "schemathesis"),
 }
 
