@@ -272,6 +272,13 @@ def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
     assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
 
 
+def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
+    lines = ["True", "True", "{'lr': Float(low=0.0001, high=0.1, log=True, when=None)}"]
+    assert out.splitlines()[:3] == lines
+    page = (README.parent / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -288,6 +295,7 @@ PAGES = {
     "lightning.md": _check_lightning_page,
     "transformers.md": _check_transformers_page,
     "importing.md": _check_importing_page,
+    "sweeps.md": _check_sweeps_page,
 }
 
 
