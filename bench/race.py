@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import random
 import statistics
 import time
@@ -171,6 +172,7 @@ def main() -> None:
         "spread": per_test[default.test]["spread"],
         "per_test": per_test,
         "settings": settings,
+        "python": platform.python_version(),
         "s": round(time.perf_counter() - started, 1),
     }))  # fmt: skip
 

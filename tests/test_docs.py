@@ -271,6 +271,22 @@ def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
     assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
 
 
+def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
+    lines = [  # the race's section
+        "round 2: lr=0.1 dropped, friedman 5.00 p=0.0042 vs lr=0.01",
+        "round 2: lr=0.003 dropped, friedman 3.50 p=0.0242 vs lr=0.01",
+        "round 2: lr=0.001 dropped, friedman 3.50 p=0.0242 vs lr=0.01",
+        "winner lr=0.01 of ['lr=0.03', 'lr=0.01'] after 21 runs (full: 30)",
+        "4 ['lr=0.01'] True",
+    ]
+    printed = out.splitlines()
+    start = printed.index(lines[0])
+    assert printed[start : start + len(lines)] == lines
+    page = (README.parent / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert "\n".join(["```text", *lines[:4], "```"]) in page  # the page shows what it prints
+    assert "\n".join(["```text", *lines[4:], "```"]) in page
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -287,6 +303,7 @@ PAGES = {
     "lightning.md": _check_lightning_page,
     "transformers.md": _check_transformers_page,
     "importing.md": _check_importing_page,
+    "sweeps.md": _check_sweeps_page,
 }
 
 
