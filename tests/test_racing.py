@@ -90,6 +90,9 @@ def test_friedman_drops_every_beaten_arm_once_the_evidence_is_there() -> None:
     assert holm["b"] == pytest.approx(0.013400, abs=1e-6)
     assert (state.survivors, state.round, state.over(), state.winner()) == (["a"], 3, True, "a")
     assert (state.spent, state.next_round()) == (12, [])
+    for late in (lambda: state.record("a", 3, 1.0), state.close_round):
+        with pytest.raises(ValueError, match=r"^the race is over after round 2$"):
+            late()
 
 
 def test_with_two_arms_friedman_is_the_comparison() -> None:

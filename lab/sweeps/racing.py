@@ -166,6 +166,8 @@ class RaceState:
     def record(self, arm: str, repeat: int, value: float | None) -> None:
         """What the run of `arm`'s repeat `repeat` ended with; None: it failed or was pruned.
         Recording a run again replaces its value (a rerun supersedes it)."""
+        if self.over():
+            raise ValueError(f"the race is over after round {self.round - 1}")
         if arm not in self.survivors:
             raise ValueError(f"arm {arm!r} is not racing (survivors: {self.survivors})")
         if repeat != self.round:
