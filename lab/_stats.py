@@ -7,6 +7,12 @@ metric's declared `bounds`. `ExperimentResult.summary` and `lab.inspect.summary`
 
 The t quantile is computed here (regularized incomplete beta by continued fraction, then
 bisection) so that summaries need no scipy; the tests check it against scipy.
+
+Races (`lab.sweeps.racing`) compare arms over paired repeats with the tests below, pure
+Python as well: the chi-square survival function (regularized upper incomplete gamma), the
+Friedman test with ties averaged, Conover's post-hoc comparison of each arm with the best by
+rank sum, the paired t test, and Holm's correction for the number of comparisons. Their
+values are oriented so that lower is better; a missing value (None) ranks worst in its block.
 """
 
 from __future__ import annotations
@@ -72,6 +78,16 @@ def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with `df` degrees of freedom."""
     tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
     return 1.0 - tail if t >= 0 else tail
+
+
+def t_two_sided(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom: a two-sided p-value,
+    computed from the tail itself so that tiny p-values keep their digits."""
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    return _betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
 def t_ppf(q: float, df: float) -> float:
@@ -255,3 +271,150 @@ def _quantile(weighted: list[tuple[float, int]], total: int, q: float) -> float:
         if cumulative >= need:
             return value
     return weighted[-1][0]
+
+
+def _gamma_q(a: float, x: float) -> float:
+    """Q(a, x), the regularized upper incomplete gamma function: a series for x < a + 1,
+    else a continued fraction (modified Lentz), each to full double precision."""
+    if x <= 0.0:
+        return 1.0
+    if math.isinf(x):
+        return 0.0
+    front = math.exp(-x + a * math.log(x) - math.lgamma(a))
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(10_000):
+            ap += 1.0
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-16:
+                break
+        return max(0.0, 1.0 - total * front)
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-16:
+            break
+    return front * h
+
+
+def chi2_sf(x: float, df: float) -> float:
+    """P(X >= x) for a chi-square variable with `df` degrees of freedom: the p-value of the
+    Friedman statistic."""
+    if math.isnan(x):
+        return math.nan
+    return _gamma_q(df / 2.0, x / 2.0)
+
+
+def ranks(block: Sequence[float | None]) -> list[float]:
+    """The ranks of one block's values, 1 for the lowest, ties given their average rank; a
+    None (a failed or pruned run) ranks below every value, Nones tied with each other."""
+    order = sorted(range(len(block)), key=lambda i: (block[i] is None, block[i] or 0.0))
+    out = [0.0] * len(block)
+    start = 0
+    while start < len(order):
+        end = start
+        first = block[order[start]]
+        while end + 1 < len(order) and block[order[end + 1]] == first:
+            end += 1  # None == None too: failed runs tie with each other
+        for i in order[start : end + 1]:
+            out[i] = (start + end) / 2.0 + 1.0
+        start = end + 1
+    return out
+
+
+@dataclass(frozen=True)
+class Friedman:
+    """The Friedman test over n blocks (rows) of k arms (columns), with its rank sums."""
+
+    statistic: float  # chi-square on k - 1 df, ties averaged (Conover's form)
+    p_value: float
+    rank_sums: list[float]  # per arm: the sum of its ranks over the blocks
+    rank_squares: float  # the sum of every squared rank (Conover's A)
+    blocks: int
+
+
+def friedman(rows: Sequence[Sequence[float | None]]) -> Friedman:
+    """Friedman's test that k arms rank alike over n paired blocks, ties averaged.
+
+    Conover's form, as F-race and irace use: with R_j the rank sums, A the sum of all
+    squared ranks and C = n·k·(k+1)²/4, T = (k-1)·Σ(R_j - n(k+1)/2)² / (A - C), on k-1
+    degrees of freedom (the same as scipy's ``friedmanchisquare`` with its tie correction,
+    and defined for k = 2 as well, where it is the sign test's chi-square). Blocks in which
+    every value ties carry no information: when all do, T = 0 and p = 1.
+    """
+    ranked = [ranks(row) for row in rows]
+    n, k = len(ranked), len(ranked[0])
+    sums = [math.fsum(row[j] for row in ranked) for j in range(k)]
+    squares = math.fsum(r * r for row in ranked for r in row)
+    spread_ = squares - n * k * (k + 1) ** 2 / 4.0
+    if spread_ <= 1e-9 * squares:
+        return Friedman(0.0, 1.0, sums, squares, n)
+    deviation = math.fsum((s - n * (k + 1) / 2.0) ** 2 for s in sums)
+    statistic = (k - 1) * deviation / spread_
+    return Friedman(statistic, chi2_sf(statistic, k - 1), sums, squares, n)
+
+
+def conover_against_best(test: Friedman) -> tuple[int, list[tuple[float, float]]]:
+    """Conover's post-hoc comparison of each arm with the best (the lowest rank sum, the
+    first on a tie), after a Friedman test: (the best's column, per arm (t, two-sided p)).
+
+    t_j = (R_j - R_best) / sqrt(2(n·A - ΣR²) / ((n-1)(k-1))), on (n-1)(k-1) degrees of
+    freedom (Conover, Practical Nonparametric Statistics, 1999, pp. 369-371; irace's
+    elimination rule). When every block ranks the arms alike the denominator is 0: an arm
+    with the best's rank sum gets (0, 1), any other (inf, 0). The best gets (0, 1).
+    """
+    sums, n, k = test.rank_sums, test.blocks, len(test.rank_sums)
+    best = min(range(k), key=lambda j: sums[j])
+    variance = 2.0 * (n * test.rank_squares - math.fsum(s * s for s in sums))
+    variance /= (n - 1) * (k - 1)
+    out = []
+    for s in sums:
+        gap = s - sums[best]
+        if gap <= 0.0:
+            out.append((0.0, 1.0))
+        elif variance <= 1e-12 * n * test.rank_squares:
+            out.append((math.inf, 0.0))
+        else:
+            t = gap / math.sqrt(variance)
+            out.append((t, t_two_sided(t, (n - 1) * (k - 1))))
+    return best, out
+
+
+def paired_t(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """The paired t test of x against y (at least two pairs): (t of x - y, two-sided p),
+    as scipy's ``ttest_rel``. Differences that are all equal: (0, 1) when they are 0, else
+    (±inf, 0)."""
+    d = [a - b for a, b in zip(x, y, strict=True)]
+    n = len(d)
+    mean = math.fsum(d) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in d) / (n - 1))
+    if sd <= 1e-12 * max(1.0, max(abs(v) for v in d)):
+        return (0.0, 1.0) if mean == 0.0 else (math.copysign(math.inf, mean), 0.0)
+    t = mean / (sd / math.sqrt(n))
+    return t, t_two_sided(t, n - 1)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down correction of m p-values, in their order: the i-th smallest becomes
+    max over j <= i of min(1, (m - j + 1)·p_(j)). Rejecting where it is below alpha keeps
+    the chance of any false rejection at most alpha, for any dependence between the tests."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out

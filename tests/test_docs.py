@@ -273,10 +273,25 @@ def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
 
 
 def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
-    lines = ["True", "True", "{'lr': Float(low=0.0001, high=0.1, log=True, when=None)}"]
-    assert out.splitlines()[:3] == lines
     page = (README.parent / "docs" / "sweeps.md").read_text(encoding="utf-8")
-    assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
+    printed = out.splitlines()
+    samplers = ["True", "True", "{'lr': Float(low=0.0001, high=0.1, log=True, when=None)}"]
+    assert printed[:3] == samplers  # the samplers' section
+    assert "
+".join(["```text", *samplers, "```"]) in page  # the page shows what it prints
+    lines = [  # the race's section
+        "round 2: lr=0.1 dropped, friedman 5.00 p=0.0042 vs lr=0.01",
+        "round 2: lr=0.003 dropped, friedman 3.50 p=0.0242 vs lr=0.01",
+        "round 2: lr=0.001 dropped, friedman 3.50 p=0.0242 vs lr=0.01",
+        "winner lr=0.01 of ['lr=0.03', 'lr=0.01'] after 21 runs (full: 30)",
+        "4 ['lr=0.01'] True",
+    ]
+    start = printed.index(lines[0])
+    assert printed[start : start + len(lines)] == lines
+    assert "
+".join(["```text", *lines[:4], "```"]) in page
+    assert "
+".join(["```text", *lines[4:], "```"]) in page
 
 
 PAGES = {

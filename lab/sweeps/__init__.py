@@ -1,9 +1,9 @@
-"""Samplers, pruning and races over arms and repeats.
+"""Sweeps: samplers, pruning and races over arms and repeats.
 
->>> from lab.sweeps import Sweep, Float, Int, Choice
+>>> from lab.sweeps import Sweep, Float, Int, Choice, Race
 
-The names are imported on first use (PEP 562): ``import lab.sweeps`` imports neither Optuna,
-scipy nor numpy; the samplers that need them import them when they are made.
+The names are imported on first use (PEP 562), as `lab`'s own: ``import lab.sweeps`` imports
+neither Optuna, scipy nor numpy; the samplers that need them import them when they are made.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from typing import TYPE_CHECKING
 
 from lab._lazy import lazy_names
 
+#: Where each name lives; ``lab.sweeps.<name>`` imports its module on first access.
 _WHERE: dict[str, str] = {
     "Choice": "lab.sweeps.space",
+    "Elimination": "lab.sweeps.racing",
     "Float": "lab.sweeps.space",
     "Int": "lab.sweeps.space",
+    "Race": "lab.sweeps.racing",
+    "RaceState": "lab.sweeps.racing",
     "SAMPLERS": "lab.sweeps.samplers",
     "Sampler": "lab.sweeps.samplers",
     "Sweep": "lab.sweeps.sweep",
@@ -29,8 +33,11 @@ _WHERE: dict[str, str] = {
 __all__ = [
     "SAMPLERS",
     "Choice",
+    "Elimination",
     "Float",
     "Int",
+    "Race",
+    "RaceState",
     "Sampler",
     "Sweep",
     "Trial",
@@ -40,7 +47,8 @@ __all__ = [
     "parse_space",
 ]
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from lab.sweeps.racing import Elimination, Race, RaceState
     from lab.sweeps.samplers import SAMPLERS, Sampler, Trial, grid_size, make_sampler
     from lab.sweeps.space import Choice, Float, Int, check_space, parse_space
     from lab.sweeps.sweep import Sweep
