@@ -223,3 +223,22 @@ def test_only_the_token_that_owns_an_experiment_records_its_sweep(store_url: str
     finally:
         local.close()
         server.stop()
+
+
+def test_a_pruned_run_is_finished_but_left_out_of_its_arms_values() -> None:
+    """A rerun does not train a pruned run again (`FINISHED`), and an arm's values (what
+    its summary is made of) leave its last value out, as `COUNTED_STATUSES` does."""
+    from lab._ranking import COUNTED_STATUSES
+    from lab.records import FINISHED, ArmResult, RunResult
+
+    def run(repeat: int, status: str, loss: float) -> RunResult:
+        return RunResult(f"a/{repeat}", "a", repeat, 0, repeat, status, {"loss": loss}, 1.0,
+                         pruned=PRUNED if status == "pruned" else None)  # type: ignore[arg-type]  # fmt: skip
+
+    arm = ArmResult("a", {}, [run(0, "completed", 0.5), run(1, "pruned", 9.0),
+                              run(2, "stopped", 0.75)], planned=3)  # fmt: skip
+    assert FINISHED == ("completed", "stopped", "pruned")
+    assert COUNTED_STATUSES == ("completed", "stopped")
+    assert arm.finished
+    assert arm.values("loss") == [0.5, 0.75]
+    assert arm.runs[1].pruned == PRUNED
