@@ -2,7 +2,8 @@
 
 `export(name, to)` writes every store table, cut down to that experiment's rows, to
 ``to/<table>.parquet`` (experiments, arms, groups, runs, metrics, summaries, evals,
-predictions, checkpoints), superseded runs and their rows left out. The files hold what
+predictions, checkpoints, histograms, images, and a sweep's trials and eliminations),
+superseded runs and their rows left out. The files hold what
 `lab.inspect.connect` shows: NaN restored
 where SQLite stored NULL, JSON columns typed as JSON. ``lab.inspect.connect(to)`` reads the
 folder back with the same views, so a notebook written against the store runs on an export
@@ -40,6 +41,8 @@ _ROWS = {
     "checkpoints": _RUNS,
     "histograms": _RUNS,
     "images": _RUNS,
+    "sweep_trials": "experiment_id = {id}",
+    "eliminations": "experiment_id = {id}",
 }
 
 

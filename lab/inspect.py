@@ -320,7 +320,7 @@ def _copy_through_arrow(
 _NAN_AS_NULL = {("metrics", "value"), ("summaries", "last_value")}
 
 #: Tables a later revision added: a store from before reads them as empty views.
-_ADDED_LATER = {"histograms", "images"}
+_ADDED_LATER = {"histograms", "images", "sweep_trials", "eliminations"}
 
 
 def _absent(name: str, missing: dict[str, set[str]]) -> bool:
@@ -335,8 +335,25 @@ _RUN_JOINS = """JOIN runs r USING (run_id)
 JOIN experiments e USING (experiment_id)
 LEFT JOIN arms a ON a.arm_id = r.arm_id"""
 # The media views, over the store's rows (`{select}`): each row with its run's experiment,
-# arm, repeat and key; an image's path made absolute from the run's folder.
+# arm, repeat and key; an image's path made absolute from the run's folder. A sweep's
+# trials and a race's eliminations: each row with its experiment's and arm's names.
+_ARM_JOINS = """JOIN experiments e USING (experiment_id)
+JOIN arms a ON a.arm_id = x.arm_id"""
 _JOINED = {
+    "sweep_trials": f"""
+        CREATE VIEW sweep_trials AS
+        SELECT e.name AS experiment, a.name AS arm, x.experiment_id, x.number, x.arm_id,
+               x.params, x.asked_after, x.told, x.value, x.state
+        FROM ({{select}}) x
+        {_ARM_JOINS}
+        """,
+    "eliminations": f"""
+        CREATE VIEW eliminations AS
+        SELECT e.name AS experiment, a.name AS arm, x.experiment_id, x.arm_id, x.round,
+               x.test, x.statistic, x.p_value, x.alpha, x.best_arm, x.created_at
+        FROM ({{select}}) x
+        {_ARM_JOINS}
+        """,
     "histograms": f"""
         CREATE VIEW histograms AS
         SELECT {_RUN_COLUMNS}, h.run_id, h.key, h.step,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lab._names import check_tags
 from lab._ranking import (
+    COUNTED_STATUSES,
     Declaration,
     Ranking,
     bounds_for,
@@ -63,11 +64,13 @@ __all__ = [
 ]
 
 #: `crashed`: the process that trained the run died (``executor="processes"`` or ``"ray"``).
-RunStatus = Literal["completed", "failed", "stopped", "crashed"]
+#: `pruned`: a pruning rule stopped it early (`RunResult.pruned` says where and why).
+RunStatus = Literal["completed", "failed", "stopped", "crashed", "pruned"]
 
 
-#: The statuses of a run that ended on its own terms: running the experiment again skips it.
-FINISHED: tuple[RunStatus, ...] = ("completed", "stopped")
+#: The statuses of a run that ended on its own terms: running the experiment again skips it
+#: (a pruned run is not trained again: its rule decided, on the points it had).
+FINISHED: tuple[RunStatus, ...] = ("completed", "stopped", "pruned")
 #: The statuses of a run that did not finish: it raised, or its process died.
 FAILED: tuple[RunStatus, ...] = ("failed", "crashed")
 
@@ -182,6 +185,8 @@ class RunResult:
     parent_run_key: str | None = None
     tags: list[str] = field(default_factory=list)  # what train(run) tagged it with
     notes: str | None = None
+    #: A `pruned` run's stop: ``{"step": int, "rule": str, "metric": str, "value": float}``.
+    pruned: dict[str, Any] | None = None
 
 
 @dataclass
@@ -195,14 +200,17 @@ class ArmResult:
 
     @property
     def finished(self) -> bool:
-        """Whether every planned run of the arm finished (completed or stopped)."""
+        """Whether every planned run of the arm finished (completed, stopped or pruned)."""
         done = sum(1 for r in self.runs if r.status in FINISHED)
         return done >= (self.planned if self.planned is not None else len(self.runs))
 
     def values(self, metric: str) -> list[float]:
-        """The final `metric` of every run that finished (completed or stopped)."""
+        """The final `metric` of every run that counts (completed or stopped; a pruned
+        run's last value was never meant to be final, so it is left out)."""
         return [
-            r.metrics[metric] for r in self.runs if r.status not in FAILED and metric in r.metrics
+            r.metrics[metric]
+            for r in self.runs
+            if r.status in COUNTED_STATUSES and metric in r.metrics
         ]
 
 

@@ -100,17 +100,24 @@ def _check_store_page(out: str, namespace: dict[str, object]) -> None:
     assert "arm names hold at most 512: shorten it" in out
     assert "['RuntimeError: bad\ufffdbyte']" in out
     assert out.splitlines()[-3:] == ["NoStore", "NotADatabase", "False True"]  # read-only
-    assert out.splitlines()[-5] == (  # metric blocks: a step logged again as NaN
+    assert out.splitlines()[-7:-3] == [  # sweeps: a pruned run, its trial, the points
+        "[{'number': 0, 'arm': 's000', 'params': {'lr': 0.1}, 'asked_after': 0, 'told': 0, "
+        "'value': 1.4, 'state': 'pruned', 'intermediate': {3: 1.4}}]",
+        "{'s000/0': [(1, 2.0), (2, 1.5), (3, 1.4)]}",
+        "{'pruned': 1}",
+        "[('search', 's000', 0, 'pruned', 1.4)]",
+    ]
+    assert out.splitlines()[-9] == (  # metric blocks: a step logged again as NaN
         "[(0, 32, 0, 31, 32, 1.0), (1, 32, 32, 63, 31, 0.0303), (2, 32, 64, 95, 32, 0.0154), "
         "(3, 4, 96, 99, 4, 0.0103)]"
     )
-    assert out.splitlines()[-4] == (  # its packed points: step 40, offset 8, is NaN
+    assert out.splitlines()[-8] == (  # its packed points: step 40, offset 8, is NaN
         "[6, 7, 8, 9] (0.02564102564102564, 0.025, nan, 0.023809523809523808)"
     )
     # an experiment whose driver stopped without finishing it (crashed experiments), read
     # alike by a read-only Store and by the Reader that lab ls opens
-    assert out.splitlines()[-7:-5] == ["[('driven', 'crashed')]", "True"]
-    table = out.splitlines()[-11:-7]  # final_metrics: acc, grad, loss (any order), under a header
+    assert out.splitlines()[-11:-9] == ["[('driven', 'crashed')]", "True"]
+    table = out.splitlines()[-15:-11]  # final_metrics: acc, grad, loss (any order), under a header
     assert sorted(line.split()[1] for line in table[1:]) == ["acc", "grad", "loss"]
 
 

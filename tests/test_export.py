@@ -31,6 +31,7 @@ from lab import (
 from lab.errors import ConfigError, NoExperiment, StoreError
 from lab.export import export
 from lab.media import histogram, write_image
+from lab.store import Store
 from lab.store.schema import TABLES, Base
 
 
@@ -107,6 +108,20 @@ def _record(url: str, tmp_path: Path) -> None:
             store=url,
             output_dir=tmp_path / "runs" / name,
         ).run()
+    store = Store(url)  # a sweep's records: arm `a`'s trial, arm `b` dropped by a race
+    try:
+        for name in ("other", "keep", "third"):
+            with store.engine.connect() as conn:
+                exp_id = store.experiment_id(conn, name)
+                arm = dict(conn.exec_driver_sql(
+                    f"SELECT name, arm_id FROM arms WHERE experiment_id = {exp_id}"
+                ).all())  # fmt: skip
+            store.add_trial(exp_id, 0, arm["a"], {"lr": 0.1}, 0)
+            store.tell_trial(exp_id, 0, told=0, value=0.5, state="complete")
+            store.add_elimination(exp_id, arm["b"], round=1, test="t", statistic=-3.25,
+                                  p_value=0.03, alpha=0.05, best="a")  # fmt: skip
+    finally:
+        store.close()
 
 
 def _order(table: str) -> str:
@@ -128,6 +143,8 @@ _OF_KEEP = {
     "arms": "WHERE experiment_id = {id}",
     "groups": "WHERE experiment_id = {id}",
     "runs": "WHERE experiment_id = {id}",
+    "sweep_trials": "WHERE experiment_id = {id}",
+    "eliminations": "WHERE experiment_id = {id}",
     "predictions": "WHERE eval_id IN (SELECT eval_id FROM evals WHERE run_id IN "
     "(SELECT run_id FROM runs WHERE experiment_id = {id}))",
 }

@@ -127,9 +127,12 @@ def test_the_models_check_constraints_are_the_migrations_word_for_word(sqlite_ur
     assert checks == {
         "ck_experiments_status": "status IN ('running', 'completed', 'failed', 'crashed')",
         "ck_groups_kind": "kind IN ('repeats', 'chain')",
-        "ck_runs_status": "status IN ('running', 'completed', 'failed', 'stopped', 'crashed')",
+        "ck_runs_status": (
+            "status IN ('running', 'completed', 'failed', 'stopped', 'crashed', 'pruned')"
+        ),
         "ck_checkpoints_event": "event IN ('save', 'remove')",
         "ck_tokens_scope": "scope IN ('read', 'write', 'admin')",
+        "ck_sweep_trials_state": "state IN ('running', 'complete', 'pruned', 'failed')",
     }
     engine = make_engine(resolve_url(sqlite_url))
     try:
@@ -229,6 +232,16 @@ EXPECTED_CONSTRAINTS = {
     },
     "ingest_batches": {"uq": set(), "fk": set(), "ck": set()},
     "metric_blocks": {"uq": set(), "fk": {"fk_metric_blocks_run_id_runs"}, "ck": set()},
+    "sweep_trials": {
+        "uq": set(),
+        "fk": {"fk_sweep_trials_experiment_id_experiments", "fk_sweep_trials_arm_id_arms"},
+        "ck": {"ck_sweep_trials_state"},
+    },
+    "eliminations": {
+        "uq": set(),
+        "fk": {"fk_eliminations_experiment_id_experiments", "fk_eliminations_arm_id_arms"},
+        "ck": set(),
+    },
 }
 EXPECTED_INDEXES = {
     "runs": {"ix_runs_experiment_id_status", "ix_runs_group_id"},
@@ -1017,6 +1030,151 @@ def test_0008_adds_owners_and_image_bytes_and_keeps_every_row_both_ways(
             assert _dump(conn, at_0007) == rows_0007
         upgrade(engine)
         _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def _constraints_and_indexes(engine: sa.Engine, table: str) -> dict[str, object]:
+    insp = sa.inspect(engine)
+    return {
+        "pk": insp.get_pk_constraint(table)["name"],
+        "uq": sorted(u["name"] for u in insp.get_unique_constraints(table)),
+        "fk": sorted(
+            (
+                f["name"],
+                tuple(f["constrained_columns"]),
+                f["referred_table"],
+                f["options"].get("ondelete"),
+            )
+            for f in insp.get_foreign_keys(table)
+        ),
+        "ix": sorted(  # (PostgreSQL lists a unique constraint's index too)
+            (i["name"], tuple(i["column_names"]))
+            for i in insp.get_indexes(table)
+            if not i["name"].startswith("uq_")
+        ),
+    }
+
+
+def test_0009_rebuilds_runs_for_pruned_and_keeps_every_row_and_key_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0008 with runs and metrics -> 0009 -> 0008 -> 0009: every earlier row kept, and
+    `runs` keeps its indexes, keys and their cascades through SQLite's rebuild; `pruned`
+    and its JSON are accepted at 0009, the new tables take rows and go with their
+    experiment; a downgrade refuses while a run is pruned."""
+    engine = make_engine(resolve_url(store_url))
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0008") == ("0001", "0008")
+        at_0008 = _columns(engine)
+        with engine.connect() as conn:
+            rows_0008 = _dump(conn, at_0008)
+            summaries = _summaries(conn)
+            blocks = _metric_blocks(conn)
+        keys_0008 = {t: _constraints_and_indexes(engine, t) for t in ZERO_ONE_TABLES}
+        assert keys_0008["runs"]["ix"] == [
+            ("ix_runs_experiment_id_status", ("experiment_id", "status")),
+            ("ix_runs_group_id", ("group_id",)),
+        ]
+
+        assert upgrade(engine, "0009") == ("0008", "0009")
+        assert _columns(engine)["runs"] == at_0008["runs"] + ["pruned"]
+        assert {t: _constraints_and_indexes(engine, t) for t in ZERO_ONE_TABLES} == keys_0008
+        with engine.connect() as conn:
+            assert _dump(conn, at_0008) == rows_0008
+            assert _summaries(conn) == summaries
+            assert _metric_blocks(conn) == blocks
+            assert conn.exec_driver_sql("SELECT run_id, pruned FROM runs ORDER BY run_id").all() \
+                == [(1, None), (2, None), (3, None), (4, None)]  # fmt: skip
+        with transaction(engine) as conn:
+            conn.execute(
+                sa.text("UPDATE runs SET status = 'pruned', pruned = :p WHERE run_id = 2"),
+                {"p": '{"step": 4, "rule": "median", "metric": "loss", "value": 1.5}'},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO sweep_trials (experiment_id, number, arm_id, params, "
+                    "asked_after, told, value, state) VALUES (1, 0, 2, '{\"w\": 2}', 0, 0, "
+                    "0.5, 'complete')"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO eliminations (experiment_id, arm_id, round, test, statistic, "
+                    "p_value, alpha, best_arm, created_at) VALUES (1, 2, 1, 'friedman', 3.5, "
+                    "0.01, 0.05, 'base', '2026-12-02 10:00:00')"
+                )
+            )
+        with pytest.raises(sa.exc.IntegrityError), transaction(engine) as conn:
+            conn.execute(sa.text("UPDATE runs SET status = 'pruned_' WHERE run_id = 1"))
+        with engine.connect() as conn:
+            assert (
+                conn.exec_driver_sql("SELECT status, pruned FROM runs WHERE run_id = 2").one()[0]
+                == "pruned"
+            )
+
+        refused = pytest.raises(RuntimeError, match="runs has rows where status = 'pruned'")
+        with refused, migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0008")
+        assert current_revision(engine) == "0009"
+        with transaction(engine) as conn:
+            conn.execute(sa.text("UPDATE runs SET status = 'failed', pruned = NULL "
+                                 "WHERE run_id = 2"))  # fmt: skip
+        with migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0008")
+        assert current_revision(engine) == "0008"
+        assert _columns(engine) == at_0008
+        assert not {"sweep_trials", "eliminations"} & set(sa.inspect(engine).get_table_names())
+        assert {t: _constraints_and_indexes(engine, t) for t in ZERO_ONE_TABLES} == keys_0008
+        with engine.connect() as conn:
+            assert _dump(conn, at_0008) == rows_0008
+            assert _metric_blocks(conn) == blocks
+
+        upgrade(engine)
+        _assert_matches_models(engine)
+        with engine.connect() as conn:
+            assert _dump(conn, at_0008) == rows_0008
+        # the cascades survive the rebuild: an experiment's delete takes its runs' rows
+        with transaction(engine) as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO sweep_trials (experiment_id, number, arm_id, params, "
+                    "asked_after, state) VALUES (1, 0, 1, '{}', 0, 'running')"
+                )
+            )
+            conn.execute(sa.text("DELETE FROM experiments WHERE experiment_id = 1"))
+        with engine.connect() as conn:
+            left = {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar()
+                    for t in ("runs", "metrics", "summaries", "metric_blocks", "evals",
+                              "predictions", "checkpoints", "sweep_trials")}  # fmt: skip
+        assert left == {"runs": 1, "metrics": 0, "summaries": 0, "metric_blocks": 0,
+                        "evals": 0, "predictions": 0, "checkpoints": 0,
+                        "sweep_trials": 0}  # fmt: skip
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def test_0009_refuses_to_rebuild_runs_with_sqlite_foreign_keys_on(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run outside `lab`'s migration transaction (foreign keys on), the rebuild would
+    cascade into every table that refers to runs: it refuses, and nothing changes."""
+    engine = make_engine(resolve_url(sqlite_url))
+    try:
+        _at_0001_with_data(engine)
+        upgrade(engine, "0008")
+        with engine.connect() as conn:
+            rows = _dump(conn, _columns(engine))
+        refused = pytest.raises(RuntimeError, match="revision 0009 rebuilds the runs table")
+        with refused, transaction(engine) as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            command.upgrade(alembic_config(conn), "0009")
+        assert current_revision(engine) == "0008"
+        with engine.connect() as conn:
+            assert _dump(conn, _columns(engine)) == rows
     finally:
         engine.dispose()
     capsys.readouterr()

@@ -144,7 +144,7 @@ def test_an_ops_batch_is_checked_against_its_declared_union_before_any_op_runs(
         (400, {"detail": "client_id must be 1 to 64 letters, digits, '_', '.' or '-'",
                "field": "body.client_id"}),
         (422, {"detail": "body.ops.1.finish_run.args.status: Input should be 'running', "
-                         "'completed', 'failed', 'stopped' or 'crashed'",
+                         "'completed', 'failed', 'stopped', 'crashed' or 'pruned'",
                "field": "body.ops.1.finish_run.args.status"}),
         (422, {"detail": "body.ops.0.heartbeat.args.run_ids.0: Input should be a valid integer",
                "field": "body.ops.0.heartbeat.args.run_ids.0"}),

@@ -181,6 +181,7 @@ class JsonlLogger(Callback):
             "on_run_end", ctx, status=run_result.status, metrics=run_result.metrics,
             error=run_result.error, seconds=run_result.seconds,
             callback_errors=len(run_result.callback_errors),
+            **({"pruned": run_result.pruned} if run_result.pruned is not None else {}),
         )  # fmt: skip
         self._close_run()
 

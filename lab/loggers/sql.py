@@ -289,6 +289,8 @@ class SqlLogger(Callback):
             callback_errors=run_result.callback_errors,
             tags=run_result.tags,
             notes=run_result.notes,
+            # only a pruned run carries one (a server from before takes no such field)
+            **({"pruned": run_result.pruned} if run_result.pruned is not None else {}),
         )
         self._errors_written[run_result.run_key] = list(run_result.callback_errors)
         self._run_id = None

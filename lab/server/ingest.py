@@ -41,6 +41,7 @@ from lab.server.bodies import metric_columns, ops_body
 from lab.server.openapi import (
     INT32,
     NO_NUL,
+    Count,
     ExperimentPath,
     Id,
     Int32,
@@ -51,6 +52,7 @@ from lab.server.openapi import (
     NamePath,
     RunPath,
     Tag,
+    name_schema,
     problems,
     read_body,
 )
@@ -59,7 +61,7 @@ from lab.server.owners import Access, access, as_id
 from lab.server.rejected import Rejected
 from lab.store import Store
 from lab.store.engine import one_transaction
-from lab.store.tables import EXPERIMENT_STATUSES, GROUP_KINDS
+from lab.store.tables import EXPERIMENT_STATUSES, GROUP_KINDS, MAX_TEST, TRIAL_STATES
 
 router = fastapi.APIRouter(tags=["write"])
 
@@ -139,6 +141,35 @@ class SupersedeIn(Body):
 
 class TruncateIn(Body):
     after_step: Int53 | None = None
+
+
+class TrialIn(Body):
+    """A sampled arm, asked (`Store.add_trial`)."""
+
+    number: Count
+    arm_id: Id
+    params: dict[str, Any] = Field(default_factory=dict)
+    asked_after: Count
+
+
+class TellIn(Body):
+    """How a sampled arm ended (`Store.tell_trial`): value null for a failed one."""
+
+    told: Count
+    value: float | None
+    state: Literal[TRIAL_STATES]  # type: ignore[valid-type]  # made of the store's tuple
+
+
+class EliminationIn(Body):
+    """An arm a race dropped (`Store.add_elimination`)."""
+
+    arm_id: Id
+    round: Count
+    test: Annotated[str, Field(json_schema_extra=name_schema(MAX_TEST))]
+    statistic: float
+    p_value: float
+    alpha: float
+    best: Name
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -422,6 +453,41 @@ def supersede_run(run_id: RunPath, body: SupersedeIn, request: fastapi.Request) 
 def truncate_run(run_id: RunPath, body: TruncateIn, request: fastapi.Request) -> Done:
     """Drop a run's rows after a step, or all of them (`Store.truncate_run`)."""
     _call("path.run_id", _store(request).truncate_run, run_id, body.after_step)
+    return Done(ok=True)
+
+
+@router.post("/experiments/{experiment_id}/trials", responses=problems(400, 404))
+def add_trial(experiment_id: ExperimentPath, body: TrialIn, request: fastapi.Request) -> Done:
+    """Record a sampled arm of an experiment as asked (`Store.add_trial`); the same trial
+    again stores nothing, another one under its number is refused (400)."""
+    access(request).check_parts(experiment_id, arm_id=body.arm_id)
+    _call("path.experiment_id", _store(request).add_trial, experiment_id, body.number,
+          body.arm_id, body.params, body.asked_after)  # fmt: skip
+    return Done(ok=True)
+
+
+@router.post("/experiments/{experiment_id}/trials/{number}/tell", responses=problems(400, 404))
+def tell_trial(
+    experiment_id: ExperimentPath,
+    number: Annotated[int, fastapi.Path(ge=0, le=INT32, description="the trial's number")],
+    body: TellIn,
+    request: fastapi.Request,
+) -> Done:
+    """Record how a sampled arm ended (`Store.tell_trial`); 404 for a trial not asked."""
+    _call("path.number", _store(request).tell_trial, experiment_id, number, told=body.told,
+          value=body.value, state=body.state)  # fmt: skip
+    return Done(ok=True)
+
+
+@router.post("/experiments/{experiment_id}/eliminations", responses=problems(400, 404))
+def add_elimination(
+    experiment_id: ExperimentPath, body: EliminationIn, request: fastapi.Request
+) -> Done:
+    """Record that a race dropped an arm (`Store.add_elimination`); an arm is dropped once."""
+    access(request).check_parts(experiment_id, arm_id=body.arm_id)
+    _call("body", _store(request).add_elimination, experiment_id, body.arm_id,
+          round=body.round, test=body.test, statistic=body.statistic, p_value=body.p_value,
+          alpha=body.alpha, best=body.best)  # fmt: skip
     return Done(ok=True)
 
 

@@ -146,6 +146,9 @@ Int53 = whole(-EXACT, EXACT)
 Int32 = whole(-INT32 - 1, INT32)
 #: The id of a row the store made (experiment, arm, group, run): a whole number from 1.
 Id = whole(1, INT32)
+#: A count or an order the store's ``integer`` columns hold: a whole number from 0 (a
+#: sweep's trial number, a race's round).
+Count = whole(0, INT32)
 #: A time as the server writes it: ISO 8601 in UTC, without an offset.
 Timestamp = Annotated[str, Field(description="ISO 8601, UTC without an offset")]
 #: A float as the server writes it: a JSON number, or NaN and ±inf as the strings

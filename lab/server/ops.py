@@ -91,6 +91,15 @@ class WriteCheckpoint(Strict):
     row: CheckpointIn
 
 
+class Pruned(Strict):
+    """Where a pruning rule stopped a run (`runs.pruned`)."""
+
+    step: Int53
+    rule: str
+    metric: Key
+    value: float
+
+
 class FinishRun(Strict):
     run_id: Id
     status: Literal[RUN_STATUSES]  # type: ignore[valid-type]  # made of the store's tuple
@@ -100,6 +109,7 @@ class FinishRun(Strict):
     callback_errors: list[dict[str, Any]] | None = None
     tags: list[Tag] = Field(default_factory=list)
     notes: str | None = None
+    pruned: Pruned | None = None
 
 
 class SetCallbackErrors(Strict):

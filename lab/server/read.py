@@ -694,6 +694,69 @@ def read_table(
     return arrow.read_table(store, table, experiment, current=current)
 
 
+class TrialRow(BaseModel):
+    """A sampled arm as its sampler knows it: its ask order, arm, parameters, when it was
+    asked and told, its value (null until told, and for a failed one) and state, and for
+    one whose runs were pruned, the step and value each was pruned at."""
+
+    number: int
+    arm: str
+    params: dict[str, Any]
+    asked_after: int
+    told: int | None
+    value: Number | None
+    state: str
+    intermediate: dict[str, Number]
+
+
+class EliminationRow(BaseModel):
+    """An arm a race dropped: after which round, by which test, with the post-hoc statistic
+    against the best arm, the corrected p-value and alpha."""
+
+    arm: str
+    round: int
+    test: str
+    statistic: Number
+    p_value: Number
+    alpha: Number
+    best: str
+    created_at: Timestamp
+
+
+@router.get(
+    "/experiments/{name:text}/trials",
+    response_class=LabJSON,
+    response_model=list[TrialRow],
+    responses=problems(403, 404),
+)
+def trials(name: NamePath, store: Store = StoreDep) -> Any:
+    """An experiment's sampled arms by number (`Store.trials`): what rebuilds its sampler."""
+    return LabJSON(store.trials(name))
+
+
+@router.get(
+    "/experiments/{name:text}/eliminations",
+    response_class=LabJSON,
+    response_model=list[EliminationRow],
+    responses=problems(403, 404),
+)
+def eliminations(name: NamePath, store: Store = StoreDep) -> Any:
+    """The arms an experiment's race dropped, by round (`Store.eliminations`)."""
+    return LabJSON(store.eliminations(name))
+
+
+@router.get(
+    "/experiments/{name:text}/metric_points",
+    response_class=LabJSON,
+    response_model=dict[str, list[tuple[int, Number]]],
+    responses=problems(403, 404),
+)
+def metric_points(name: NamePath, metric: Text, store: Store = StoreDep) -> Any:
+    """Each current run's (step, value) points of one `metric`, in step order, by run key
+    (`Store.metric_points`): what a pruning rule compares a run with."""
+    return LabJSON(store.metric_points(name, metric))
+
+
 @router.get(
     "/experiments/{name:text}",
     response_class=LabJSON,

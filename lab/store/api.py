@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     from lab.records import EvalResult, ManifestRow
     from lab.store.records import (
         CurrentRun,
+        EliminationRecord,
         ExperimentRecord,
         ExperimentSummary,
         FinishedRun,
         PreviousRun,
+        TrialRecord,
     )
     from lab.store.writer import MetricWriter
 
@@ -90,7 +92,8 @@ class StoreAPI(Protocol):
         ...
 
     def finish_run(self, run_id: int, *, tags: Sequence[str] = (), **fields: Any) -> None:
-        """Record a run's final status, error, summary and notes."""
+        """Record a run's final status, error, summary and notes; a `pruned` run's
+        ``pruned`` record (step, rule, metric, value)."""
         ...
 
     def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
@@ -130,6 +133,51 @@ class StoreAPI(Protocol):
 
     def close(self) -> None:
         """Flush, stop the writer and let the store go."""
+        ...
+
+    # -- a sweep ------------------------------------------------------------------------------
+    def add_trial(
+        self,
+        experiment_id: int,
+        number: int,
+        arm_id: int,
+        params: dict[str, Any],
+        asked_after: int,
+    ) -> None:
+        """Record a sampled arm as asked (the same again does nothing)."""
+        ...
+
+    def tell_trial(
+        self, experiment_id: int, number: int, *, told: int, value: float | None, state: str
+    ) -> None:
+        """Record how a sampled arm ended: its tell's sequence number, value and state."""
+        ...
+
+    def trials(self, experiment: str) -> list[TrialRecord]:
+        """An experiment's sampled arms by number, for its sampler to be rebuilt from."""
+        ...
+
+    def add_elimination(
+        self,
+        experiment_id: int,
+        arm_id: int,
+        *,
+        round: int,
+        test: str,
+        statistic: float,
+        p_value: float,
+        alpha: float,
+        best: str,
+    ) -> None:
+        """Record that a race dropped an arm (once)."""
+        ...
+
+    def eliminations(self, experiment: str) -> list[EliminationRecord]:
+        """The arms an experiment's race dropped, by round."""
+        ...
+
+    def metric_points(self, experiment: str, metric: str) -> dict[str, list[tuple[int, float]]]:
+        """Each current run's (step, value) points of `metric` by run key: a pruner's read."""
         ...
 
     # -- reads --------------------------------------------------------------------------------

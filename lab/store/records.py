@@ -130,3 +130,33 @@ class Deleted(TypedDict):
 
     runs: int
     folders: list[str]
+
+
+class TrialRecord(TypedDict):
+    """A sampled arm as its sampler knows it (`trials`): its ask order, arm, active
+    parameters, how many tells had happened when it was asked, its own tell's sequence
+    number and value (None until told; None for a failed trial), its state, and for a
+    trial whose runs were pruned, each pruned run's step and value (`intermediate`)."""
+
+    number: int
+    arm: str
+    params: dict[str, Any]
+    asked_after: int
+    told: int | None
+    value: float | None
+    state: str
+    intermediate: dict[int, float]
+
+
+class EliminationRecord(TypedDict):
+    """An arm a race dropped (`eliminations`): after which round, by which test, with the
+    post-hoc statistic against the best arm, the corrected p-value and alpha."""
+
+    arm: str
+    round: int
+    test: str
+    statistic: float
+    p_value: float
+    alpha: float
+    best: str
+    created_at: datetime

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Engine
 from lab._json import floats_back
 from lab._names import MAX_KEY, check_name, check_tags
 from lab._reuse import busy_message
-from lab.errors import NoRun, RunBusy
+from lab.errors import ConfigError, NoRun, RunBusy
 from lab.store._values import _failures, _free_text, _now
 from lab.store.crashes import CrashReads, hold, let_go
 from lab.store.engine import transaction
@@ -28,6 +28,7 @@ from lab.store.schema import (
     SqlRun,
 )
 from lab.store.statements import update, upsert
+from lab.store.tables import RUN_STATUSES
 from lab.store.tag_writes import annotate
 
 if TYPE_CHECKING:
@@ -42,6 +43,36 @@ _RUN_HAS_ROWS = " UNION ALL ".join(
     for table in ("metrics", "summaries", "metric_blocks", "evals", "checkpoints",
                   "histograms", "images")
 )  # fmt: skip
+
+
+#: The statuses of a run that ended: a start claims such a run again, afresh.
+ENDED = tuple(s for s in RUN_STATUSES if s != "running")
+#: The keys of a pruned run's record (`runs.pruned`) and the types of their values.
+PRUNED_KEYS = {"step": int, "rule": str, "metric": str, "value": float}
+
+
+def check_pruned(status: str, pruned: dict[str, Any] | None) -> None:
+    """Refuse, with one line, a `pruned` record that is not ``{"step": int, "rule": str,
+    "metric": str, "value": float}``, or one given with a status other than `pruned`."""
+    if pruned is None:
+        return
+    if status != "pruned":
+        raise ConfigError(
+            f"a run ended {status!r} carries no pruned record; end it with status='pruned'"
+        )
+    fine = isinstance(pruned, dict) and set(pruned) == set(PRUNED_KEYS)
+    for key, kind in PRUNED_KEYS.items():
+        value = pruned.get(key) if fine else None
+        fine = (
+            fine
+            and not isinstance(value, bool)
+            and (isinstance(value, kind) or (kind is float and isinstance(value, int)))
+        )
+    if not fine:
+        raise ConfigError(
+            f"pruned={pruned!r}: a pruned run's record is {{'step': int, 'rule': str, "
+            "'metric': str, 'value': float}"
+        )
 
 
 class RunWrites:
@@ -131,7 +162,7 @@ class RunWrites:
                               "longer running; run the experiment again")  # fmt: skip
             run_id: int | None = claimed
         else:
-            run_id, _finished = self._claim(values, ("completed", "failed", "stopped", "crashed"))
+            run_id, _finished = self._claim(values, ENDED)
         assert run_id is not None  # (a finished run is claimed again: started afresh)
         self.active.add(run_id)
         hold(self.url, run_id)
@@ -194,6 +225,7 @@ class RunWrites:
             "traceback": None,
             "summary": None,
             "callback_errors": None,
+            "pruned": None,
             "output_dir": output_dir,
             "parent_run_id": parent_run_id,
             "provenance": provenance,
@@ -352,20 +384,25 @@ class RunWrites:
         callback_errors: list[dict[str, Any]] | None = None,
         tags: Sequence[str] = (),
         notes: str | None = None,
+        pruned: dict[str, Any] | None = None,
     ) -> None:
         """Record a run's final status, error and final metrics; `tags` join the run's
-        tags and `notes`, when given, replace its notes (what `train(run)` set).
+        tags and `notes`, when given, replace its notes (what `train(run)` set). A run
+        ended `pruned` records `pruned`, where a pruning rule stopped it (``step``,
+        ``rule``, ``metric``, ``value``); no other status may carry one.
 
         The error and traceback are free text: NUL in them is stored as U+FFFD (PostgreSQL
         refuses NUL, and the run would stay `running` with its real error lost), and any
         credential they quote (a store URL's password, a token) as ``***``, as in the logs.
         """
+        check_pruned(status, pruned)
         self.active.discard(run_id)
         let_go(self.url, run_id)
         add = check_tags(tags)
         with transaction(self.engine) as conn:
             values = {
                 "status": status,
+                "pruned": pruned,
                 "error": _free_text(error),
                 "traceback": _free_text(traceback),
                 "summary": summary,

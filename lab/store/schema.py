@@ -21,10 +21,12 @@ from lab._names import MAX_KEY, MAX_NAME
 from lab.store.tables import DERIVED_TABLES as DERIVED_TABLES  # named with the models too
 from lab.store.tables import EXPERIMENT_STATUSES as EXPERIMENT_STATUSES
 from lab.store.tables import GROUP_KINDS as GROUP_KINDS
+from lab.store.tables import MAX_TEST
 from lab.store.tables import PRIVATE_TABLES as PRIVATE_TABLES
 from lab.store.tables import RUN_STATUSES as RUN_STATUSES
 from lab.store.tables import TABLES as TABLES
 from lab.store.tables import TOKEN_SCOPES as TOKEN_SCOPES
+from lab.store.tables import TRIAL_STATES as TRIAL_STATES
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -159,6 +161,8 @@ class SqlRun(Base):
     # is reused, and means nothing in another PID namespace
     process_start: Mapped[float | None] = mapped_column(sa.Double)
     boot_id: Mapped[str | None] = mapped_column(sa.String(64))
+    # a `pruned` run's stop: {"step": int, "rule": str, "metric": str, "value": float}
+    pruned: Mapped[dict[str, Any] | None]
 
     __table_args__ = (
         sa.UniqueConstraint("experiment_id", "run_key"),
@@ -328,6 +332,51 @@ class SqlImage(Base):
     #: The PNG's bytes, kept in the store (revision 0008 on): what every door serves, so no
     #: server ever opens a file by a path that a client sent.
     data: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+
+
+class SqlSweepTrial(Base):
+    """A sampled arm as its sampler knows it (`lab.sweeps`): `number` is its ask order in
+    the experiment (arm ``s{number:03d}``), `params` its active parameters, `asked_after`
+    how many tells had happened when it was asked, `told` its tell's sequence number and
+    `value` the arm's value once told (NULL before, and for a failed trial). Replaying the
+    asks and tells in this order rebuilds the sampler after a kill."""
+
+    __tablename__ = "sweep_trials"
+
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(primary_key=True)
+    arm_id: Mapped[int] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    params: Mapped[dict[str, Any]]
+    asked_after: Mapped[int]
+    told: Mapped[int | None]
+    value: Mapped[float | None] = mapped_column(sa.Double)
+    state: Mapped[str] = mapped_column(sa.String(16))
+
+    __table_args__ = (sa.CheckConstraint(_one_of("state", TRIAL_STATES), name="state"),)
+
+
+class SqlElimination(Base):
+    """An arm a race dropped (`lab.sweeps.racing`): after which `round`, by which `test`,
+    with the post-hoc `statistic` against the best arm (`best_arm`, by name) and the
+    corrected `p_value` that was below `alpha`. An arm is dropped once."""
+
+    __tablename__ = "eliminations"
+
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE"), primary_key=True
+    )
+    arm_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("arms.arm_id", ondelete="CASCADE"), primary_key=True
+    )
+    round: Mapped[int]
+    test: Mapped[str] = mapped_column(sa.String(MAX_TEST))
+    statistic: Mapped[float] = mapped_column(sa.Double)
+    p_value: Mapped[float] = mapped_column(sa.Double)
+    alpha: Mapped[float] = mapped_column(sa.Double)
+    best_arm: Mapped[str] = mapped_column(sa.String(MAX_NAME))
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
 
 
 class SqlToken(Base):

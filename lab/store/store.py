@@ -16,9 +16,10 @@ that does it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,7 @@ from lab.store.record_writes import RecordWrites
 from lab.store.run_writes import RunWrites
 from lab.store.schema import SqlIngestBatch
 from lab.store.sql import Sql
+from lab.store.sweep_rows import SweepRows
 from lab.store.tag_writes import TagWrites
 from lab.store.writer import MetricWriter
 from lab.store.writer_process import WriterProcess
@@ -81,6 +83,17 @@ __all__ = ["HEARTBEAT_S", "STALE_AFTER_S", "TAG_LIMIT", "WRITERS", "Store", "che
 #: Where metric batches are written: the thread, then the writer process (the default),
 #: a thread of the store's own, or the writer process this process shares among its stores.
 WRITERS = ("auto", "thread", "process")
+
+
+def _handed(part: str, method: Callable[..., Any]) -> Any:
+    """A `Store` method that hands each call to its part named `part`, with the signature
+    and docstring of the part's own `method`."""
+
+    @functools.wraps(method)
+    def handed(self: Store, *args: Any, **kwargs: Any) -> Any:
+        return getattr(getattr(self, part), method.__name__)(*args, **kwargs)
+
+    return handed
 
 
 class Store:
@@ -183,6 +196,7 @@ class Store:
         )  # fmt: skip
         self._records = RecordWrites(engine, dialect, self.metric_rows, writer)
         self._tags = TagWrites(engine, dialect)
+        self._sweeps = SweepRows(engine, dialect)
 
     def _open_schema(self, *, readonly: bool, migrate: bool) -> bool:
         """Check the store answers and its schema: read as it is when read-only (an older
@@ -357,12 +371,13 @@ class Store:
         callback_errors: list[dict[str, Any]] | None = None,
         tags: Sequence[str] = (),
         notes: str | None = None,
+        pruned: dict[str, Any] | None = None,
     ) -> None:
-        """Record a run's final status, error, final metrics, tags and notes
-        (`RunWrites.finish_run`)."""
+        """Record a run's final status, error, final metrics, tags and notes, and for a
+        `pruned` run where it was pruned (`RunWrites.finish_run`)."""
         self._runs.finish_run(
             run_id, status=status, error=error, traceback=traceback, summary=summary,
-            callback_errors=callback_errors, tags=tags, notes=notes,
+            callback_errors=callback_errors, tags=tags, notes=notes, pruned=pruned,
         )  # fmt: skip
 
     def set_provenance(self, run_id: int, provenance: dict[str, Any]) -> None:
@@ -408,6 +423,14 @@ class Store:
     def write_checkpoint(self, run_id: int, row: ManifestRow) -> None:
         """Record one manifest row (a save or a removal)."""
         self._records.write_checkpoint(run_id, row)
+
+    # -- a sweep: `lab.store.sweep_rows`, each method the part's own ------------------------
+    add_trial = _handed("_sweeps", SweepRows.add_trial)
+    tell_trial = _handed("_sweeps", SweepRows.tell_trial)
+    add_elimination = _handed("_sweeps", SweepRows.add_elimination)
+    trials = _handed("_sweeps", SweepRows.trials)
+    eliminations = _handed("_sweeps", SweepRows.eliminations)
+    metric_points = _handed("_sweeps", SweepRows.metric_points)
 
     def tag(
         self,

@@ -17,6 +17,8 @@ TABLES = (
     "checkpoints",
     "histograms",
     "images",
+    "sweep_trials",
+    "eliminations",
 )
 
 #: The tables of `lab serve`'s own bookkeeping (token hashes, batches received): no
@@ -27,8 +29,14 @@ PRIVATE_TABLES = ("tokens", "ingest_batches")
 #: record of their own, so never exported nor shown by `lab.inspect`.
 DERIVED_TABLES = ("metric_blocks",)
 
-#: The statuses a run, an experiment may have; the kinds of a group; a token's scopes.
-RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed")
+#: The statuses a run, an experiment may have; the kinds of a group; a token's scopes. A
+#: `pruned` run was stopped early by a pruning rule (`runs.pruned` says at which step, by
+#: which rule, on which value).
+RUN_STATUSES = ("running", "completed", "failed", "stopped", "crashed", "pruned")
 EXPERIMENT_STATUSES = ("running", "completed", "failed", "crashed")
 GROUP_KINDS = ("repeats", "chain")
 TOKEN_SCOPES = ("read", "write", "admin")
+#: The states of a sampled arm as its sampler knows it (`sweep_trials.state`).
+TRIAL_STATES = ("running", "complete", "pruned", "failed")
+#: The longest name of a race's test (`eliminations.test`: "friedman", "t").
+MAX_TEST = 16

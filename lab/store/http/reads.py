@@ -20,7 +20,12 @@ from lab._json import NON_FINITE, floats_back
 if TYPE_CHECKING:  # pyarrow is imported by the reads that answer Arrow: lab ls needs none
     import pyarrow as pa
 
-    from lab.store.records import ExperimentRecord, ExperimentSummary
+    from lab.store.records import (
+        EliminationRecord,
+        ExperimentRecord,
+        ExperimentSummary,
+        TrialRecord,
+    )
 
 _TIMES = ("created_at", "ended_at", "started_at")
 
@@ -54,6 +59,27 @@ class HttpReads:
         """One run's (step, value) pairs for `key`, in step order, NaN restored."""
         got = self.series(run_id, key)
         return list(zip(got["step_min"], got["last"], strict=True))
+
+    def trials(self, experiment: str) -> list[TrialRecord]:
+        """An experiment's sampled arms by number, as `Store.trials` gives them."""
+        rows = self._read(f"/experiments/{_part(experiment)}/trials")
+        for row in rows:
+            row["value"] = _float(row["value"])
+            row["intermediate"] = {int(k): _float(v) for k, v in row["intermediate"].items()}
+        return cast("list[TrialRecord]", rows)
+
+    def eliminations(self, experiment: str) -> list[EliminationRecord]:
+        """The arms an experiment's race dropped, as `Store.eliminations` gives them."""
+        rows = [_times(r) for r in self._read(f"/experiments/{_part(experiment)}/eliminations")]
+        for row in rows:
+            _numbers(row, ("statistic", "p_value", "alpha"))
+        return cast("list[EliminationRecord]", rows)
+
+    def metric_points(self, experiment: str, metric: str) -> dict[str, list[tuple[int, float]]]:
+        """Each current run's points of `metric` by run key, NaN restored (as
+        `Store.metric_points`)."""
+        got = self._read(f"/experiments/{_part(experiment)}/metric_points", metric=metric)
+        return {key: [(step, _float(v)) for step, v in points] for key, points in got.items()}
 
     # -- what the read API adds ---------------------------------------------------------------
     def runs(self, experiment: str, *, status: str | None = None, **config: Any) -> list[dict]:

@@ -10,7 +10,7 @@
   const POLL_MS = 4000;
   const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf',
     '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22'];
-  const STATUSES = new Set(['running', 'completed', 'failed', 'crashed', 'stopped',
+  const STATUSES = new Set(['running', 'completed', 'failed', 'crashed', 'stopped', 'pruned',
     'superseded', 'pending', 'interrupted']);
   const body = document.body;
   const main = document.getElementById('main');

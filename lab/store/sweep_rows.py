@@ -1,0 +1,214 @@
+"""Writes and reads of what a sweep records (`lab.sweeps`): its sampled arms as their
+sampler knows them (`sweep_trials`), the arms a race dropped (`eliminations`), and the
+points of one metric over an experiment's runs, which a pruning rule compares a run with.
+One part of `lab.store.Store` (see `lab.store.store`)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from lab._json import floats_back
+from lab._names import MAX_NAME, check_name
+from lab.errors import ConfigError, NoExperiment
+from lab.store._values import _now
+from lab.store.engine import connect, transaction
+from lab.store.reads import experiment_id
+from lab.store.schema import (
+    TRIAL_STATES,
+    SqlArm,
+    SqlElimination,
+    SqlMetric,
+    SqlRun,
+    SqlSweepTrial,
+)
+from lab.store.tables import MAX_TEST
+
+if TYPE_CHECKING:
+    from lab.store.records import EliminationRecord, TrialRecord
+
+
+class SweepRows:
+    """The part of `lab.store.Store` that records sweeps, in the store behind `engine` (of
+    `dialect`: ``sqlite`` or ``postgresql``)."""
+
+    def __init__(self, engine: Engine, dialect: str) -> None:
+        self.engine = engine
+        self.dialect = dialect
+
+    def _insert(self, model: Any) -> Any:
+        return (postgresql if self.dialect == "postgresql" else sqlite).insert(model)
+
+    def add_trial(
+        self,
+        experiment_id: int,
+        number: int,
+        arm_id: int,
+        params: dict[str, Any],
+        asked_after: int,
+    ) -> None:
+        """Record sampled arm `number` of an experiment as asked (state ``running``).
+        Recording it again with the same arm, params and `asked_after` does nothing; with
+        others it is refused (`ConfigError`): a sweep run again must ask what it asked."""
+        _whole("number", number)
+        _whole("asked_after", asked_after)
+        row = {"experiment_id": experiment_id, "number": number, "arm_id": arm_id,
+               "params": params, "asked_after": asked_after}  # fmt: skip
+        with transaction(self.engine) as conn:
+            arm = conn.execute(
+                sa.select(SqlArm.experiment_id).where(SqlArm.arm_id == arm_id)
+            ).scalar_one_or_none()
+            if arm != experiment_id:
+                raise ConfigError(
+                    f"arm {arm_id} is not an arm of experiment {experiment_id}; record the "
+                    "sampled arm with add_arm first and give its id"
+                )
+            stmt = self._insert(SqlSweepTrial).values(**row, state="running")
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["experiment_id", "number"]))
+            kept = conn.execute(
+                sa.select(SqlSweepTrial.arm_id, SqlSweepTrial.params, SqlSweepTrial.asked_after)
+                .where(SqlSweepTrial.experiment_id == experiment_id,
+                       SqlSweepTrial.number == number)
+            ).one()  # fmt: skip
+        if tuple(kept) != (arm_id, params, asked_after):
+            raise ConfigError(
+                f"trial {number} of experiment {experiment_id} is recorded with arm {kept[0]}, "
+                f"params {kept[1]} asked after {kept[2]} tells, not arm {arm_id}, params "
+                f"{params} after {asked_after}; a sweep run again asks the same points: "
+                "keep its space, sampler and seed, or record it under a new experiment name"
+            )
+
+    def tell_trial(
+        self, experiment_id: int, number: int, *, told: int, value: float | None, state: str
+    ) -> None:
+        """Record how trial `number` ended: its tell's sequence number `told`, the arm's
+        `value` (None for a failed trial) and its `state`."""
+        _whole("told", told)
+        if state not in TRIAL_STATES:
+            raise ConfigError(
+                f"state={state!r}: a trial's state is one of {', '.join(TRIAL_STATES)}"
+            )
+        if value is not None and (isinstance(value, bool) or math.isnan(value)):
+            raise ConfigError(
+                f"trial {number}'s value is {value!r}; tell a number, or value=None with "
+                "state='failed' for a trial with no value"
+            )
+        with transaction(self.engine) as conn:
+            done = conn.execute(
+                sa.update(SqlSweepTrial)
+                .where(SqlSweepTrial.experiment_id == experiment_id,
+                       SqlSweepTrial.number == number)
+                .values(told=told, value=None if value is None else float(value), state=state)
+            ).rowcount  # fmt: skip
+        if not done:
+            raise NoExperiment(
+                f"experiment {experiment_id} has no trial {number}; record it with add_trial "
+                "before telling it"
+            )
+
+    def trials(self, experiment: str) -> list[TrialRecord]:
+        """An experiment's trials by number, with each one's arm by name and, for a trial
+        whose runs were pruned, the step and value each was pruned at (`intermediate`)."""
+        with connect(self.engine) as conn:
+            exp_id = experiment_id(conn, experiment)
+            rows = conn.execute(
+                sa.select(SqlSweepTrial, SqlArm.name.label("arm"))
+                .join(SqlArm, SqlArm.arm_id == SqlSweepTrial.arm_id)
+                .where(SqlSweepTrial.experiment_id == exp_id)
+                .order_by(SqlSweepTrial.number)
+            ).mappings().all()  # fmt: skip
+            pruned = conn.execute(
+                sa.select(SqlRun.arm_id, SqlRun.pruned)
+                .where(SqlRun.experiment_id == exp_id, SqlRun.status == "pruned",
+                       SqlRun.superseded_at.is_(None))
+                .order_by(SqlRun.run_id)
+            ).all()  # fmt: skip
+        intermediate: dict[int, dict[int, float]] = {}
+        for arm_id, stop in pruned:
+            stop = floats_back(stop or {})
+            if isinstance(stop.get("step"), int) and stop.get("value") is not None:
+                intermediate.setdefault(arm_id, {})[stop["step"]] = float(stop["value"])
+        return [
+            {"number": r["number"], "arm": r["arm"], "params": r["params"],
+             "asked_after": r["asked_after"], "told": r["told"], "value": r["value"],
+             "state": r["state"], "intermediate": intermediate.get(r["arm_id"], {})}
+            for r in rows
+        ]  # fmt: skip
+
+    def add_elimination(
+        self,
+        experiment_id: int,
+        arm_id: int,
+        *,
+        round: int,
+        test: str,
+        statistic: float,
+        p_value: float,
+        alpha: float,
+        best: str,
+    ) -> None:
+        """Record that a race dropped arm `arm_id` after `round`, by `test` against arm
+        `best` (by name). An arm is dropped once: recording it again keeps the first."""
+        _whole("round", round)
+        check_name("test", test, MAX_TEST)
+        check_name("best arm", best, MAX_NAME)
+        for name, number in (("statistic", statistic), ("p_value", p_value), ("alpha", alpha)):
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, int | float)
+                or math.isnan(number)
+            ):
+                raise ConfigError(f"an elimination's {name} must be a number, not {number!r}")
+        row = {"experiment_id": experiment_id, "arm_id": arm_id, "round": round, "test": test,
+               "statistic": float(statistic), "p_value": float(p_value), "alpha": float(alpha),
+               "best_arm": best, "created_at": _now()}  # fmt: skip
+        with transaction(self.engine) as conn:
+            arm = conn.execute(
+                sa.select(SqlArm.experiment_id).where(SqlArm.arm_id == arm_id)
+            ).scalar_one_or_none()
+            if arm != experiment_id:
+                raise ConfigError(f"arm {arm_id} is not an arm of experiment {experiment_id}")
+            stmt = self._insert(SqlElimination).values(**row)
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["experiment_id", "arm_id"]))
+
+    def eliminations(self, experiment: str) -> list[EliminationRecord]:
+        """The arms an experiment's race dropped, by round, then arm name."""
+        with connect(self.engine) as conn:
+            exp_id = experiment_id(conn, experiment)
+            rows = conn.execute(
+                sa.select(SqlArm.name.label("arm"), SqlElimination.round, SqlElimination.test,
+                          SqlElimination.statistic, SqlElimination.p_value, SqlElimination.alpha,
+                          SqlElimination.best_arm.label("best"), SqlElimination.created_at)
+                .join(SqlArm, SqlArm.arm_id == SqlElimination.arm_id)
+                .where(SqlElimination.experiment_id == exp_id)
+                .order_by(SqlElimination.round, SqlArm.name)
+            ).mappings().all()  # fmt: skip
+        return [dict(r) for r in rows]  # type: ignore[misc]  # the record's keys, selected
+
+    def metric_points(self, experiment: str, metric: str) -> dict[str, list[tuple[int, float]]]:
+        """Each current run's (step, value) points of `metric`, in step order, by run key
+        (runs without a point left out; NaN restored): what a pruning rule compares a
+        run's value at a step with. What is durable in the store is read; nothing is
+        flushed, so a run asking this from its step loop never waits on its own writes."""
+        with connect(self.engine) as conn:
+            exp_id = experiment_id(conn, experiment)
+            rows = conn.execute(
+                sa.select(SqlRun.run_key, SqlMetric.step, SqlMetric.value)
+                .join(SqlRun, SqlRun.run_id == SqlMetric.run_id)
+                .where(SqlRun.experiment_id == exp_id, SqlRun.superseded_at.is_(None),
+                       SqlMetric.key == metric)
+                .order_by(SqlRun.run_key, SqlMetric.step)
+            ).all()  # fmt: skip
+        out: dict[str, list[tuple[int, float]]] = {}
+        for run_key, step, value in rows:
+            out.setdefault(run_key, []).append((step, math.nan if value is None else value))
+        return out
+
+
+def _whole(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a whole number >= 0, not {value!r}")
