@@ -284,8 +284,7 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     printed = out.splitlines()
     samplers = ["True", "True", "{'lr': Float(low=0.0001, high=0.1, log=True, when=None)}"]
     assert printed[:3] == samplers  # the samplers' section
-    assert "
-".join(["```text", *samplers, "```"]) in page  # the page shows what it prints
+    assert "\n".join(["```text", *samplers, "```"]) in page  # the page shows what it prints
     lines = [  # the race's section
         "round 2: lr=0.1 dropped, friedman 5.00 p=0.0042 vs lr=0.01",
         "round 2: lr=0.003 dropped, friedman 3.50 p=0.0242 vs lr=0.01",
@@ -295,10 +294,8 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     ]
     start = printed.index(lines[0])
     assert printed[start : start + len(lines)] == lines
-    assert "
-".join(["```text", *lines[:4], "```"]) in page
-    assert "
-".join(["```text", *lines[4:], "```"]) in page
+    assert "\n".join(["```text", *lines[:4], "```"]) in page
+    assert "\n".join(["```text", *lines[4:], "```"]) in page
 
 
 PAGES = {
