@@ -271,6 +271,15 @@ def _check_importing_page(out: str, namespace: dict[str, object]) -> None:
     assert "\n".join(["```text", *lines, "```"]) in page  # the page shows what it prints
 
 
+def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
+    lines = out.splitlines()
+    race = lines.index("lr=1 1")  # the race: lr=1 dropped after round 1 (0-based)
+    assert lines[race + 1 : race + 3] == ["14 of 18 runs", "race-demo: 14 runs (14 completed)"]
+    assert "lr=1 (eliminated)  val/loss  2" in out
+    assert "eliminated by the race: lr=1 after round 1 (t, p=" in out
+    assert "best arm by val/loss (min): lr=0.1 (0.4993), ahead of lr=0.03 by 0.001" in out
+
+
 PAGES = {
     "run-handle.md": _check_run_handle_page,
     "checkpoints.md": _check_checkpoints_page,
@@ -287,6 +296,7 @@ PAGES = {
     "lightning.md": _check_lightning_page,
     "transformers.md": _check_transformers_page,
     "importing.md": _check_importing_page,
+    "sweeps.md": _check_sweeps_page,
 }
 
 
