@@ -74,4 +74,3 @@ class RaceSink(Protocol):
         """Record that the race dropped an arm of the experiment `ctx` points at
         (a `lab.sweeps.Elimination`, decided at level `alpha`)."""
         ...
-
