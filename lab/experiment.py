@@ -462,7 +462,7 @@ class Experiment:
         self._rounds, self._recorded = None, set()
         if self.race is not None:
             self._rounds = RaceRounds(self.race, [arm.name for arm in self.arms])
-            if isinstance(self._sink, RaceSink):
+            if self._prior and isinstance(self._sink, RaceSink):  # (no runs: none dropped)
                 self._recorded = self._sink.eliminated(self.name)
         planned = {key for key, *_ in self._plan()}
         finished = sum(

@@ -234,7 +234,7 @@ class SqlLogger(Callback):
 
     def eliminated(self, experiment: str) -> set[str]:
         """The arms of `experiment` whose elimination by its race the store holds."""
-        return {e.arm for e in self.open().eliminations(experiment)}
+        return {e["arm"] for e in self.open().eliminations(experiment)}
 
     def record_elimination(self, ctx: LogContext, elimination: Any, alpha: float) -> None:
         """Record that the experiment's race dropped `elimination.arm` (a
