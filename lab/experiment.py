@@ -25,6 +25,7 @@ import pydantic
 from lab._distributed import agreed, broadcast, for_rank, init_from_launcher, launcher_rank
 from lab._imports import require
 from lab._names import MAX_NAME, check_name, check_tags, safe_name
+from lab._race_rounds import RaceRounds, race_args
 from lab._rank_processes import run_on_ranks
 from lab._ranking import SUMMARY_KEY, Declaration, check_bounds_map, check_mode
 from lab._reuse import (
@@ -80,11 +81,12 @@ from lab.records import (
     is_routine,
 )
 from lab.scheduler import Chain, InProcess, InWorkers, Runner, Scheduler, unsendable
-from lab.sinks import StoreSink
+from lab.sinks import RaceSink, StoreSink
 from lab.store.urls import resolve_url
 
 if TYPE_CHECKING:  # the loop brings torch: a run imports it, declaring an experiment does not
     from lab.loop.evals import Evaluator
+    from lab.sweeps.racing import Race
 
 __all__ = [  # the results are defined in lab.records, runs execute in lab.lifecycle
     "EXECUTORS",
@@ -311,6 +313,10 @@ class Experiment:
     _pool: Pool | None = None  # where the runs execute, when not in this process
     _sink: StoreSink | None = None  # the callback that claims each run in the store
     _only_repeat: int | None = None  # `lab.start_run`: the one repeat it records
+    _rounds: RaceRounds | None = None  # the race's rounds, while one runs
+    _recorded: set[str]  # arms whose elimination the store holds already (with a race)
+    race: Race | None  # the race over the arms' repeats, if any
+    executor: Executor
 
     def __init__(
         self,
@@ -318,7 +324,7 @@ class Experiment:
         train: TrainFn,
         *,
         arms: Sequence[Arm] | None = None,
-        repeats: int = 1,
+        repeats: int | None = None,
         base_config: pydantic.BaseModel | None = None,
         callbacks: Sequence[Callback | CallbackFactory] = (),
         store: Any = None,
@@ -338,11 +344,13 @@ class Experiment:
         metric: str | None = None,
         mode: Literal["min", "max"] | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
+        race: Race | None = None,
     ) -> None:
+        repeats, metric, mode = race_args(race, arms, repeats, metric, mode)
         _check_args(name, train, repeats, executor, max_retries, workers, base_config)
         arms = _checked_arms(arms, repeats)
         self.name, self.train, self.arms, self.repeats = name, train, arms, repeats
-        self.base_config = base_config
+        self.base_config, self.race = base_config, race  # race: over the arms' repeats
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
@@ -352,11 +360,10 @@ class Experiment:
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
         self.output_dir, self.seed, self.strict = Path(output_dir), seed, strict
-        self.benchmarks = list(benchmarks)
-        self.executor: Executor = executor
-        #: Every run of every arm, stages included.
+        self.benchmarks, self.executor = list(benchmarks), executor
+        #: Every run of every arm, stages included (a race: a round at a time, fewer in all).
         self.n_runs = repeats * sum(_stage_count(arm) for arm in arms)
-        self.workers = _workers(executor, workers, self.n_runs)
+        self.workers = _workers(executor, workers, len(arms) if race else self.n_runs)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
         self.ray_address, self.max_retries = ray_address, max_retries
@@ -443,41 +450,56 @@ class Experiment:
             supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
         self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
-        ctx = LogContext(
-            experiment=self.name,
-            output_dir=folder,
-            config=self._experiment_config(),
-        )
-        # What a progress display needs to count runs, including those it never sees end:
-        # runs finished by an earlier attempt are skipped without hooks, and under
-        # executor="processes" on_run_end fires in the workers.
+        ctx = LogContext(experiment=self.name, output_dir=folder,
+                         config=self._experiment_config())  # fmt: skip
+        return hooks, ctx, self._start_result(ctx)
+
+    def _start_result(self, ctx: LogContext) -> ExperimentResult:
+        """The result the runs will fill (the race's too, with a race), and what a progress
+        display needs in `ctx` to count runs, including those it never sees end: runs
+        finished by an earlier attempt are skipped without hooks, and under
+        executor="processes" on_run_end fires in the workers."""
+        self._rounds, self._recorded = None, set()
+        if self.race is not None:
+            self._rounds = RaceRounds(self.race, [arm.name for arm in self.arms])
+            if self._prior and isinstance(self._sink, RaceSink):  # (no runs: none dropped)
+                self._recorded = self._sink.eliminated(self.name)
         planned = {key for key, *_ in self._plan()}
         finished = sum(
             1 for key, r in self._prior.items() if r["status"] in FINISHED and key in planned
         )
-        ctx.extras.update(
-            {
-                RUNS: self.n_runs,
-                FINISHED_BEFORE: min(finished, self.n_runs),
-                EXECUTOR: self.executor,
-                TAGS: list(self.tags),
-                NOTES: self.notes,
-            }
-        )
+        ctx.extras.update({FINISHED_BEFORE: finished, EXECUTOR: self.executor,
+                           TAGS: list(self.tags), NOTES: self.notes})  # fmt: skip
         result = ExperimentResult(
             self.name,
-            [ArmResult(a.name, a.overrides, planned=self._planned(a)) for a in self.arms],
-            planned=self.n_runs,
+            [ArmResult(a.name, a.overrides) for a in self.arms],
             declared=self.declared,
+            race=self._rounds.result if self._rounds is not None else None,
         )
         self.result = result  # the caller can read it even when run() raises (an interrupt)
-        return hooks, ctx, result
+        self._replan(ctx)
+        ctx.extras[FINISHED_BEFORE] = min(finished, self.n_runs)
+        return result
+
+    def _replan(self, ctx: LogContext) -> None:
+        """Count the runs planned now, in the result (each arm's and in all) and for the
+        progress displays (``ctx.extras[RUNS]``): a race plans fewer as it drops arms."""
+        assert self.result is not None
+        for arm, arm_result in zip(self.arms, self.result.arms, strict=True):
+            arm_result.planned = self._planned(arm)
+        if self._rounds is not None:
+            self.n_runs = self._rounds.total([arm.name for arm in self.arms])
+        elif self._only_repeat is None:  # (a script's run plans its one run)
+            self.n_runs = sum(self._planned(arm) for arm in self.arms)
+        self.result.planned = ctx.extras[RUNS] = self.n_runs
 
     def chains(self) -> list[Chain]:
         """Every chain of runs, in the lifecycle's order: each repeat of each arm (its stages,
-        for an arm with stages)."""
+        for an arm with stages); with a race, its first round."""
+        if self._rounds is not None:
+            return self._round_chains()
         return [
-            Chain(index, repeat, len(arm.stages) if arm.stages is not None else None)
+            Chain(index, repeat, _stages(arm))
             for index, arm in enumerate(self.arms)
             for repeat in self._repeats()
         ]
@@ -502,6 +524,47 @@ class Experiment:
             skipped = broadcast(job if isinstance(job, RunResult) else None)
             job = skipped if skipped is not None else job
         return job
+
+    def more(self, ctx: LogContext, run: RunResult) -> list[Chain]:
+        """What runs now that `run` ended: with a race, once `run` closed its round, the
+        arms it drops are recorded and the survivors' next round is due; else nothing."""
+        if self._rounds is None:
+            return []
+        dropped = self._rounds.ended(run)
+        if dropped is None:
+            return []
+        for elimination in dropped:
+            log.info("%s: arm %s eliminated after round %d (%s, p=%.3g vs %s)", self.name,
+                     elimination.arm, elimination.round, elimination.test,
+                     elimination.p_value, elimination.best)  # fmt: skip
+            if isinstance(self._sink, RaceSink) and elimination.arm not in self._recorded:
+                assert self.race is not None
+                self._sink.record_elimination(ctx, elimination, self.race.alpha)
+                self._recorded.add(elimination.arm)
+        self._replan(ctx)
+        return self._round_chains()
+
+    def _round_chains(self) -> list[Chain]:
+        """The race's round due now: one chain per arm in it."""
+        assert self._rounds is not None
+        index = {arm.name: i for i, arm in enumerate(self.arms)}
+        return [Chain(index[name], self._rounds.round, None) for name in self._rounds.arms]
+
+    def _add_arm(self, ctx: LogContext, arm: Arm) -> list[Chain]:
+        """Add `arm` while the experiment runs (a sampled arm), checked as the declared arms
+        are: it joins the result and the experiment's config (the store's logger records it
+        as its first group starts), and its runs are planned. Returns its chains, which
+        `more` hands the scheduler."""
+        assert self.result is not None
+        self.arms = _checked_arms([*self.arms, arm], self.repeats)
+        configs = self.stage_configs[arm.name] = arm.stage_configs(self.base_config)
+        self.configs[arm.name] = configs[0]
+        ctx.config["arms"][arm.name] = _jsonable(arm.overrides)
+        ctx.config["arm_configs"][arm.name] = _dumped(configs[0])
+        self.result.arms.append(ArmResult(arm.name, arm.overrides))
+        self._replan(ctx)
+        index = len(self.arms) - 1
+        return [Chain(index, repeat, _stages(arm)) for repeat in self._repeats()]
 
     def retry(self, run_key: str) -> None:
         """The run's worker died: it is claimed again as a run recorded `crashed` (its folder
@@ -572,10 +635,7 @@ class Experiment:
         return {
             "base_config": base,
             "arms": {a.name: _jsonable(a.overrides) for a in self.arms},
-            "arm_configs": {
-                name: cfg.model_dump(mode="json") if cfg is not None else {}
-                for name, cfg in self.configs.items()
-            },
+            "arm_configs": {name: _dumped(cfg) for name, cfg in self.configs.items()},
             "repeats": self.repeats,
             "seed": self.seed,
             "train": train_name(self.train),
@@ -598,6 +658,8 @@ class Experiment:
         return range(self.repeats)
 
     def _planned(self, arm: Arm) -> int:
+        if self._rounds is not None:
+            return self._rounds.planned(arm.name)
         return len(self._repeats()) * _stage_count(arm)
 
     def _fingerprint(self, arm: Arm, repeat: int, stage: int) -> Fingerprint:
@@ -809,6 +871,16 @@ def _run_key(arm: Arm, repeat: int, stage: int) -> str:
     """A run's key, which is also its folder's name: ``small-r0``, ``chain-r0-s1``."""
     key = f"{safe_name(arm.name)}-r{repeat}"
     return key + f"-s{stage}" if arm.stages is not None else key
+
+
+def _stages(arm: Arm) -> int | None:
+    """A chain's stages: None for an arm without stages (a chain of one run)."""
+    return len(arm.stages) if arm.stages is not None else None
+
+
+def _dumped(config: pydantic.BaseModel | None) -> dict[str, Any]:
+    """A config as the store records it (an experiment without a base config: {})."""
+    return config.model_dump(mode="json") if config is not None else {}
 
 
 def _stage_count(arm: Arm) -> int:

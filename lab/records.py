@@ -273,6 +273,9 @@ class Summary:
     shown_metrics: list[str] | None = None  # named by the caller: shown even when routine
     interval: Interval = "t"
     unranked: str | None = None  # why no arm is ranked: runs that lack the metric
+    #: The arms a race dropped, each with why: ``"after round 1 (t, p=0.0005 vs a)"``;
+    #: they are marked in the table and never ranked.
+    eliminated: dict[str, str] = field(default_factory=dict)
 
     def row(self, arm: str, metric: str) -> SummaryRow:
         """The row of `arm` and `metric`."""
@@ -315,7 +318,7 @@ class Summary:
                 ("arm", "metric", "n", "mean", "std", ci),
                 [  # with one repeat there is no spread: std and CI show as "-"
                     (
-                        r.arm,
+                        f"{r.arm} (eliminated)" if r.arm in self.eliminated else r.arm,
                         r.metric,
                         r.n,
                         r.mean if r.n > 0 else None,  # nothing finished: no value, not NaN
@@ -331,6 +334,7 @@ class Summary:
             lines.append(
                 f"not shown: {', '.join(hidden)} (all_metrics=True, or --all-metrics, shows them)"
             )
+        lines += [f"eliminated by the race: {arm} {why}" for arm, why in self.eliminated.items()]
         lines += self._verdict()
         return "\n".join(lines)
 
@@ -354,6 +358,34 @@ class Summary:
 
 
 @dataclass
+class RaceResult:
+    """How an experiment's race (``Experiment(race=Race(...))``) went so far: the rounds
+    closed, each arm dropped (a `lab.sweeps.Elimination`: its round, test, statistic,
+    corrected p-value and the arm it lost to), the arms still in it, and its winner once it
+    is over (the best mean among the survivors)."""
+
+    metric: str
+    mode: Literal["min", "max"]
+    rounds: int = 0
+    eliminations: list[Any] = field(default_factory=list)
+    survivors: list[str] = field(default_factory=list)
+    winner: str | None = None
+    over: bool = False
+
+    def eliminated(self) -> dict[str, Any]:
+        """The arms dropped, each with its elimination."""
+        return {e.arm: e for e in self.eliminations}
+
+    def why(self) -> dict[str, str]:
+        """The arms dropped, each with why, as a summary says it:
+        ``"after round 1 (t, p=0.0005 vs a)"``."""
+        return {
+            e.arm: f"after round {e.round} ({e.test}, p={fmt(e.p_value)} vs {e.best})"
+            for e in self.eliminations
+        }
+
+
+@dataclass
 class ExperimentResult:
     """Every run of an experiment, grouped by arm."""
 
@@ -365,6 +397,8 @@ class ExperimentResult:
     planned: int | None = None  # the runs the experiment holds; more than `runs` if interrupted
     #: What the experiment declares about its summary: metric, mode, bounds (`Experiment`).
     declared: Declaration = field(default_factory=Declaration)
+    #: The race over its arms, when it runs one (``Experiment(race=...)``).
+    race: RaceResult | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ExperimentResult:
@@ -421,6 +455,7 @@ class ExperimentResult:
         ``"bootstrap"`` (percentile bootstrap over repeats: it stays inside the values'
         range). `bounds` declares metrics' known ranges, e.g. ``{"holdout/acc": (0, 1)}``
         (added to those the experiment declares): their intervals are clipped to them.
+        The arms a race eliminated are marked, and the best arm is chosen among the others.
         """
         if mode is not None:
             check_mode(mode)
@@ -453,7 +488,7 @@ class ExperimentResult:
             len(self.runs), by_status, planned=self.planned, interrupted=interrupted,
             unfinished_arms=unfinished, all_metrics=all_metrics,
             shown_metrics=list(keys) if keys is not None else None, interval=interval,
-            unranked=unranked,
+            unranked=unranked, eliminated=self.race.why() if self.race is not None else {},
         )  # fmt: skip
 
     def _row(
@@ -483,7 +518,8 @@ class ExperimentResult:
         values = {a: [r.metrics[chosen] for r in rs if chosen in r.metrics]
                   for a, rs in arm_runs.items()}  # fmt: skip
         lacking = [r.run_key for rs in arm_runs.values() for r in rs if chosen not in r.metrics]
-        rankable = [a for a in arm_runs if a not in unfinished]
+        out = self.race.eliminated() if self.race is not None else {}  # lost: never ranked
+        rankable = [a for a in arm_runs if a not in unfinished and a not in out]
         if unfinished and len(rankable) < 2:
             rankable = []  # one finished arm is no winner: there was nothing to beat
         ranking = rank_arms(values, mode, ranked=rankable, lacking=bool(lacking))

@@ -10,6 +10,10 @@ each run in a worker of a `lab.executors.Pool`, on copies of the callbacks). Wit
 a time, the first chain first, the order is the lifecycle's: an arm's repeats one after
 another, a chain's stages one after another.
 
+The plan grows as runs end: after each run is recorded the scheduler asks the plan for more
+chains (`Plan.more`: a race's next round, the next sampled arms) and starts them as soon as
+the runner has room, so a pool keeps its workers busy and the serial runner runs them next.
+
 The hooks fire in `lab.lifecycle` (`start_group`, `execute_run`, `record_lost`,
 `run_ended_elsewhere`); what a run is, and whether it finished before, the `Plan` says (an
 `Experiment`).
@@ -30,7 +34,7 @@ from lab._signals import unwind_on_sigterm
 from lab.dispatch import Dispatcher
 from lab.errors import CallbackError, ConfigError
 from lab.executors import Outcome, Pool
-from lab.hooks import Callback, LogContext
+from lab.hooks import RUNS, Callback, LogContext
 from lab.lifecycle import RunJob, execute_run, record_lost, run_ended_elsewhere, start_group
 from lab.records import FAILED, ArmResult, ExperimentResult, RunResult
 
@@ -72,6 +76,11 @@ class Plan(Protocol):
     def job(self, ctx: LogContext, chain: Chain) -> RunJob | RunResult:
         """Point `ctx` at the chain's next run and describe it; or its recorded result, when
         it finished before."""
+
+    def more(self, ctx: LogContext, run: RunResult) -> list[Chain]:
+        """The chains to run now that `run` ended and is recorded (reused from an earlier
+        attempt, too), after every chain given so far; [] when none. Not asked for a run
+        that an interrupt ended, which decides nothing."""
 
     def release(self, run_key: str, error: str | None) -> None:
         """Close the claim on a run whose record never started."""
@@ -273,17 +282,21 @@ class Scheduler:
         self.jobs[chain.key()] = (number, job)
         self.runner.start(chain.key(), job, self._arm(chain.index))
 
-    def _finished(self, number: int, run: RunResult) -> None:
-        """Record the chain's run; queue its next stage, unless it failed."""
+    def _finished(self, number: int, run: RunResult, grow: bool = True) -> None:
+        """Record the chain's run; queue its next stage, unless it failed; then, with `grow`,
+        the chains the plan adds now."""
         chain = self.chains[number]
         self.done[(chain.index, chain.repeat, run.stage)] = run
-        if chain.stages is None:
-            return
-        if run.status in FAILED:
-            log.error("%s: %s failed; its chain stops", self.plan.name, run.run_key)
-        elif run.stage + 1 < chain.stages:
-            chain.stage, chain.parent = run.stage + 1, run
-            heapq.heappush(self.ready, number)
+        if chain.stages is not None:
+            if run.status in FAILED:
+                log.error("%s: %s failed; its chain stops", self.plan.name, run.run_key)
+            elif run.stage + 1 < chain.stages:
+                chain.stage, chain.parent = run.stage + 1, run
+                heapq.heappush(self.ready, number)
+        if grow:
+            for added in self.plan.more(self.ctx, run):
+                self.chains.append(added)
+                heapq.heappush(self.ready, len(self.chains) - 1)
 
     def _collect(self, outcome: Outcome, interrupted: bool = False) -> None:
         """Record how a started run ended: its result, or, for a run whose worker sent none,
@@ -292,13 +305,16 @@ class Scheduler:
         index = self.chains[number].index
         if outcome.died is not None and not interrupted and self._retried(number, outcome, job):
             return
+        grow = not interrupted and outcome.interrupt is None  # an interrupt decides nothing
         if outcome.ok:
-            self._finished(number, outcome.value)
+            self._finished(number, outcome.value, grow)
             if self.runner.elsewhere:
+                # the display counts against the runs planned now, which the plan may change
+                job.ctx.extras[RUNS] = self.ctx.extras.get(RUNS)
                 run_ended_elsewhere(self.watchers, job, outcome.value, lambda: self._arm(index))
         elif not (interrupted and outcome.progress is None):  # else: it never started
             lost = record_lost(self.hooks, outcome, job, self._arm(index), interrupted)
-            self._finished(number, lost)
+            self._finished(number, lost, grow)
         error = outcome.value.error if outcome.ok else "interrupted before it started"
         self.plan.release(job.run_key, error)
 

@@ -2,7 +2,8 @@
 
 Before any hook fires, an experiment opens its store (a bad URL or a dead server stops it
 at once), learns which runs an earlier attempt recorded (to reuse or refuse them), and
-claims each run before it starts (two processes never train one run). It asks these of
+claims each run before it starts (two processes never train one run); with a race, it
+records the arms the race drops (`RaceSink`). It asks these of
 whichever attached callback is a `StoreSink`, never of a class by name, so a sink for
 another backend (a ``lab serve`` server over HTTP, say) plugs in without editing
 `Experiment`. `lab.loggers.store_sink` builds the sink for a store URL.
@@ -56,4 +57,20 @@ class StoreSink(Protocol):
 
     def release(self, run_key: str, error: str) -> None:
         """Record a claimed run that never started as failed with `error`."""
+        ...
+
+
+@runtime_checkable
+class RaceSink(Protocol):
+    """A `StoreSink` that also records what a race decides (``Experiment(race=...)``):
+    the arms it drops, as each round closes, and which it had dropped before, so that a race
+    run again records no elimination twice. A sink that is not one leaves them unrecorded."""
+
+    def eliminated(self, experiment: str) -> set[str]:
+        """The arms of `experiment` whose elimination the store holds."""
+        ...
+
+    def record_elimination(self, ctx: LogContext, elimination: Any, alpha: float) -> None:
+        """Record that the race dropped an arm of the experiment `ctx` points at
+        (a `lab.sweeps.Elimination`, decided at level `alpha`)."""
         ...

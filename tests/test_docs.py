@@ -296,6 +296,12 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     assert printed[start : start + len(lines)] == lines
     assert "\n".join(["```text", *lines[:4], "```"]) in page
     assert "\n".join(["```text", *lines[4:], "```"]) in page
+    # the race in an experiment
+    race = printed.index("lr=1 1")  # the race: lr=1 dropped after round 1 (0-based)
+    assert printed[race + 1 : race + 3] == ["14 of 18 runs", "race-demo: 14 runs (14 completed)"]
+    assert "lr=1 (eliminated)  val/loss  2" in out
+    assert "eliminated by the race: lr=1 after round 1 (t, p=" in out
+    assert "best arm by val/loss (min): lr=0.1 (0.4993), ahead of lr=0.03 by 0.001" in out
 
 
 PAGES = {

@@ -119,7 +119,7 @@ class ConsoleLogger(Callback):
         self._bars: Progress | None = None
         self._experiment_task: TaskID | None = None
         self._live: dict[str | None, _Live] = {}  # by run key (LogContext types it optional)
-        self._total = 0  # runs the experiment will run (grows if a chain has more)
+        self._total = 0  # runs the experiment will run (as its plan says now)
         self._done = 0
         self._in_worker = False
         self._counting = True  # False while a process pool runs the runs elsewhere
@@ -160,7 +160,8 @@ class ConsoleLogger(Callback):
             return
         line = self.run_line(run_result, live)
         self._done += 1
-        self._total = max(self._total, self._done)
+        # the runs planned now: fewer once a race drops arms, more as a sweep adds them
+        self._total = max(int(ctx.extras.get(RUNS) or self._total), self._done)
         line += f"  [{self._done}/{plural(self._total, 'run')}]"
         url = ctx.extras.get("wandb:url")
         if url:

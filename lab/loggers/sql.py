@@ -3,7 +3,8 @@
 | hook                | what it writes                                          |
 |---------------------|---------------------------------------------------------|
 | on_experiment_start | the experiment (with its tags and notes) and its arms   |
-| on_group_start      | the group                                               |
+| on_group_start      | the group (and its arm, when the experiment added the   |
+|                     | arm as it ran: a sampled one)                           |
 | (before the run)    | `claim`: the run's row, claimed atomically (Experiment) |
 | on_run_start        | the run: config, seed, arm, repeat, status `running`,   |
 |                     | provenance (read once per experiment, in a thread that  |
@@ -20,6 +21,7 @@
 | on_checkpoint       | a checkpoint row (after flushing metrics)               |
 | on_run_end          | final status, error, final metrics, callback failures,  |
 |                     | the tags and notes `train(run)` gave the run            |
+| (a race's round)    | `record_elimination`: each arm it drops (Experiment)    |
 | on_experiment_end   | the experiment's status                                 |
 
 Its ids live in ``ctx.ids`` under names starting with ``sql:``.
@@ -181,14 +183,24 @@ class SqlLogger(Callback):
             notes=ctx.extras.get(NOTES),
         )
         ctx.ids[EXPERIMENT_ID] = exp_id
-        configs = config.get("arm_configs", {})
-        for name, overrides in config.get("arms", {}).items():
-            ctx.ids[arm_key(name)] = store.add_arm(
-                exp_id, name, overrides=overrides, config=configs.get(name, {})
-            )
+        for name in config.get("arms", {}):
+            self._add_arm(store, ctx, name)
+
+    def _add_arm(self, store: Store | HttpStore, ctx: LogContext, name: str) -> None:
+        """Record the arm `name` of ``ctx.config["arms"]`` (its overrides and config)."""
+        config = ctx.config
+        ctx.ids[arm_key(name)] = store.add_arm(
+            ctx.ids[EXPERIMENT_ID], name, overrides=config["arms"][name],
+            config=config.get("arm_configs", {}).get(name, {}),
+        )  # fmt: skip
 
     def on_group_start(self, ctx: LogContext, group_name: str) -> None:
-        ctx.ids[group_key(group_name)] = self.open().add_group(
+        store = self.open()
+        # an arm the experiment added as it ran (a sampled one) is recorded by its first group
+        added = ctx.arm is not None and arm_key(ctx.arm) not in ctx.ids
+        if added and ctx.arm in ctx.config.get("arms", {}):
+            self._add_arm(store, ctx, ctx.arm)
+        ctx.ids[group_key(group_name)] = store.add_group(
             ctx.ids[EXPERIMENT_ID],
             group_name,
             kind=ctx.group_kind,
@@ -219,6 +231,21 @@ class SqlLogger(Callback):
         except Exception:
             log.warning("could not record run %s as failed; it stays running until the store "
                         "finds its process gone", run_key, exc_info=True)  # fmt: skip
+
+    def eliminated(self, experiment: str) -> set[str]:
+        """The arms of `experiment` whose elimination by its race the store holds."""
+        return {e["arm"] for e in self.open().eliminations(experiment)}
+
+    def record_elimination(self, ctx: LogContext, elimination: Any, alpha: float) -> None:
+        """Record that the experiment's race dropped `elimination.arm` (a
+        `lab.sweeps.Elimination`: its round, test, statistic and corrected p-value, and the
+        arm it lost to), decided at level `alpha`; the experiment calls it, in its process,
+        as the round that dropped the arm closes."""
+        self.open().add_elimination(
+            ctx.ids[EXPERIMENT_ID], ctx.ids[arm_key(elimination.arm)], round=elimination.round,
+            test=elimination.test, statistic=elimination.statistic,
+            p_value=elimination.p_value, alpha=alpha, best=elimination.best,
+        )  # fmt: skip
 
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
