@@ -35,6 +35,7 @@ from lab._ranking import COUNTED_STATUSES, Mode, choose, counted, declaration, r
 from lab._stats import t_ppf
 from lab.analysis import CONFIDENCE
 from lab.errors import NoRun
+from lab.server.dashboard_sweep import router as sweep_api
 from lab.server.openapi import (
     EXACT,
     NamePath,
@@ -132,11 +133,13 @@ class ArmCurve(BaseModel):
 
 
 class RunCurve(Envelope):
-    """A run's own curve: per bucket its last step there, min, max and last value."""
+    """A run's own curve: per bucket its last step there, min, max and last value; its
+    status, so a pruned run's curve is drawn apart from the arms'."""
 
     run_id: int
     run_key: str
     arm: str | None
+    status: str
     step: list[int]
 
 
@@ -423,7 +426,8 @@ def curves(
     ranges (`bucket_bounds`), and per arm and bucket the mean across its runs of each run's
     mean there, with the 95% t interval across repeats (`n` runs had a value), and the
     lowest and highest point of any of its runs (NaN left out). With `runs`, each run's
-    own min, max and last value per bucket too, every run of the experiment included.
+    own min, max and last value per bucket too, every run of the experiment included, with
+    its status (a pruned run is in no arm's curve: the UI draws it grey on its own).
 
     An arm's curves are drawn from the runs `lab.inspect` counts (completed and stopped, at
     the arm's last stage) and its running ones. Every run's buckets are cut on the server
@@ -454,7 +458,7 @@ def curves(
     answer_arms = [
         _arm_curve(arm, cells, run_ids, declared) for arm, run_ids in _arms(members, gone)
     ]
-    answer_runs = _run_curves(members, cells) if runs else []
+    answer_runs = _run_curves(members, cells, gone) if runs else []
     return LabJSON({"metric": metric, "buckets": buckets, "arms": answer_arms,
                     "runs": answer_runs})  # fmt: skip
 
@@ -473,8 +477,9 @@ def _arms(members: list[Any], gone: dict[int, str]) -> list[tuple[str | None, li
     return list(arms.values())
 
 
-def _run_curves(members: list[Any], cells: Cells) -> list[dict[str, Any]]:
-    """Each run's own curve: per bucket its last step, min, max and last value."""
+def _run_curves(members: list[Any], cells: Cells, gone: dict[int, str]) -> list[dict[str, Any]]:
+    """Each run's own curve: per bucket its last step, min, max and last value, and its
+    status (crashed when its process is gone)."""
     answer_runs = []
     starts = np.searchsorted(cells.run_id, [r.run_id for r in members], side="left")
     stops = np.searchsorted(cells.run_id, [r.run_id for r in members], side="right")
@@ -482,6 +487,7 @@ def _run_curves(members: list[Any], cells: Cells) -> list[dict[str, Any]]:
         counted = cells.counted[a:b]
         answer_runs.append({
             "run_id": r.run_id, "run_key": r.run_key, "arm": r.name,
+            "status": "crashed" if r.run_id in gone else r.status,
             "step": cells.step[a:b].tolist(),
             "min": _listed(cells.low[a:b], counted), "max": _listed(cells.high[a:b], counted),
             "last": cells.last[a:b].tolist(),
@@ -607,6 +613,9 @@ def breakdown(name: NamePath, eval: Text, store: Store = StoreDep, duck: Any = A
     with connect(store.engine) as conn:
         _check_eval(conn, store.experiment_id(conn, name), name, eval)
     return LabJSON({"rows": _relation_rows(lab.inspect.breakdown(duck, name, eval))})
+
+
+router.include_router(sweep_api)  # under an experiment: tried before the experiment's route
 
 
 @router.get(

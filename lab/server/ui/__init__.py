@@ -130,7 +130,8 @@ def _add_pages(app: Any, *, auth: bool) -> None:
         return shell_page(request)
 
     @app.api_route("/experiments/{name:path}/predictions", **page)
-    def predictions_page(request: Request, name: str) -> Any:
+    @app.api_route("/experiments/{name:path}/sweep", **page)
+    def experiment_subpage(request: Request, name: str) -> Any:
         if signed_in(request):
             missing = _missing_experiment(request, name)
             if missing:

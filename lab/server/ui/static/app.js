@@ -10,6 +10,7 @@
   const POLL_MS = 4000;
   const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf',
     '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22'];
+  const PRUNED_GREY = '#9aa0a6';
   const STATUSES = new Set(['running', 'completed', 'failed', 'crashed', 'stopped', 'pruned',
     'superseded', 'pending', 'interrupted']);
   const body = document.body;
@@ -366,7 +367,9 @@
         el('div', { class: 'controls' },
           el('label', {}, 'Metric ', metricPick), el('label', {}, ' ', modePick),
           exp.evals.length ? el('a', { id: 'to-predictions', class: 'button',
-            href: `${expUrl(name)}/predictions`, text: 'Predictions →' }) : null),
+            href: `${expUrl(name)}/predictions`, text: 'Predictions →' }) : null,
+          exp.arms.length > 1 ? el('a', { id: 'to-sweep', class: 'button',
+            href: `${expUrl(name)}/sweep`, text: 'Sweep and race →' }) : null),
         el('details', {}, el('summary', { text: 'Config' }),
           el('pre', { id: 'exp-config', text: JSON.stringify(exp.config, null, 2) }))));
     }
@@ -432,7 +435,10 @@
         return;
       }
       const buckets = Math.max(50, Math.min(2000, Math.round(chartBox.clientWidth || 800)));
-      const query = new URLSearchParams({ metric: state.metric, buckets, runs: state.runs });
+      // a pruned run is in no arm's curve: its own line is drawn grey whenever there is one
+      const pruned = (state.exp ? state.exp.runs : []).some((r) => r.status === 'pruned');
+      const query = new URLSearchParams({ metric: state.metric, buckets,
+        runs: state.runs || pruned });
       const started = performance.now();
       try {
         state.curves = await api(`${base}/curves?${query}`);
@@ -453,8 +459,8 @@
       const data = state.curves;
       if (!data || !window.uPlot) return;
       const arms = data.arms.filter((a) => !state.only || a.arm === state.only);
-      const runs = state.runs ? data.runs.filter((r) => r.step.length &&
-        (!state.only || r.arm === state.only)) : [];
+      const runs = data.runs.filter((r) => r.step.length && (state.runs || r.status === 'pruned')
+        && (!state.only || r.arm === state.only));
       const steps = new Set();
       for (const a of arms) a.step.forEach((s) => steps.add(s));
       for (const r of runs) r.step.forEach((s) => steps.add(s));
@@ -488,8 +494,10 @@
       }
       for (const r of runs) {
         columns.push(shape(r.step, r.last));
-        series.push({ label: r.run_key, role: 'run', stroke: `${armColor(r.arm)}88`, width: 1,
-          spanGaps: true, points: { show: false } });
+        const cut = r.status === 'pruned';  // grey and dashed, its last point shown
+        series.push({ label: r.run_key, role: cut ? 'pruned' : 'run',
+          stroke: cut ? PRUNED_GREY : `${armColor(r.arm)}88`, width: cut ? 1.5 : 1,
+          dash: cut ? [5, 4] : undefined, spanGaps: true, points: { show: false } });
       }
       const zoom = state.zoom;  // a redraw (a poll, the log scale, smoothing) keeps the zoom
       if (state.chart) { state.chart.destroy(); state.chart = null; }
@@ -549,6 +557,11 @@
       restored = true;
       chartBox.uplot = state.chart;
       chartBox.dataset.arms = String(arms.length);
+      chartBox.dataset.pruned = String(runs.filter((r) => r.status === 'pruned').length);
+      if (runs.some((r) => r.status === 'pruned')) {
+        legend.append(el('span', { class: 'legend-arm legend-pruned' }, el('span',
+          { class: 'swatch', style: `background:${PRUNED_GREY}` }), 'pruned runs (in no arm\'s mean)'));
+      }
       chartBox.dataset.metric = data.metric;
     }
 
@@ -1054,6 +1067,279 @@
     load();
   }
 
+  // -- a sweep: parallel coordinates, importance, the race ------------------------------
+
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  /** An SVG element; attributes set with setAttribute, text children as text nodes. */
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [key, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined) continue;
+      if (key === 'text') node.textContent = String(v);
+      else node.setAttribute(key, String(v));
+    }
+    append(node, children);
+    return node;
+  }
+
+  /** A line's stroke: complete ones from blue (best) to red (worst), the others by state. */
+  const STATE_STYLE = {
+    pruned: { stroke: '#9aa0a6', dash: '5 4' },
+    failed: { stroke: '#b42318', dash: '1 4' },
+    running: { stroke: '#5f6b7a', dash: '8 3' },
+  };
+
+  function sweepPage(name) {
+    document.title = `sweep of ${name} · lab`;
+    crumbs(el('a', { href: '/', text: 'experiments' }), el('a', { href: expUrl(name), text: name }),
+      'sweep');
+    const base = `${API}/experiments/${enc(name)}`;
+
+    async function load() {
+      let page;
+      try {
+        page = await api(`${base}/sweep`);
+      } catch (err) { failed(err); return; }
+      const better = page.mode === 'max' ? 'higher' : 'lower';
+      const coords = section('parcoords', `Parameters against ${page.metric || '–'}`);
+      const importance = section('importance', 'Per-parameter importance');
+      const race = section('race', page.race.eliminations.length ? 'The race' :
+        'Intervals by round');
+      clear(main).append(section('sweep-head', null,
+        el('div', { class: 'head-row' }, el('h1', { id: 'sweep-name', text: `Sweep of ${page.name}` })),
+        el('p', { class: 'meta' }, `${page.lines.length} arms · ${page.metric || 'no metric'} ` +
+          `(${better} is better) · `, el('a', { id: 'to-curves', href: expUrl(name),
+          text: 'learning curves (pruned runs in grey) →' }))),
+      coords, importance, race);
+      drawCoords(coords, page);
+      drawRace(race, page);
+      if (page.trials.length) main.append(trialsSection(page));
+      drawImportance(importance);
+    }
+
+    function drawCoords(box, page) {
+      if (!page.lines.length) {
+        box.append(el('p', { class: 'muted', text: 'No arms recorded yet.' }));
+        return;
+      }
+      const axes = page.axes.concat([{ name: page.metric || 'value', kind: 'metric' }]);
+      const values = page.lines.map((l) => num(l.value)).filter((v) => v !== null && Number.isFinite(v));
+      const lo = values.length ? Math.min(...values) : 0;
+      const hi = values.length ? Math.max(...values) : 1;
+      const width = Math.max(480, Math.min(1300, box.clientWidth - 30));
+      const height = 300;
+      const top = 28;
+      const bottom = height - 46;
+      const x = (i) => 60 + (i * (width - 130)) / Math.max(1, axes.length - 1);
+      const unit = (a, v) => {  // where value v sits on axis a: 0 (bottom) .. 1 (top), or null
+        if (v === undefined) return null;
+        if (a.kind === 'metric') {
+          const y = num(v);
+          if (y === null || !Number.isFinite(y)) return -0.12;  // no value: below the axis
+          const t = hi > lo ? (y - lo) / (hi - lo) : 0.5;
+          return page.mode === 'max' ? t : 1 - t;  // the better end on top
+        }
+        if (a.kind === 'choice') {
+          const i = a.choices.findIndex((c) => JSON.stringify(c) === JSON.stringify(v));
+          return a.choices.length > 1 ? i / (a.choices.length - 1) : 0.5;
+        }
+        const low = num(a.low);
+        const high = num(a.high);
+        if (high <= low) return 0.5;
+        if (a.log) return (Math.log(v) - Math.log(low)) / (Math.log(high) - Math.log(low));
+        return (v - low) / (high - low);
+      };
+      const y = (t) => bottom - t * (bottom - top);
+      const chart = svg('svg', { id: 'parcoords-chart', width, height,
+        viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': 'parallel coordinates' });
+      const ranked = page.lines.filter((l) => l.state === 'complete' && num(l.value) !== null);
+      page.lines.forEach((line) => {
+        const points = axes.map((a, i) => {
+          const t = unit(a, a.kind === 'metric' ? line.value : line.params[a.name]);
+          return t === null ? null : [x(i), y(t)];
+        });
+        let d = '';
+        let pen = false;
+        for (const p of points) {
+          if (p === null) { pen = false; continue; }
+          d += `${pen ? 'L' : 'M'}${p[0].toFixed(1)},${p[1].toFixed(1)} `;
+          pen = true;
+        }
+        const style = STATE_STYLE[line.state];
+        let stroke = style ? style.stroke : '#1f5fbf';
+        if (!style) {
+          const t = hi > lo ? (num(line.value) - lo) / (hi - lo) : 0;
+          const good = page.mode === 'max' ? t : 1 - t;
+          stroke = `rgb(${Math.round(214 - 183 * good)},${Math.round(39 + 56 * good)},` +
+            `${Math.round(40 + 151 * good)})`;
+        }
+        chart.append(svg('path', { d: d.trim(), class: `pc-line state-${line.state}`,
+          fill: 'none', stroke, 'stroke-width': 2, 'stroke-dasharray': style ? style.dash : null,
+          'data-arm': line.arm, 'data-state': line.state,
+          'data-values': JSON.stringify(axes.map((a) => (a.kind === 'metric' ? line.value :
+            (a.name in line.params ? line.params[a.name] : null)))) },
+        svg('title', { text: `${line.arm} (${line.state}): ` + axes.map((a) => `${a.name}=` +
+          value(a.kind === 'metric' ? line.value : line.params[a.name])).join(', ') })));
+      });
+      axes.forEach((a, i) => {
+        const g = svg('g', { class: 'pc-axis', 'data-axis': a.name,
+          'data-scale': a.kind === 'metric' ? 'metric' : a.kind === 'choice' ? 'choice' :
+            a.log ? 'log' : 'linear' });
+        g.append(svg('line', { x1: x(i), x2: x(i), y1: top, y2: bottom, stroke: '#1d2430' }));
+        g.append(svg('text', { x: x(i), y: top - 10, 'text-anchor': 'middle', class: 'pc-name',
+          text: a.name + (a.log ? ' (log)' : '') }));
+        let ticks;
+        if (a.kind === 'choice') ticks = a.choices.map((c) => [unit(a, c), value(c)]);
+        else if (a.kind === 'metric') ticks = [[unit(a, lo), fmt(lo)], [unit(a, hi), fmt(hi)]];
+        else {
+          const low = num(a.low);
+          const high = num(a.high);
+          const mid = a.log ? Math.sqrt(low * high) : (low + high) / 2;
+          ticks = [[0, fmt(low)], [0.5, fmt(a.kind === 'int' ? Math.round(mid) : mid)], [1, fmt(high)]];
+        }
+        if (a.kind === 'metric' && page.lines.some((l) => num(l.value) === null)) {
+          ticks.push([-0.12, 'no value']);
+        }
+        for (const [t, label] of ticks) {
+          g.append(svg('text', { x: x(i) - 6, y: y(t) + 4, 'text-anchor': 'end',
+            class: 'pc-tick', text: label }));
+        }
+        chart.append(g);
+      });
+      box.append(el('div', { class: 'table-wrap' }, chart),
+        el('p', { class: 'legend muted', id: 'parcoords-legend' },
+          `${ranked.length} complete (blue: best ${page.metric}, red: worst)`,
+          el('span', { class: 'key key-pruned', text: 'pruned' }),
+          el('span', { class: 'key key-failed', text: 'failed' }),
+          el('span', { class: 'key key-running', text: 'running' })));
+    }
+
+    async function drawImportance(box) {
+      let data;
+      try {
+        data = await api(`${base}/importance`);
+      } catch (err) {
+        box.append(el('p', { class: 'error', text: err.message }));
+        return;
+      }
+      if (data.unavailable) {
+        box.append(el('p', { id: 'importance-unavailable', class: 'muted', text: data.unavailable }));
+        return;
+      }
+      box.append(el('p', { class: 'muted', text: `PED-ANOVA (Optuna) over the ${data.arms} ` +
+        `arms with a value of ${data.metric}; the shares sum to 1` }),
+      table('importance-table', [
+        { label: 'parameter', key: 'param' },
+        { label: 'importance', key: 'importance' },
+        { label: '', cell: (r) => el('td', { class: 'bar-cell' }, el('span', { class: 'bar',
+          style: `width:${Math.max(0, Math.min(100, 100 * num(r.importance))).toFixed(1)}%` })) },
+      ], data.importance));
+    }
+
+    function drawRace(box, page) {
+      const race = page.race;
+      const rows = race.table;
+      if (!rows.length) {
+        box.append(el('p', { class: 'muted', text: 'No run has ended yet.' }));
+        return;
+      }
+      const arms = page.lines.map((l) => l.arm).filter((a) => rows.some((r) => r.arm === a));
+      const width = Math.max(480, Math.min(1300, box.clientWidth - 30));
+      const height = 280;
+      const top = 20;
+      const bottom = height - 36;
+      const spans = rows.flatMap((r) => [r.mean, r.ci_low, r.ci_high].map(num))
+        .filter((v) => v !== null && Number.isFinite(v));
+      const lo = Math.min(...spans);
+      const hi = Math.max(...spans);
+      const y = (v) => (hi > lo ? bottom - ((v - lo) * (bottom - top)) / (hi - lo) :
+        (top + bottom) / 2);
+      const step = (width - 110) / Math.max(1, race.rounds);
+      const x = (round, i) => 70 + step * (round + 0.5) +
+        (arms.length > 1 ? (i / (arms.length - 1) - 0.5) * step * 0.5 : 0);
+      const chart = svg('svg', { id: 'race-chart', width, height,
+        viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': 'the race by round' });
+      chart.append(svg('line', { x1: 60, x2: 60, y1: top, y2: bottom, stroke: '#1d2430' }));
+      chart.append(svg('text', { x: 54, y: top + 4, 'text-anchor': 'end', class: 'pc-tick',
+        text: fmt(hi) }), svg('text', { x: 54, y: bottom, 'text-anchor': 'end',
+        class: 'pc-tick', text: fmt(lo) }));
+      for (let r = 0; r < race.rounds; r++) {
+        chart.append(svg('text', { x: 70 + step * (r + 0.5), y: height - 12, 'text-anchor': 'middle',
+          class: 'pc-tick', text: `round ${r}` }));
+      }
+      arms.forEach((arm, i) => {
+        const color = COLORS[i % COLORS.length];
+        const g = svg('g', { class: 'race-arm', 'data-arm': arm });
+        let path = '';
+        for (const row of rows.filter((r) => r.arm === arm)) {
+          const mean = num(row.mean);
+          if (mean === null || !Number.isFinite(mean)) continue;
+          const cx = x(row.round, i);
+          path += `${path ? 'L' : 'M'}${cx.toFixed(1)},${y(mean).toFixed(1)} `;
+          const low = num(row.ci_low);
+          const high = num(row.ci_high);
+          if (low !== null && high !== null && Number.isFinite(low) && Number.isFinite(high)) {
+            g.append(svg('line', { class: 'race-ci', x1: cx, x2: cx, y1: y(low), y2: y(high),
+              stroke: color, 'stroke-width': 2, 'data-round': row.round,
+              'data-low': JSON.stringify(row.ci_low), 'data-high': JSON.stringify(row.ci_high) }));
+          }
+          g.append(svg('circle', { class: 'race-mean', cx, cy: y(mean), r: 3.5, fill: color,
+            'data-round': row.round, 'data-mean': JSON.stringify(row.mean) },
+          svg('title', { text: `${arm}, round ${row.round}: mean ${fmt(mean)} (n ${row.n})` })));
+          if (row.eliminated) {
+            const cy = y(mean);
+            g.append(svg('path', { class: 'race-out', d: `M${cx - 6},${cy - 6}L${cx + 6},${cy + 6}` +
+              `M${cx - 6},${cy + 6}L${cx + 6},${cy - 6}`, stroke: '#b42318', 'stroke-width': 2.5,
+            'data-round': row.round, 'data-p': JSON.stringify(row.p_value) }),
+            svg('text', { class: 'race-out-label', x: cx + 8, y: cy - 8,
+              text: `out: p=${fmt(row.p_value)}` }));
+          }
+        }
+        g.prepend(svg('path', { d: path.trim(), fill: 'none', stroke: color, 'stroke-width': 1,
+          'stroke-opacity': 0.6 }));
+        chart.append(g);
+      });
+      const legend = el('div', { class: 'legend', id: 'race-legend' }, arms.map((arm, i) =>
+        el('span', { class: 'legend-arm' }, el('span', { class: 'swatch',
+          style: `background:${COLORS[i % COLORS.length]}` }), arm,
+        arm === race.winner ? el('span', { class: 'best-mark', text: ' ★ winner' }) : null)));
+      box.append(
+        el('p', { class: 'meta', id: 'race-winner' }, race.winner === null ? 'No winner yet.' :
+          [`${race.survivors.length === 1 ? 'Winner' : 'Best survivor'}: `,
+            el('strong', { text: race.winner }),
+            ` · ${race.rounds} rounds · ${race.eliminations.length} arms eliminated` +
+            (race.alpha === null ? '' : ` at alpha ${fmt(race.alpha)}`)]),
+        el('div', { class: 'table-wrap' }, chart), legend,
+        race.eliminations.length ? table('eliminations-table', [
+          { label: 'arm', key: 'arm' }, { label: 'after round', key: 'round' },
+          { label: 'test', key: 'test' }, { label: 'statistic', key: 'statistic' },
+          { label: 'p (Holm)', key: 'p_value' }, { label: 'against', key: 'best' },
+        ], race.eliminations) : null,
+        el('details', {}, el('summary', { text: 'Each arm, round by round' }),
+          table('race-table', [
+            { label: 'arm', key: 'arm' }, { label: 'round', key: 'round' },
+            { label: 'status', cell: (r) => el('td', {}, badge(r.status)) },
+            { label: 'value', key: 'value' }, { label: 'n', key: 'n' },
+            { label: 'mean', key: 'mean' }, { label: '95% CI low', key: 'ci_low' },
+            { label: '95% CI high', key: 'ci_high' }, { label: 'p (if dropped)', key: 'p_value' },
+          ], rows, (r) => ({ class: r.eliminated ? 'eliminated' : null,
+            dataset: { arm: r.arm, round: r.round } }))));
+    }
+
+    function trialsSection(page) {
+      const keys = page.axes.map((a) => a.name);
+      return section('trials', 'Trials', table('trials-table', [
+        { label: '#', key: 'number' }, { label: 'arm', key: 'arm' },
+        { label: 'state', cell: (t) => el('td', {}, badge(t.state === 'complete' ? 'completed' :
+          t.state)) },
+        ...keys.map((k) => ({ label: k, cell: (t) => cell(k in t.params ? t.params[k] : null) })),
+        { label: 'value', key: 'value' }, { label: 'n', key: 'n' },
+      ], page.trials, (t) => ({ dataset: { arm: t.arm, state: t.state } })));
+    }
+
+    load();
+  }
+
   // -- routing --------------------------------------------------------------------------
 
   function route() {
@@ -1066,6 +1352,7 @@
     let m;
     if (path === '/') experimentsPage();
     else if ((m = path.match(/^\/experiments\/(.+)\/predictions$/))) predictionsPage(decode(m[1]));
+    else if ((m = path.match(/^\/experiments\/(.+)\/sweep$/))) sweepPage(decode(m[1]));
     else if ((m = path.match(/^\/experiments\/(.+)$/))) experimentPage(decode(m[1]));
     else if ((m = path.match(/^\/runs\/([^/]+)$/))) runPage(decode(m[1]));
     else notFound(`no page at ${path}`);
