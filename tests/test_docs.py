@@ -302,6 +302,15 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     assert "lr=1 (eliminated)  val/loss  2" in out
     assert "eliminated by the race: lr=1 after round 1 (t, p=" in out
     assert "best arm by val/loss (min): lr=0.1 (0.4993), ahead of lr=0.03 by 0.001" in out
+    shown = [  # the sweep page's JSON
+        "[('lr', 'float', False)]",
+        "[('lr=0.1', None), ('lr=0.03', None), ('lr=1', 1)]",
+        "[('lr=1', 1, 2, 't')]",
+        "lr=0.1 6 [{'param': 'lr', 'importance': 1.0}]",
+    ]
+    start = printed.index(shown[0])
+    assert printed[start : start + len(shown)] == shown
+    assert "\n".join(["```text", *shown, "```"]) in page
 
 
 PAGES = {
