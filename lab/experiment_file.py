@@ -337,7 +337,10 @@ def _section(data: Any, field: str, label: str) -> Any:
     import importlib
 
     module, name = _SECTIONS[field]
-    cls = getattr(importlib.import_module(module), name)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError:
+        raise ConfigError(f"{label}: {field}: this version of lab has no {name}") from None
     fields = [f.name for f in dataclasses.fields(cls)]
     if not isinstance(data, dict):
         raise ConfigError(
