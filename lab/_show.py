@@ -6,19 +6,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lab._table import plural, render
+from lab._table import fmt, plural, render
 from lab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lab.sweeps.report import RaceTable, TrialRow
 
 
 def experiment_text(
-    exp: dict[str, Any], keys: list[str], rank: str | None, mode: str | None
+    exp: dict[str, Any],
+    keys: list[str],
+    rank: str | None,
+    mode: str | None,
+    race: RaceTable | None = None,
+    trials: list[TrialRow] | None = None,
 ) -> Iterator[str]:
     """The text of ``lab show NAME``, part by part, each printed as it is made: an error in
     the arm summary (an unknown ``--mode``) comes after the tables before it. `keys`: the
-    final metrics the runs table shows; `rank` and `mode`: what the arm summary ranks by."""
-    yield f"{exp['name']}: {exp['status']}, {plural(len(exp['runs']), 'run')}, seed {exp['seed']}"
+    final metrics the runs table shows; `rank` and `mode`: what the arm summary ranks by;
+    `race` and `trials`: the experiment's race and sampled arms (`lab.sweeps.report`)."""
+    pruned = sum(1 for r in exp["runs"] if r["status"] == "pruned")
+    counted = plural(len(exp["runs"]), "run") + (f" ({pruned} pruned)" if pruned else "")
+    yield f"{exp['name']}: {exp['status']}, {counted}, seed {exp['seed']}"
     if exp["tags"]:
         yield f"tags: {' '.join(exp['tags'])}"
     if exp["notes"]:
@@ -29,9 +40,13 @@ def experiment_text(
     )
     yield "\nruns"
     yield _runs_table(exp["runs"], keys)
-    summary = _arm_summary(exp, rank, mode)
+    summary = _arm_summary(exp, rank, mode, race)
     if summary:
         yield f"\nsummary\n{summary}"
+    if race is not None:
+        yield f"\n{race_text(race)}"
+    if trials:
+        yield f"\n{trials_text(trials)}"
     notes = [(r["run_key"], r["notes"]) for r in exp["runs"] if r["notes"]]
     if notes:
         yield "\nrun notes"
@@ -50,6 +65,65 @@ def experiment_text(
         )
 
 
+def race_text(table: RaceTable) -> str:
+    """A race as text: a head line (metric, test, rounds, survivors, winner), each arm's mean
+    and 95% interval after each closed round, and each elimination with its test, statistic
+    and corrected p-value."""
+    race, rounds = table["race"], table["rounds"]
+    left = f"{len(table['survivors'])} of {plural(len(table['arms']), 'arm')} left"
+    if table["over"]:
+        state = f"over, winner {table['winner']}" if table["winner"] else "over"
+    else:
+        state = "running"
+    lines = [
+        f"race by {race['metric']} ({race['mode']}), {race['test']} test at alpha "
+        f"{fmt(race['alpha'])}: {rounds} of {plural(race['max_repeats'], 'round')} closed, "
+        f"{left}, {state}"
+    ]
+    cells: dict[str, list[str]] = {arm: ["-"] * rounds for arm in table["arms"]}
+    for row in table["rows"]:
+        cell = fmt(row["mean"])
+        if row["ci_low"] is not None:
+            cell += f" [{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]"
+        cells[row["arm"]][row["round"]] = cell + (" x" if row["eliminated"] else "")
+    out = {e["arm"]: e["round"] for e in table["eliminations"]}
+    lines.append(
+        render(
+            ("arm", "status", *(f"round {r}" for r in range(rounds))),
+            [(arm, _race_status(arm, out, table), *cells[arm]) for arm in table["arms"]],
+        )
+    )
+    if table["eliminations"]:
+        lines.append("\neliminated (x: after that round; p: Holm-corrected, against alpha)")
+        lines.append(
+            render(
+                ("arm", "round", "test", "statistic", "p", "alpha", "against"),
+                [
+                    (e["arm"], e["round"], e["test"], e["statistic"], e["p_value"], e["alpha"],
+                     e["best"])
+                    for e in table["eliminations"]
+                ],
+            )
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def _race_status(arm: str, out: dict[str, int], table: RaceTable) -> str:
+    if arm in out:
+        return f"out after round {out[arm]}"
+    if arm == table["winner"]:
+        return "winner"
+    return "survived" if table["over"] else "racing"
+
+
+def trials_text(rows: list[TrialRow]) -> str:
+    """A sweep's sampled arms as text, in ask order: arm, parameters, value and state."""
+    return "sampled arms\n" + render(
+        ("trial", "arm", "params", "value", "state"),
+        [(t["number"], t["arm"], json.dumps(t["params"]), t["value"], t["state"]) for t in rows],
+    )
+
+
 def _runs_table(runs: list[dict[str, Any]], keys: list[str]) -> str:
     """The runs of an experiment, one row each, with their final values of `keys`."""
     columns = ("run", "arm", "repeat", "seed", "status", "step", *keys, "duration", "host",
@@ -63,12 +137,17 @@ def _runs_table(runs: list[dict[str, Any]], keys: list[str]) -> str:
     return render(columns, rows)
 
 
-def _arm_summary(exp: dict[str, Any], metric: str | None, mode: str | None) -> str | None:
+def _arm_summary(
+    exp: dict[str, Any], metric: str | None, mode: str | None, race: RaceTable | None
+) -> str | None:
     """The arm summary of a recorded experiment, as `ExperimentResult.summary` gives it for
-    one metric (`ExperimentResult.from_record`); None when no metric can rank it."""
+    one metric (`ExperimentResult.from_record`), the arms its `race` dropped marked and never
+    ranked; None when no metric can rank it."""
     from lab.records import ExperimentResult
+    from lab.sweeps.report import race_result
 
     result = ExperimentResult.from_record(exp)
+    result.race = race_result(race) if race is not None else None
     chosen = result.summary(metric, mode, keys=[])  # type: ignore[arg-type]  # checked there
     if chosen.metric is None:
         return None

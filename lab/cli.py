@@ -80,6 +80,16 @@ FreshOption = Annotated[
         help="Train every run afresh; the runs recorded before are kept, marked superseded",
     ),
 ]
+FileArgument = Annotated[
+    Path, typer.Argument(metavar="FILE", help="Experiment file: .yaml, .yml or .json")
+]
+OverridesArgument = Annotated[
+    list[str] | None,
+    typer.Argument(help="key=value overrides of the file: repeats=5 base_config.lr=0.1"),
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
+]
 P = ParamSpec("P")
 R = TypeVar("R")
 #: The exit status after Ctrl-C, as a shell reports a process that SIGINT ended.
@@ -235,17 +245,11 @@ def _summary_text(
 @app.command("run")
 @_clean_errors
 def run_file(
-    file: Annotated[
-        Path, typer.Argument(metavar="FILE", help="Experiment file: .yaml, .yml or .json")
-    ],
-    overrides: Annotated[
-        list[str] | None,
-        typer.Argument(help="key=value overrides of the file: repeats=5 base_config.lr=0.1"),
-    ] = None,
+    ctx: typer.Context,
+    file: FileArgument,
+    overrides: OverridesArgument = None,
     store: StoreOption = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Check the file and show what would run; run nothing")
-    ] = False,
+    dry_run: DryRunOption = False,
     all_metrics: AllMetricsOption = False,
     fresh: FreshOption = False,
 ) -> None:
@@ -258,14 +262,48 @@ def run_file(
     the summary, one line naming the failures); 0 when every run completed or stopped; 130
     when interrupted (after what finished, and the command that continues it).
     """
+    command = ctx.info_name if ctx.info_name == "sweep" else "run"
+    _run_file(command, file, overrides or [], store, dry_run, all_metrics, fresh)
+
+
+SWEEP_HELP = """Run the search or race of an experiment file's sweep: or race: section, as
+    lab run runs a file (the same arguments and exit statuses), with a line as each round
+    closes (arms left, those dropped with test and p-value), then the summary, the race table
+    and the best sampled arms, as lab show prints them. A file with neither is refused."""
+app.command("sweep", help=SWEEP_HELP)(run_file)
+
+
+def _run_file(
+    command: str,
+    file: Path,
+    overrides: list[str],
+    store: str | None,
+    dry_run: bool,
+    all_metrics: bool,
+    fresh: bool,
+) -> None:
+    """``lab run`` and ``lab sweep``: build the file's experiment, run it with progress and
+    print its summary; ``lab sweep`` refuses a file without a ``sweep:`` or ``race:``
+    section, shows each round as it closes, and ends with the race table and the best
+    sampled arms, read back from the store as ``lab show`` prints them."""
     from lab.experiment_file import plan, read_experiment_file
     from lab.records import FAILED
     from lab.store import resolve_url
 
-    spec = read_experiment_file(file, overrides or ())
+    spec = read_experiment_file(file, overrides)
+    searched = spec.sweep is not None or spec.race is not None
+    if command == "sweep" and not searched:
+        raise ConfigError(
+            f"{file}: no sweep: or race: section, so there is nothing to search or race; "
+            f"run it with: lab run {file}"
+        )
     exp = spec.build(store=store, fresh=fresh)
+    if command == "sweep":
+        from lab._sweep_text import RoundsShown
+
+        exp.callbacks.append(RoundsShown(exp, typer.echo))
     # the command as given (the store's password hidden); --fresh only until it has run
-    again = ["lab", "run", str(file), *(overrides or ())]
+    again = ["lab", command, str(file), *overrides]
     again += ["--store", _shown(store)] if store is not None else []
     again += ["--all-metrics"] if all_metrics else []
     if dry_run:
@@ -283,6 +321,11 @@ def run_file(
                 hint += f" --store {_shown(exp.store)}"
         typer.echo(f"error: {len(failed)} of {plural(len(result.runs), 'run')} failed "
                    f"({failed[0].run_key}: {first}){hint}", err=True)  # fmt: skip
+    if command == "sweep" and isinstance(exp.store, str):
+        from lab._sweep_text import searched_text
+
+        typer.echo(searched_text(_reading(exp.store), exp.name))
+    if failed:
         raise typer.Exit(1)
 
 
@@ -384,20 +427,24 @@ def show(
     """Show an experiment's arms, runs, statuses, newest steps and last metric values, and
     the arm summary: each arm's n, mean, std and 95% CI of one final metric, and the best
     arm (the numbers of ``result.summary()``, ``lab.inspect.summary`` and the dashboard).
+    A race adds its table (docs/sweeps.md), a sweep its sampled arms; pruned runs count.
 
     With --run KEY, one run: where and how long it ran, its error and its traceback.
     """
     from lab._show import experiment_text, run_text
+    from lab.sweeps.report import sweep_tables
 
     s = _reading(store)
     try:
         exp = s.get_experiment(name)
+        race, trials = sweep_tables(s, exp) if run is None else (None, [])
     finally:
         s.close()
     if run is not None:
         typer.echo(run_text(exp, run))
         return
-    for part in experiment_text(exp, [k for k in metrics.split(",") if k], rank, mode):
+    keys = [k for k in metrics.split(",") if k]
+    for part in experiment_text(exp, keys, rank, mode, race, trials):
         typer.echo(part)
 
 

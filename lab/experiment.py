@@ -640,6 +640,7 @@ class Experiment:
             "seed": self.seed,
             "train": train_name(self.train),
             **summary,
+            **({"race": dict(vars(self.race))} if self.race is not None else {}),
         }
 
     def _plan(self) -> list[tuple[str, Arm, int, int]]:

@@ -138,6 +138,10 @@ class ExperimentFile(pydantic.BaseModel):
     summary: SummaryEntry = pydantic.Field(default_factory=SummaryEntry)
     tags: list[str] = pydantic.Field(default_factory=list)
     notes: str | None = None
+    #: `Sweep`'s fields, its space in `lab.sweeps.parse_space`'s form
+    sweep: dict[str, Any] | None = None
+    race: dict[str, Any] | None = None  # `Race`'s fields
+    prune: dict[str, Any] | None = None  # `Prune`'s fields
 
     _source: Path | None = pydantic.PrivateAttr(default=None)
     _overrides: tuple[str, ...] = pydantic.PrivateAttr(default=())
@@ -216,15 +220,18 @@ class ExperimentFile(pydantic.BaseModel):
             benchmarks = _evaluators(functions)
             arms = [Arm(a.name, stages=a.stages, carry=a.carry, resources=a.resources,
                         **a.overrides) for a in self.arms or []]  # fmt: skip
+            repeats = self.repeats
+            if self.race is not None and "repeats" not in self.model_fields_set:
+                repeats = None  # the race's max_repeats
             return Experiment(
-                self.name, train, arms=arms, repeats=self.repeats, base_config=base,
+                self.name, train, arms=arms, repeats=repeats, base_config=base,
                 callbacks=callbacks, store=store if store is not None else self.store,
                 output_dir=self.output_dir, seed=self.seed, benchmarks=benchmarks,
                 strict=self.strict, executor=self.executor, workers=self.workers,
                 tags=self.tags, notes=self.notes, fresh=fresh, resources=self.resources,
                 ray_address=self.ray_address, max_retries=self.max_retries,
                 metric=metric, mode=self.summary.mode if metric is not None else None,
-                bounds=self.summary.bounds,
+                bounds=self.summary.bounds, **self.sections(),
             )  # fmt: skip
         except ConfigError as exc:  # an arm's override, a duplicate arm name, ...
             raise ConfigError(f"{label}: {exc}") from None
@@ -249,6 +256,16 @@ class ExperimentFile(pydantic.BaseModel):
             )  # fmt: skip
         except ConfigError as exc:  # a metric no run logged: a typo in the file
             raise ConfigError(f"{self._label()}: summary: {exc}") from None
+
+    def sections(self) -> dict[str, Any]:
+        """The file's ``sweep:``, ``race:`` and ``prune:`` sections as the `Sweep`, `Race`
+        and `Prune` they describe (only those it has), checked: each mistake is one line
+        that names the file and the field."""
+        return {
+            field: _section(getattr(self, field), field, self._label())
+            for field in _SECTIONS
+            if getattr(self, field) is not None
+        }
 
     def _from_overrides(self, field: str) -> str:
         """`` (overrides: base_config.lr=x)``: the overrides of `field`, where a bad value of
@@ -301,7 +318,51 @@ def read_experiment_file(path: str | Path, overrides: Sequence[str] = ()) -> Exp
         ) from None
     spec._source = path
     spec._overrides = tuple(overrides)
+    spec.sections()  # a bad sweep:, race: or prune: section: one line now, before any run
     return spec
+
+
+#: Where each section's class lives, and the field that is parsed before it is built.
+_SECTIONS = {
+    "sweep": ("lab.sweeps.sweep", "Sweep"),
+    "race": ("lab.sweeps.racing", "Race"),
+    "prune": ("lab.sweeps.pruning", "Prune"),
+}
+
+
+def _section(data: Any, field: str, label: str) -> Any:
+    """The `Sweep`, `Race` or `Prune` of a file's section `field` (a mapping of its
+    fields); a ConfigError naming the file and the field for anything wrong."""
+    import dataclasses
+    import importlib
+
+    module, name = _SECTIONS[field]
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError:
+        raise ConfigError(f"{label}: {field}: this version of lab has no {name}") from None
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{label}: {field}: {data!r}; write a mapping of {name}'s fields ({', '.join(fields)})"
+        )
+    unknown = sorted(str(k) for k in data if k not in fields)
+    if unknown:
+        raise ConfigError(
+            f"{label}: {field}.{unknown[0]}: {name} has no such field; its fields: "
+            f"{', '.join(fields)}"
+        )
+    values = dict(data)
+    if field == "sweep":
+        from lab.sweeps.space import parse_space
+
+        values["space"] = parse_space(values.get("space"), f"{label}: sweep.space")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {field}: {exc}") from None
+    except TypeError as exc:  # a required field left out
+        raise ConfigError(f"{label}: {field}: {exc}") from None
 
 
 def _override_fields(path: tuple[str, ...]) -> list[str] | None:
@@ -370,6 +431,14 @@ def plan(exp: Experiment) -> str:
     lines.append(f"run folders: {exp.output_dir / safe_name(exp.name)}/<run>")
     lines.append(f"callbacks: {', '.join(sinks) or 'none'}")
     lines += _metric_lines(exp)
+    if exp.race is not None:
+        r = exp.race
+        lines.append(
+            f"race: by {r.metric} ({r.mode}), {r.test} test at alpha {r.alpha}, "
+            f"{r.min_repeats} to {r.max_repeats} repeats per arm: at most "
+            f"{plural(runs if r.budget is None else min(runs, r.budget), 'run')}, fewer as "
+            "arms drop"
+        )
     if exp.benchmarks:
         lines.append(f"benchmarks: {', '.join(b.name for b in exp.benchmarks)}")
     rows = []

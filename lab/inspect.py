@@ -612,6 +612,133 @@ def images(
     )
 
 
+_RACE_SCHEMA = pa.schema([
+    ("arm", pa.string()), ("round", pa.int64()), ("n", pa.int64()), ("mean", pa.float64()),
+    ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("eliminated", pa.bool_()),
+    ("test", pa.string()), ("statistic", pa.float64()), ("p_value", pa.float64()),
+    ("alpha", pa.float64()), ("best", pa.string()), ("winner", pa.bool_()),
+])  # fmt: skip
+_TRIAL_SCHEMA = pa.schema([
+    ("number", pa.int64()), ("arm", pa.string()), ("params", pa.string()),
+    ("value", pa.float64()), ("state", pa.string()),
+])  # fmt: skip
+
+
+def race(con: duckdb.DuckDBPyConnection, experiment: str) -> duckdb.DuckDBPyRelation:
+    """An experiment's race (``Experiment(race=...)``): one row per arm and closed round it
+    raced in, by arm then round. Why: which arms the race kept, how their intervals
+    narrowed and why each one was dropped, as ``lab show`` prints it and the dashboard draws
+    it (one computation: `lab.sweeps.report.race_table`).
+
+    Columns: arm, round, n (its counted runs up to that round), mean, ci_low, ci_high (the
+    summaries' 95% interval; NULL below two runs), eliminated (dropped after this round),
+    and on that row the test, statistic, p_value (Holm-corrected), alpha and best (the arm
+    it lost to); winner: the race is over and this arm won it.
+
+    >>> lab.inspect.race(con, "lr-race").df()                               # doctest: +SKIP
+    """
+    from lab.sweeps.report import race_table
+
+    config = _experiment_config(con, experiment)
+    fields = config.get("race") if isinstance(config, dict) else None
+    if not isinstance(fields, dict):
+        raise ConfigError(
+            f"experiment {experiment!r} ran no race; Experiment(race=Race(...)) runs one"
+        )
+    record = {"name": experiment, "config": config, "arms": _arm_names(con, experiment),
+              "runs": _run_values(con, experiment, str(fields.get("metric")))}  # fmt: skip
+    eliminations = [
+        dict(zip(("arm", "round", "test", "statistic", "p_value", "alpha", "best"), row,
+                 strict=True))
+        for row in con.execute(
+            "SELECT arm, round, test, statistic, p_value, alpha, best_arm FROM eliminations "
+            "WHERE experiment = ? ORDER BY round, arm", [experiment],
+        ).fetchall()
+    ]  # fmt: skip
+    table = race_table(record, eliminations)
+    assert table is not None  # the config holds a race
+    out = {e["arm"]: e for e in table["eliminations"]}
+    rows = []
+    for row in table["rows"]:
+        e = out.get(row["arm"]) if row["eliminated"] else None
+        rows.append({**row, **{k: e[k] if e else None  # type: ignore[literal-required]
+                               for k in ("test", "statistic", "p_value", "alpha", "best")},
+                     "winner": row["arm"] == table["winner"]})  # fmt: skip
+    return con.from_arrow(pa.Table.from_pylist(rows, schema=_RACE_SCHEMA))
+
+
+def trials(con: duckdb.DuckDBPyConnection, experiment: str) -> duckdb.DuckDBPyRelation:
+    """An experiment's sampled arms (``Experiment(sweep=...)``), in ask order: number, arm,
+    params (JSON text: the active parameters), value (the arm's summary of the sweep
+    metric; NULL until told, or when it failed) and state (running, complete, pruned,
+    failed). Why: the sweep's table as ``lab show`` prints it
+    (`lab.sweeps.report.trials_table`), ready to sort, plot or join to `final_metrics`.
+
+    >>> lab.inspect.trials(con, "search").df().sort_values("value")        # doctest: +SKIP
+    """
+    import json
+
+    from lab.sweeps.report import trials_table
+
+    _experiment_config(con, experiment)
+    records = [
+        {"number": n, "arm": arm, "params": json.loads(p) if isinstance(p, str) else p,
+         "value": value, "state": state}
+        for n, arm, p, value, state in con.execute(
+            "SELECT number, arm, params, value, state FROM sweep_trials WHERE experiment = ? "
+            "ORDER BY number", [experiment],
+        ).fetchall()
+    ]  # fmt: skip
+    rows = [{**t, "params": json.dumps(t["params"])} for t in trials_table(records)]
+    return con.from_arrow(pa.Table.from_pylist(rows, schema=_TRIAL_SCHEMA))
+
+
+def _experiment_config(con: duckdb.DuckDBPyConnection, experiment: str) -> Any:
+    """The recorded config of `experiment`; an unknown name is one line naming the known."""
+    import json
+
+    found = con.execute("SELECT config FROM experiments WHERE name = ?", [experiment]).fetchone()
+    if found is None:
+        known = [n for (n,) in con.sql("SELECT name FROM experiments ORDER BY name").fetchall()]
+        raise ConfigError(
+            f"no experiment named {experiment!r} in the store; known: {', '.join(known) or 'none'}"
+        )
+    return json.loads(found[0]) if isinstance(found[0], str) else found[0]
+
+
+def _arm_names(con: duckdb.DuckDBPyConnection, experiment: str) -> list[dict[str, Any]]:
+    sql = ("SELECT a.name FROM arms a JOIN experiments e USING (experiment_id) "
+           "WHERE e.name = ? ORDER BY a.arm_id")  # fmt: skip
+    return [{"name": name} for (name,) in con.execute(sql, [experiment]).fetchall()]
+
+
+def _run_values(
+    con: duckdb.DuckDBPyConnection, experiment: str, metric: str
+) -> list[dict[str, Any]]:
+    """The experiment's current runs with their final value of `metric`, as the store's
+    records give them (`get_experiment`'s runs, the keys a race table reads): the last value
+    logged, overlaid with the value the run returned."""
+    import json
+
+    from lab._json import floats_back
+
+    rows = con.execute(
+        "SELECT a.name, r.repeat, r.stage, r.status, s.last_value, r.summary FROM runs r "
+        "JOIN experiments e USING (experiment_id) LEFT JOIN arms a ON a.arm_id = r.arm_id "
+        "LEFT JOIN summaries s ON s.run_id = r.run_id AND s.key = ? "
+        "WHERE e.name = ? ORDER BY r.run_id", [metric, experiment],
+    ).fetchall()  # fmt: skip
+    out = []
+    for arm, repeat, stage, status, value, returned in rows:
+        summary = {} if value is None else {metric: value}
+        returned = json.loads(returned) if isinstance(returned, str) else returned
+        if isinstance(returned, dict) and metric in returned:
+            summary[metric] = floats_back(returned)[metric]
+        out.append({"arm": arm, "repeat": repeat, "stage": stage, "status": status,
+                    "summary": summary})  # fmt: skip
+    return out
+
+
 def _check_media_key(
     con: duckdb.DuckDBPyConnection, view: str, run_key: str, run_id: int, key: str
 ) -> None:

@@ -278,7 +278,7 @@ def _known_kinds() -> str:
             spec(reapeats=3),
             "{file}: unknown field 'reapeats'; valid: name, train, config, base_config, arms, "
             "repeats, seed, store, output_dir, executor, workers, resources, ray_address, "
-            "max_retries, strict, callbacks, benchmarks, summary, tags, notes",
+            "max_retries, strict, callbacks, benchmarks, summary, tags, notes, sweep, race, prune",
             id="unknown-field",
         ),
         pytest.param(
@@ -600,7 +600,7 @@ def test_overrides_from_python_change_the_values_before_they_are_checked(tmp_pat
         ("seeed=1", "override 'seeed=1': unknown field 'seeed'; valid: name, train, config, "
                     "base_config, arms, repeats, seed, store, output_dir, executor, workers, "
                     "resources, ray_address, max_retries, strict, callbacks, benchmarks, "
-                    "summary, tags, notes"),
+                    "summary, tags, notes, sweep, race, prune"),
         ("summary.metrc=x", "override 'summary.metrc=x': summary: unknown field 'metrc'; "
                             "valid: metric, mode, keys, bounds"),
         ("arms.5.lr=1", "override 'arms.5.lr=1': arms has no item '5'; give an index 0..1 or "

@@ -20,7 +20,13 @@ from lab.errors import NoExperiment
 
 if TYPE_CHECKING:
     from lab.store.crashes import Crashed
-    from lab.store.records import ExperimentRecord, ExperimentSummary, RunRecord
+    from lab.store.records import (
+        EliminationRecord,
+        ExperimentRecord,
+        ExperimentSummary,
+        RunRecord,
+        TrialRecord,
+    )
     from lab.store.sql import Sql
 
 _EXPERIMENTS = (
@@ -68,6 +74,22 @@ _LATEST = (
     'SELECT s.run_id, s."key", s.last_step, s.last_value FROM summaries s '
     "JOIN runs r ON r.run_id = s.run_id WHERE r.experiment_id = :id"
 )
+# a sweep's sampled arms, and the arms its race dropped
+_TRIALS = (
+    "SELECT t.number, a.name, t.params, t.asked_after, t.told, t.value, t.state, t.arm_id "
+    "FROM sweep_trials t JOIN arms a ON a.arm_id = t.arm_id "
+    "WHERE t.experiment_id = :id ORDER BY t.number"
+)
+_PRUNED = (
+    "SELECT arm_id, pruned FROM runs WHERE experiment_id = :id AND status = 'pruned' "
+    "AND superseded_at IS NULL ORDER BY run_id"
+)
+_ELIMINATIONS = (
+    "SELECT a.name, e.round, e.test, e.statistic, e.p_value, e.alpha, e.best_arm, e.created_at "
+    "FROM eliminations e JOIN arms a ON a.arm_id = e.arm_id "
+    "WHERE e.experiment_id = :id ORDER BY e.round, a.name"
+)
+_ELIMINATION_FIELDS = ("arm", "round", "test", "statistic", "p_value", "alpha", "best")
 
 
 class Listing:
@@ -135,9 +157,7 @@ class Listing:
         with self.reading() as sql:
             found = sql.rows(_EXPERIMENT, name=name)
             if not found:
-                known = sorted(n for (n,) in sql.rows(_NAMES))
-                hint = f"; known: {', '.join(known)}" if known else ""
-                raise NoExperiment(f"no experiment named {name!r} in the store{hint}")
+                raise _unknown(sql, name)
             (exp_id, name, status, seed, repeats, config, created_at, ended_at, failures, tags,
              notes) = found[0]  # fmt: skip
             arms = sql.rows(_ARMS, id=exp_id)
@@ -176,6 +196,52 @@ class Listing:
             "runs": current,
             "superseded": len(runs) - len(current),
         }
+
+    def trials(self, experiment: str) -> list[TrialRecord]:
+        """An experiment's trials by number, with each one's arm by name and, for a trial
+        whose runs were pruned, the step and value each was pruned at (`intermediate`)."""
+        with self.reading() as sql:
+            exp_id = _experiment_id(sql, experiment)
+            rows = sql.rows(_TRIALS, id=exp_id)
+            pruned = [(arm_id, sql.json(stop)) for arm_id, stop in sql.rows(_PRUNED, id=exp_id)]
+            loaded = sql.json
+        intermediate: dict[int, dict[int, float]] = {}
+        for arm_id, stop in pruned:
+            stop = floats_back(stop or {})
+            if isinstance(stop.get("step"), int) and stop.get("value") is not None:
+                intermediate.setdefault(arm_id, {})[stop["step"]] = float(stop["value"])
+        return [
+            {"number": number, "arm": arm, "params": loaded(params), "asked_after": asked_after,
+             "told": told, "value": value, "state": state,
+             "intermediate": intermediate.get(arm_id, {})}
+            for number, arm, params, asked_after, told, value, state, arm_id in rows
+        ]  # fmt: skip
+
+    def eliminations(self, experiment: str) -> list[EliminationRecord]:
+        """The arms an experiment's race dropped, by round, then arm name."""
+        with self.reading() as sql:
+            rows = sql.rows(_ELIMINATIONS, id=_experiment_id(sql, experiment))
+            when = sql.time
+        return [
+            cast("EliminationRecord", {**dict(zip(_ELIMINATION_FIELDS, row[:-1], strict=True)),
+                                       "created_at": when(row[-1])})
+            for row in rows
+        ]  # fmt: skip
+
+
+def _experiment_id(sql: Sql, name: str) -> int:
+    """The id of the experiment `name`; `NoExperiment` names the known ones."""
+    found = sql.rows("SELECT experiment_id FROM experiments WHERE name = :name", name=name)
+    if not found:
+        raise _unknown(sql, name)
+    return int(found[0][0])
+
+
+def _unknown(sql: Sql, name: str) -> NoExperiment:
+    """The error for an experiment `name` the store lacks, naming those it has."""
+    known = sorted(n for (n,) in sql.rows(_NAMES))
+    hint = f"; known: {', '.join(known)}" if known else ""
+    return NoExperiment(f"no experiment named {name!r} in the store{hint}")
 
 
 def _with_latest(run: dict[str, Any], latest: dict[str, Any] | None, gone: str | None) -> RunRecord:

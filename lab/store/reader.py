@@ -20,7 +20,7 @@ from lab.store.crashes import STALE_AFTER_S, Crashed, CrashReads
 from lab.store.engine import older, reader_connection
 from lab.store.listing import Listing
 from lab.store.migrations import head_revision, readable_revision
-from lab.store.records import ExperimentRecord, ExperimentSummary
+from lab.store.records import EliminationRecord, ExperimentRecord, ExperimentSummary, TrialRecord
 from lab.store.sql import Sql
 from lab.store.urls import resolve_url
 
@@ -78,6 +78,14 @@ class Reader:
     def get_experiment(self, name: str) -> ExperimentRecord:
         """An experiment with its arms and runs (`Listing.get_experiment`)."""
         return self._listing.get_experiment(name)
+
+    def trials(self, experiment: str) -> list[TrialRecord]:
+        """A sweep's sampled arms by number (`Listing.trials`)."""
+        return self._listing.trials(experiment)
+
+    def eliminations(self, experiment: str) -> list[EliminationRecord]:
+        """The arms a race dropped, by round (`Listing.eliminations`)."""
+        return self._listing.eliminations(experiment)
 
     def crashed_now(self) -> Crashed:
         """The runs and experiments shown as crashed, never marked so

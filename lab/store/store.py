@@ -428,8 +428,8 @@ class Store:
     add_trial = _handed("_sweeps", SweepRows.add_trial)
     tell_trial = _handed("_sweeps", SweepRows.tell_trial)
     add_elimination = _handed("_sweeps", SweepRows.add_elimination)
-    trials = _handed("_sweeps", SweepRows.trials)
-    eliminations = _handed("_sweeps", SweepRows.eliminations)
+    trials = _handed("_listing", Listing.trials)
+    eliminations = _handed("_listing", Listing.eliminations)
     metric_points = _handed("_sweeps", SweepRows.metric_points)
 
     def tag(

@@ -1,18 +1,18 @@
-"""Writes and reads of what a sweep records (`lab.sweeps`): its sampled arms as their
-sampler knows them (`sweep_trials`), the arms a race dropped (`eliminations`), and the
-points of one metric over an experiment's runs, which a pruning rule compares a run with.
-One part of `lab.store.Store` (see `lab.store.store`)."""
+"""Writes of what a sweep records (`lab.sweeps`): its sampled arms as their sampler knows
+them (`sweep_trials`) and the arms a race dropped (`eliminations`), and the points of one
+metric over an experiment's runs, which a pruning rule compares a run with. One part of
+`lab.store.Store` (see `lab.store.store`); the trials and eliminations are read back by
+`lab.store.listing`, as ``lab show`` reads them without SQLAlchemy."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from lab._json import floats_back
 from lab._names import MAX_NAME, check_name
 from lab.errors import ConfigError, NoExperiment
 from lab.store._values import _now
@@ -27,9 +27,6 @@ from lab.store.schema import (
     SqlSweepTrial,
 )
 from lab.store.tables import MAX_TEST
-
-if TYPE_CHECKING:
-    from lab.store.records import EliminationRecord, TrialRecord
 
 
 class SweepRows:
@@ -110,35 +107,6 @@ class SweepRows:
                 "before telling it"
             )
 
-    def trials(self, experiment: str) -> list[TrialRecord]:
-        """An experiment's trials by number, with each one's arm by name and, for a trial
-        whose runs were pruned, the step and value each was pruned at (`intermediate`)."""
-        with connect(self.engine) as conn:
-            exp_id = experiment_id(conn, experiment)
-            rows = conn.execute(
-                sa.select(SqlSweepTrial, SqlArm.name.label("arm"))
-                .join(SqlArm, SqlArm.arm_id == SqlSweepTrial.arm_id)
-                .where(SqlSweepTrial.experiment_id == exp_id)
-                .order_by(SqlSweepTrial.number)
-            ).mappings().all()  # fmt: skip
-            pruned = conn.execute(
-                sa.select(SqlRun.arm_id, SqlRun.pruned)
-                .where(SqlRun.experiment_id == exp_id, SqlRun.status == "pruned",
-                       SqlRun.superseded_at.is_(None))
-                .order_by(SqlRun.run_id)
-            ).all()  # fmt: skip
-        intermediate: dict[int, dict[int, float]] = {}
-        for arm_id, stop in pruned:
-            stop = floats_back(stop or {})
-            if isinstance(stop.get("step"), int) and stop.get("value") is not None:
-                intermediate.setdefault(arm_id, {})[stop["step"]] = float(stop["value"])
-        return [
-            {"number": r["number"], "arm": r["arm"], "params": r["params"],
-             "asked_after": r["asked_after"], "told": r["told"], "value": r["value"],
-             "state": r["state"], "intermediate": intermediate.get(r["arm_id"], {})}
-            for r in rows
-        ]  # fmt: skip
-
     def add_elimination(
         self,
         experiment_id: int,
@@ -174,20 +142,6 @@ class SweepRows:
                 raise ConfigError(f"arm {arm_id} is not an arm of experiment {experiment_id}")
             stmt = self._insert(SqlElimination).values(**row)
             conn.execute(stmt.on_conflict_do_nothing(index_elements=["experiment_id", "arm_id"]))
-
-    def eliminations(self, experiment: str) -> list[EliminationRecord]:
-        """The arms an experiment's race dropped, by round, then arm name."""
-        with connect(self.engine) as conn:
-            exp_id = experiment_id(conn, experiment)
-            rows = conn.execute(
-                sa.select(SqlArm.name.label("arm"), SqlElimination.round, SqlElimination.test,
-                          SqlElimination.statistic, SqlElimination.p_value, SqlElimination.alpha,
-                          SqlElimination.best_arm.label("best"), SqlElimination.created_at)
-                .join(SqlArm, SqlArm.arm_id == SqlElimination.arm_id)
-                .where(SqlElimination.experiment_id == exp_id)
-                .order_by(SqlElimination.round, SqlArm.name)
-            ).mappings().all()  # fmt: skip
-        return [dict(r) for r in rows]  # type: ignore[misc]  # the record's keys, selected
 
     def metric_points(self, experiment: str, metric: str) -> dict[str, list[tuple[int, float]]]:
         """Each current run's (step, value) points of `metric`, in step order, by run key
