@@ -213,3 +213,16 @@ def test_prune_needs_a_prune_and_a_store(tmp_path: Path) -> None:
         "with store=False: a pruning rule compares each run with the others recorded in the "
         "store; give the experiment a store"
     )
+
+
+def test_a_pruned_run_has_no_value_in_its_race_round() -> None:
+    """Under a race, a pruned run's final metric is not its value: it has none (ranked worst
+    in its round), as a failed run."""
+    from lab._race_rounds import RaceRounds
+    from lab.records import RunResult
+    from lab.sweeps import Race
+
+    rounds = RaceRounds(Race("loss", min_repeats=2, max_repeats=3), ["a", "b"])
+    for arm, status, value in (("a", "completed", 0.5), ("b", "pruned", 0.1)):
+        rounds.ended(RunResult(f"{arm}-r0", arm, 0, 0, 0, status, {"loss": value}, 1.0))
+    assert rounds.state.values == {"a": [0.5], "b": [None]}
