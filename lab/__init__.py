@@ -33,6 +33,7 @@ _WHERE: dict[str, str] = {
     "LoopArtifacts": "lab.loop",
     "LoopState": "lab.hooks",
     "ManifestRow": "lab.loop",
+    "Prune": "lab.sweeps",
     "Race": "lab.sweeps",
     "RunResult": "lab.experiment",
     "RunSpec": "lab.experiment",
@@ -60,6 +61,7 @@ __all__ = [
     "LoopArtifacts",
     "LoopState",
     "ManifestRow",
+    "Prune",
     "Race",
     "RunHandle",
     "RunResult",
@@ -90,7 +92,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from lab.records import ArmResult, ExperimentResult, RunResult, RunSpec, Summary
     from lab.script import start_run
     from lab.store import Store
-    from lab.sweeps import Race
+    from lab.sweeps import Prune, Race
 
 
 __getattr__, __dir__ = lazy_names("lab", _WHERE, globals(), __all__)

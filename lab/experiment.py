@@ -83,6 +83,7 @@ from lab.records import (
 from lab.scheduler import Chain, InProcess, InWorkers, Runner, Scheduler, unsendable
 from lab.sinks import RaceSink, StoreSink
 from lab.store.urls import resolve_url
+from lab.sweeps.pruning import Prune, pruning
 
 if TYPE_CHECKING:  # the loop brings torch: a run imports it, declaring an experiment does not
     from lab.loop.evals import Evaluator
@@ -243,7 +244,7 @@ class Experiment:
     """A named study: `train(run)` for every arm x repeat, recorded by the attached callbacks.
 
     Running an experiment again under the same name and store continues it: runs that
-    finished (`completed`, or `stopped` early by a callback's ``request_stop``) are skipped
+    finished (`completed`, `stopped` by a callback's ``request_stop``, or `pruned`) are skipped
     (their recorded results are part of the new result), and the others run again, resuming
     from their newest checkpoint when the loop has checkpoints.
 
@@ -345,18 +346,18 @@ class Experiment:
         mode: Literal["min", "max"] | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
         race: Race | None = None,
+        prune: Prune | None = None,
     ) -> None:
         repeats, metric, mode = race_args(race, arms, repeats, metric, mode)
         _check_args(name, train, repeats, executor, max_retries, workers, base_config)
         arms = _checked_arms(arms, repeats)
         self.name, self.train, self.arms, self.repeats = name, train, arms, repeats
-        self.base_config, self.race = base_config, race  # race: over the arms' repeats
+        self.base_config, self.race, self.prune = base_config, race, prune  # (see docs/sweeps.md)
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
-        #: Callbacks shared by every run (and the experiment's own hooks), and factories
-        #: that build callbacks for each run from its `RunSpec`.
-        self.callbacks, self.run_callbacks = _split_callbacks(callbacks)
+        #: Callbacks every run shares, and factories of each run's own (a `Prune`'s among them).
+        self.callbacks, self.run_callbacks = _split_callbacks([*callbacks, *pruning(prune, store)])
         # An unknown scheme fails here, before any run; the store opens in run().
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
         self.output_dir, self.seed, self.strict = Path(output_dir), seed, strict

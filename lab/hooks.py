@@ -351,6 +351,9 @@ class LoopState:
     metrics: dict[str, float] = field(default_factory=dict)
     stop_requested: bool = False
     stop_reason: str | None = None
+    #: Set when the stop is a pruning rule's (`lab.sweeps.Prune`): ``{"step", "rule",
+    #: "metric", "value"}``; the run then ends `pruned` instead of `stopped`.
+    pruned: dict[str, Any] | None = None
     # True from on_step_end of a step that a scheduled checkpoint follows: a sink that
     # buffers flushes there, so every metric up to a committed checkpoint is durable.
     checkpoint_due: bool = False
@@ -363,10 +366,18 @@ class LoopState:
     # The owners that block ephemeral saves now (see the class docstring); empty: none.
     _ephemeral_blockers: set[object] = field(default_factory=set, init=False, repr=False)
 
-    def request_stop(self, reason: str = "requested by a callback") -> None:
-        """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`."""
+    def request_stop(
+        self, reason: str = "requested by a callback", *, pruned: dict[str, Any] | None = None
+    ) -> None:
+        """Stop after the current step: final checkpoint, `on_train_end`, run `stopped`.
+
+        With `pruned` (a pruning rule's decision: ``{"step": int, "rule": str, "metric":
+        str, "value": float}``) the run ends `pruned` and records where and why instead.
+        """
         self.stop_requested = True
         self.stop_reason = reason
+        if pruned is not None:
+            self.pruned = dict(pruned)
 
     def block_ephemeral_checkpoints(self, owner: object) -> None:
         """Skip ephemeral saves until `owner` unblocks (any number of owners may block).

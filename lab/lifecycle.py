@@ -167,7 +167,8 @@ class RunScope:
     under an Experiment, or the body of a ``with lab.start_run(...)`` block.
 
     `open` fires `on_run_start` and hands back the `RunSpec`; then either `trained` (with
-    what training returned: benchmarks run, the status is `completed` or `stopped`) or
+    what training returned: benchmarks run, the status is `completed`, `stopped` or
+    `pruned`, as `LoopArtifacts.status` says; a dict or None: `completed`) or
     `failed` (the error recorded, `on_error` fired); `close` fires `on_run_end` and returns
     the result, already appended to the arm's.
     """
@@ -187,6 +188,7 @@ class RunScope:
         )  # fmt: skip
         self.t0 = time.perf_counter()
         self.status: RunStatus = "completed"
+        self.pruned: dict[str, Any] | None = None  # a `pruned` run's record
         self.metrics: dict[str, float] = {}
         self.error: str | None = None
         self.traceback: str | None = None
@@ -213,9 +215,8 @@ class RunScope:
         artifacts = out if isinstance(out, LoopArtifacts) else None
         self.metrics = _final_metrics(out)
         self.artifacts = artifacts
-        if artifacts is not None and artifacts.stopped:
-            self.status = "stopped"
-        if artifacts is not None:
+        if artifacts is not None:  # stopped, or pruned (with where and why), or completed
+            self.status, self.pruned = artifacts.status, artifacts.pruned
             job = self.job
             self.metrics.update(_benchmark(job.benchmarks, self.hooks, job.ctx, artifacts))
 
@@ -243,6 +244,7 @@ class RunScope:
             hooks, status=self.status, metrics=self.metrics,
             seconds=time.perf_counter() - self.t0, error=self.error, traceback=self.traceback,
             artifacts=self.artifacts, tags=list(spec.tags), notes=spec.notes,
+            pruned=self.pruned if self.status == "pruned" else None,
         )  # fmt: skip
         self.arm_result.runs.append(run_result)
         _end_run(hooks, job.ctx, run_result, self.arm_result)

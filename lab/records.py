@@ -638,6 +638,16 @@ class LoopArtifacts:
     checkpoint_dir: Path | None = None
     checkpoints: list[ManifestRow] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
+    #: Where a pruning rule stopped the fit (`LoopState.request_stop(pruned=...)`), else None.
+    pruned: dict[str, Any] | None = None
+
+    @property
+    def status(self) -> RunStatus:
+        """How the fit ended, as its run is recorded: `pruned` when a pruning rule stopped
+        it, `stopped` when a callback did, else `completed`."""
+        if self.stopped and self.pruned is not None:
+            return "pruned"
+        return "stopped" if self.stopped else "completed"
 
 
 def _first_tensor(data: Any) -> torch.Tensor | None:

@@ -311,6 +311,23 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     start = printed.index(shown[0])
     assert printed[start : start + len(shown)] == shown
     assert "\n".join(["```text", *shown, "```"]) in page
+    pruning = [  # pruning in an experiment
+        "fast-r0 completed",
+        "fast-r1 completed",
+        "slow-r0 pruned at step 3 (0.6561)",
+        "slow-r1 pruned at step 3 (0.6561)",
+        "stuck-r0 pruned at step 3 (1.0000)",
+        "stuck-r1 pruned at step 3 (1.0000)",
+        "{'completed': 2, 'pruned': 4}",
+    ]
+    _printed_and_shown(printed, page, pruning)
+
+
+def _printed_and_shown(printed: list[str], page: str, lines: list[str]) -> None:
+    """`lines` were printed in a row, and the page shows them as one text block."""
+    start = printed.index(lines[0])
+    assert printed[start : start + len(lines)] == lines
+    assert "\n".join(["```text", *lines, "```"]) in page
 
 
 PAGES = {

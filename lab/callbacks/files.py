@@ -201,8 +201,7 @@ class MetricSaver(Callback):
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         self._latest = dict(artifacts.metrics)
         self._step = artifacts.step
-        status = "stopped" if artifacts.stopped else "completed"
-        self._write(state.ctx, artifacts.step, self._latest, final=True, status=status)
+        self._write(state.ctx, artifacts.step, self._latest, final=True, status=artifacts.status)
 
     def on_run_end(self, ctx: LogContext, run_result: RunResult, arm: ArmResult) -> None:
         metrics = run_result.metrics if run_result.status not in FAILED else self._latest

@@ -108,11 +108,10 @@ class BareRun:
 
     def trained(self, artifacts: LoopArtifacts) -> None:
         """The loop ended cleanly with `artifacts`: the run is `completed`, or `stopped` when
-        a callback asked it to stop."""
+        a callback asked it to stop, or `pruned` when a pruning rule did."""
         self.artifacts = artifacts
         self.metrics = dict(artifacts.metrics)
-        if artifacts.stopped:
-            self.status = "stopped"
+        self.status = artifacts.status
 
     def end(self, exc: BaseException | None = None) -> None:
         """End what `open` started: `on_error` (when the fit raised `exc`), `on_run_end`,
@@ -167,6 +166,7 @@ class BareRun:
             metrics=self.metrics, seconds=time.perf_counter() - self._run_t0, error=self.error,
             traceback=self.traceback, callback_errors=_failures(hooks, self.run_key),
             artifacts=self.artifacts,
+            pruned=self.artifacts.pruned if self.status == "pruned" and self.artifacts else None,
         )  # fmt: skip
         self.arm_result.runs.append(run_result)
         raised = end_run(hooks, ctx, run_result, self.arm_result)

@@ -308,6 +308,7 @@ class RunHandle:
                 step=state.step,
                 stopped=state.stop_requested,
                 stop_reason=state.stop_reason,
+                pruned=state.pruned if state.stop_requested else None,
                 checkpoint_dir=session.manager.root if session.manager is not None else None,
                 checkpoints=self._saved,
                 evals=self._evals.results,

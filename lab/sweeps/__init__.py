@@ -1,6 +1,6 @@
 """Sweeps: samplers, pruning and races over arms and repeats.
 
->>> from lab.sweeps import Sweep, Float, Int, Choice, Race
+>>> from lab.sweeps import Sweep, Float, Int, Choice, Race, Prune
 
 The names are imported on first use (PEP 562), as `lab`'s own: ``import lab.sweeps`` imports
 neither Optuna, scipy nor numpy; the samplers that need them import them when they are made.
@@ -18,6 +18,7 @@ _WHERE: dict[str, str] = {
     "Elimination": "lab.sweeps.racing",
     "Float": "lab.sweeps.space",
     "Int": "lab.sweeps.space",
+    "Prune": "lab.sweeps.pruning",
     "Race": "lab.sweeps.racing",
     "RaceState": "lab.sweeps.racing",
     "SAMPLERS": "lab.sweeps.samplers",
@@ -36,6 +37,7 @@ __all__ = [
     "Elimination",
     "Float",
     "Int",
+    "Prune",
     "Race",
     "RaceState",
     "Sampler",
@@ -48,6 +50,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from lab.sweeps.pruning import Prune
     from lab.sweeps.racing import Elimination, Race, RaceState
     from lab.sweeps.samplers import SAMPLERS, Sampler, Trial, grid_size, make_sampler
     from lab.sweeps.space import Choice, Float, Int, check_space, parse_space
