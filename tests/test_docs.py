@@ -302,6 +302,17 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     assert "lr=1 (eliminated)  val/loss  2" in out
     assert "eliminated by the race: lr=1 after round 1 (t, p=" in out
     assert "best arm by val/loss (min): lr=0.1 (0.4993), ahead of lr=0.03 by 0.001" in out
+    # sampled arms in an experiment: asked one at a time, told, reused when run again
+    sampled = [
+        "s000 (lr=0.01477, opt=sgd): asked after 0, complete 0.5287",
+        "s001 (lr=0.002392, opt=adam): asked after 1, complete 0.3859",
+        "s002 (lr=0.008922, opt=adam): asked after 2, complete 0.0025",
+        "s003 (lr=0.004405, opt=adam): asked after 3, complete 0.1268",
+        "4 runs, 4 of them reused",
+    ]
+    start = printed.index(sampled[0])
+    assert printed[start : start + len(sampled)] == sampled
+    assert "\n".join(["```text", *sampled, "```"]) in page
 
 
 PAGES = {
