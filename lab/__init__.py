@@ -40,6 +40,7 @@ _WHERE: dict[str, str] = {
     "SqlLogger": "lab.loggers",
     "Store": "lab.store",
     "Summary": "lab.experiment",
+    "Sweep": "lab.sweeps",
     "TrainingBatch": "lab.loop",
     "TrainingLoop": "lab.loop",
     "RunHandle": "lab.loop",
@@ -69,6 +70,7 @@ __all__ = [
     "SqlLogger",
     "Store",
     "Summary",
+    "Sweep",
     "TrainingBatch",
     "TrainingLoop",
     "start_run",
@@ -92,7 +94,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from lab.records import ArmResult, ExperimentResult, RunResult, RunSpec, Summary
     from lab.script import start_run
     from lab.store import Store
-    from lab.sweeps import Prune, Race
+    from lab.sweeps import Prune, Race, Sweep
 
 
 __getattr__, __dir__ = lazy_names("lab", _WHERE, globals(), __all__)

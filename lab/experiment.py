@@ -14,14 +14,13 @@ import copy
 import functools
 import json
 import os
-import pickle
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
+import lab._sweep_arms as sweep_arms
 from lab._distributed import agreed, broadcast, for_rank, init_from_launcher, launcher_rank
 from lab._imports import require
 from lab._names import MAX_NAME, check_name, check_tags, safe_name
@@ -37,6 +36,7 @@ from lab._reuse import (
     train_name,
 )
 from lab._secrets import logger
+from lab._sweep_arms import record_trials, start_sweep, sweep_args, sweep_more, unasked
 from lab.dispatch import Dispatcher
 from lab.errors import ConfigError, RunBusy
 from lab.executors import (
@@ -80,7 +80,7 @@ from lab.records import (
     TrainFn,
     is_routine,
 )
-from lab.scheduler import Chain, InProcess, InWorkers, Runner, Scheduler, unsendable
+from lab.scheduler import Chain, InProcess, InWorkers, Runner, Scheduler, check_sendable
 from lab.sinks import RaceSink, StoreSink
 from lab.store.urls import resolve_url
 from lab.sweeps.pruning import Prune, pruning
@@ -88,6 +88,7 @@ from lab.sweeps.pruning import Prune, pruning
 if TYPE_CHECKING:  # the loop brings torch: a run imports it, declaring an experiment does not
     from lab.loop.evals import Evaluator
     from lab.sweeps.racing import Race
+    from lab.sweeps.sweep import Sweep
 
 __all__ = [  # the results are defined in lab.records, runs execute in lab.lifecycle
     "EXECUTORS",
@@ -317,6 +318,8 @@ class Experiment:
     _rounds: RaceRounds | None = None  # the race's rounds, while one runs
     _recorded: set[str]  # arms whose elimination the store holds already (with a race)
     race: Race | None  # the race over the arms' repeats, if any
+    sweep: Sweep | None  # where the arms are sampled from, if they are
+    _sweep_arms: sweep_arms.SweepArms | None = None  # the sweep's trials, while it runs
     executor: Executor
 
     def __init__(
@@ -347,12 +350,15 @@ class Experiment:
         bounds: dict[str, tuple[float, float]] | None = None,
         race: Race | None = None,
         prune: Prune | None = None,
+        sweep: Sweep | None = None,
     ) -> None:
         repeats, metric, mode = race_args(race, arms, repeats, metric, mode)
+        metric, mode = sweep_args(sweep, arms, metric, mode)
         _check_args(name, train, repeats, executor, max_retries, workers, base_config)
-        arms = _checked_arms(arms, repeats)
+        arms = _checked_arms(arms, repeats) if sweep is None else []  # sampled as it runs
         self.name, self.train, self.arms, self.repeats = name, train, arms, repeats
         self.base_config, self.race, self.prune = base_config, race, prune  # (see docs/sweeps.md)
+        self.sweep = sweep
         # validated now, before any run: one config per stage of each arm
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
@@ -364,20 +370,19 @@ class Experiment:
         self.benchmarks, self.executor = list(benchmarks), executor
         #: Every run of every arm, stages included (a race: a round at a time, fewer in all).
         self.n_runs = repeats * sum(_stage_count(arm) for arm in arms)
-        self.workers = _workers(executor, workers, len(arms) if race else self.n_runs)
+        n_arms = len(arms) if sweep is None else sweep_arms.sweep_size(sweep)
+        self.workers = _workers(executor, workers, n_arms if race else repeats * n_arms)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
         self.ray_address, self.max_retries = ray_address, max_retries
         self.tags = check_tags(tags)  # added to the experiment's tags in the store
         _check_later(notes, processes_per_run, metric)
         self.notes, self.fresh = notes, bool(fresh)
-        #: Local processes (DDP ranks) each run trains on; 1: the run's own process alone.
-        self.processes_per_run = processes_per_run
+        self.processes_per_run = processes_per_run  # DDP ranks per run (1: its own process)
         #: What the summaries of the experiment rank by, and its metrics' known ranges: every
         #: door reads it (recorded in the experiment's config, see `lab._ranking`).
-        self.declared = Declaration(
-            metric, check_mode(mode) if mode is not None else None, check_bounds_map(bounds)
-        )
+        self.declared = Declaration(metric, check_mode(mode) if mode is not None else None,
+                                    check_bounds_map(bounds))  # fmt: skip
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
 
     # ------------------------------------------------------------------------------------
@@ -427,7 +432,8 @@ class Experiment:
         callbacks = self._callbacks()
         self._pool = None
         if self.executor != "serial" or self.processes_per_run > 1:
-            self._check_sendable(callbacks)
+            check_sendable(self.executor, self.train, callbacks, self.run_callbacks,
+                           self.benchmarks, self.stage_configs)  # fmt: skip
         if self.executor == "ray":  # joined now: a bad address fails before any hook
             self._pool = RayPool(self.workers, self.ray_address)
         elif self.executor == "processes":
@@ -449,6 +455,7 @@ class Experiment:
                 break
         if self._sink is None and self.fresh and _rank_zero():  # only the folders move aside
             supersede_runs(None, self.name, folder, [key for key, *_ in self._plan()])
+        self._sweep_arms = start_sweep(self, Arm)  # the arms a sweep asked before, and asks first
         self._check_reuse()
         hooks = Dispatcher(callbacks, strict=self.strict)
         ctx = LogContext(experiment=self.name, output_dir=folder,
@@ -491,7 +498,7 @@ class Experiment:
         if self._rounds is not None:
             self.n_runs = self._rounds.total([arm.name for arm in self.arms])
         elif self._only_repeat is None:  # (a script's run plans its one run)
-            self.n_runs = sum(self._planned(arm) for arm in self.arms)
+            self.n_runs = sum(self._planned(arm) for arm in self.arms) + unasked(self._sweep_arms)
         self.result.planned = ctx.extras[RUNS] = self.n_runs
 
     def chains(self) -> list[Chain]:
@@ -514,6 +521,7 @@ class Experiment:
         else:
             ctx.group_name, ctx.group_kind = f"{arm.name}-r{chain.repeat}", "chain"
         ctx.arm = arm.name
+        record_trials(self._sweep_arms, ctx, self._sink)  # those asked before the first group
         return ctx.group_name
 
     def job(self, ctx: LogContext, chain: Chain) -> RunJob | RunResult:
@@ -528,7 +536,17 @@ class Experiment:
 
     def more(self, ctx: LogContext, run: RunResult) -> list[Chain]:
         """What runs now that `run` ended: with a race, once `run` closed its round, the
-        arms it drops are recorded and the survivors' next round is due; else nothing."""
+        arms it drops are recorded and the survivors' next round is due; with a sweep, the
+        trials of the arms done are told and the next arms asked; else nothing."""
+        chains = self._race_more(ctx, run)
+        for name, params in sweep_more(self._sweep_arms, ctx, run, self._sink, self._rounds):
+            chains += self._add_arm(ctx, Arm(name, **params))
+        record_trials(self._sweep_arms, ctx, self._sink)
+        return chains
+
+    def _race_more(self, ctx: LogContext, run: RunResult) -> list[Chain]:
+        """With a race, once `run` closed its round: the arms it drops, recorded, and the
+        survivors' next round."""
         if self._rounds is None:
             return []
         dropped = self._rounds.ended(run)
@@ -551,15 +569,18 @@ class Experiment:
         index = {arm.name: i for i, arm in enumerate(self.arms)}
         return [Chain(index[name], self._rounds.round, None) for name in self._rounds.arms]
 
-    def _add_arm(self, ctx: LogContext, arm: Arm) -> list[Chain]:
+    def _add_arm(self, ctx: LogContext | None, arm: Arm) -> list[Chain]:
         """Add `arm` while the experiment runs (a sampled arm), checked as the declared arms
         are: it joins the result and the experiment's config (the store's logger records it
         as its first group starts), and its runs are planned. Returns its chains, which
-        `more` hands the scheduler."""
-        assert self.result is not None
+        `more` hands the scheduler. With `ctx` None (a sweep run again, before the experiment
+        starts), it only joins the arms: the experiment's config and result will hold it."""
         self.arms = _checked_arms([*self.arms, arm], self.repeats)
         configs = self.stage_configs[arm.name] = arm.stage_configs(self.base_config)
         self.configs[arm.name] = configs[0]
+        if ctx is None:
+            return []
+        assert self.result is not None
         ctx.config["arms"][arm.name] = _jsonable(arm.overrides)
         ctx.config["arm_configs"][arm.name] = _dumped(configs[0])
         self.result.arms.append(ArmResult(arm.name, arm.overrides))
@@ -578,47 +599,6 @@ class Experiment:
         if self.processes_per_run == 1:
             return run_in_worker
         return functools.partial(run_on_ranks, processes=self.processes_per_run)
-
-    def _check_sendable(self, callbacks: list[Callback]) -> None:
-        """Fail now, in one line, if a worker process could not get what a run needs."""
-        lambdas = "(a lambda or local function cannot cross to a worker process)"
-        items: list[tuple[str, Any, str]] = [
-            ("train", self.train, f"define train at module top level {lambdas}"),
-            *[
-                (f"callback {type(cb).__name__}", cb, "define its class at module top level and "
-                 "keep no open file, lock or connection in it")
-                for cb in callbacks
-            ],
-            *[
-                (f"callback factory {getattr(f, '__qualname__', f)!r}", f,
-                 f"define the factory at module top level {lambdas}")
-                for f in self.run_callbacks
-            ],
-            *[
-                (f"benchmark {b.name!r}", b, f"give it a function defined at module top level "
-                 f"{lambdas}")
-                for b in self.benchmarks
-            ],
-            *[
-                (f"the config of arm {name!r}", cfgs[0], "define its class at module top level")
-                for name, cfgs in self.stage_configs.items()
-            ],
-        ]  # fmt: skip
-        dumps: Callable[[Any], Any] = pickle.dumps
-        # a notebook, a REPL; Ray's cloudpickle sends what they define by value
-        interactive = not hasattr(sys.modules["__main__"], "__file__")
-        if self.executor == "ray":
-            from ray import cloudpickle
-
-            dumps, interactive = cloudpickle.dumps, False
-        for what, obj, fix in items:
-            try:
-                dumps(obj)
-                if interactive and getattr(obj, "__module__", None) == "__main__":
-                    raise TypeError("it is defined in an interactive session, which a worker "
-                                    "process cannot import")  # fmt: skip
-            except Exception as exc:
-                raise unsendable(self.executor, what, exc, fix) from None
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks)
@@ -642,6 +622,7 @@ class Experiment:
             "train": train_name(self.train),
             **summary,
             **({"race": dict(vars(self.race))} if self.race is not None else {}),
+            **({"sweep": sweep_arms.sweep_config(self.sweep)} if self.sweep else {}),
         }
 
     def _plan(self) -> list[tuple[str, Arm, int, int]]:

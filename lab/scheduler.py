@@ -25,9 +25,10 @@ import dataclasses
 import heapq
 import os
 import pickle
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from lab._secrets import logger
 from lab._signals import unwind_on_sigterm
@@ -331,3 +332,54 @@ class Scheduler:
         self.plan.retry(job.run_key)
         heapq.heappush(self.ready, number)
         return True
+
+
+def check_sendable(
+    executor: str,
+    train: Callable[..., Any],
+    callbacks: Sequence[Callback],
+    factories: Sequence[Callable[..., Any]],
+    benchmarks: Sequence[Any],
+    configs: Mapping[str, Sequence[Any]],
+) -> None:
+    """Fail now, in one line, if a worker process could not get what a run needs: `train`,
+    the shared `callbacks`, the callback `factories`, the `benchmarks` and each arm's
+    `configs` (pickled as `executor` sends them)."""
+    lambdas = "(a lambda or local function cannot cross to a worker process)"
+    items: list[tuple[str, Any, str]] = [
+        ("train", train, f"define train at module top level {lambdas}"),
+        *[
+            (f"callback {type(cb).__name__}", cb, "define its class at module top level and "
+             "keep no open file, lock or connection in it")
+            for cb in callbacks
+        ],
+        *[
+            (f"callback factory {getattr(f, '__qualname__', f)!r}", f,
+             f"define the factory at module top level {lambdas}")
+            for f in factories
+        ],
+        *[
+            (f"benchmark {b.name!r}", b, f"give it a function defined at module top level "
+             f"{lambdas}")
+            for b in benchmarks
+        ],
+        *[
+            (f"the config of arm {name!r}", cfgs[0], "define its class at module top level")
+            for name, cfgs in configs.items()
+        ],
+    ]  # fmt: skip
+    dumps: Callable[[Any], Any] = pickle.dumps
+    # a notebook, a REPL; Ray's cloudpickle sends what they define by value
+    interactive = not hasattr(sys.modules["__main__"], "__file__")
+    if executor == "ray":
+        from ray import cloudpickle
+
+        dumps, interactive = cloudpickle.dumps, False
+    for what, obj, fix in items:
+        try:
+            dumps(obj)
+            if interactive and getattr(obj, "__module__", None) == "__main__":
+                raise TypeError("it is defined in an interactive session, which a worker "
+                                "process cannot import")  # fmt: skip
+        except Exception as exc:
+            raise unsendable(executor, what, exc, fix) from None

@@ -3,8 +3,8 @@
 Before any hook fires, an experiment opens its store (a bad URL or a dead server stops it
 at once), learns which runs an earlier attempt recorded (to reuse or refuse them), and
 claims each run before it starts (two processes never train one run); with a race, it
-records the arms the race drops (`RaceSink`). It asks these of
-whichever attached callback is a `StoreSink`, never of a class by name, so a sink for
+records the arms the race drops (`RaceSink`); with a sweep, its trials (`SweepSink`). It
+asks these of whichever attached callback is a `StoreSink`, never of a class by name, so a sink for
 another backend (a ``lab serve`` server over HTTP, say) plugs in without editing
 `Experiment`. `lab.loggers.store_sink` builds the sink for a store URL.
 """
@@ -73,4 +73,28 @@ class RaceSink(Protocol):
     def record_elimination(self, ctx: LogContext, elimination: Any, alpha: float) -> None:
         """Record that the race dropped an arm of the experiment `ctx` points at
         (a `lab.sweeps.Elimination`, decided at level `alpha`)."""
+        ...
+
+
+@runtime_checkable
+class SweepSink(Protocol):
+    """A `StoreSink` that also records a sweep's trials (``Experiment(sweep=...)``): each
+    sampled arm as it is asked and as it is told, and those recorded before, from which a
+    sweep run again rebuilds its sampler. A sink that is not one leaves them unrecorded."""
+
+    def trials(self, experiment: str) -> list[dict[str, Any]]:
+        """The trials `experiment` recorded, by number ([] for an unknown experiment)."""
+        ...
+
+    def recorded_sweep(self, experiment: str) -> dict[str, Any] | None:
+        """The sweep `experiment` recorded in its config (None: none, or no experiment)."""
+        ...
+
+    def record_trial(self, ctx: LogContext, trial: Any, arm: str) -> None:
+        """Record sampled arm `arm` (a `lab.sweeps.Trial`, asked) of the experiment `ctx`
+        points at, with the arm's row when the store has none yet."""
+        ...
+
+    def tell_trial(self, ctx: LogContext, trial: Any) -> None:
+        """Record how a trial (told) of the experiment `ctx` points at ended."""
         ...

@@ -322,6 +322,16 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     ]
     _printed_and_shown(printed, page, pruning)
 
+    # sampled arms in an experiment: asked one at a time, told, reused when run again
+    sampled = [
+        "s000 (lr=0.01477, opt=sgd): asked after 0, complete 0.5287",
+        "s001 (lr=0.002392, opt=adam): asked after 1, complete 0.3859",
+        "s002 (lr=0.008922, opt=adam): asked after 2, complete 0.0025",
+        "s003 (lr=0.004405, opt=adam): asked after 3, complete 0.1268",
+        "4 runs, 4 of them reused",
+    ]
+    _printed_and_shown(printed, page, sampled)
+
 
 def _printed_and_shown(printed: list[str], page: str, lines: list[str]) -> None:
     """`lines` were printed in a row, and the page shows them as one text block."""

@@ -22,6 +22,7 @@
 | on_run_end          | final status, error, final metrics, callback failures,  |
 |                     | the tags and notes `train(run)` gave the run            |
 | (a race's round)    | `record_elimination`: each arm it drops (Experiment)    |
+| (a sweep's ask/tell)| `record_trial`, `tell_trial`: each sampled arm's trial  |
 | on_experiment_end   | the experiment's status                                 |
 
 Its ids live in ``ctx.ids`` under names starting with ``sql:``.
@@ -39,7 +40,7 @@ import pydantic
 
 from lab._secrets import logger
 from lab.callbacks.registry import register
-from lab.errors import ConfigError
+from lab.errors import ConfigError, NoExperiment
 from lab.hooks import FRAMEWORK_CONFIG, NOTES, TAGS, Callback, LogContext, LoopState, Phase
 from lab.provenance import Provenance, collect
 from lab.records import EvalResult
@@ -246,6 +247,37 @@ class SqlLogger(Callback):
             test=elimination.test, statistic=elimination.statistic,
             p_value=elimination.p_value, alpha=alpha, best=elimination.best,
         )  # fmt: skip
+
+    def trials(self, experiment: str) -> list[dict[str, Any]]:
+        """The trials of `experiment`'s sweep the store holds, by number ([] when the store
+        knows no such experiment)."""
+        try:
+            return [dict(t) for t in self.open().trials(experiment)]
+        except NoExperiment:
+            return []
+
+    def recorded_sweep(self, experiment: str) -> dict[str, Any] | None:
+        """The sweep `experiment` recorded in its config, if the store knows one."""
+        try:
+            config = self.open().get_experiment(experiment)["config"] or {}
+        except NoExperiment:
+            return None
+        return config.get("sweep")
+
+    def record_trial(self, ctx: LogContext, trial: Any, arm: str) -> None:
+        """Record sampled arm `arm` (a `lab.sweeps.Trial`) as asked, and the arm first when
+        the store has no row of it yet (its group has not started); the experiment calls it,
+        in its process, as it asks the arm."""
+        store = self.open()
+        if arm_key(arm) not in ctx.ids:
+            self._add_arm(store, ctx, arm)
+        store.add_trial(ctx.ids[EXPERIMENT_ID], trial.number, ctx.ids[arm_key(arm)],
+                        dict(trial.params), trial.asked_after)  # fmt: skip
+
+    def tell_trial(self, ctx: LogContext, trial: Any) -> None:
+        """Record how a trial of the experiment's sweep ended: its tell, value and state."""
+        self.open().tell_trial(ctx.ids[EXPERIMENT_ID], trial.number, told=trial.told,
+                               value=trial.value, state=trial.state)  # fmt: skip
 
     def on_run_start(self, ctx: LogContext) -> None:
         assert ctx.run_key is not None and ctx.group_name is not None
