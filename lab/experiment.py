@@ -357,9 +357,8 @@ class Experiment:
         _check_args(name, train, repeats, executor, max_retries, workers, base_config)
         arms = _checked_arms(arms, repeats) if sweep is None else []  # sampled as it runs
         self.name, self.train, self.arms, self.repeats = name, train, arms, repeats
-        self.base_config, self.race, self.prune = base_config, race, prune  # (see docs/sweeps.md)
-        self.sweep = sweep
-        # validated now, before any run: one config per stage of each arm
+        # the search (docs/sweeps.md); then one config per stage of each arm, validated now
+        self.base_config, self.race, self.prune, self.sweep = base_config, race, prune, sweep
         self.stage_configs = {arm.name: arm.stage_configs(base_config) for arm in arms}
         self.configs = {name: cfgs[0] for name, cfgs in self.stage_configs.items()}
         #: Callbacks every run shares, and factories of each run's own (a `Prune`'s among them).
@@ -379,8 +378,7 @@ class Experiment:
         _check_later(notes, processes_per_run, metric)
         self.notes, self.fresh = notes, bool(fresh)
         self.processes_per_run = processes_per_run  # DDP ranks per run (1: its own process)
-        #: What the summaries of the experiment rank by, and its metrics' known ranges: every
-        #: door reads it (recorded in the experiment's config, see `lab._ranking`).
+        #: What every door ranks by and clips to (recorded in its config, see `lab._ranking`).
         self.declared = Declaration(metric, check_mode(mode) if mode is not None else None,
                                     check_bounds_map(bounds))  # fmt: skip
         self._prior: dict[str, dict[str, Any]] = {}  # earlier runs of this name, by run key
