@@ -2,8 +2,9 @@
 
 ``Experiment(executor="serial")`` (the default) runs one run after another in its own
 process. ``Experiment(executor="processes", workers=N)`` hands each run to `ProcessPool`:
-at most N at a time, each in a process of its own, started with ``spawn`` (torch and
-``fork`` don't mix) and ended with its run, so no state leaks from one run into the next.
+at most N at a time, each in a process of its own, forked from a server process that imported
+torch and nothing else (``forkserver``: a ``fork`` of the experiment's own process would copy
+its threads and locks), and ended with its run, so no state leaks from one run into the next.
 
 What runs where, with ``executor="processes"``::
 
@@ -45,8 +46,14 @@ from lab._distributed import portable
 from lab._imports import require
 from lab.errors import ConfigError, LabError
 
-#: The start method of every worker process; ``fork`` would copy torch's threads and locks.
-START_METHOD: Final = "spawn"
+#: The start method of every worker process: each is forked from a server process that
+#: imported torch and nothing else happened in (no thread, no CUDA), so a worker starts
+#: without importing torch again; ``fork`` of the experiment's own process would copy its
+#: threads and locks.
+START_METHOD: Final = "forkserver"
+#: What the fork server imports before it forks any worker: what every run imports, and
+#: torch._dynamo, which a run's first optimizer step would import (about a second of CPU).
+PRELOAD: Final = ("__main__", "torch", "torch._dynamo", "lab.lifecycle", "lab.loop")
 #: How long a worker that has answered may take to exit before it is killed.
 EXIT_GRACE_S = 30.0
 
@@ -121,12 +128,15 @@ class _Worker:
 
 
 class ProcessPool:
-    """Runs calls ``fn(*args, progress=send)``, each in a fresh ``spawn`` process, at most
-    `workers` at a time.
+    """Runs calls ``fn(*args, progress=send)``, each in a fresh process, at most `workers` at
+    a time.
 
     A process per call (not a long-lived worker) is what makes runs independent: each run
-    starts from a fresh interpreter, as it would from the command line. `fn` and `args` are
-    pickled in the parent at `submit`, so a later change to them reaches no worker.
+    starts from the same clean interpreter, forked from the fork server (`PRELOAD` imported,
+    nothing run), with this process's environment, ``sys.path`` and working folder as they
+    are at `submit`, as a ``spawn`` process would get them, without importing torch again.
+    `fn` and `args` are pickled in the parent at `submit`, so a later change to them reaches
+    no worker.
     """
 
     def __init__(self, workers: int) -> None:
@@ -137,6 +147,7 @@ class ProcessPool:
         # oversubscribe the machine N times over. OMP_NUM_THREADS, when set, wins.
         self.threads = max(1, (os.cpu_count() or 1) // workers)
         self._mp = multiprocessing.get_context(START_METHOD)
+        self._mp.set_forkserver_preload(list(PRELOAD))  # read when the server starts
         self._running: dict[Any, _Worker] = {}
 
     @property
@@ -170,7 +181,7 @@ class ProcessPool:
         # not a daemon: a run may start processes of its own (a DataLoader's workers)
         process = self._mp.Process(
             target=_child,
-            args=(payload, writer, self.threads),
+            args=(payload, writer, self.threads, dict(os.environ)),
             name=f"lab-worker-{key}",
             daemon=False,
         )
@@ -532,13 +543,23 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _child(payload: bytes, conn: multiprocessing.connection.Connection, threads: int) -> None:
-    """A worker's whole life: load the call, run it, send back how it ended."""
-    signal.signal(signal.SIGINT, _interrupt_once)
-    if "OMP_NUM_THREADS" not in os.environ:
-        import torch
+def _child(
+    payload: bytes,
+    conn: multiprocessing.connection.Connection,
+    threads: int,
+    environ: dict[str, str],
+) -> None:
+    """A worker's whole life: load the call, run it, send back how it ended.
 
-        torch.set_num_threads(threads)
+    The fork server started with the environment of its own start: the worker takes the
+    experiment's as it is now (`environ`), as a spawned process would."""
+    os.environ.clear()
+    os.environ.update(environ)
+    signal.signal(signal.SIGINT, _interrupt_once)
+    import torch
+
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else threads)
     answer: tuple[Any, ...]
     try:
         try:

@@ -265,9 +265,9 @@ class Experiment:
 
     ``executor="serial"`` (the default) runs one run after another in this process;
     ``executor="processes"`` runs up to `workers` of them at once (default: the CPU count,
-    at most one per run), each in a fresh ``spawn`` worker process that gets pickled copies
-    of the callbacks and the context, so `train`, the callbacks and the configs' classes
-    must be importable (defined at module top level). See `lab.executors` for what fires
+    at most one per run), each in a fresh worker process that gets pickled copies of the
+    callbacks and the context, so `train`, the callbacks and the configs' classes must be
+    importable (defined at module top level). See `lab.executors` for what fires
     where; a run's `RunResult.artifacts` is None there.
 
     ``executor="ray"`` runs each run as a Ray task (``pip install 'lab[ray]'``): on the

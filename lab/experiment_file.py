@@ -3,7 +3,7 @@
 A file names its `train(run)` function and its config class as ``module:name``; the module
 is imported by name, with the file's own folder first on ``sys.path`` (as ``python
 script.py`` puts the script's folder there), so the functions stay picklable for
-``executor: processes``, whose ``spawn`` workers start with the same ``sys.path``. Everything
+``executor: processes``, whose workers start with the same ``sys.path``. Everything
 else maps to one `Experiment` argument::
 
     name: lr-sweep
@@ -545,7 +545,7 @@ def _import(ref: str, folder: Path, label: str, field: str) -> tuple[Any, Any]:
     """The module and the object that ``module:name`` names, the file's folder searched first."""
     module_name, _, attr = ref.partition(":")
     if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))  # stays: spawn workers copy sys.path at their start
+        sys.path.insert(0, str(folder))  # stays: workers copy sys.path at their start
     importlib.invalidate_caches()  # a module written since the folder was last listed
     try:
         module = importlib.import_module(module_name)

@@ -1,8 +1,8 @@
-"""executor="processes": each run in a fresh spawn worker, recorded as if it ran in series.
+"""executor="processes": each run in a fresh worker, recorded as if it ran in series.
 
 Everything a worker must import (train, callbacks, config classes) is defined at the top of
-this module: a spawned process finds it by name. Each worker starts a Python interpreter and
-imports torch, so the experiments here are small and few.
+this module: a worker finds it by name, as a spawned process would. Each worker is forked
+from the fork server, which imported torch once, so the experiments here are small and few.
 """
 
 from __future__ import annotations
@@ -482,3 +482,43 @@ def test_processes_on_postgres(pg_url: str, tmp_path: Path) -> None:
         assert store.list_experiments()[0]["status"] == "completed"
     finally:
         store.close()
+
+
+def where(run: RunSpec) -> dict[str, Any]:
+    """Where the run's process came from, and what it sees of its parent's state."""
+    return {
+        "parent": float(os.getppid()),
+        "pid": float(os.getpid()),
+        "knob": float(os.environ.get("LAB_TEST_KNOB", "-1")),
+        "gone": float("LAB_TEST_GONE" in os.environ),
+        "threads": float(torch.get_num_threads()),
+    }
+
+
+def test_workers_fork_from_one_server_with_the_environment_as_it_is_at_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server starts with the first pool and keeps the environment of its start;
+    each run still sees the experiment's environment as it is when the run starts, as a
+    spawned process would, and its own pid, never the server's or the experiment's."""
+    monkeypatch.setenv("LAB_TEST_GONE", "1")
+    monkeypatch.setenv("LAB_TEST_KNOB", "1")
+    first = Experiment("one", where, repeats=2, executor="processes", workers=2, store=False,
+                       output_dir=tmp_path).run()  # fmt: skip
+    monkeypatch.delenv("LAB_TEST_GONE")
+    monkeypatch.setenv("LAB_TEST_KNOB", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    second = Experiment("two", where, repeats=2, executor="processes", workers=2, store=False,
+                        output_dir=tmp_path).run()  # fmt: skip
+    runs = first.runs + second.runs
+    assert [r.status for r in runs] == ["completed"] * 4
+    servers = {r.metrics["parent"] for r in runs}
+    assert len(servers) == 1 and os.getpid() not in servers  # one server, forked from
+    assert len({r.metrics["pid"] for r in runs} | servers | {os.getpid()}) == 6
+    assert [(r.metrics["knob"], r.metrics["gone"]) for r in runs] == [
+        (1, 1),
+        (1, 1),
+        (2, 0),
+        (2, 0),
+    ]
+    assert [r.metrics["threads"] for r in second.runs] == [3.0, 3.0]  # OMP_NUM_THREADS wins
