@@ -613,7 +613,8 @@ def images(
 
 
 _RACE_SCHEMA = pa.schema([
-    ("arm", pa.string()), ("round", pa.int64()), ("n", pa.int64()), ("mean", pa.float64()),
+    ("arm", pa.string()), ("round", pa.int64()), ("status", pa.string()),
+    ("value", pa.float64()), ("n", pa.int64()), ("mean", pa.float64()),
     ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("eliminated", pa.bool_()),
     ("test", pa.string()), ("statistic", pa.float64()), ("p_value", pa.float64()),
     ("alpha", pa.float64()), ("best", pa.string()), ("winner", pa.bool_()),
@@ -630,10 +631,12 @@ def race(con: duckdb.DuckDBPyConnection, experiment: str) -> duckdb.DuckDBPyRela
     narrowed and why each one was dropped, as ``lab show`` prints it and the dashboard draws
     it (one computation: `lab.sweeps.report.race_table`).
 
-    Columns: arm, round, n (its counted runs up to that round), mean, ci_low, ci_high (the
-    summaries' 95% interval; NULL below two runs), eliminated (dropped after this round),
-    and on that row the test, statistic, p_value (Holm-corrected), alpha and best (the arm
-    it lost to); winner: the race is over and this arm won it.
+    Columns: arm, round, status and value (the round's run: its status, and its final
+    value of the race's metric when it counts, else NULL), n (its counted runs up to that
+    round), mean, ci_low, ci_high (the summaries' 95% interval; NULL below two runs),
+    eliminated (dropped after this round), and on that row the test, statistic, p_value
+    (Holm-corrected), alpha and best (the arm it lost to); winner: the race is over and
+    this arm won it.
 
     >>> lab.inspect.race(con, "lr-race").df()                               # doctest: +SKIP
     """

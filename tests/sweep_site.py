@@ -10,6 +10,9 @@ markup.
 pruned at step 3 (its run ``pruned``), one failed; the space recorded in the experiment's
 config in a file's form (``lr`` on a log scale, ``width`` an int, ``opt`` a choice,
 ``momentum`` only with sgd).
+
+``open race``: a race recorded through the store contract while its round 1 is open: both
+arms ended round 0, ``a`` ended round 1 and ``b``'s run of it still runs.
 """
 
 from __future__ import annotations
@@ -72,8 +75,14 @@ def train(run: RunSpec) -> object:
     return loop.artifacts
 
 
+OPEN_NAME = "open race"
+#: Each arm of the open race: its runs' values of val/loss (None: the run still runs).
+OPEN = {"a": [0.5, 0.4], "b": [0.9, None]}
+
+
 def record(url: str, folder: object) -> Any:
-    """Record the race and the sweep into the store at `url`; the race's result."""
+    """Record the race, the sweep and the open race into the store at `url`; the race's
+    `ExperimentResult`."""
     result = Experiment(
         RACE_NAME, train, base_config=Config(),
         arms=[Arm(name, lr=lr) for name, lr in RACE_ARMS.items()],
@@ -82,9 +91,10 @@ def record(url: str, folder: object) -> Any:
     store = Store(url)
     try:
         _sweep(store)
+        _open_race(store)
     finally:
         store.close()
-    return result.race
+    return result
 
 
 def _sweep(store: Store) -> None:
@@ -111,3 +121,20 @@ def _sweep(store: Store) -> None:
             store.finish_run(run, status="failed", error="diverged: <b>nan</b>")
             store.tell_trial(exp, number, told=number, value=None, state="failed")
     store.finish_experiment(exp, status="completed")
+
+
+def _open_race(store: Store) -> None:
+    config = {
+        "race": dict(vars(RACE)),
+        "summary": {"metric": "val/loss", "mode": "min", "bounds": {}},
+    }
+    exp = store.begin_experiment(OPEN_NAME, config=config, seed=0, repeats=RACE.max_repeats)
+    for name, values in OPEN.items():
+        arm = store.add_arm(exp, name, overrides={"lr": 0.1}, config={"lr": 0.1})
+        group = store.add_group(exp, name, arm_id=arm)
+        for repeat, value in enumerate(values):
+            run = store.start_run(exp, group, run_key=f"{name}-r{repeat}", arm_id=arm,
+                                  repeat=repeat, stage=0, seed=repeat, config={"lr": 0.1},
+                                  output_dir=None)  # fmt: skip
+            if value is not None:
+                store.finish_run(run, status="completed", summary={"val/loss": value})

@@ -1,8 +1,9 @@
 """The dashboard's sweep page API (`lab.server.dashboard_sweep`), on SQLite and PostgreSQL,
-through the real app with a real read token, over a real race and a sampled sweep
-(`tests.sweep_site`): each line's value is `lab.inspect.summary`'s mean, each round of the
-race the interval of the repeats so far (its last round the summary's), the eliminations and
-the winner the race's own, the importance Optuna's PED-ANOVA over the same trials."""
+through the real app with a real read token, over a real race, a sampled sweep and a race
+with a round open (`tests.sweep_site`): each line's value is `lab.inspect.summary`'s mean;
+the race and the trials are the same figures at every door (the experiment's own result and
+summary, `lab.inspect.race`/`trials`, ``lab show`` and the page's JSON); the importance is
+Optuna's PED-ANOVA over the same trials."""
 
 from __future__ import annotations
 
@@ -21,14 +22,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 import lab.inspect
+from lab._show import race_text, trials_text
 from lab._stats import spread
+from lab._table import fmt
 from lab.server import create_app
 from lab.server.auth import create_token
 from lab.server.dashboard_sweep import NO_OPTUNA
 from lab.store import Store
 from tests.postgres import new_database
 from tests.sweep_site import (
-    PRUNED,
+    OPEN,
+    OPEN_NAME,
     RACE_ARMS,
     RACE_NAME,
     SWEEP_NAME,
@@ -45,7 +49,7 @@ class Site:
     client: TestClient
     token: str
     store: Store
-    race: Any  # the race's ExperimentResult.race
+    result: Any  # the race's ExperimentResult, as its run returned it
 
     def get(self, experiment: str, what: str, **params: Any) -> Any:
         answer = self.client.get(f"{API}/experiments/{quote(experiment, safe='')}/{what}",
@@ -62,7 +66,7 @@ def site(
 ) -> Iterator[Site]:
     folder = tmp_path_factory.mktemp("sweep-page")
     with new_database() if request.param == "postgres" else _sqlite(folder) as url:
-        race = record(url, folder / "runs")
+        result = record(url, folder / "runs")
         writer = Store(url)
         try:
             token = create_token(writer.engine, "sweep-read", "read")
@@ -71,7 +75,7 @@ def site(
         store = Store(url, readonly=True)
         try:
             with TestClient(create_app(url), headers={"Authorization": f"Bearer {token}"}) as c:
-                yield Site(url, c, token, store, race)
+                yield Site(url, c, token, store, result)
         finally:
             store.close()
 
@@ -126,56 +130,127 @@ def test_each_line_is_an_arm_through_its_params_to_the_summary_mean(site: Site) 
          "n": 1 if status == "completed" else 0, "state": states[status], "eliminated": None}
         for i, (params, status, curve) in enumerate(TRIALS)
     ]  # fmt: skip
-    trials = site.store.trials(SWEEP_NAME)
-    assert [{k: t[k] for k in trials[0]} for t in sweep["trials"]] == [
-        {**t, "intermediate": {str(k): v for k, v in t["intermediate"].items()}} for t in trials
-    ]
-    assert sweep["trials"][2]["intermediate"] == {"3": PRUNED["value"]}
-    assert [(t["n"], t["mean"]) for t in sweep["trials"]] == [
-        (1, 0.55), (1, 0.25), (0, None), (1, 0.4), (0, None), (1, 0.45)
+    assert sweep["trials"] == [  # as the sampler was told: a pruned arm its last value
+        {"number": i, "arm": f"s{i:03d}", "params": params, "state": states[status],
+         "value": None if status == "failed" else curve[-1]}
+        for i, (params, status, curve) in enumerate(TRIALS)
     ]  # fmt: skip
+    assert sweep["race"] is None  # it ran no race
 
 
-def test_the_race_by_round_is_the_spread_of_the_repeats_so_far(site: Site) -> None:
-    race = site.get(RACE_NAME, "sweep")["race"]
-    finals: dict[str, list[float]] = {}
-    for run in site.store.get_experiment(RACE_NAME)["runs"]:
-        finals.setdefault(run["arm"], []).append(run["summary"]["val/loss"])
+def _lab(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_door_shows_the_same_race(site: Site) -> None:
+    page = site.get(RACE_NAME, "sweep")
+    race = page["race"]
+    result = site.result  # what the experiment's run returned
+    finals = {arm.name: [r.metrics["val/loss"] for r in arm.runs] for arm in result.arms}
     assert {arm: len(v) for arm, v in finals.items()} == {"slow": 4, "<i>mid</i>": 4, "fast": 4}
-    assert race["rounds"] == 4 and race["alpha"] == 0.05
-    assert [(r["arm"], r["round"]) for r in race["table"]] == [
+    # ExperimentResult.race: the rounds, each elimination, who survived and won
+    dropped = [(e.arm, e.round, e.test, e.statistic, e.p_value, 0.05, e.best)
+               for e in result.race.eliminations]  # fmt: skip
+    assert [tuple(e.values()) for e in race["eliminations"]] == dropped
+    assert [e[:3] + e[-2:] for e in dropped] == [
+        ("slow", 3, "t", 0.05, "fast"), ("<i>mid</i>", 3, "t", 0.05, "fast")
+    ]  # fmt: skip
+    assert (race["rounds"], race["survivors"], race["winner"], race["over"]) == (
+        result.race.rounds, result.race.survivors, result.race.winner, result.race.over
+    ) == (4, ["fast"], "fast", True)  # fmt: skip
+    assert (race["race"]["alpha"], race["race"]["test"], race["runs"], race["pruned"]) == (
+        0.05, "t", 12, 0
+    )  # fmt: skip
+    # each arm per round: its run, and the spread of its repeats so far
+    assert [(r["arm"], r["round"]) for r in race["rows"]] == [
         (arm, r) for arm in RACE_ARMS for r in range(4)
     ]
-    dropped = {e.arm: e for e in site.race.eliminations}
-    for row in race["table"]:
-        values = finals[row["arm"]][: row["round"] + 1]
-        s = spread(values)
-        assert (row["status"], row["value"]) == ("completed", values[-1])
-        assert (row["n"], row["mean"]) == (s.n, s.mean)
-        want = (None, None) if s.n < 2 else (s.ci_low, s.ci_high)
-        assert (row["ci_low"], row["ci_high"]) == want
-        gone = dropped.get(row["arm"])
-        here = gone is not None and gone.round == row["round"]
-        assert row["eliminated"] is here
-        if here:
-            assert (row["test"], row["statistic"], row["p_value"], row["best"]) == (
-                gone.test, gone.statistic, gone.p_value, gone.best
-            )  # fmt: skip
-    summary = _summary(site.url, RACE_NAME)  # the last round of each arm: lab.inspect's
-    for row in race["table"]:
-        if row["round"] == 3:
-            want = summary[row["arm"]]
-            assert (row["n"], row["mean"], row["ci_low"], row["ci_high"]) == (
-                want["n"], want["mean"], want["ci_low"], want["ci_high"]
-            )  # fmt: skip
-    assert [(e["arm"], e["round"], e["test"], e["statistic"], e["p_value"], e["alpha"],
-             e["best"]) for e in race["eliminations"]] == [
-        (e.arm, e.round, e.test, e.statistic, e.p_value, 0.05, e.best)
-        for e in site.race.eliminations
+    for row in race["rows"]:
+        s = spread(finals[row["arm"]][: row["round"] + 1])
+        assert row == {
+            "arm": row["arm"], "round": row["round"], "status": "completed",
+            "value": finals[row["arm"]][row["round"]], "n": s.n, "mean": s.mean,
+            "ci_low": None if s.n < 2 else s.ci_low, "ci_high": None if s.n < 2 else s.ci_high,
+            "eliminated": row["arm"] != "fast" and row["round"] == 3,
+        }  # fmt: skip
+    # ExperimentResult.summary(): each arm's last round, and its line on the page
+    summary = {r.arm: r for r in result.summary("val/loss", "min").rows if r.metric == "val/loss"}
+    last = {row["arm"]: row for row in race["rows"] if row["round"] == 3}
+    for line in page["lines"]:
+        want = summary[line["arm"]]
+        got = last[line["arm"]]
+        assert (got["n"], got["mean"], got["ci_low"], got["ci_high"]) == (
+            want.n, want.mean, want.ci_low, want.ci_high
+        )  # fmt: skip
+        assert (line["value"], line["n"]) == (want.mean, want.n)
+    # lab.inspect.race: the same rows, each dropped one with its elimination
+    con = lab.inspect.connect(site.url)
+    relation = lab.inspect.race(con, RACE_NAME)
+    out = {e["arm"]: e for e in race["eliminations"]}
+    assert [dict(zip(relation.columns, r, strict=True)) for r in relation.fetchall()] == [
+        {**row, **{k: out[row["arm"]][k] if row["eliminated"] else None
+                   for k in ("test", "statistic", "p_value", "alpha", "best")},
+         "winner": row["arm"] == "fast"}
+        for row in race["rows"]
     ]  # fmt: skip
-    assert [e["arm"] for e in race["eliminations"]] == ["slow", "<i>mid</i>"]
-    assert (race["survivors"], race["winner"]) == (site.race.survivors, site.race.winner)
-    assert race["winner"] == "fast"
+    # lab show: the race table as it prints it, its cells the figures above
+    shown = _lab("show", RACE_NAME, "--store", site.url)
+    assert race_text(race) in shown
+    lines = shown[shown.index("race by val/loss") :].splitlines()
+    assert lines[0] == (
+        "race by val/loss (min), t test at alpha 0.05: 4 of 5 rounds closed, 1 of 3 arms left, "
+        "over, winner fast"
+    )
+    for arm, text in zip(RACE_ARMS, lines[2:5], strict=True):
+        cells = [c.strip() for c in text.split("  ") if c.strip()]
+        want = []
+        for r in range(4):
+            s = spread(finals[arm][: r + 1])
+            cell = fmt(s.mean) + (f" [{fmt(s.ci_low)}, {fmt(s.ci_high)}]" if s.n > 1 else "")
+            want.append(cell + (" x" if arm != "fast" and r == 3 else ""))
+        status = "winner" if arm == "fast" else "out after round 3"
+        assert cells == [arm, status, *want]
+    assert [line.split()[:3] for line in lines[8:10]] == [
+        ["slow", "3", "t"], ["<i>mid</i>", "3", "t"]
+    ]  # fmt: skip
+
+
+def test_every_door_shows_the_same_trials(site: Site) -> None:
+    trials = site.get(SWEEP_NAME, "sweep")["trials"]
+    con = lab.inspect.connect(site.url)
+    assert lab.inspect.trials(con, SWEEP_NAME).fetchall() == [
+        (t["number"], t["arm"], json.dumps(t["params"]), t["value"], t["state"]) for t in trials
+    ]
+    assert [(t["value"], t["state"]) for t in trials] == [
+        (0.55, "complete"), (0.25, "complete"), (2.85, "pruned"), (0.4, "complete"),
+        (None, "failed"), (0.45, "complete"),
+    ]  # fmt: skip
+    shown = _lab("show", SWEEP_NAME, "--store", site.url)
+    assert trials_text(trials) in shown
+    assert '2      s002  {"lr": 0.0002, "width": 16, "opt": "adam"}' in shown
+
+
+def test_a_round_still_open_shows_nothing_and_there_is_no_winner_yet(site: Site) -> None:
+    page = site.get(OPEN_NAME, "sweep")
+    race = page["race"]
+    assert race["rows"] == [  # round 1 is open: b's run of it still runs
+        {"arm": arm, "round": 0, "status": "completed", "value": OPEN[arm][0], "n": 1,
+         "mean": OPEN[arm][0], "ci_low": None, "ci_high": None, "eliminated": False}
+        for arm in OPEN
+    ]  # fmt: skip
+    assert (race["rounds"], race["over"], race["winner"], race["survivors"], race["runs"]) == (
+        1, False, None, ["a", "b"], 3
+    )  # fmt: skip
+    # the lines are the summaries of every counted run so far
+    assert [(line["arm"], line["n"], line["value"], line["state"]) for line in page["lines"]] == [
+        ("a", 2, spread(OPEN["a"]).mean, "complete"), ("b", 1, 0.9, "complete")
+    ]  # fmt: skip
+    shown = _lab("show", OPEN_NAME, "--store", site.url)
+    assert race_text(race) in shown
+    assert "1 of 5 rounds closed, 2 of 2 arms left, running" in shown
 
 
 def _ped_anova(mode: str, rows: list[tuple[dict[str, Any], float]], dists: dict) -> list:

@@ -1,7 +1,8 @@
 """The dashboard's sweep page in headless Chromium, against a real `lab serve` over a real
 race and a sampled sweep (`tests.sweep_site`): the lines drawn through the parameters carry
-`lab.inspect.summary`'s means, the race's intervals and eliminations are the recorded ones,
-pruned and failed arms are drawn apart, and a pruned run's curve is grey on the experiment's
+`lab.inspect.summary`'s means, the race's rows, intervals, eliminations and winner drawn are
+`lab.inspect.race`'s, the trials `lab.inspect.trials`'s, pruned and failed arms are drawn
+apart, and a pruned run's curve is grey on the experiment's
 curves. Helpers, the browser and the screenshots come from `tests.test_dashboard_browser`."""
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import pytest
 
 import lab.inspect
 import tests.test_dashboard_browser as chromium
-from lab._stats import spread
-from lab.store import Store
 from tests.served import Served, serve
 from tests.sweep_site import RACE_ARMS, RACE_NAME, SWEEP_NAME, TRIALS, record
 from tests.test_dashboard_browser import (  # selenium's names: after that module's skip
@@ -77,43 +76,49 @@ def test_the_race_page_draws_the_summary_the_rounds_and_the_eliminations(
     assert [(a.get_attribute("data-axis"), a.get_attribute("data-scale")) for a in axes] == [
         ("lr", "log"), ("val/loss", "metric")
     ]  # fmt: skip
-    # the race table: per arm and round, the spread of its repeats so far
-    store = Store(site.store_url, readonly=True)
-    try:
-        finals: dict[str, list[float]] = {}
-        for run in store.get_experiment(RACE_NAME)["runs"]:
-            finals.setdefault(run["arm"], []).append(run["summary"]["val/loss"])
-        eliminations = store.eliminations(RACE_NAME)
-    finally:
-        store.close()
+    # the race as lab.inspect.race gives it: per arm and round, its run and the spread of
+    # its repeats so far, each elimination on its row
+    con = lab.inspect.connect(site.store_url)
+    relation = lab.inspect.race(con, RACE_NAME)
+    race = [dict(zip(relation.columns, r, strict=True)) for r in relation.fetchall()]
+    assert len(race) == 12 and sum(r["eliminated"] for r in race) == 2
     browser.find_element(By.CSS_SELECTOR, "#race details summary").click()
     rows = _rows(browser, "#race-table")
-    assert len(rows) == 12
-    for row in rows:
-        arm, rnd = row.get_attribute("data-arm"), int(row.get_attribute("data-round"))
-        got = values(row)
-        s = spread(finals[arm][: rnd + 1])
-        assert got[0:2] == [arm, rnd] and got[3:6] == [finals[arm][rnd], s.n, s.mean]
-        assert got[6:8] == ([None, None] if s.n < 2 else [s.ci_low, s.ci_high])
-        if rnd == 3:  # an arm's last round: lab.inspect.summary's figures
-            assert got[5:8] == [summary[arm][2], summary[arm][4], summary[arm][5]]
-        circle = browser.find_element(
-            By.CSS_SELECTOR, f"#race-chart .race-arm[data-arm='{arm}'] circle[data-round='{rnd}']"
-        )  # fmt: skip
-        assert json.loads(circle.get_attribute("data-mean")) == s.mean
+    assert [(r.get_attribute("data-arm"), int(r.get_attribute("data-round"))) for r in rows] == [
+        (r["arm"], r["round"]) for r in race
+    ]  # fmt: skip
+    for row, want in zip(rows, race, strict=True):
+        assert values(row) == [
+            want["arm"], want["round"], None, want["value"], want["n"], want["mean"],
+            want["ci_low"], want["ci_high"], want["p_value"],
+        ]  # fmt: skip
+        assert row.find_element(By.CSS_SELECTOR, ".status").text == want["status"]
+        if want["round"] == 3:  # an arm's last round: lab.inspect.summary's figures
+            got = [want["n"], want["mean"], want["ci_low"], want["ci_high"]]
+            assert got == [summary[want["arm"]][i] for i in (1, 2, 4, 5)]
+        at = f"#race-chart .race-arm[data-arm='{want['arm']}'] [data-round='{want['round']}']"
+        circle = browser.find_element(By.CSS_SELECTOR, f"{at}.race-mean")
+        assert json.loads(circle.get_attribute("data-mean")) == want["mean"]
+        assert int(circle.get_attribute("data-n")) == want["n"]
+        ci = browser.find_elements(By.CSS_SELECTOR, f"{at}.race-ci")
+        drawn = [[json.loads(c.get_attribute(f"data-{end}")) for end in ("low", "high")]
+                 for c in ci]  # fmt: skip
+        assert drawn == ([] if want["n"] < 2 else [[want["ci_low"], want["ci_high"]]])
     # each elimination marked on the chart at its round, with its p-value, and listed
+    out = [r for r in race if r["eliminated"]]
     marks = browser.find_elements(By.CSS_SELECTOR, "#race-chart .race-out")
-    by_arm = {e["arm"]: e for e in eliminations}
-    assert len(marks) == len(eliminations) == 2
-    for mark in marks:
-        arm = mark.find_element(By.XPATH, "..").get_attribute("data-arm")
-        assert int(mark.get_attribute("data-round")) == by_arm[arm]["round"] == 3
-        assert json.loads(mark.get_attribute("data-p")) == by_arm[arm]["p_value"]
+    assert [(m.find_element(By.XPATH, "..").get_attribute("data-arm"),
+             int(m.get_attribute("data-round")), json.loads(m.get_attribute("data-p")))
+            for m in marks] == [(r["arm"], r["round"], r["p_value"]) for r in out]  # fmt: skip
     assert [values(r) for r in _rows(browser, "#eliminations-table")] == [
-        [e["arm"], e["round"], e["test"], e["statistic"], e["p_value"], e["best"]]
-        for e in sorted(eliminations, key=lambda e: list(RACE_ARMS).index(e["arm"]))
+        [r["arm"], r["round"], r["test"], r["statistic"], r["p_value"], r["best"]] for r in out
     ]
-    assert browser.find_element(By.ID, "race-winner").text.startswith("Winner: fast · 4 rounds")
+    assert [r["arm"] for r in out] == ["slow", "<i>mid</i>"]
+    (winner,) = {r["arm"] for r in race if r["winner"]}
+    assert browser.find_element(By.ID, "race-winner").text == (
+        f"Winner: {winner} · 4 of 5 rounds closed · 2 arms eliminated by the t test at alpha "
+        "0.05 · 12 runs"
+    )
     WebDriverWait(browser, 20).until(lambda d: _rows(d, "#importance-table"))
     assert [values(r)[:2] for r in _rows(browser, "#importance-table")] == [["lr", 1.0]]
     check_page(browser, "sweep-race", shots)
@@ -148,9 +153,24 @@ def test_the_sweep_page_draws_pruned_and_failed_arms_apart_and_their_importance(
     shown = [values(r)[:2] for r in _rows(browser, "#importance-table")]
     assert shown == [[p["param"], p["importance"]] for p in answer["importance"]]
     assert [r["param"] for r in answer["importance"]] == ["lr", "width", "opt"]
-    assert [t.get_attribute("data-state") for t in _rows(browser, "#trials-table")] == [
-        "complete", "complete", "pruned", "complete", "failed", "complete"
+    con = lab.inspect.connect(site.store_url)
+    trials = lab.inspect.trials(con, SWEEP_NAME).fetchall()
+    rows = _rows(browser, "#trials-table")
+    assert [(r.get_attribute("data-arm"), r.get_attribute("data-state")) for r in rows] == [
+        (arm, state) for _n, arm, _p, _v, state in trials
+    ]
+    keys = ["lr", "width", "opt", "momentum"]
+    assert [values(r) for r in rows] == [
+        [number, arm, None, *(json.loads(params).get(k) for k in keys), value]
+        for number, arm, params, value, _state in trials
+    ]
+    assert [t[3:] for t in trials] == [
+        (0.55, "complete"), (0.25, "complete"), (2.85, "pruned"), (0.4, "complete"),
+        (None, "failed"), (0.45, "complete"),
     ]  # fmt: skip
+    assert browser.find_element(By.ID, "race-none").text == (
+        "This experiment ran no race: Experiment(race=Race(...)) runs one."
+    )
     check_page(browser, "sweep-sampled", shots)
     # the experiment's curves: the pruned run's own line, grey and dashed
     browser.get(_url(site, SWEEP_NAME))

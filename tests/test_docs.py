@@ -305,8 +305,9 @@ def _check_sweeps_page(out: str, namespace: dict[str, object]) -> None:
     shown = [  # the sweep page's JSON
         "[('lr', 'float', False)]",
         "[('lr=0.1', None), ('lr=0.03', None), ('lr=1', 1)]",
-        "[('lr=1', 1, 2, 't')]",
-        "lr=0.1 6 [{'param': 'lr', 'importance': 1.0}]",
+        "[('lr=1', 1, 2, 'completed')]",
+        "[('lr=1', 1, 't', 'lr=0.1')]",
+        "lr=0.1 6 True [{'param': 'lr', 'importance': 1.0}]",
     ]
     start = printed.index(shown[0])
     assert printed[start : start + len(shown)] == shown

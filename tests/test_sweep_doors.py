@@ -86,7 +86,8 @@ def recorded(module_store_url: str, tmp_path_factory: pytest.TempPathFactory) ->
 def _round(arm: str, r: int, eliminated: bool = False) -> dict[str, object]:
     s = spread([MEANS[arm] + v for v in NOISE[arm][: r + 1]])
     nan = math.isnan
-    return {"arm": arm, "round": r, "n": r + 1, "mean": s.mean,
+    return {"arm": arm, "round": r, "status": "completed", "value": MEANS[arm] + NOISE[arm][r],
+            "n": r + 1, "mean": s.mean,
             "ci_low": None if nan(s.ci_low) else s.ci_low,
             "ci_high": None if nan(s.ci_high) else s.ci_high, "eliminated": eliminated}  # fmt: skip
 
@@ -147,14 +148,16 @@ def test_inspect_race_and_trials_are_the_tables_as_frames(recorded: str) -> None
     race = lab.inspect.race(con, "race")
     got = race.fetchall()
     expected = [
-        (r["arm"], r["round"], r["n"], r["mean"], r["ci_low"], r["ci_high"], r["eliminated"],
+        (r["arm"], r["round"], r["status"], r["value"], r["n"], r["mean"], r["ci_low"],
+         r["ci_high"], r["eliminated"],
          *((e["test"], e["statistic"], e["p_value"], 0.05, "a") if r["eliminated"]
            else (None,) * 5), r["arm"] == "a")
         for r in ROWS
     ]  # fmt: skip
     assert got == expected
-    assert race.columns == ["arm", "round", "n", "mean", "ci_low", "ci_high", "eliminated",
-                            "test", "statistic", "p_value", "alpha", "best", "winner"]  # fmt: skip
+    assert race.columns == ["arm", "round", "status", "value", "n", "mean", "ci_low", "ci_high",
+                            "eliminated", "test", "statistic", "p_value", "alpha", "best",
+                            "winner"]  # fmt: skip
     assert lab.inspect.trials(con, "search").fetchall() == [
         (0, "s000", '{"lr": 0.01}', 0.25, "complete"),
         (1, "s001", '{"lr": 0.1, "opt": "sgd"}', 1.5, "pruned"),

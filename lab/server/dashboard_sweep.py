@@ -4,19 +4,20 @@
 ``/experiments/NAME/sweep`` answers the page in one request: one line per arm through the
 space's parameters to the metric (a sampled arm's parameters as its sampler chose them, an
 explicit arm's overrides), each axis described (a float or int on a linear or log scale, or
-a choice), the trials as the sampler knows them, and the race: per arm and round its n,
-mean and 95% interval over the repeats so far, each elimination (round, test, statistic,
-corrected p-value) and the winner. ``/experiments/NAME/importance`` answers each parameter's
-importance for the metric, by Optuna's PED-ANOVA over the arms with a value; it imports
-Optuna in that request alone, and without it answers the line that says what to install.
+a choice), the trials as the sampler knows them, and the race: per arm and closed round its
+run's status and value, and its n, mean and 95% interval over the repeats so far, each
+elimination (round, test, statistic, corrected p-value) and the winner once it is over.
+``/experiments/NAME/importance`` answers each parameter's importance for the metric, by
+Optuna's PED-ANOVA over the arms with a value; it imports Optuna in that request alone, and
+without it answers the line that says what to install.
 
-The race table and the trials table are `race_table` and `trials_table`, pure functions of
-the store's records, so every door that prints them prints the same figures.
+The race, the trials and the arms' lines are `lab.sweeps.report`'s (`sweep_tables`,
+`arm_lines`), the functions ``lab show``, ``lab sweep`` and `lab.inspect` use, so every door
+shows the same figures.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -24,12 +25,12 @@ from typing import Any, Literal
 import fastapi
 from pydantic import BaseModel
 
-from lab._ranking import COUNTED_STATUSES, Mode, choose, declaration
-from lab._stats import spread
+from lab._ranking import Mode, choose, declaration
 from lab.errors import ConfigError
 from lab.server.openapi import NamePath, Number, problems
-from lab.server.read import EliminationRow, LabJSON, StoreDep, TrialRow
+from lab.server.read import Dropped, LabJSON, StoreDep
 from lab.store import Store
+from lab.sweeps.report import arm_lines, sweep_tables
 
 router = fastapi.APIRouter(tags=["dashboard"])
 
@@ -56,9 +57,9 @@ class Axis(BaseModel):
 
 
 class Line(BaseModel):
-    """One arm through the axes: its parameters (an inactive one left out), its value of the
-    metric (the mean of its counted runs), its state, its trial number if it was sampled, and
-    the round after which a race dropped it."""
+    """One arm through the axes (`lab.sweeps.report.ArmLine`): its parameters (an inactive
+    one left out), its value of the metric (its summary's mean of its `n` counted runs), its
+    state, its trial number if it was sampled, and the round after which a race dropped it."""
 
     arm: str
     number: int | None
@@ -70,9 +71,9 @@ class Line(BaseModel):
 
 
 class RaceRow(BaseModel):
-    """An arm after one round of the race: its run of the round (value, status), and over
-    its repeats so far the n counted, their mean and 95% t interval; if the round dropped
-    it, the test, the statistic against the best arm and the corrected p-value."""
+    """An arm after one closed round of the race (`lab.sweeps.report.RaceRow`): the round's
+    run (its status, and its value when it counts), and over its repeats so far the n
+    counted, their mean and 95% t interval, and whether the round dropped it."""
 
     arm: str
     round: int
@@ -83,42 +84,49 @@ class RaceRow(BaseModel):
     ci_low: Number | None
     ci_high: Number | None
     eliminated: bool
-    test: str | None
-    statistic: Number | None
-    p_value: Number | None
-    best: str | None
 
 
 class RaceView(BaseModel):
-    """The race: its rounds per arm, the eliminations, who survives and the winner (the
-    survivor with the best mean over the rounds every survivor ran)."""
+    """The race (`lab.sweeps.report.RaceTable`, as ``lab show`` prints it and
+    `lab.inspect.race` gives it): the `Race`'s fields, the arms raced, the rounds closed and
+    each arm's row per closed round, the eliminations, who survives, whether it is over and
+    its winner once it is, and the runs that ended (of them `pruned`)."""
 
+    experiment: str
+    race: dict[str, Any]
+    arms: list[str]
     rounds: int
-    alpha: Number | None
-    table: list[RaceRow]
-    eliminations: list[EliminationRow]
+    rows: list[RaceRow]
+    eliminations: list[Dropped]
     survivors: list[str]
+    over: bool
     winner: str | None
+    runs: int
+    pruned: int
 
 
-class TrialLine(TrialRow):
-    """A sampled arm as its sampler knows it, with its arm's counted runs and their mean."""
+class SweepTrial(BaseModel):
+    """A sampled arm as the sweep's table shows it (`lab.sweeps.report.TrialRow`): its ask
+    order, arm, active parameters, value (null until told, and for a failed one) and state."""
 
-    n: int
-    mean: Number | None
+    number: int
+    arm: str
+    params: dict[str, Any]
+    value: Number | None
+    state: str
 
 
 class SweepPage(BaseModel):
     """The sweep page's data: the metric and mode, the axes and a line per arm, the trials
-    (none for explicit arms) and the race."""
+    (none for explicit arms) and the race (null when the experiment ran none)."""
 
     name: str
     metric: str | None
     mode: Mode
     axes: list[Axis]
     lines: list[Line]
-    trials: list[TrialLine]
-    race: RaceView
+    trials: list[SweepTrial]
+    race: RaceView | None
 
 
 class ParamImportance(BaseModel):
@@ -140,121 +148,7 @@ class Importance(BaseModel):
     unavailable: str | None
 
 
-# -- the tables -------------------------------------------------------------------------------
-
-
-def _final(run: Mapping[str, Any], metric: str) -> float | None:
-    """A counted run's final value of `metric` (NaN kept as data), else None."""
-    if run["status"] not in COUNTED_STATUSES:
-        return None
-    value = (run.get("summary") or {}).get(metric)
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)  # the JSON strings "NaN" and "Infinity" too
-    except ValueError:
-        return None
-
-
-def _spread(values: list[float], bounds: tuple[float, float] | None) -> Any:
-    try:
-        return spread(values, bounds=bounds)
-    except ConfigError:  # a value outside the declared bounds: the interval unclipped
-        return spread(values)
-
-
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def race_table(
-    runs: Sequence[Mapping[str, Any]],
-    eliminations: Sequence[Mapping[str, Any]],
-    metric: str,
-    arms: Sequence[str],
-    bounds: tuple[float, float] | None = None,
-) -> list[dict[str, Any]]:
-    """Per arm (in `arms` order) and round it ran (round r is repeat r): its run's status
-    and value, and over its repeats up to r the counted values' n, mean and 95% t interval
-    (`lab._stats.spread`, clipped to `bounds`), with the elimination of that round if any.
-    At an arm's last round the figures are its summary's (`lab.inspect.summary`)."""
-    dropped = {e["arm"]: e for e in eliminations}
-    by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
-    for run in runs:
-        if run["arm"] is not None and run["status"] != "running":
-            by_arm.setdefault(run["arm"], {})[run["repeat"]] = run
-    rows: list[dict[str, Any]] = []
-    for arm in arms:
-        mine = by_arm.get(arm, {})
-        values: list[float] = []
-        for repeat in sorted(mine):
-            run = mine[repeat]
-            value = _final(run, metric)
-            if value is not None:
-                values.append(value)
-            s = _spread(values, bounds)
-            gone = dropped.get(arm)
-            here = gone is not None and gone["round"] == repeat
-            rows.append({
-                "arm": arm, "round": repeat, "status": run["status"], "value": value,
-                "n": s.n, "mean": _number(s.mean) if s.n else None,
-                "ci_low": _number(s.ci_low), "ci_high": _number(s.ci_high),
-                "eliminated": here, "test": gone["test"] if here else None,
-                "statistic": gone["statistic"] if here else None,
-                "p_value": gone["p_value"] if here else None,
-                "best": gone["best"] if here else None,
-            })  # fmt: skip
-    return rows
-
-
-def trials_table(
-    trials: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metric: str | None
-) -> list[dict[str, Any]]:
-    """Each trial (`Store.trials`) with its arm's counted runs of `metric`: n and mean."""
-    values: dict[str, list[float]] = {}
-    for run in runs:
-        value = _final(run, metric) if metric is not None else None
-        if run["arm"] is not None and value is not None:
-            values.setdefault(run["arm"], []).append(value)
-    rows = []
-    for t in trials:
-        mine = values.get(t["arm"], [])
-        mean = math.fsum(mine) / len(mine) if mine else None
-        rows.append({**t, "intermediate": {str(k): v for k, v in t["intermediate"].items()},
-                     "n": len(mine), "mean": mean})  # fmt: skip
-    return rows
-
-
 # -- the page ---------------------------------------------------------------------------------
-
-
-def _flat(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """An arm's overrides as dotted keys, as a space names them."""
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def _scalar(value: Any) -> Any:
-    """A parameter's value as an axis places it: a JSON scalar as is, else its JSON text."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return json.dumps(value, sort_keys=True)
-
-
-def _state(runs: list[Mapping[str, Any]], metric: str | None) -> str:
-    """An explicit arm's state from its runs: complete once a counted run has the metric."""
-    if metric is not None and any(_final(r, metric) is not None for r in runs):
-        return "complete"
-    statuses = {r["status"] for r in runs}
-    if not runs or "running" in statuses or "pending" in statuses:
-        return "running"
-    return "pruned" if "pruned" in statuses else "failed"
 
 
 def _recorded_space(config: Any) -> dict[str, Any]:
@@ -272,7 +166,7 @@ def _recorded_space(config: Any) -> dict[str, Any]:
         return {}
 
 
-def _axes(lines: list[dict[str, Any]], space: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _axes(lines: Sequence[Mapping[str, Any]], space: Mapping[str, Any]) -> list[dict[str, Any]]:
     """An axis per parameter, in the order the lines first name them: as the recorded space
     declares it, else from the values (all numbers: int or float, log when positive and
     spanning `LOG_SPAN`; anything else: a choice, in order of appearance)."""
@@ -293,9 +187,9 @@ def _axes(lines: list[dict[str, Any]], space: Mapping[str, Any]) -> list[dict[st
             log = low > 0 and high / low >= LOG_SPAN
         else:
             choices = list(param.values) if kind == "choice" else []  # type: ignore[union-attr]
-            for v in seen:
-                if _scalar(v) not in choices:
-                    choices.append(_scalar(v))
+            for v in seen:  # a line's params are JSON scalars (`arm_lines`)
+                if v not in choices:
+                    choices.append(v)
             axes.append({"name": name, "kind": "choice", "log": False, "low": None,
                          "high": None, "choices": choices})  # fmt: skip
             continue
@@ -304,71 +198,21 @@ def _axes(lines: list[dict[str, Any]], space: Mapping[str, Any]) -> list[dict[st
     return axes
 
 
-def _winner(
-    arms: Sequence[str], table: list[dict[str, Any]], survivors: list[str], mode: Mode
-) -> str | None:
-    """The survivor `lab.sweeps.racing.RaceState.winner` names over the recorded rounds."""
-    if not survivors:
-        return None
-    from lab.sweeps.racing import Race, RaceState
-
-    state = RaceState(Race("metric", mode=mode), arms)
-    state.survivors = list(survivors)
-    for row in table:
-        state.values[row["arm"]].append(row["value"])
-    return state.winner()
-
-
 def sweep_page(store: Store, name: str) -> dict[str, Any]:
-    """The sweep page of experiment `name` (`SweepPage`), read from `store`."""
+    """The sweep page of experiment `name` (`SweepPage`), read from `store`: the race, the
+    trials and the arms' lines as `lab.sweeps.report` computes them for every door, and
+    the axes they are drawn on. The metric is the one the experiment's summary ranks by
+    (its declared one: a race's or a sweep's, else ``val/loss`` or ``loss``)."""
     exp = store.get_experiment(name)
-    trials = store.trials(name)
-    runs = exp["runs"]
-    arms = [a["name"] for a in exp["arms"]]
-    order = {arm: i for i, arm in enumerate(arms)}  # a round's eliminations in arm order
-    eliminations = sorted(store.eliminations(name),
-                          key=lambda e: (e["round"], order.get(e["arm"], len(order))))  # fmt: skip
-    keys = sorted({k for r in runs for k in (r.get("summary") or {})})
-    declared = declaration(exp["config"])
-    metric, mode = choose(None, None, declared, keys)
+    race, trials = sweep_tables(store, exp)
+    keys = sorted({k for r in exp["runs"] for k in (r.get("summary") or {})})
+    metric, mode = choose(None, None, declaration(exp["config"]), keys)
     metric = metric or (keys[0] if keys else None)
-    overrides = {a["name"]: a["overrides"] for a in exp["arms"]}
-    sampled = {t["arm"]: t for t in trials}
-    dropped = {e["arm"]: e for e in eliminations}
-    per_arm: dict[str, list[Mapping[str, Any]]] = {arm: [] for arm in arms}
-    for run in runs:
-        if run["arm"] in per_arm:
-            per_arm[run["arm"]].append(run)
-    lines = []
-    for arm in arms:
-        trial = sampled.get(arm)
-        values = [v for r in per_arm[arm] if (v := _final(r, metric or "")) is not None]
-        state = _state(per_arm[arm], metric)
-        if trial is not None and trial["state"] != "running":
-            state = trial["state"]
-        params = trial["params"] if trial is not None else _flat(overrides[arm] or {})
-        lines.append({
-            "arm": arm, "number": trial["number"] if trial is not None else None,
-            "params": {k: _scalar(v) for k, v in params.items()},
-            "value": math.fsum(values) / len(values) if values else None, "n": len(values),
-            "state": state,
-            "eliminated": dropped[arm]["round"] if arm in dropped else None,
-        })  # fmt: skip
-    bounds = (declared.bounds or {}).get(metric) if metric else None
-    table = race_table(runs, eliminations, metric, arms, bounds) if metric else []
-    survivors = [arm for arm in arms if arm not in dropped]
-    race = {
-        "rounds": max((row["round"] + 1 for row in table), default=0),
-        "alpha": eliminations[0]["alpha"] if eliminations else None,
-        "table": table,
-        "eliminations": eliminations,
-        "survivors": survivors,
-        "winner": _winner(arms, table, survivors, mode) if table else None,
-    }
+    lines = arm_lines(exp, trials, race, metric, mode)
     return {
         "name": exp["name"], "metric": metric, "mode": mode,
         "axes": _axes(lines, _recorded_space(exp["config"])), "lines": lines,
-        "trials": trials_table(trials, runs, metric), "race": race,
+        "trials": trials, "race": race,
     }  # fmt: skip
 
 

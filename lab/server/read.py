@@ -709,7 +709,7 @@ class TrialRow(BaseModel):
     intermediate: dict[str, Number]
 
 
-class EliminationRow(BaseModel):
+class Dropped(BaseModel):
     """An arm a race dropped: after which round, by which test, with the post-hoc statistic
     against the best arm, the corrected p-value and alpha."""
 
@@ -720,6 +720,11 @@ class EliminationRow(BaseModel):
     p_value: Number
     alpha: Number
     best: str
+
+
+class EliminationRow(Dropped):
+    """An arm a race dropped (`Dropped`), with when the store recorded it."""
+
     created_at: Timestamp
 
 

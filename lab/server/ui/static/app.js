@@ -1103,8 +1103,7 @@
       const better = page.mode === 'max' ? 'higher' : 'lower';
       const coords = section('parcoords', `Parameters against ${page.metric || '–'}`);
       const importance = section('importance', 'Per-parameter importance');
-      const race = section('race', page.race.eliminations.length ? 'The race' :
-        'Intervals by round');
+      const race = section('race', 'The race');
       clear(main).append(section('sweep-head', null,
         el('div', { class: 'head-row' }, el('h1', { id: 'sweep-name', text: `Sweep of ${page.name}` })),
         el('p', { class: 'meta' }, `${page.lines.length} arms · ${page.metric || 'no metric'} ` +
@@ -1237,21 +1236,35 @@
     }
 
     function drawRace(box, page) {
-      const race = page.race;
-      const rows = race.table;
-      if (!rows.length) {
-        box.append(el('p', { class: 'muted', text: 'No run has ended yet.' }));
+      const race = page.race;  // lab.sweeps.report's race table, as lab show prints it
+      if (race === null) {
+        box.append(el('p', { id: 'race-none', class: 'muted',
+          text: 'This experiment ran no race: Experiment(race=Race(...)) runs one.' }));
         return;
       }
-      const arms = page.lines.map((l) => l.arm).filter((a) => rows.some((r) => r.arm === a));
+      const rows = race.rows;
+      const out = Object.fromEntries(race.eliminations.map((e) => [e.arm, e]));
+      const head = el('p', { class: 'meta', id: 'race-winner' },
+        race.winner !== null ? ['Winner: ', el('strong', { text: race.winner })] :
+          race.over ? 'The race is over with no winner' :
+            `No winner yet: ${race.survivors.length} of ${race.arms.length} arms racing`,
+        ` · ${race.rounds} of ${race.race.max_repeats} rounds closed · ` +
+        `${race.eliminations.length} arms eliminated by the ${race.race.test} test at alpha ` +
+        `${fmt(race.race.alpha)} · ${race.runs} runs` +
+        (race.pruned ? ` (${race.pruned} pruned)` : ''));
+      if (!rows.length) {
+        box.append(head, el('p', { class: 'muted', text: 'No round has closed yet.' }));
+        return;
+      }
+      const arms = race.arms;
       const width = Math.max(480, Math.min(1300, box.clientWidth - 30));
       const height = 280;
       const top = 20;
       const bottom = height - 36;
       const spans = rows.flatMap((r) => [r.mean, r.ci_low, r.ci_high].map(num))
         .filter((v) => v !== null && Number.isFinite(v));
-      const lo = Math.min(...spans);
-      const hi = Math.max(...spans);
+      const lo = spans.length ? Math.min(...spans) : 0;
+      const hi = spans.length ? Math.max(...spans) : 1;
       const y = (v) => (hi > lo ? bottom - ((v - lo) * (bottom - top)) / (hi - lo) :
         (top + bottom) / 2);
       const step = (width - 110) / Math.max(1, race.rounds);
@@ -1283,16 +1296,21 @@
               stroke: color, 'stroke-width': 2, 'data-round': row.round,
               'data-low': JSON.stringify(row.ci_low), 'data-high': JSON.stringify(row.ci_high) }));
           }
-          g.append(svg('circle', { class: 'race-mean', cx, cy: y(mean), r: 3.5, fill: color,
-            'data-round': row.round, 'data-mean': JSON.stringify(row.mean) },
-          svg('title', { text: `${arm}, round ${row.round}: mean ${fmt(mean)} (n ${row.n})` })));
-          if (row.eliminated) {
+          // a round whose run counted no value (pruned, failed) is a hollow mark
+          const counted = row.value !== null;
+          g.append(svg('circle', { class: 'race-mean', cx, cy: y(mean), r: 3.5,
+            fill: counted ? color : '#fff', stroke: color, 'data-round': row.round,
+            'data-mean': JSON.stringify(row.mean), 'data-n': row.n, 'data-status': row.status },
+          svg('title', { text: `${arm}, round ${row.round} (${row.status}): mean ${fmt(mean)} ` +
+            `(n ${row.n})` })));
+          const gone = row.eliminated ? out[arm] : undefined;
+          if (gone) {
             const cy = y(mean);
             g.append(svg('path', { class: 'race-out', d: `M${cx - 6},${cy - 6}L${cx + 6},${cy + 6}` +
               `M${cx - 6},${cy + 6}L${cx + 6},${cy - 6}`, stroke: '#b42318', 'stroke-width': 2.5,
-            'data-round': row.round, 'data-p': JSON.stringify(row.p_value) }),
+            'data-round': gone.round, 'data-p': JSON.stringify(gone.p_value) }),
             svg('text', { class: 'race-out-label', x: cx + 8, y: cy - 8,
-              text: `out: p=${fmt(row.p_value)}` }));
+              text: `out: p=${fmt(gone.p_value)}` }));
           }
         }
         g.prepend(svg('path', { d: path.trim(), fill: 'none', stroke: color, 'stroke-width': 1,
@@ -1303,25 +1321,21 @@
         el('span', { class: 'legend-arm' }, el('span', { class: 'swatch',
           style: `background:${COLORS[i % COLORS.length]}` }), arm,
         arm === race.winner ? el('span', { class: 'best-mark', text: ' ★ winner' }) : null)));
-      box.append(
-        el('p', { class: 'meta', id: 'race-winner' }, race.winner === null ? 'No winner yet.' :
-          [`${race.survivors.length === 1 ? 'Winner' : 'Best survivor'}: `,
-            el('strong', { text: race.winner }),
-            ` · ${race.rounds} rounds · ${race.eliminations.length} arms eliminated` +
-            (race.alpha === null ? '' : ` at alpha ${fmt(race.alpha)}`)]),
-        el('div', { class: 'table-wrap' }, chart), legend,
+      box.append(head, el('div', { class: 'table-wrap' }, chart), legend,
         race.eliminations.length ? table('eliminations-table', [
           { label: 'arm', key: 'arm' }, { label: 'after round', key: 'round' },
           { label: 'test', key: 'test' }, { label: 'statistic', key: 'statistic' },
           { label: 'p (Holm)', key: 'p_value' }, { label: 'against', key: 'best' },
-        ], race.eliminations) : null,
+        ], race.eliminations, (e) => ({ dataset: { arm: e.arm } })) : null,
         el('details', {}, el('summary', { text: 'Each arm, round by round' }),
           table('race-table', [
             { label: 'arm', key: 'arm' }, { label: 'round', key: 'round' },
             { label: 'status', cell: (r) => el('td', {}, badge(r.status)) },
             { label: 'value', key: 'value' }, { label: 'n', key: 'n' },
             { label: 'mean', key: 'mean' }, { label: '95% CI low', key: 'ci_low' },
-            { label: '95% CI high', key: 'ci_high' }, { label: 'p (if dropped)', key: 'p_value' },
+            { label: '95% CI high', key: 'ci_high' },
+            { label: 'p (if dropped)', cell: (r) => cell(r.eliminated && out[r.arm] ?
+              out[r.arm].p_value : null) },
           ], rows, (r) => ({ class: r.eliminated ? 'eliminated' : null,
             dataset: { arm: r.arm, round: r.round } }))));
     }
@@ -1333,7 +1347,7 @@
         { label: 'state', cell: (t) => el('td', {}, badge(t.state === 'complete' ? 'completed' :
           t.state)) },
         ...keys.map((k) => ({ label: k, cell: (t) => cell(k in t.params ? t.params[k] : null) })),
-        { label: 'value', key: 'value' }, { label: 'n', key: 'n' },
+        { label: 'value', key: 'value' },
       ], page.trials, (t) => ({ dataset: { arm: t.arm, state: t.state } })));
     }
 
