@@ -116,9 +116,10 @@ def test_a_sweeps_trials_eliminations_and_pruned_runs_read_back_exactly(
         "s000/0": "completed",
         "s001/0": "pruned",
     }
-    assert {k: r["status"] for k, r in door.previous_runs("search").items()} == {
-        "s000/0": "completed",
-        "s001/0": "pruned",
+    previous = door.previous_runs("search")
+    assert {k: (r["status"], r["pruned"]) for k, r in previous.items()} == {
+        "s000/0": ("completed", None),
+        "s001/0": ("pruned", PRUNED),  # reused as it ended, its stop with it
     }
 
     con = lab.inspect.connect(store_url)

@@ -229,6 +229,7 @@ class PreviousRun(BaseModel):
     pid: int | None
     started_at: str
     train: Any
+    pruned: dict[str, Any] | None = None  # a pruned run's stop: step, rule, metric, value
 
 
 class CurrentRun(BaseModel):
