@@ -266,12 +266,10 @@ def run_file(
     _run_file(command, file, overrides or [], store, dry_run, all_metrics, fresh)
 
 
-SWEEP_HELP = """Run the search of an experiment file's sweep:, race: or prune: section, as
-    lab run runs a file (the same arguments and exit statuses), with a line as each sampled
-    arm starts (its parameters, the arms asked of the sweep's, the runs done of those
-    planned) and as each round of a race closes (arms left, those dropped with test and
-    p-value), then the summary, the race table and the best sampled arms, as lab show prints
-    them. A file with none of the three is refused."""
+SWEEP_HELP = """Run a file's sweep:, race: or prune: section as lab run would (the same
+    arguments and exit statuses), with a line as each sampled arm starts (arms asked, runs
+    done) and as each race round closes (arms left and dropped, with p-values), then the
+    summary, race table and best sampled arms as lab show prints them. Else refused."""
 app.command("sweep", help=SWEEP_HELP)(run_file)
 
 
@@ -285,10 +283,9 @@ def _run_file(
     fresh: bool,
 ) -> None:
     """``lab run`` and ``lab sweep``: build the file's experiment, run it with progress and
-    print its summary; ``lab sweep`` refuses a file without a ``sweep:``, ``race:`` or
-    ``prune:`` section, shows each sampled arm as it starts and each round as it closes,
-    and ends with the race table and the best sampled arms, read back from the store as
-    ``lab show`` prints them."""
+    print its summary; ``lab sweep`` needs a ``sweep:``, ``race:`` or ``prune:`` section,
+    shows each sampled arm as it starts and each round as it closes, and ends with the race
+    table and the best sampled arms, read back from the store as ``lab show`` prints them."""
     from lab.experiment_file import plan, read_experiment_file
     from lab.records import FAILED
     from lab.store import resolve_url

@@ -217,3 +217,36 @@ def test_a_files_prune_section_stops_runs_and_says_so_before(tmp_path: Path) -> 
         ("stuck-r0", "pruned", 3),
         ("stuck-r1", "pruned", 3),
     ]
+
+
+def test_the_sweeps_pages_sweep_and_prune_file_runs_as_the_page_shows(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "sweeps.md").read_text()
+    section = page[page.index("## From the command line and in files") : page.index("## Pruning")]
+    (tmp_path / "searchlib.py").write_text(section.split("```python\n")[2].split("```")[0])
+    (tmp_path / "search.yaml").write_text(section.split("```yaml\n")[2].split("```")[0])
+    shown = section.split("```text\n")[2].split("```")[0].splitlines()
+    dry = lab_in(tmp_path, "sweep", "search.yaml", "--dry-run")
+    assert dry.stdout.splitlines()[6].startswith(
+        "sweep: 4 arms sampled by random (seed 0), named s000 to s003, "
+    )
+    out = lab_in(tmp_path, "sweep", "search.yaml")
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout.splitlines()[: len(shown)] == shown
+    assert rows(tmp_path / "lab.db", "SELECT number, state FROM sweep_trials") == [
+        (0, "complete"), (1, "pruned"), (2, "pruned"), (3, "pruned"),
+    ]  # fmt: skip
+
+
+def test_the_experiment_files_pages_sweep_example_plans_and_runs_as_shown(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "experiment-files.md").read_text()
+    section = page[page.index("## Sweeps, races and pruning") :]
+    start = page.index("```python\n") + len("```python\n")
+    (tmp_path / "train_lib.py").write_text(page[start : page.index("```", start)])
+    (tmp_path / "lr-search.yaml").write_text(section.split("```yaml\n")[1].split("```")[0])
+    shown = section.split("```text\n")[1].split("```")[0]
+    dry = lab_in(tmp_path, "run", "lr-search.yaml", "--dry-run")
+    assert (dry.returncode, dry.stdout, dry.stderr) == (0, shown, "")
+    out = lab_in(tmp_path, "run", "lr-search.yaml")
+    assert (out.returncode, out.stderr) == (0, "")
+    states = rows(tmp_path / "lab.db", "SELECT state FROM sweep_trials ORDER BY number")
+    assert states == [("complete",)] * 5 + [("pruned",)] * 3  # seeded: the same every time
