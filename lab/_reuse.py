@@ -170,9 +170,10 @@ def supersede_runs(
     ``<run_key>~<n>`` and its folder moved to ``<folder>.superseded-<n>`` (its
     `output_dir` follows; a folder that is gone already keeps its recorded path). A planned
     run's folder under `folder` that no row records (a run without a store) moves aside
-    too, so no fresh run resumes from old checkpoints. Call it after `mark_crashed`:
-    it refuses, before changing anything, while a run is `running`. Returns the new keys of
-    the superseded rows.
+    too, so no fresh run resumes from old checkpoints. A sweep's recorded trials are set
+    aside as well (`supersede_trials`), so a new sweep asks its own. Call it after
+    `mark_crashed`: it refuses, before changing anything, while a run is `running`. Returns
+    the new keys of the superseded rows.
     """
     moved: list[str] = []
     if store is not None:
@@ -180,6 +181,7 @@ def supersede_runs(
         for row in rows:
             if row["status"] == "running":
                 raise RunBusy(busy_message(experiment, row["run_key"], row))
+        store.supersede_trials(experiment)  # a sweep's trials too: the new sweep asks afresh
         taken = store.run_keys(experiment)
         for row in rows:
             recorded = Path(row["output_dir"]) if row["output_dir"] else None

@@ -266,10 +266,10 @@ def run_file(
     _run_file(command, file, overrides or [], store, dry_run, all_metrics, fresh)
 
 
-SWEEP_HELP = """Run the search or race of an experiment file's sweep: or race: section, as
-    lab run runs a file (the same arguments and exit statuses), with a line as each round
-    closes (arms left, those dropped with test and p-value), then the summary, the race table
-    and the best sampled arms, as lab show prints them. A file with neither is refused."""
+SWEEP_HELP = """Run a file's sweep:, race: or prune: section as lab run would (the same
+    arguments and exit statuses), with a line as each sampled arm starts (arms asked, runs
+    done) and as each race round closes (arms left and dropped, with p-values), then the
+    summary, race table and best sampled arms as lab show prints them. Else refused."""
 app.command("sweep", help=SWEEP_HELP)(run_file)
 
 
@@ -283,19 +283,19 @@ def _run_file(
     fresh: bool,
 ) -> None:
     """``lab run`` and ``lab sweep``: build the file's experiment, run it with progress and
-    print its summary; ``lab sweep`` refuses a file without a ``sweep:`` or ``race:``
-    section, shows each round as it closes, and ends with the race table and the best
-    sampled arms, read back from the store as ``lab show`` prints them."""
+    print its summary; ``lab sweep`` needs a ``sweep:``, ``race:`` or ``prune:`` section,
+    shows each sampled arm as it starts and each round as it closes, and ends with the race
+    table and the best sampled arms, read back from the store as ``lab show`` prints them."""
     from lab.experiment_file import plan, read_experiment_file
     from lab.records import FAILED
     from lab.store import resolve_url
 
     spec = read_experiment_file(file, overrides)
-    searched = spec.sweep is not None or spec.race is not None
+    searched = spec.sweep is not None or spec.race is not None or spec.prune is not None
     if command == "sweep" and not searched:
         raise ConfigError(
-            f"{file}: no sweep: or race: section, so there is nothing to search or race; "
-            f"run it with: lab run {file}"
+            f"{file}: no sweep:, race: or prune: section, so there is nothing to search, race "
+            f"or prune; run it with: lab run {file}"
         )
     exp = spec.build(store=store, fresh=fresh)
     if command == "sweep":

@@ -712,7 +712,8 @@ class Experiment:
             log.info("%s: run %s %s before; skipping it", self.name, run_key, prior["status"])
             return RunResult(run_key=run_key, arm=arm.name, repeat=repeat, stage=stage,
                              seed=seed, status=prior["status"], metrics=dict(prior["summary"]),
-                             seconds=0.0, parent_run_key=parent_key)  # fmt: skip
+                             seconds=0.0, parent_run_key=parent_key,
+                             pruned=prior.get("pruned"))  # fmt: skip
         return RunJob(
             train=self.train, experiment=self.name, arm=arm.name, repeat=repeat, stage=stage,
             seed=seed, run_key=run_key, config=config, ctx=ctx, carry=arm.carry,

@@ -46,6 +46,7 @@ import yaml
 
 from lab._arm_grid import expand_arms
 from lab._overrides import apply_overrides
+from lab._sweep_arms import sweep_config, sweep_size
 from lab._table import plural, render
 from lab._validation import describe, unknown_field
 from lab.callbacks.registry import build
@@ -333,7 +334,6 @@ _SECTIONS = {
 def _section(data: Any, field: str, label: str) -> Any:
     """The `Sweep`, `Race` or `Prune` of a file's section `field` (a mapping of its
     fields); a ConfigError naming the file and the field for anything wrong."""
-    import dataclasses
     import importlib
 
     module, name = _SECTIONS[field]
@@ -341,16 +341,17 @@ def _section(data: Any, field: str, label: str) -> Any:
         cls = getattr(importlib.import_module(module), name)
     except ImportError:
         raise ConfigError(f"{label}: {field}: this version of lab has no {name}") from None
-    fields = [f.name for f in dataclasses.fields(cls)]
+    params = inspect.signature(cls).parameters.values()
+    fields = [p.name for p in params if p.kind is not p.VAR_KEYWORD]
+    options = any(p.kind is p.VAR_KEYWORD for p in params)  # Prune's: its rule's options
+    listed = ", ".join(fields) + (", and its rule's options" if options else "")
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"{label}: {field}: {data!r}; write a mapping of {name}'s fields ({', '.join(fields)})"
-        )
+        raise ConfigError(f"{label}: {field}: {data!r}; write a mapping of {name}'s fields "
+                          f"({listed})")  # fmt: skip
     unknown = sorted(str(k) for k in data if k not in fields)
-    if unknown:
+    if unknown and not options:
         raise ConfigError(
-            f"{label}: {field}.{unknown[0]}: {name} has no such field; its fields: "
-            f"{', '.join(fields)}"
+            f"{label}: {field}.{unknown[0]}: {name} has no such field; its fields: {listed}"
         )
     values = dict(data)
     if field == "sweep":
@@ -405,14 +406,19 @@ def plan(exp: Experiment) -> str:
     """What ``exp.run()`` would run, as text, without running anything, opening the store or
     writing a file: what ``lab run --dry-run`` prints, to check a study before it costs hours.
     """
-    runs = exp.repeats * sum(max(1, len(arm.stages or ())) for arm in exp.arms)
+    if exp.sweep is None:
+        runs = exp.repeats * sum(max(1, len(arm.stages or ())) for arm in exp.arms)
+        arms = plural(len(exp.arms), "arm")
+    else:  # sampled as it runs: how many it will ask
+        runs = exp.repeats * sweep_size(exp.sweep)
+        arms = plural(sweep_size(exp.sweep), "sampled arm")
     where = {
         "serial": "serial",
         "processes": f"processes, {exp.workers} at a time",
         "ray": "ray" if exp.workers is None else f"ray, {exp.workers} at a time",
     }[exp.executor]
-    lines = [f"{exp.name}: {plural(len(exp.arms), 'arm')} x {plural(exp.repeats, 'repeat')} = "
-             f"{plural(runs, 'run')} ({where})"]  # fmt: skip
+    lines = [f"{exp.name}: {arms} x {plural(exp.repeats, 'repeat')} = {plural(runs, 'run')} "
+             f"({where})"]  # fmt: skip
     module = getattr(exp.train, "__module__", None)
     name = getattr(exp.train, "__qualname__", None)
     lines.append(f"train: {module}:{name}" if module and name else f"train: {exp.train!r}")
@@ -439,8 +445,13 @@ def plan(exp: Experiment) -> str:
             f"{plural(runs if r.budget is None else min(runs, r.budget), 'run')}, fewer as "
             "arms drop"
         )
+    lines += _search_lines(exp)
     if exp.benchmarks:
         lines.append(f"benchmarks: {', '.join(b.name for b in exp.benchmarks)}")
+    if exp.sweep is not None:  # the arms are not known before they are asked: the space
+        space = sweep_config(exp.sweep)["space"]
+        rows = [(key, json.dumps(param)) for key, param in space.items()]
+        return "\n".join([*lines, "", render(("param", "sampled from"), rows)])
     rows = []
     for arm in exp.arms:
         stages = [f"-s{k}" for k in range(len(arm.stages))] if arm.stages is not None else [""]
@@ -451,6 +462,44 @@ def plan(exp: Experiment) -> str:
         rows.append((arm.name, cell, ", ".join(keys)))
     lines += ["", render(("arm", "overrides", "runs"), rows)]
     return "\n".join(lines)
+
+
+def _search_lines(exp: Experiment) -> list[str]:
+    """The plan's word on a sweep (how many arms, by which sampler, named how, asked when,
+    told what) and on pruning (the rule, its metric and options)."""
+    lines = []
+    sweep = exp.sweep
+    if sweep is not None:
+        n = sweep_size(sweep)
+        sampler = sweep.sampler if isinstance(sweep.sampler, str) else type(sweep.sampler).__name__
+        names = (
+            "named by their values"
+            if sweep.sampler == "grid"
+            else f"named {sweep.arm_name(0, {})} to {sweep.arm_name(n - 1, {})}"
+        )
+        if exp.race is not None:
+            when = "all asked up front, then raced"
+        elif sweep.batch is not None:
+            when = f"asked {sweep.batch} at a time"
+        elif exp.executor == "serial":
+            when = "asked one at a time, as each arm's runs end"
+        else:
+            when = "asked as workers free"
+        metric = sweep.metric or exp.declared.metric
+        mode = sweep.mode or exp.declared.mode or "min"
+        lines.append(
+            f"sweep: {plural(n, 'arm')} sampled by {sampler} (seed {sweep.seed}), {names}, "
+            f"{when}; each told its mean {metric} ({mode}); run again, it continues from its "
+            "recorded trials"
+        )
+    prune = exp.prune
+    if prune is not None:
+        options = "".join(f", {k}={v!r}" for k, v in prune.options.items())
+        lines.append(
+            f"prune: Optuna's {prune.rule_name} rule on {prune.metric} ({prune.mode}{options}) "
+            "stops runs early; a pruned run counts toward no arm's mean"
+        )
+    return lines
 
 
 class SummaryMetric(Callback):

@@ -41,7 +41,7 @@ _ROWS = {
     "checkpoints": _RUNS,
     "histograms": _RUNS,
     "images": _RUNS,
-    "sweep_trials": "experiment_id = {id}",
+    "sweep_trials": "experiment_id = {id} AND number >= 0",  # those set aside left out
     "eliminations": "experiment_id = {id}",
 }
 

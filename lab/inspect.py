@@ -346,6 +346,7 @@ _JOINED = {
                x.params, x.asked_after, x.told, x.value, x.state
         FROM ({{select}}) x
         {_ARM_JOINS}
+        WHERE x.number >= 0
         """,
     "eliminations": f"""
         CREATE VIEW eliminations AS

@@ -41,6 +41,10 @@ class RunRecords(Protocol):
         """Set a run aside under a new key (``fresh=True``)."""
         ...
 
+    def supersede_trials(self, experiment: str) -> int:
+        """Set a sweep's recorded trials aside (``fresh=True``); returns how many."""
+        ...
+
 
 @runtime_checkable
 class StoreSink(Protocol):

@@ -146,6 +146,8 @@ def test_pruned_runs_are_recorded_and_never_trained_again(tmp_path: Path) -> Non
     assert [r.status for arm in again.arms for r in arm.runs] == [
         "completed", "completed", "pruned", "pruned", "pruned", "pruned",
     ]  # fmt: skip
+    reused = {r.run_key: r for arm in again.arms for r in arm.runs}
+    assert _pruned({k: r.pruned for k, r in reused.items()}) == PRUNED  # as they ended
     store = Store(url)
     try:
         assert len(store.metric_points("pruned", "loss")["b-r0"]) == 3  # not trained again
@@ -226,3 +228,45 @@ def test_a_pruned_run_has_no_value_in_its_race_round() -> None:
     for arm, status, value in (("a", "completed", 0.5), ("b", "pruned", 0.1)):
         rounds.ended(RunResult(f"{arm}-r0", arm, 0, 0, 0, status, {"loss": value}, 1.0))
     assert rounds.state.values == {"a": [0.5], "b": [None]}
+
+
+def test_a_sampled_arm_told_after_a_rerun_is_told_its_reused_pruned_run(tmp_path: Path) -> None:
+    """A sweep whose process died after a run was pruned but before its arm was told: run
+    again, the pruned run is reused as it ended, and its arm is told `pruned` with the value
+    it was pruned at, as the uninterrupted sweep would have told it."""
+    from lab import Sweep
+    from lab.sweeps import Choice
+
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+
+    def sweep() -> Experiment:
+        space = {"lr": Choice([0.1, 0.05, 0.0])}
+        return Experiment("sampled", train, base_config=Cfg(), store=url, prune=RULE,
+                          output_dir=tmp_path / "runs",
+                          sweep=Sweep(space, sampler="grid", metric="loss"))  # fmt: skip
+
+    sweep().run()
+    db = tmp_path / "lab.db"
+    told = "SELECT number, told, round(value, 6), state FROM sweep_trials ORDER BY number"
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute(told).fetchall() == [
+            (0, 0, 0.043980, "complete"), (1, 1, 0.6561, "pruned"), (2, 2, 1.0, "pruned"),
+        ]  # fmt: skip
+        with con:  # as if the process died before the last two arms were told
+            con.execute("UPDATE sweep_trials SET told = NULL, value = NULL, state = 'running' "
+                        "WHERE number > 0")  # fmt: skip
+    finally:
+        con.close()
+    again = sweep().run()
+    assert [(r.run_key, r.seconds, r.pruned is not None) for r in again.runs] == [
+        ("lr-0.1-e14a64e4-r0", 0.0, False), ("lr-0.05-9da5d2f5-r0", 0.0, True),
+        ("lr-0.0-f5d35a90-r0", 0.0, True),
+    ]  # fmt: skip
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute(told).fetchall() == [
+            (0, 0, 0.043980, "complete"), (1, 1, 0.6561, "pruned"), (2, 2, 1.0, "pruned"),
+        ]  # fmt: skip
+    finally:
+        con.close()

@@ -314,8 +314,8 @@ def test_a_files_race_section_is_checked_in_one_line_and_lab_sweep_needs_one(
         "field; its fields: metric, mode, alpha, min_repeats, max_repeats, test, budget",
         ("run", str(race), "race.alpha=3"): f"error: {race}: race: Race(alpha=3): use a level "
         "strictly between 0 and 1, e.g. 0.05",
-        ("sweep", "plain.yaml"): "error: plain.yaml: no sweep: or race: section, so there is "
-        "nothing to search or race; run it with: lab run plain.yaml",
+        ("sweep", "plain.yaml"): "error: plain.yaml: no sweep:, race: or prune: section, so "
+        "there is nothing to search, race or prune; run it with: lab run plain.yaml",
     }
     for args, line in cases.items():
         out = lab_in(*args, "--dry-run")

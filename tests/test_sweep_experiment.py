@@ -25,6 +25,7 @@ from lab import Experiment, RunSpec, Sweep
 from lab.errors import ConfigError
 from lab.store import open_store
 from lab.sweeps import Choice, Float, Race, Trial, make_sampler
+from tests.served import serve
 from tests.store_rows import rows
 
 SPACE = {"lr": Float(1e-3, 0.1, log=True), "opt": Choice(["adam", "sgd"])}
@@ -265,6 +266,46 @@ def test_a_sweep_run_again_with_another_sampler_or_seed_is_refused(tmp_path: Pat
     assert _trained(tmp_path / "sw") == before
     assert [a.name for a in result.arms] == ["s000", "s001", "s002", "s003"]
     assert len(_trials(store, "sw")) == 4
+
+
+@pytest.mark.parametrize("door", ["store", "http"])
+def test_a_sweep_run_again_fresh_with_another_seed_asks_and_records_the_new_sweep(
+    tmp_path: Path, door: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fresh=True`` sets the recorded trials aside as it supersedes the runs: kept in the
+    database (numbered below zero), left out of `trials()`; the new sweep asks from trial 0."""
+    db = tmp_path / "lab.db"
+    served = serve(f"sqlite:///{db}") if door == "http" else None
+    url = served.url if served is not None else f"sqlite:///{db}"
+    if served is not None:  # through a real lab serve in front of the store
+        monkeypatch.setenv("LAB_TOKEN", served.write_token)
+    try:
+        _experiment("sw", tmp_path, url).run()
+        old = _trials(url, "sw")
+        other = Sweep(SPACE, sampler="random", arms=3, seed=1, metric="score")
+        result = _experiment("sw", tmp_path, url, sweep=other, fresh=True).run()
+        new = _trials(url, "sw")
+    finally:
+        if served is not None:
+            served.stop()
+    assert new == _straight_seeded(1, 3)
+    assert [r.status for r in result.runs] == ["completed"] * 3
+    assert [r.seconds > 0 for r in result.runs] == [True] * 3  # trained afresh, none reused
+    kept = rows(db, "SELECT number, asked_after, told, value, state FROM sweep_trials "
+                    "WHERE number < 0 ORDER BY number DESC")  # fmt: skip
+    assert kept == [(-1 - t[0], t[3], t[4], t[5], t[6]) for t in old]  # every old trial kept
+    assert rows(db, "SELECT count(*) FROM runs WHERE superseded_at IS NOT NULL") == [(4,)]
+
+
+def _straight_seeded(seed: int, n: int) -> list[tuple[Any, ...]]:
+    """The trials of a serial random sweep of `n` arms and `seed` (one repeat each)."""
+    asker = make_sampler("random", dict(SPACE), seed=seed, mode="min")
+    trials: list[Trial] = []
+    for number in range(n):
+        (params,) = asker.ask(trials, 1)
+        trials.append(Trial(number, params, number, number, score(params, 0), "complete"))
+    return [(t.number, f"s{t.number:03d}", t.params, t.asked_after, t.told, t.value, t.state)
+            for t in trials]  # fmt: skip
 
 
 def test_a_sweep_refuses_written_out_arms_and_a_missing_metric() -> None:

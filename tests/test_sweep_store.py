@@ -116,9 +116,10 @@ def test_a_sweeps_trials_eliminations_and_pruned_runs_read_back_exactly(
         "s000/0": "completed",
         "s001/0": "pruned",
     }
-    assert {k: r["status"] for k, r in door.previous_runs("search").items()} == {
-        "s000/0": "completed",
-        "s001/0": "pruned",
+    previous = door.previous_runs("search")
+    assert {k: (r["status"], r["pruned"]) for k, r in previous.items()} == {
+        "s000/0": ("completed", None),
+        "s001/0": ("pruned", PRUNED),  # reused as it ended, its stop with it
     }
 
     con = lab.inspect.connect(store_url)
@@ -164,6 +165,39 @@ def test_a_trial_asked_again_differently_or_told_unasked_is_refused(door: StoreA
     with pytest.raises(ConfigError, match="tell a number, or value=None with state='failed'"):
         door.tell_trial(exp, 0, told=2, value=math.nan, state="complete")
     assert door.trials("search") == TRIALS  # nothing changed
+
+
+def test_trials_set_aside_are_kept_out_of_every_reader_and_free_their_numbers(
+    door: StoreAPI, store_url: str, tmp_path: Path
+) -> None:
+    exp, arms = _record_sweep(door)
+    assert door.supersede_trials("search") == 2
+    assert door.trials("search") == []
+    door.add_trial(exp, 0, arms["s001"], {"lr": 0.5}, 0)  # trial 0 anew, other params
+    door.tell_trial(exp, 0, told=0, value=2.0, state="complete")
+    new = {"number": 0, "arm": "s001", "params": {"lr": 0.5}, "asked_after": 0, "told": 0,
+           "value": 2.0, "state": "complete", "intermediate": {3: 1.5}}  # fmt: skip
+    assert door.trials("search") == [new]
+    assert door.supersede_trials("search") == 1  # again: below the ones set aside before
+    assert door.supersede_trials("search") == 0
+    assert door.supersede_trials("nothing") == 0  # no such experiment: nothing to set aside
+    door.flush()
+    con = lab.inspect.connect(store_url)
+    try:
+        assert con.sql("SELECT count(*) FROM sweep_trials").fetchall() == [(0,)]
+        kept = con.sql(
+            "SELECT number, params::VARCHAR, told, value, state FROM store.sweep_trials "
+            "ORDER BY number"
+        ).fetchall()
+        assert [(n, json.loads(p), *rest) for n, p, *rest in kept] == [
+            (-3, {"lr": 0.5}, 0, 2.0, "complete"),
+            (-2, {"lr": 0.1, "opt": "sgd"}, 0, 1.5, "pruned"),
+            (-1, {"lr": 0.01}, 1, 0.25, "complete"),
+        ]  # every trial kept
+    finally:
+        con.close()
+    counts = lab.export.export("search", tmp_path / "out", store=store_url)
+    assert counts["sweep_trials"] == 0
 
 
 def test_a_pruned_record_must_be_whole_and_only_on_a_pruned_run(store_url: str) -> None:

@@ -229,6 +229,11 @@ class PreviousRun(BaseModel):
     pid: int | None
     started_at: str
     train: Any
+    pruned: dict[str, Any] | None = None  # a pruned run's stop: step, rule, metric, value
+
+
+class Superseded(BaseModel):
+    superseded: int
 
 
 class CurrentRun(BaseModel):
@@ -521,6 +526,14 @@ def previous_runs(name: NamePath, request: fastapi.Request) -> fastapi.Response:
 def current_runs(name: NamePath, request: fastapi.Request) -> fastapi.Response:
     """The current runs of an experiment, as rows (`Store.current_runs`)."""
     return _json(_call("path.name", _store(request).current_runs, name))
+
+
+@router.post("/records/experiments/{name}/supersede_trials", responses=problems(403))
+def supersede_trials(name: NamePath, request: fastapi.Request) -> Superseded:
+    """Set an experiment's sweep trials aside (`Store.supersede_trials`): kept, out of
+    every reader. Only a token that may write the experiment may (none: nothing to do)."""
+    access(request).check_begin(name, "path.name")
+    return Superseded(superseded=_call("path.name", _store(request).supersede_trials, name))
 
 
 @router.get("/records/experiments/{name}/run_keys")

@@ -157,6 +157,11 @@ class StoreAPI(Protocol):
         """An experiment's sampled arms by number, for its sampler to be rebuilt from."""
         ...
 
+    def supersede_trials(self, experiment: str) -> int:
+        """Set an experiment's trials aside (``fresh=True``): kept, left out of `trials`
+        and every reader; returns how many."""
+        ...
+
     def add_elimination(
         self,
         experiment_id: int,

@@ -78,7 +78,7 @@ _LATEST = (
 _TRIALS = (
     "SELECT t.number, a.name, t.params, t.asked_after, t.told, t.value, t.state, t.arm_id "
     "FROM sweep_trials t JOIN arms a ON a.arm_id = t.arm_id "
-    "WHERE t.experiment_id = :id ORDER BY t.number"
+    "WHERE t.experiment_id = :id AND t.number >= 0 ORDER BY t.number"  # (< 0: set aside)
 )
 _PRUNED = (
     "SELECT arm_id, pruned FROM runs WHERE experiment_id = :id AND status = 'pruned' "

@@ -39,8 +39,9 @@ class Reads:
 
     def previous_runs(self, experiment: str) -> dict[str, PreviousRun]:
         """An experiment's current (not superseded) runs by run key, if any: status, seed,
-        stage, config, config hash, final metrics, owner, and the experiment's recorded
-        train function (``train``), so a later attempt can tell whether it may reuse them."""
+        stage, config, config hash, final metrics, owner, a pruned run's stop (``pruned``)
+        and the experiment's recorded train function (``train``), so a later attempt can
+        tell whether it may reuse them, and reuse them as they ended."""
         with connect(self.engine) as conn:
             rows = (
                 conn.execute(
@@ -55,6 +56,7 @@ class Reads:
                         SqlRun.host,
                         SqlRun.pid,
                         SqlRun.started_at,
+                        SqlRun.pruned,
                         SqlExperiment.config.label("experiment_config"),
                     )
                     .join(SqlExperiment, SqlExperiment.experiment_id == SqlRun.experiment_id)
@@ -67,6 +69,7 @@ class Reads:
         for r in rows:
             row = {k: v for k, v in r.items() if k != "experiment_config"}
             row["summary"] = floats_back(r["summary"] or {})
+            row["pruned"] = floats_back(r["pruned"]) if r["pruned"] is not None else None
             row["train"] = (r["experiment_config"] or {}).get("train")
             out[r["run_key"]] = cast("PreviousRun", row)  # (the columns selected above)
         return out

@@ -29,6 +29,8 @@ class PreviousRun(TypedDict):
     started_at: datetime | None
     #: the experiment's recorded train function, as `lab.experiment` names it
     train: Any
+    #: a `pruned` run's stop (``{"step", "rule", "metric", "value"}``), else None
+    pruned: dict[str, Any] | None
 
 
 class CurrentRun(TypedDict):

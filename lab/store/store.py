@@ -427,6 +427,7 @@ class Store:
     # -- a sweep: `lab.store.sweep_rows`, each method the part's own ------------------------
     add_trial = _handed("_sweeps", SweepRows.add_trial)
     tell_trial = _handed("_sweeps", SweepRows.tell_trial)
+    supersede_trials = _handed("_sweeps", SweepRows.supersede_trials)
     add_elimination = _handed("_sweeps", SweepRows.add_elimination)
     trials = _handed("_listing", Listing.trials)
     eliminations = _handed("_listing", Listing.eliminations)

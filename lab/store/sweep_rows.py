@@ -107,6 +107,27 @@ class SweepRows:
                 "before telling it"
             )
 
+    def supersede_trials(self, experiment: str) -> int:
+        """Set aside the trials of `experiment` (``fresh=True``), keeping them, as its runs
+        are superseded: each live trial ``n`` is renumbered ``lowest - 1 - n``, below every
+        number the experiment holds (so below zero, and below the trials set aside before),
+        where no reader looks and no new trial is numbered. Returns how many moved (0 for an
+        unknown experiment). The new numbers are below every existing one, so no row ever
+        collides with another while they move."""
+        with transaction(self.engine) as conn:
+            try:
+                exp_id = experiment_id(conn, experiment)
+            except NoExperiment:
+                return 0
+            mine = SqlSweepTrial.experiment_id == exp_id
+            lowest = conn.execute(sa.select(sa.func.min(SqlSweepTrial.number)).where(mine))
+            below = min(lowest.scalar() or 0, 0) - 1
+            return conn.execute(
+                sa.update(SqlSweepTrial)
+                .where(mine, SqlSweepTrial.number >= 0)
+                .values(number=below - SqlSweepTrial.number)
+            ).rowcount
+
     def add_elimination(
         self,
         experiment_id: int,

@@ -303,6 +303,11 @@ class HttpWrites(HttpClient):
         rows = self._get(f"/records/experiments/{_quote(experiment)}/current_runs")
         return [cast("CurrentRun", _times(row)) for row in rows]
 
+    def supersede_trials(self, experiment: str) -> int:
+        """Set an experiment's trials aside (see `Store.supersede_trials`)."""
+        answer = self._post(f"/records/experiments/{_quote(experiment)}/supersede_trials", {})
+        return int(answer["superseded"])
+
     def run_keys(self, experiment: str) -> list[str]:
         """Every run key `experiment` has recorded, superseded ones included."""
         return self._get(f"/records/experiments/{_quote(experiment)}/run_keys")
