@@ -22,9 +22,9 @@ Each design's finalist then runs `--extra` (20) more repeats on fresh seeds that
 design selected on, all finalists on the same seeds (paired): the mean of those is the
 finalist's *true* mean. Runs go to ``executor="processes"`` with `--workers` (2).
 
-Prints one JSON line per design per sweep (stdout), and ends with one JSON line holding
-per design the true means of its finalists and the runs it spent, over the sweeps, and the
-race's runs as a fraction of the grid's.
+Prints one JSON line per design per sweep to stderr as it goes, and ends with one JSON line
+on stdout holding per design the true means of its finalists and the runs it spent, over
+the sweeps, the race's runs as a fraction of the grid's, and every design's line (`rows`).
 
     python bench/sweep_real.py                # 3 sweeps x (race, tpe, grid, finalists)
     python bench/sweep_real.py --quick        # 1 sweep of 4 arms x 3 repeats, 60 steps
@@ -180,7 +180,7 @@ def one_sweep(s: int, args: argparse.Namespace, store: str, out: Path) -> list[d
             "true_runs": len(true.result.runs),
             "true_s": true.seconds,
         }
-        print(json.dumps(row), flush=True)
+        log(json.dumps(row))
         rows.append(row)
     return rows
 
@@ -232,6 +232,7 @@ def main() -> None:
         "race_runs_fraction": [round(f, 4) for f in fraction],
         "race_runs_fraction_mean": round(statistics.fmean(fraction), 4),
         "same_arm_race_grid": sum(r["arm"] == g["arm"] for r, g in pairs),
+        "rows": rows,
         "machine": machine(workers=args.workers),
         "s": round(time.perf_counter() - started, 1),
     }))  # fmt: skip
