@@ -369,8 +369,9 @@ class Experiment:
         self.benchmarks, self.executor = list(benchmarks), executor
         #: Every run of every arm, stages included (a race: a round at a time, fewer in all).
         self.n_runs = repeats * sum(_stage_count(arm) for arm in arms)
-        n_arms = len(arms) if sweep is None else sweep_arms.sweep_size(sweep)
-        self.workers = _workers(executor, workers, n_arms if race else repeats * n_arms)
+        at_once = len(arms) if sweep is None else sweep_arms.sweep_size(sweep)  # a round
+        at_once = at_once if race else (self.n_runs if sweep is None else repeats * at_once)
+        self.workers = _workers(executor, workers, at_once)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
         self.ray_address, self.max_retries = ray_address, max_retries

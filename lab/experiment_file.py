@@ -221,7 +221,7 @@ class ExperimentFile(pydantic.BaseModel):
             benchmarks = _evaluators(functions)
             arms = [Arm(a.name, stages=a.stages, carry=a.carry, resources=a.resources,
                         **a.overrides) for a in self.arms or []]  # fmt: skip
-            repeats = self.repeats
+            repeats: int | None = self.repeats
             if self.race is not None and "repeats" not in self.model_fields_set:
                 repeats = None  # the race's max_repeats
             return Experiment(
@@ -450,8 +450,8 @@ def plan(exp: Experiment) -> str:
         lines.append(f"benchmarks: {', '.join(b.name for b in exp.benchmarks)}")
     if exp.sweep is not None:  # the arms are not known before they are asked: the space
         space = sweep_config(exp.sweep)["space"]
-        rows = [(key, json.dumps(param)) for key, param in space.items()]
-        return "\n".join([*lines, "", render(("param", "sampled from"), rows)])
+        params = [(key, json.dumps(param)) for key, param in space.items()]
+        return "\n".join([*lines, "", render(("param", "sampled from"), params)])
     rows = []
     for arm in exp.arms:
         stages = [f"-s{k}" for k in range(len(arm.stages))] if arm.stages is not None else [""]

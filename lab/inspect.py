@@ -665,7 +665,7 @@ def race(con: duckdb.DuckDBPyConnection, experiment: str) -> duckdb.DuckDBPyRela
     rows = []
     for row in table["rows"]:
         e = out.get(row["arm"]) if row["eliminated"] else None
-        rows.append({**row, **{k: e[k] if e else None  # type: ignore[literal-required]
+        rows.append({**row, **{k: e[k] if e else None
                                for k in ("test", "statistic", "p_value", "alpha", "best")},
                      "winner": row["arm"] == table["winner"]})  # fmt: skip
     return con.from_arrow(pa.Table.from_pylist(rows, schema=_RACE_SCHEMA))

@@ -123,6 +123,9 @@ class RunHooks(Protocol):
     The hooks are members of `lab.hooks.HookEnum`, which these records do not import, so
     `fire` is the dispatcher's own."""
 
+    #: The callbacks the hooks go to, in order.
+    callbacks: list[Any]
+
     def extended(self, extra: Iterable[Any]) -> Any:
         """These callbacks plus `extra`, sharing the failure record."""
 

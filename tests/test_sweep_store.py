@@ -276,3 +276,15 @@ def test_a_pruned_run_is_finished_but_left_out_of_its_arms_values() -> None:
     assert arm.finished
     assert arm.values("loss") == [0.5, 0.75]
     assert arm.runs[1].pruned == PRUNED
+
+
+def test_trials_set_aside_again_and_again_stay_within_the_column(door: StoreAPI) -> None:
+    """The largest trial number a request may carry, set aside three times: its new
+    number is its place, so it never leaves the column's 32-bit range."""
+    exp = door.begin_experiment("wide", config={}, seed=0, repeats=1)
+    arm = door.add_arm(exp, "s000", overrides={}, config={})
+    for _ in range(3):
+        door.add_trial(exp, 2**31 - 1, arm, {}, 0)
+        assert door.supersede_trials("wide") == 1
+    door.add_trial(exp, 2**31 - 1, arm, {}, 0)
+    assert [t["number"] for t in door.trials("wide")] == [2**31 - 1]

@@ -198,9 +198,9 @@ class SqlLogger(Callback):
     def on_group_start(self, ctx: LogContext, group_name: str) -> None:
         store = self.open()
         # an arm the experiment added as it ran (a sampled one) is recorded by its first group
-        added = ctx.arm is not None and arm_key(ctx.arm) not in ctx.ids
-        if added and ctx.arm in ctx.config.get("arms", {}):
-            self._add_arm(store, ctx, ctx.arm)
+        arm = ctx.arm
+        if arm is not None and arm_key(arm) not in ctx.ids and arm in ctx.config.get("arms", {}):
+            self._add_arm(store, ctx, arm)
         ctx.ids[group_key(group_name)] = store.add_group(
             ctx.ids[EXPERIMENT_ID],
             group_name,

@@ -461,7 +461,7 @@ def truncate_run(run_id: RunPath, body: TruncateIn, request: fastapi.Request) ->
     return Done(ok=True)
 
 
-@router.post("/experiments/{experiment_id}/trials", responses=problems(400, 404))
+@router.post("/experiments/{experiment_id}/sweep/trials", responses=problems(400, 404))
 def add_trial(experiment_id: ExperimentPath, body: TrialIn, request: fastapi.Request) -> Done:
     """Record a sampled arm of an experiment as asked (`Store.add_trial`); the same trial
     again stores nothing, another one under its number is refused (400)."""
@@ -471,7 +471,9 @@ def add_trial(experiment_id: ExperimentPath, body: TrialIn, request: fastapi.Req
     return Done(ok=True)
 
 
-@router.post("/experiments/{experiment_id}/trials/{number}/tell", responses=problems(400, 404))
+@router.post(
+    "/experiments/{experiment_id}/sweep/trials/{number}/tell", responses=problems(400, 404)
+)
 def tell_trial(
     experiment_id: ExperimentPath,
     number: Annotated[int, fastapi.Path(ge=0, le=INT32, description="the trial's number")],
@@ -484,7 +486,7 @@ def tell_trial(
     return Done(ok=True)
 
 
-@router.post("/experiments/{experiment_id}/eliminations", responses=problems(400, 404))
+@router.post("/experiments/{experiment_id}/race/eliminations", responses=problems(400, 404))
 def add_elimination(
     experiment_id: ExperimentPath, body: EliminationIn, request: fastapi.Request
 ) -> Done:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, cast
 
 import fastapi
 import pyarrow as pa
+import pydantic
 import sqlalchemy as sa
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -750,15 +751,20 @@ def eliminations(name: NamePath, store: Store = StoreDep) -> Any:
     return LabJSON(store.eliminations(name))
 
 
+#: One point of a metric as JSON: ``[step, value]`` (a pair as an array: OpenAPI 3.1 has no
+#: tuple the schema checkers read alike, so a two-item array of numbers).
+Point = Annotated[list[Number], pydantic.Field(min_length=2, max_length=2)]
+
+
 @router.get(
     "/experiments/{name:text}/metric_points",
     response_class=LabJSON,
-    response_model=dict[str, list[tuple[int, Number]]],
+    response_model=dict[str, list[Point]],
     responses=problems(403, 404),
 )
 def metric_points(name: NamePath, metric: Text, store: Store = StoreDep) -> Any:
-    """Each current run's (step, value) points of one `metric`, in step order, by run key
-    (`Store.metric_points`): what a pruning rule compares a run with."""
+    """Each current run's ``[step, value]`` points of one `metric`, in step order, by run
+    key (`Store.metric_points`): what a pruning rule compares a run with."""
     return LabJSON(store.metric_points(name, metric))
 
 

@@ -109,11 +109,12 @@ class SweepRows:
 
     def supersede_trials(self, experiment: str) -> int:
         """Set aside the trials of `experiment` (``fresh=True``), keeping them, as its runs
-        are superseded: each live trial ``n`` is renumbered ``lowest - 1 - n``, below every
-        number the experiment holds (so below zero, and below the trials set aside before),
-        where no reader looks and no new trial is numbered. Returns how many moved (0 for an
-        unknown experiment). The new numbers are below every existing one, so no row ever
-        collides with another while they move."""
+        are superseded: the live trials, in their order, are renumbered ``lowest - 1``,
+        ``lowest - 2``, ... below every number the experiment holds (so below zero, and below
+        the trials set aside before), where no reader looks and no new trial is numbered.
+        Returns how many moved (0 for an unknown experiment). Numbered by their place, not
+        their number, the trials set aside stay within the column's range however often a
+        sweep starts afresh; below every existing number, no row collides while they move."""
         with transaction(self.engine) as conn:
             try:
                 exp_id = experiment_id(conn, experiment)
@@ -122,11 +123,20 @@ class SweepRows:
             mine = SqlSweepTrial.experiment_id == exp_id
             lowest = conn.execute(sa.select(sa.func.min(SqlSweepTrial.number)).where(mine))
             below = min(lowest.scalar() or 0, 0) - 1
-            return conn.execute(
-                sa.update(SqlSweepTrial)
+            live = conn.execute(
+                sa.select(SqlSweepTrial.number)
                 .where(mine, SqlSweepTrial.number >= 0)
-                .values(number=below - SqlSweepTrial.number)
-            ).rowcount
+                .order_by(SqlSweepTrial.number)
+            ).scalars()
+            moved = 0
+            for place, number in enumerate(list(live)):
+                conn.execute(
+                    sa.update(SqlSweepTrial)
+                    .where(mine, SqlSweepTrial.number == number)
+                    .values(number=below - place)
+                )
+                moved += 1
+            return moved
 
     def add_elimination(
         self,

@@ -228,9 +228,9 @@ def _rungs_of(pruner: Any, study: str, trials: list[Any], current: int) -> list[
             from optuna.pruners._successive_halving import _estimate_min_resource
 
             pruner._min_resource = _estimate_min_resource(trials)
-        brackets = [pruner] * len(trials)
+        brackets: list[Any] = [pruner] * len(trials)
     elif isinstance(pruner, optuna.pruners.HyperbandPruner):
-        view = _Trials(study, trials)
+        view: Any = _Trials(study, trials)  # the part of a Study that Hyperband reads
         pruner._try_initialization(view)
         brackets = [pruner._pruners[pruner._get_bracket_id(view, t)] if pruner._pruners
                     else None for t in trials]  # fmt: skip

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import logging
 import math
 import random
 import warnings
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from lab._imports import require
+from lab._secrets import logger
 from lab.errors import ConfigError
 from lab.sweeps.space import Choice, Float, Int, Param, Space, active
 
@@ -37,7 +37,7 @@ __all__ = ["SAMPLERS", "Sampler", "Trial", "TrialState", "grid_size", "make_samp
 TrialState = Literal["running", "complete", "pruned", "failed"]
 SAMPLERS = ("grid", "random", "sobol", "tpe", "cmaes")
 
-_log = logging.getLogger(__name__)
+_log = logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -258,14 +258,16 @@ class HttpWrites(HttpClient):
         """Record sampled arm `number` as asked (see `Store.add_trial`); the same again
         stores nothing, so a lost answer is sent again."""
         body = {"number": number, "arm_id": arm_id, "params": params, "asked_after": asked_after}
-        self._post(f"/experiments/{experiment_id}/trials", body, retry=True)
+        self._post(f"/experiments/{experiment_id}/sweep/trials", body, retry=True)
 
     def tell_trial(
         self, experiment_id: int, number: int, *, told: int, value: float | None, state: str
     ) -> None:
         """Record how trial `number` ended (see `Store.tell_trial`)."""
         body = {"told": told, "value": value, "state": state}
-        self._post(f"/experiments/{experiment_id}/trials/{int(number)}/tell", body, retry=True)
+        self._post(
+            f"/experiments/{experiment_id}/sweep/trials/{int(number)}/tell", body, retry=True
+        )
 
     def add_elimination(
         self,
@@ -282,7 +284,7 @@ class HttpWrites(HttpClient):
         """Record that a race dropped an arm (see `Store.add_elimination`)."""
         body = {"arm_id": arm_id, "round": round, "test": test, "statistic": statistic,
                 "p_value": p_value, "alpha": alpha, "best": best}  # fmt: skip
-        self._post(f"/experiments/{experiment_id}/eliminations", body, retry=True)
+        self._post(f"/experiments/{experiment_id}/race/eliminations", body, retry=True)
 
     # -- the reads a recording client needs before it starts ------------------------------
     # (each sends what this client queued first, so that it reads what it wrote: a run's
