@@ -367,10 +367,8 @@ class Experiment:
         self.store = resolve_url(store) if store is None or isinstance(store, str) else store
         self.output_dir, self.seed, self.strict = Path(output_dir), seed, strict
         self.benchmarks, self.executor = list(benchmarks), executor
-        #: Every run of every arm, stages included (a race: a round at a time, fewer in all).
-        self.n_runs = repeats * sum(_stage_count(arm) for arm in arms)
-        at_once = len(arms) if sweep is None else sweep_arms.sweep_size(sweep)  # a round
-        at_once = at_once if race else (self.n_runs if sweep is None else repeats * at_once)
+        self.n_runs = repeats * sum(_stage_count(a) for a in arms)  # all runs (a race: fewer)
+        at_once = _at_once(self.n_runs, len(arms), repeats, race, sweep)
         self.workers = _workers(executor, workers, at_once)
         #: What each run asks of Ray (``executor="ray"``), before its arm's own `resources`.
         self.resources = check_resources(resources, "Experiment")
@@ -761,6 +759,14 @@ def _check_args(
         raise ConfigError(
             "base_config must be a pydantic model instance, e.g. base_config=Config()"
         )
+
+
+def _at_once(n_runs: int, arms: int, repeats: int, race: Any, sweep: Any) -> int:
+    """The most runs the experiment could have going at once: a race's round (one run per
+    arm), else every run (a sweep's: its arms' repeats)."""
+    if sweep is not None:
+        arms, n_runs = sweep_arms.sweep_size(sweep), repeats * sweep_arms.sweep_size(sweep)
+    return arms if race is not None else n_runs
 
 
 def _workers(executor: str, workers: int | None, n_runs: int) -> int | None:
