@@ -153,14 +153,14 @@ def quickstart(
 
     Running it again continues it: finished runs are kept, the others run.
     """
+    from lab.store import open_store, resolve_url
+
+    open_store(url := resolve_url(store)).close()  # a bad store is refused before torch loads
     from lab.demo import quickstart_experiment, write_notebook
-    from lab.store import resolve_url
 
     if notebook_to is not None or notebook:
         written = write_notebook(notebook_to or Path(NOTEBOOK))  # before a run that takes a while
-    url = resolve_url(store)
-    again = ["lab", "quickstart"]
-    again += ["--store", _shown(url)] if store is not None else []
+    again = ["lab", "quickstart", *(["--store", _shown(url)] if store is not None else [])]
     again += ["--output-dir", output_dir] if output_dir != "runs" else []
     again += ["--steps", str(steps)] if steps != 300 else []
     again += ["--all-metrics"] if all_metrics else []
@@ -283,9 +283,8 @@ def _run_file(
     fresh: bool,
 ) -> None:
     """``lab run`` and ``lab sweep``: build the file's experiment, run it with progress and
-    print its summary; ``lab sweep`` needs a ``sweep:``, ``race:`` or ``prune:`` section,
-    shows each sampled arm as it starts and each round as it closes, and ends with the race
-    table and the best sampled arms, read back from the store as ``lab show`` prints them."""
+    print its summary; ``lab sweep`` needs a ``sweep:``, ``race:`` or ``prune:`` section, and
+    shows each arm and round as they go, then the race table and best arms as ``lab show``."""
     from lab.experiment_file import plan, read_experiment_file
     from lab.records import FAILED
     from lab.store import resolve_url

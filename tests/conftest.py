@@ -6,7 +6,9 @@ skip, except under ``CI=true``, where a missing server is a failure (``tests/pos
 
 from __future__ import annotations
 
+import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,17 +36,58 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return SERIAL not in collection_path.read_text(encoding="utf-8") or None
 
 
+#: Each test module's seconds, summed over its tests, as a run of the whole suite measured
+#: them: `pytest_collection_modifyitems` hands the longest modules out first. Refresh it
+#: with ``LAB_RECORD_MODULE_SECONDS=1`` on the README's command (`pytest_sessionfinish`).
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+_took: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the order `pytest_collection_modifyitems` makes: pytest-xdist's `loadfile`
+    would otherwise hand the modules out by their number of tests, which left a 64-second
+    module of two tests to start last, on one worker, while the other had nothing to do."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every item is still here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that hold `slow` tests first, each module's order kept: with the README's
-    ``pytest -n 2 --dist loadfile`` the longest modules start first, so that none is left
-    running alone at the end. A `serial` test in a module that does not spell `SERIAL` would
-    be left out of ``pytest -m serial``: that stops the run."""
+    """The longest modules first (`MODULE_SECONDS`), each module's order kept: with the
+    README's ``pytest -n 2 --dist loadfile`` each worker takes the next module when it is
+    free, and longest-first leaves none running alone at the end (replayed on the measured
+    seconds, the two workers end within a second of each other). A module not measured yet
+    counts a second per test. A `serial` test in a module that does not spell `SERIAL`
+    would be left out of ``pytest -m serial``: that stops the run."""
     for item in items:
         if item.get_closest_marker("serial") and SERIAL not in item.path.read_text("utf-8"):
             raise pytest.UsageError(f"{item.path.name}: mark serial tests with @{SERIAL}")
-    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_modules)
+    seconds = json.loads(MODULE_SECONDS.read_text(encoding="utf-8"))
+    counts = Counter(item.path.name for item in items)
+    order = {name: -seconds.get(name, float(n)) for name, n in counts.items()}
+    items.sort(key=lambda item: order[item.path.name])  # stable: each module's order kept
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum each module's seconds (setup, call and teardown), for `pytest_sessionfinish`."""
+    name = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    _took[name] = _took.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``LAB_RECORD_MODULE_SECONDS=1``, write the seconds this run measured into
+    `MODULE_SECONDS` (the modules it did not run keep theirs). In the controlling process
+    only: pytest-xdist's workers send it every report. Not from ``pytest -m serial``, whose
+    few tests would stand for their whole modules."""
+    config = session.config
+    if not os.environ.get("LAB_RECORD_MODULE_SECONDS") or hasattr(config, "workerinput"):
+        return
+    if config.getoption("markexpr") == "serial":
+        return
+    seconds = json.loads(MODULE_SECONDS.read_text(encoding="utf-8"))
+    seconds.update({name: round(took, 1) for name, took in _took.items()})
+    ranked = dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
+    MODULE_SECONDS.write_text(json.dumps(ranked, indent=1) + "\n", encoding="utf-8")
 
 
 @pytest.fixture

@@ -480,7 +480,15 @@ def test_the_records_stand_on_the_ground_floor() -> None:
 
 _EACH_MODULE = """
 import importlib, os, sys
-import pydantic, sqlalchemy, torch  # third-party imports are shared; lab's are not
+# third-party imports are shared (each child would import them again: 6 CPU-s of the 24);
+# lab's are not
+import alembic.command, duckdb, fastapi, httpx, matplotlib, numpy, psycopg, pyarrow
+import pydantic, rich, sqlalchemy.orm, torch, torch._dynamo, typer, uvicorn, yaml
+for optional in ("gymnasium", "optuna", "scipy.stats"):  # extras
+    try:
+        importlib.import_module(optional)
+    except ImportError:
+        pass
 failed, running = [], {}
 names = sys.argv[1:]
 while names or running:

@@ -37,17 +37,22 @@ finally:
 """
 
 
-def _imports(*args: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
-    """Run ``lab ARGS``; its stdout and the heavy modules it imported."""
+def _imports(
+    *args: str, env: dict[str, str] | None = None, status: int = 0
+) -> tuple[str, list[str]]:
+    """Run ``lab ARGS``, which exits with `status`; its stdout (its stderr when `status` is
+    not 0) and the heavy modules it imported."""
     out = subprocess.run(
         [sys.executable, "-c", _COMMAND, json.dumps(HEAVY), *args],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    *_, last = out.stderr.splitlines()
+    assert out.returncode == status, out.stderr
+    *said, last = out.stderr.splitlines()
     assert last.startswith("imported: "), out.stderr
-    return out.stdout, json.loads(last.removeprefix("imported: "))
+    return out.stdout if status == 0 else "\n".join(said), json.loads(
+        last.removeprefix("imported: ")
+    )
 
 
 def _dead_pid() -> int:
@@ -186,3 +191,20 @@ def test_checking_an_experiment_file_imports_what_its_module_imports(tmp_path: P
     assert "callbacks: ConsoleLogger, JsonlLogger, MetricSaver, SqlLogger\n" in stdout
     assert imported == []
     assert not (tmp_path / "lab.db").exists()
+
+
+def test_a_bad_store_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """`lab run` and `lab quickstart` meet the store before anything imports torch, so a
+    bad one is refused at once, as the commands that only read refuse it."""
+    (tmp_path / "train_lib.py").write_text("def train(run):\n    raise AssertionError\n")
+    (tmp_path / "never.yaml").write_text("name: never\ntrain: train_lib:train\narms: [{name: a}]\n")
+    bad = tmp_path / "notes.db"
+    bad.write_text("name,loss\nr0,0.5\n")
+    store = ["--store", f"sqlite:///{bad}"]
+    for args in (["run", str(tmp_path / "never.yaml"), *store], ["quickstart", *store]):
+        said, imported = _imports(*args, status=1)
+        assert said == (
+            f"error: {bad} is not a SQLite database (its first bytes are not the SQLite "
+            "header); point --store / LAB_STORE_URL at a lab store"
+        ), args
+        assert "torch" not in imported, args
