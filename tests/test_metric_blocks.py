@@ -346,3 +346,25 @@ def test_packed_points_that_do_not_add_up_are_not_trusted(store: Store) -> None:
         conn.execute(sa.text("UPDATE metric_blocks SET point_offsets = NULL WHERE block = :b"),
                      {"b": block})  # fmt: skip
     assert _packed(store, run, lo, hi, 10) == ({}, [run])  # the count does not add up
+
+
+def test_series_blocks_are_the_fold_of_the_points_exactly() -> None:
+    """The writer's blocks of a batch (`series_blocks`, cut by built-ins) are the point by
+    point fold's, row for row and bit for bit: gaps, negative steps, NaN, ±inf and inf
+    beside -inf in one block, a block of NaN only."""
+    rng = random.Random(11)
+    steps = sorted(rng.sample(range(-100, 400), 300)) + list(range(400, 464))
+    values = [rng.uniform(-5, 5) for _ in steps]
+    for i in range(0, len(steps), 37):
+        values[i] = math.nan
+    values[50], values[51] = math.inf, -math.inf
+    values[-16:] = [math.nan] * 16  # block 14 (448..463): every point NaN
+    got = blocks.series_blocks(3, "y", steps, values)
+    want = blocks.block_rows(
+        blocks.fold((3, "y", s, v) for s, v in zip(steps, values, strict=True))
+    )
+    assert [r[:8] for r in got] == [r[:8] for r in want]
+    assert [repr(r[8]) for r in got] == [repr(r[8]) for r in want]  # NaN sums compared so
+    assert [r[9:] for r in got] == [r[9:] for r in want]
+    assert got[-1][2:10] == (14, 16, 448, 463, None, None, None, 0)
+    assert any(r[8] is not None and math.isnan(r[8]) for r in got)  # inf + -inf

@@ -12,12 +12,12 @@ SQLite.
 an edge, the points packed in the blocks (a byte of step offset and a float64 each) are
 read, a row per 32 points, and cut in numpy, on either database.
 
-The transaction that writes a batch keeps its blocks (`Blocks._block`): a batch that only
-extends its keys is folded into them from the rows in hand; a step logged again, or a batch
-replayed out of order, has its blocks recomputed from `metrics`. Either way they end as
-the rows say. A reader trusts a run's blocks only when their points add up to its
-summary's count (`_trusted`); otherwise that run is cut from its points,
-the same answer read slower. So a store written by anything that skipped the blocks is
+The transaction that writes a batch keeps its blocks (`Blocks.block`): a batch that only
+extends its keys is folded into them from the points in hand (`series_blocks`); a step
+logged again, or a batch replayed out of order, has its blocks recomputed from `metrics`.
+Either way they end as the rows say. A reader trusts a run's blocks only when their points
+add up to its summary's count (`_trusted`); otherwise that run is cut from its points, the
+same answer read slower. So a store written by anything that skipped the blocks is
 never read wrong.
 """
 
@@ -29,6 +29,7 @@ import os
 import sys
 import weakref
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,6 +98,50 @@ def block_rows(folded: dict[tuple[int, str, int], list[Any]]) -> list[tuple[Any,
     ]  # fmt: skip
 
 
+def bounds(values: list[float]) -> tuple[float, float]:
+    """The min and max of `values` with NaN left out; (+inf, -inf) when every one is NaN.
+    A sum that is not NaN says there is no NaN (nor inf beside -inf), and then the
+    built-ins answer in C."""
+    total = sum(values)
+    if total == total:
+        return min(values, default=_INF), max(values, default=-_INF)
+    numbers = [v for v in values if v == v]
+    return min(numbers, default=_INF), max(numbers, default=-_INF)
+
+
+def series_blocks(
+    run_id: int, key: str, steps: list[int], values: list[float]
+) -> list[tuple[Any, ...]]:
+    """One key's points (steps increasing, NaN as NaN) as rows of `metric_blocks`
+    (`_COLUMNS` order): `block_rows(fold(...))` of them, each block cut out of the lists
+    and summed, bounded and packed by built-ins in C rather than point by point."""
+    out = []
+    i, n = 0, len(steps)
+    while i < n:
+        block = steps[i] // B
+        j = bisect_left(steps, (block + 1) * B, i)
+        at, vs = steps[i:j], values[i:j]
+        total = sum(vs)
+        if total == total:  # no NaN: every point is a number
+            lo, hi, count = min(vs), max(vs), j - i
+        else:
+            numbers = [v for v in vs if v == v]
+            count = len(numbers)
+            lo, hi, total = (min(numbers), max(numbers), sum(numbers)) if count else (None,) * 3
+        base = block * B
+        if at[-1] - at[0] == j - i - 1:  # consecutive steps
+            offsets = bytes(range(at[0] - base, at[-1] - base + 1))
+        else:
+            offsets = bytes([s - base for s in at])
+        packed = array("d", vs)
+        if _BIG_ENDIAN:
+            packed.byteswap()
+        out.append((run_id, key, block, j - i, at[0], at[-1], lo, hi, total, count, offsets,
+                    packed.tobytes()))  # fmt: skip
+        i = j
+    return out
+
+
 class Blocks:
     """The block upkeep of the metric rows (`lab.store.metric_rows.MetricRows`): its
     statements, built once for the store's dialect, and the folds that run them."""
@@ -109,18 +154,25 @@ class Blocks:
     def block(
         self,
         conn: Connection,
-        rows: list[tuple[Any, ...]],
+        series: dict[int, dict[str, tuple[list[int], list[float], list[float]]]],
         acc: dict[int, dict[str, list[Any]]],
         again: set[tuple[int, str]],
     ) -> None:
-        """Fold a batch's rows ((run, key, step, value, wall time), as written) into its
-        blocks, in its transaction after them. A key whose batch only extends it (`acc`
-        and `again` as `Summaries.summarize` saw them) is folded in from the rows in hand, its
-        points appended to its last block's; one that logged a step again has every block
-        from its first to its last step in the batch rebuilt from `metrics`."""
-        folded = fold(rows, again)
-        if folded:
-            conn.exec_driver_sql(self._block_merge, block_rows(folded))
+        """Fold a batch's points (`series`: per run and key, steps, values and wall times
+        in the order logged) into its blocks, in its transaction after its rows. A key
+        whose batch only extends it (`acc` and `again` as `Summaries.summarize` saw them)
+        is folded in from the points in hand, its points appended to its last block's; one
+        that logged a step again has every block from its first to its last step in the
+        batch rebuilt from `metrics`."""
+        made = [
+            row
+            for run_id, per in series.items()
+            for key, (steps, values, _) in per.items()
+            if (run_id, key) not in again
+            for row in series_blocks(run_id, key, steps, values)
+        ]
+        if made:
+            conn.exec_driver_sql(self._block_merge, made)
         for run_id, key in sorted(again):
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)

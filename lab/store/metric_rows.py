@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from itertools import islice, repeat
+from operator import lt
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from lab.store._values import _now
-from lab.store.blocks import Blocks
+from lab.store.blocks import Blocks, bounds
 from lab.store.engine import transaction
 from lab.store.liveness import this_owner
 from lab.store.schema import SqlExperiment, SqlRun
@@ -34,7 +36,6 @@ Driving = tuple[list[int], dict[str, Any]]
 
 #: The columns that name the process owning a run or driving an experiment.
 OWNER = ("host", "pid", "process_start", "boot_id")
-_INF = math.inf
 
 _METRIC_UPSERT = (
     'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
@@ -116,36 +117,19 @@ class MetricRows:
     def write(self, items: list[MetricItem], driving: Driving | None = None) -> None:
         """Write one batch of queued metrics ((run, step, metrics, wall time) each) in one
         transaction, with their summaries, blocks and the heartbeats due."""
-        # Plain tuples through the driver's executemany: the writer thread holds the GIL
-        # as briefly as it can. SQLite stores a NaN value as NULL (see lab.store.schema).
+        series = _series(items)
+        # Plain tuples through the driver's executemany, built by `zip` in C, key after
+        # key: the writer holds the GIL as briefly as it can, and SQLite appends each key's
+        # rows to one place of its B-tree. Per key the rows keep the order they were logged
+        # in, so a step logged twice in a batch keeps its last value. SQLite stores a NaN
+        # value as NULL (see lab.store.schema).
         rows: list[tuple[Any, ...]] = []
-        append = rows.append
-        # Per run and key: [count, first step, last step, last value, min, max, wall time,
-        # again]. min and max start at +inf and -inf; NaN never compares, so it never enters
-        # them, and min > max at the end means every point was NaN. `again`: a step came at
-        # or before the batch's last one (logged again, or out of order), so the folds in
-        # place (count, min, max, blocks) cannot be trusted: the key is recomputed from rows.
-        acc: dict[int, dict[str, list[Any]]] = {}
-        for run_id, step, metrics, wall_time in items:
-            per = acc.get(run_id)
-            if per is None:
-                per = acc[run_id] = {}
-            for key, value in metrics.items():
-                append((run_id, key, step, value, wall_time))
-                # the fold in place, not a call per point: this loop is the ingest's cost
-                s = per.get(key)
-                if s is None:
-                    s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
-                s[0] += 1
-                if step > s[2]:
-                    s[2], s[3], s[6] = step, value, wall_time
-                else:
-                    _again(s, step, value, wall_time)
-                if value < s[4]:
-                    s[4] = value
-                if value > s[5]:
-                    s[5] = value
-        self._commit(rows, acc, driving)
+        extend = rows.extend
+        for run_id, per in series.items():
+            run = repeat(run_id)
+            for key, (steps, values, wall_times) in per.items():
+                extend(zip(run, repeat(key), steps, values, wall_times))
+        self._commit(rows, series, driving)
 
     def write_columns(
         self,
@@ -156,37 +140,25 @@ class MetricRows:
         wall_times: Sequence[float],
     ) -> None:
         """`Store.write_metric_columns`: a client's checked batch, as columns, now."""
-        acc: dict[int, dict[str, list[Any]]] = {}  # as in write
+        series: dict[int, dict[str, Series]] = {}
         for run_id, key, step, value, wall_time in zip(
             run_ids, keys, steps, values, wall_times, strict=True
         ):
-            per = acc.get(run_id)
-            if per is None:
-                per = acc[run_id] = {}
-            s = per.get(key)
-            if s is None:
-                s = per[key] = [0, step, step - 1, value, _INF, -_INF, wall_time, False]
-            s[0] += 1
-            if step > s[2]:
-                s[2], s[3], s[6] = step, value, wall_time
-            else:
-                _again(s, step, value, wall_time)
-            if value < s[4]:
-                s[4] = value
-            if value > s[5]:
-                s[5] = value
+            _add(series, run_id, key, step, value, wall_time)
         rows = list(zip(run_ids, keys, steps, values, wall_times, strict=True))
-        self._commit(rows, acc)
+        self._commit(rows, series)
 
     def _commit(
         self,
         rows: list[tuple[Any, ...]],
-        acc: dict[int, dict[str, list[Any]]],
+        series: dict[int, dict[str, Series]],
         driving: Driving | None = None,
     ) -> None:
-        """Write a batch's rows and summaries, and the heartbeats of the runs started here
-        and of the experiments driven here (`driving`: handed over by the process that
-        drives them, else this store's own, when due), in one transaction."""
+        """Write a batch's rows (`series`: the same points per run and key), its summaries
+        and blocks, and the heartbeats of the runs started here and of the experiments
+        driven here (`driving`: handed over by the process that drives them, else this
+        store's own, when due), in one transaction."""
+        acc = _folds(series)
         beating = set(acc) | self.active
         if driving is None:
             driving = self.driving_due()
@@ -196,7 +168,7 @@ class MetricRows:
             if rows:
                 conn.exec_driver_sql(self._metric_upsert, rows)
                 again = self.summaries.summarize(conn, acc)
-                self.blocks.block(conn, rows, acc, again)
+                self.blocks.block(conn, series, acc, again)
             if beating:
                 self.beat(conn, beating)
             if driving is not None:
@@ -223,15 +195,78 @@ class MetricRows:
         self.blocks.reblock_run(conn, run_id, after_step)
 
 
-def _again(s: list[Any], step: int, value: Any, wall_time: float) -> None:
-    """A step at or before the batch's last one for its key (see `MetricRows.write`):
-    the key is recomputed from the rows (the row stored is the last one logged for its
-    step)."""
-    s[7] = True
-    if step == s[2]:
-        s[3], s[6] = value, wall_time
-    elif step < s[1]:
-        s[1] = step
+#: One (run, key)'s points in a batch, in the order they were logged: steps, values and
+#: wall times (lists that the keys of one run may share).
+Series = tuple[list[int], list[float], list[float]]
+
+
+def _series(items: list[MetricItem]) -> dict[int, dict[str, Series]]:
+    """A batch's points per run and key. The common batch logs the same keys at every step
+    of a run: each key's values are then read off the steps in one comprehension, and its
+    steps and wall times are the run's own lists; any other is taken point by point."""
+    by_run: dict[int, tuple[list[int], list[dict[str, float]], list[float]]] = {}
+    for run_id, step, metrics, wall_time in items:
+        _push(by_run, run_id, step, metrics, wall_time)
+    series: dict[int, dict[str, Series]] = {}
+    for run_id, (steps, dicts, wall_times) in by_run.items():
+        keys = dicts[0].keys()
+        if all(m.keys() == keys for m in dicts):
+            series[run_id] = {key: (steps, [m[key] for m in dicts], wall_times) for key in keys}
+            continue
+        for step, metrics, wall_time in zip(steps, dicts, wall_times, strict=True):
+            for key, value in metrics.items():
+                _add(series, run_id, key, step, value, wall_time)
+    return series
+
+
+def _add(
+    series: dict[int, dict[str, Series]],
+    run_id: int,
+    key: str,
+    step: int,
+    value: float,
+    wall_time: float,
+) -> None:
+    """One point appended to its series."""
+    per = series.get(run_id)
+    if per is None:
+        per = series[run_id] = {}
+    _push(per, key, step, value, wall_time)
+
+
+def _push(lists: dict[Any, tuple[list[Any], ...]], at: Any, a: Any, b: Any, c: Any) -> None:
+    """`a`, `b` and `c` appended to the three lists held under `at` (made empty first)."""
+    held = lists.get(at)
+    if held is None:
+        held = lists[at] = ([], [], [])
+    held[0].append(a)
+    held[1].append(b)
+    held[2].append(c)
+
+
+def _folds(series: dict[int, dict[str, Series]]) -> dict[int, dict[str, list[Any]]]:
+    """Per run and key: [count, first step, last step, last value, min, max, wall time,
+    again], what `Summaries.summarize` merges. min and max leave NaN out (+inf and -inf,
+    min > max, when every point was NaN). `again`: a step came at or before one logged
+    before it in the batch (logged again, or out of order), so the folds in place (count,
+    min, max, blocks) cannot be trusted: the key is recomputed from the rows; its first
+    and last step are then the least and the greatest."""
+    increasing: dict[int, bool] = {}  # per steps list (the keys of a run share one)
+    acc: dict[int, dict[str, list[Any]]] = {}
+    for run_id, per in series.items():
+        out = acc[run_id] = {}
+        for key, (steps, values, wall_times) in per.items():
+            up = increasing.get(id(steps))
+            if up is None:
+                up = increasing[id(steps)] = all(map(lt, steps, islice(steps, 1, None)))
+            lo, hi = bounds(values)
+            if up:
+                out[key] = [len(steps), steps[0], steps[-1], values[-1], lo, hi,
+                            wall_times[-1], False]  # fmt: skip
+            else:
+                out[key] = [len(steps), min(steps), max(steps), values[-1], lo, hi,
+                            wall_times[-1], True]  # fmt: skip
+    return acc
 
 
 __all__ = ["OWNER", "Driving", "MetricRows"]
