@@ -297,6 +297,7 @@ def summarize(points: int, results: dict[str, list[dict[str, float]]]) -> dict[s
     same_s = statistics.median(r["s"] for r in results["raw_lab_schema"])
     lab_cpu = statistics.median(r["cpu_s"] for r in results["lab"])
     raw_cpu = statistics.median(r["cpu_s"] for r in results["raw"])
+    same_cpu = statistics.median(r["cpu_s"] for r in results["raw_lab_schema"])
     writer_cpu = statistics.median(r["writer_cpu_s"] for r in results["lab"])
     total_cpu = statistics.median(r["cpu_s"] + r["writer_cpu_s"] for r in results["lab"])
     paired = [raw["s"] / lab["s"] for lab, raw in zip(results["lab"], results["raw"], strict=True)]
@@ -323,6 +324,8 @@ def summarize(points: int, results: dict[str, list[dict[str, float]]]) -> dict[s
         "raw_lab_schema_points_per_s": round(points / same_s),
         "ratio_vs_raw_lab_schema": round(same_s / lab_s, 3),
         "raw_lab_schema_s": [round(r["s"], 3) for r in results["raw_lab_schema"]],
+        "raw_lab_schema_cpu_s_median": round(same_cpu, 3),
+        "total_cpu_ratio_vs_raw_lab_schema": round(same_cpu / total_cpu, 3),
         "target_ratio": 0.9,
         "meets_target": raw_s / lab_s >= 0.9,
         **(wandb_summary(points, results, lab_s, raw_s) if "wandb" in results else {}),
