@@ -23,6 +23,7 @@ stdout whose top level is the default Race's figures.
 
     python bench/race.py            # 200 sweeps, both tests, the settings grid (~30 s)
     python bench/race.py --quick    # 40 sweeps, both tests, no grid (a few seconds)
+    python bench/race.py --max-repeats 50   # a full design of 50 repeats an arm
 """
 
 from __future__ import annotations
@@ -143,22 +144,28 @@ def main() -> None:
     parser.add_argument("--gap-low", type=float, default=0.5, help="in noise std")
     parser.add_argument("--gap-high", type=float, default=2.0, help="in noise std")
     parser.add_argument("--quick", action="store_true", help="40 sweeps, no settings grid")
+    parser.add_argument(
+        "--max-repeats", type=int, default=Race("value").max_repeats,
+        help="the full design's repeats, and the race's last round (default: Race's)",
+    )  # fmt: skip
     args = parser.parse_args()
     sweeps = 40 if args.quick else args.sweeps
     means = true_means(args.gap_low, args.gap_high)
     started = time.perf_counter()
-    default = Race("value")
+    default = Race("value", max_repeats=args.max_repeats)
     full = [full_design(means, s, default.max_repeats) for s in range(sweeps)]
     per_test = {}
     for test in ("friedman", "t"):
-        per_test[test] = measure(Race("value", test=test), means, sweeps, full)
+        race = Race("value", test=test, max_repeats=args.max_repeats)
+        per_test[test] = measure(race, means, sweeps, full)
         log(json.dumps(per_test[test]))
     settings = []
     if not args.quick:
         for test in ("friedman", "t"):
             for alpha in (0.01, 0.05, 0.1, 0.2):
                 for min_repeats in (2, 3, 5):
-                    race = Race("value", test=test, alpha=alpha, min_repeats=min_repeats)
+                    race = Race("value", test=test, alpha=alpha, min_repeats=min_repeats,
+                                max_repeats=args.max_repeats)  # fmt: skip
                     row = measure(race, means, sweeps, full)
                     del row["spread"]
                     settings.append(row)
