@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lab._metrics import as_number, check_key
+from lab._metrics import all_floats, as_number, check_key
 from lab._names import MAX_KEY, check_name
 from lab.store._values import _free_text, _now, _text
 from lab.store.engine import dumps_json, transaction
@@ -63,12 +63,14 @@ class RecordWrites:
         the step, and nothing of that step is queued. A copy is queued, so changing the dict
         afterwards changes nothing written.
         """
-        row = {}
+        row = dict(metrics)
         good = self._good_keys
-        for key, value in metrics.items():
-            if key not in good:
-                self._check_key(key, step)
-            row[key] = value if type(value) is float else as_number(key, step, value)
+        if not (good.issuperset(row) and all_floats(row.values())):  # each a pass in C
+            for key, value in row.items():
+                if key not in good:
+                    self._check_key(key, step)
+                if type(value) is not float:
+                    row[key] = as_number(key, step, value)
         self.writer().put(run_id, step, row, time.time())
 
     def _check_key(self, key: Any, step: int) -> None:
