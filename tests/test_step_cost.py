@@ -61,7 +61,7 @@ def _bytecode_per_step(tmp_path: Path, k: int) -> Counter[str]:
 def test_a_step_runs_the_same_bytecode_for_100_metrics_as_for_10(tmp_path: Path) -> None:
     ten, hundred = _bytecode_per_step(tmp_path, 10), _bytecode_per_step(tmp_path, 100)
     assert hundred == ten
-    assert set(ten) >= {"RunHandle.end_step", "SqlLogger.on_step_end", "MetricWriter.put"}
+    assert set(ten) >= {"RunHandle.end_step", "SqlLogger.on_step_end_floats", "MetricWriter.put"}
 
 
 def test_the_last_values_follow_steps_whose_keys_change(tmp_path: Path) -> None:
@@ -90,3 +90,58 @@ def test_the_last_values_follow_steps_whose_keys_change(tmp_path: Path) -> None:
             loop.end_step({"a": 10.0 * step})
     assert loop.artifacts is not None
     assert loop.artifacts.metrics == {"a": 40.0, "b": 2.0, "c": 5.0}
+
+
+def _store_type_passes(tmp_path: Path, monkeypatch: Any, name: str, callbacks: list[Any]) -> int:
+    """How many passes over a step's types the store made in a 4-step run of 3 metrics a
+    step (`all_floats`, called through), and the run's rows checked exactly."""
+    import lab.store.record_writes as record_writes
+
+    calls = []
+
+    def counted(values: Any) -> bool:
+        calls.append(len(values))
+        return all_floats(values)
+
+    all_floats = record_writes.all_floats
+    monkeypatch.setattr(record_writes, "all_floats", counted)
+    store = Store(f"sqlite:///{tmp_path / f'{name}.db'}")
+    try:
+        run = lab.start_run(name, store=store, output_dir=tmp_path, quiet=True)
+        with (
+            run as spec,
+            RunHandle(spec, torch.nn.Linear(2, 1), num_steps=4, callbacks=callbacks) as loop,
+        ):
+            for step in loop.steps():
+                loop.end_step({"loss": 1.0 / step, "a": 2.0, "b": float(step)})
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / f"{name}.db") as con:
+        rows = con.execute("SELECT step, key, value FROM metrics ORDER BY step, key").fetchall()
+    loss = 7 if callbacks else None  # the producer's replaced value, stored as a float
+    assert rows == [
+        row
+        for step in range(1, 5)
+        for row in ((step, "a", 2.0), (step, "b", float(step)), (step, "loss", loss or 1 / step))
+    ]
+    return len(calls)
+
+
+class _Replaces(lab.Callback):
+    """A producer that replaces the loss with an int: it runs before `SqlLogger`."""
+
+    metrics_logged = ("loss",)
+
+    def on_step_end(self, state: Any, step_idx: int, batch: Any, metrics: Any) -> None:
+        metrics["loss"] = 7
+
+
+def test_the_store_skips_its_type_pass_when_no_callback_runs_before_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The loop made the step's values floats and nothing ran before `SqlLogger`: the store
+    trusts them. A callback before it could have replaced one, so then it checks each step
+    (and the int the producer put in is stored as a float)."""
+    assert _store_type_passes(tmp_path, monkeypatch, "alone", []) == 0
+    # steps 2 to 4: the first step's new keys send it through the store's check per key
+    assert _store_type_passes(tmp_path, monkeypatch, "producer", [_Replaces()]) == 3

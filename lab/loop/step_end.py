@@ -166,10 +166,10 @@ class StepEnds:
     def fire(self, step: int, clean: dict[str, float], batch: Any) -> None:
         """`on_step_end` for an ended step whose metrics are floats now, and the checks of
         metric names that read them."""
-        if batch is None:  # no listener: `fire` walks an empty tuple
-            self.hooks.fire(_STEP_END, self.state, step, self.batch, clean)
+        if batch is None:  # no listener: `fire_step_end` walks an empty tuple
+            self.hooks.fire_step_end(self.state, step, self.batch, clean)
         elif self.hooks.listens(_STEP_END):
-            self.hooks.fire(_STEP_END, self.state, step, self.wrap(batch), clean)
+            self.hooks.fire_step_end(self.state, step, self.wrap(batch), clean)
         self._keep_last(clean)  # after the hook: the keys its producers added count too
         ranking = self._ranking
         if ranking is not None:  # step metric names (producers' keys too), for the check
