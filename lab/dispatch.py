@@ -404,6 +404,16 @@ class Dispatcher:
             )
             for hook in Hook  # every hook registered by now, a plug-in's too (lab.hooks.HOOKS)
         }
+        self._step_end_floats = self._listeners[Hook.STEP_END]
+        first = next(
+            (cb for cb in self._step_end_order if receives(id(cb), Hook.STEP_END)
+             and _target(cb, Hook.STEP_END) is not None),
+            None,
+        )  # fmt: skip
+        if first is not None and hasattr(type(first), "on_step_end_floats"):
+            (name, _, critical), *rest = self._step_end_floats
+            method = self._method(first, Hook.STEP_END, first.on_step_end_floats)  # type: ignore[attr-defined]  # checked
+            self._step_end_floats = ((name, method, critical), *rest)
 
     def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if hook == Hook.STEP_END:
@@ -456,7 +466,23 @@ class Dispatcher:
         """Call `hook` on every callback that overrides it, in phase order (a `Hook`, or a
         member of a plug-in's enum such as `lab.rl.hooks.RLHook`; its name as a str is the
         same key)."""
-        listeners = self._listeners[hook]
+        self._fire(hook, self._listeners[hook], args, kwargs)
+
+    def fire_step_end(self, state: Any, step: int, batch: Any, metrics: dict[str, float]) -> None:
+        """`on_step_end` for a step whose metrics the loop made exact floats. The first
+        callback to get them has nothing before it that could have replaced a value, so
+        where its class has an ``on_step_end_floats`` (`lab.loggers.SqlLogger`: its store
+        then skips its pass over the types), that receives the hook instead; resolved
+        with the listener tuples, never per step."""
+        self._fire(Hook.STEP_END, self._step_end_floats, (state, step, batch, metrics), {})
+
+    def _fire(
+        self,
+        hook: HookEnum,
+        listeners: tuple[tuple[str, Callable[..., Any], bool], ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         for name, method, critical in listeners:
             if self.trace:
                 log.debug("hook %s -> %s", hook, name)

@@ -386,6 +386,16 @@ class SqlLogger(Callback):
         if state.checkpoint_due:  # durable before the checkpoint commits
             self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
 
+    def on_step_end_floats(
+        self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> None:
+        """`on_step_end` when the loop hands over a step's metrics as it checked them: every
+        value exactly a float, and no callback ran before this one that could have replaced
+        one (`Dispatcher.fire_step_end`), so the store skips its pass over the types."""
+        self._store.log_metrics(self._run_id, step_idx, metrics, floats=True)  # type: ignore[union-attr, arg-type]  # set
+        if state.checkpoint_due:  # durable before the checkpoint commits
+            self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
+
     def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
         store = self.open()
         store.media.put(self._require_run(state.ctx), step_idx, media, state.ctx.run_dir)

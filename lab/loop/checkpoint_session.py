@@ -452,8 +452,7 @@ class CheckpointSession:
         progress.epochs_started = int(saved_loop.get("epochs_started", 0))
         progress.epoch_open = RESTORED if saved_loop.get("epoch_open") else False
         state.metrics = dict(payload.get("metrics", {}))
-        progress.last.clear()  # the same dict: the handle updates it at each step
-        progress.last.update(payload.get("last_metrics", state.metrics))
+        progress.last = dict(payload.get("last_metrics", state.metrics))
         progress.eval_metrics.update(payload.get("eval_metrics", {}))
         self.last_saved = state.step
         self.restored = payload

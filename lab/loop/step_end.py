@@ -50,9 +50,11 @@ class StepEnds:
         self.reducer: MetricReducer | None = None  # set under DDP, when the run starts
         self.batch = TrainingBatch()  # the batch the step hooks see: one object, reused
         self._past = TrainingBatch()  # the batch a held step's on_step_end sees: no data
-        self.progress = progress
-        self.last = progress.last  # the last value of each step metric (lab._ranking)
+        self.progress = progress  # its `last`: the last value of each step metric
         self.seen: set[str] = set()  # step metric names logged in this fit (ranking check)
+        # `progress.last` as `_keep_last` left it, and its keys
+        self._last: dict[str, float] | None = None
+        self._known: set[str] = set()
         checkpoint = settings.checkpoint
         # The ranking metric while steps still add to `seen` (None once it was logged).
         self._ranking = checkpoint.metric if checkpoint is not None else None
@@ -164,11 +166,11 @@ class StepEnds:
     def fire(self, step: int, clean: dict[str, float], batch: Any) -> None:
         """`on_step_end` for an ended step whose metrics are floats now, and the checks of
         metric names that read them."""
-        hooks = self.hooks
-        if hooks.listens(_STEP_END):
-            hb = self.batch if batch is None else self.wrap(batch)
-            hooks.fire(_STEP_END, self.state, step, hb, clean)
-        self.last.update(clean)  # after the hook: the keys its producers added count too
+        if batch is None:  # no listener: `fire_step_end` walks an empty tuple
+            self.hooks.fire_step_end(self.state, step, self.batch, clean)
+        elif self.hooks.listens(_STEP_END):
+            self.hooks.fire_step_end(self.state, step, self.wrap(batch), clean)
+        self._keep_last(clean)  # after the hook: the keys its producers added count too
         ranking = self._ranking
         if ranking is not None:  # step metric names (producers' keys too), for the check
             self.seen.update(clean)  # at saves, until the ranking metric shows up
@@ -178,6 +180,18 @@ class StepEnds:
         if watch is not None:  # needed names no source declared: looked for once
             self._watch_step = None
             watch.after_step(step, clean)
+
+    def _keep_last(self, clean: dict[str, float]) -> None:
+        """Make `clean` the last value of each step metric (`Progress.last`). A step that
+        logs every key logged before (the common case: the same keys each step) simply is
+        the last values, so the check is one pass in C over its keys and nothing is copied;
+        a step that adds keys or leaves some out is merged into a new dict."""
+        progress, known = self.progress, self._known
+        if progress.last is self._last and len(clean) == len(known) and known.issuperset(clean):
+            progress.last = self._last = clean
+            return
+        progress.last = self._last = {**progress.last, **clean}  # (a restore set a new one)
+        self._known = set(self._last)
 
     def may_log(self, metric: str | None) -> bool:
         """Whether the steps may yet log the ranking `metric`: it is declared, or the loop

@@ -110,8 +110,11 @@ class StoreAPI(Protocol):
         """The background writer that metrics are queued to."""
         ...
 
-    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
-        """Queue one step's metrics; waits only while the buffer is full."""
+    def log_metrics(
+        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+    ) -> None:
+        """Queue one step's metrics; waits only while the buffer is full. `floats=True`:
+        the caller checked that every value is exactly a float."""
         ...
 
     def write_eval(

@@ -396,10 +396,12 @@ class Store:
         let_go(self.url, run_id)
 
     # -- what a run logs: `lab.store.record_writes` -------------------------------------------
-    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
+    def log_metrics(
+        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+    ) -> None:
         """Queue one step's metrics (numbers only); waits only while the buffer is full
-        (`RecordWrites.log_metrics`)."""
-        self._records.log_metrics(run_id, step, metrics)
+        (`RecordWrites.log_metrics`; `floats=True`: every value is exactly a float)."""
+        self._records.log_metrics(run_id, step, metrics, floats=floats)
 
     def write_metric_columns(
         self,

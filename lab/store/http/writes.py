@@ -332,9 +332,12 @@ class HttpWrites(HttpClient):
         return self._request("GET", path, params=params).json()
 
     # -- queued writes -------------------------------------------------------------------
-    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any]) -> None:
-        """Queue one step's metrics (see `Store.log_metrics`); waits only while the buffer
-        is full, never on the network. Raises `TokenRejected` once the server refused the
+    def log_metrics(
+        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+    ) -> None:
+        """Queue one step's metrics (see `Store.log_metrics`; `floats` changes nothing
+        here: the one pass checks each key and value); waits only while the buffer is
+        full, never on the network. Raises `TokenRejected` once the server refused the
         token: the run stops there, its batches spooled."""
         if self._sender.refused is not None:
             raise self._sender.refused
