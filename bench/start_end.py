@@ -192,7 +192,7 @@ def main() -> None:
             } | ({} if args.before is None else {
                 "existing_before": lambda i: _started(existing, f"before-{i}", folder, args.before),
                 "new_before": lambda i: _started(
-                    f"sqlite:///{folder}/before-{i}.db", f"before-{i}", folder, args.before
+                    f"sqlite:///{folder}/before-{i}.db", f"new-before-{i}", folder, args.before
                 ),
             }))  # fmt: skip
             url = f"sqlite:///{folder}/end.db"
