@@ -84,12 +84,18 @@ def test_migrations_dir_holds_env_and_revisions() -> None:
     assert folder in (REPO / "migrations", Path(lab.__file__).parent / "_migrations")
 
 
+def _by_alembic(engine: sa.Engine) -> None:
+    """Every revision from the first, through Alembic (`upgrade` makes a new SQLite store
+    from the models instead)."""
+    with migration_transaction(engine) as conn:
+        command.upgrade(alembic_config(conn), "head")
+
+
 def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -> None:
     engine = make_engine(resolve_url(store_url))
     try:
         assert current_revision(engine) is None
-        before, after = upgrade(engine)
-        assert (before, after) == (None, head_revision())
+        _by_alembic(engine)
         assert current_revision(engine) == head_revision()
         assert set(sa.inspect(engine).get_table_names()) == {
             *TABLES,
@@ -97,6 +103,91 @@ def test_upgrading_an_empty_database_builds_exactly_the_models(store_url: str) -
             *DERIVED_TABLES,
             "alembic_version",
         }
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+
+
+def _shape(path: Path) -> dict[str, object]:
+    """Everything SQLite knows of a database's schema, as its PRAGMAs report it: each table's
+    columns (type, NOT NULL, default, key), foreign keys, indexes with their columns, CHECKs,
+    whether it is WITHOUT ROWID; and the revision it is stamped with. Not the CREATE text:
+    its clauses may come in another order with the same meaning."""
+    con = sqlite3.connect(path)
+    try:
+        shape: dict[str, object] = {}
+        for name, wr, sql in con.execute(
+            "SELECT t.name, t.wr, m.sql FROM pragma_table_list t JOIN sqlite_master m "
+            "ON m.name = t.name WHERE t.schema = 'main' AND t.type = 'table' ORDER BY t.name"
+        ):
+            indexes = {}
+            for _seq, idx, unique, origin, partial in con.execute(
+                "SELECT * FROM pragma_index_list(?)", (name,)
+            ):
+                columns = con.execute(
+                    'SELECT seqno, cid, name, "desc", coll, "key" FROM pragma_index_xinfo(?)',
+                    (idx,),
+                ).fetchall()
+                # SQLite numbers the indexes of UNIQUE constraints in the order they come
+                key = tuple(c[2] for c in columns) if idx.startswith("sqlite_autoindex") else idx
+                indexes[key] = (unique, origin, partial, columns)
+            shape[name] = {
+                "without_rowid": wr,
+                "columns": con.execute("SELECT * FROM pragma_table_xinfo(?)", (name,)).fetchall(),
+                "foreign_keys": sorted(  # without their ids: the order they were declared in
+                    con.execute(
+                        'SELECT seq, "table", "from", "to", on_update, on_delete, match '
+                        "FROM pragma_foreign_key_list(?)",
+                        (name,),
+                    ).fetchall()
+                ),
+                "indexes": indexes,
+                "checks": sorted(re.findall(r"CONSTRAINT (\w+) CHECK \((.*)\)", sql)),
+            }
+        shape["revision"] = con.execute("SELECT version_num FROM alembic_version").fetchall()
+        shape["version_table"] = con.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'alembic_version'"
+        ).fetchall()
+        return shape
+    finally:
+        con.close()
+
+
+def test_a_new_sqlite_store_made_without_alembic_is_the_migrations_one(tmp_path: Path) -> None:
+    """A new SQLite store is made from the models and stamped at head, without importing
+    Alembic; it is the database every revision run from the first makes."""
+    fast, migrated = tmp_path / "fast.db", tmp_path / "migrated.db"
+    made = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from lab.store import Store; Store(sys.argv[1]).close(); "
+         "print(sorted(m for m in ('alembic', 'numpy') if m in sys.modules))",
+         f"sqlite:///{fast}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == "[]\n"
+    engine = make_engine(resolve_url(f"sqlite:///{migrated}"))
+    try:
+        _by_alembic(engine)
+    finally:
+        engine.dispose()
+    assert _shape(fast) == _shape(migrated)
+    assert _shape(fast)["revision"] == [(head_revision(),)]
+    assert _shape(fast)["metric_blocks"]["without_rowid"] == 1  # type: ignore[index]
+
+
+def test_a_store_made_without_alembic_downgrades_and_upgrades_through_alembic(
+    tmp_path: Path,
+) -> None:
+    """Alembic takes a store made from the models as its own: every revision down and up."""
+    engine = make_engine(resolve_url(f"sqlite:///{tmp_path / 'fast.db'}"))
+    try:
+        assert upgrade(engine) == (None, head_revision())
+        with migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "base")
+        assert current_revision(engine) is None
+        _by_alembic(engine)
+        assert current_revision(engine) == head_revision()
         _assert_matches_models(engine)
     finally:
         engine.dispose()

@@ -263,6 +263,38 @@ def test_a_run_starts_before_git_is_read_and_records_its_provenance_once_it_is(
         assert "+lr = 0.5" in (repo / "runs" / "late" / f"base-r{i}" / DIFF_FILE).read_text()
 
 
+def test_a_script_run_that_fails_at_its_first_step_still_records_its_provenance(
+    repo: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git is read beside the run's start, not before it: a run that fails at once (before
+    the reading thread is done) still ends with its provenance recorded."""
+    release = threading.Event()
+    real = lab.loggers.sql.collect
+
+    def slow() -> Any:
+        assert release.wait(WAIT_S), "the run never started"
+        return real()
+
+    monkeypatch.setattr(lab.loggers.sql, "collect", slow)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (
+        pytest.raises(RuntimeError, match="diverged"),
+        lab.start_run("fails", store=store_url, quiet=True, output_dir=repo / "runs") as run,
+        lab.RunHandle(run, model, opt, num_steps=3) as loop,
+    ):
+        for _step in loop.steps():
+            release.set()  # the first step runs while git is still being read
+            raise RuntimeError("diverged")
+    store = Store(store_url, readonly=True)
+    try:
+        (row,) = store.get_experiment("fails")["runs"]
+    finally:
+        store.close()
+    assert row["status"] == "failed"
+    assert row["provenance"]["git"]["commit"] == _git(repo, "rev-parse", "HEAD")
+
+
 def test_a_clean_checkout_writes_no_diff_file(repo: Path, sqlite_url: str) -> None:
     Experiment("clean", _train, store=sqlite_url).run()
     assert not (repo / "runs" / "clean" / "base-r0" / DIFF_FILE).exists()

@@ -77,6 +77,47 @@ def test_a_file_store_writes_in_a_process_of_its_own(sqlite_url: str) -> None:
     again.close()
 
 
+def _holds(pid: int, path: str) -> bool:
+    """Whether process `pid` has the file at `path` open (its /proc fd links)."""
+    target = os.path.realpath(path)
+    folder = f"/proc/{pid}/fd"
+    return any(os.path.realpath(os.path.join(folder, fd)) == target for fd in os.listdir(folder))
+
+
+def test_the_writer_process_closes_a_sqlite_store_last_and_copies_its_wal_back(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing a SQLite file's last connection copies its WAL into the file (10-30 ms at the
+    end of a run): the training process lets go first, so the writer process does it, after
+    it answered, off the training process's path; every row is in the file once it has."""
+    db = sqlite_url.removeprefix("sqlite:///")
+    store = Store(sqlite_url, writer="process")
+    assert store._process is not None and store._process.pid is not None
+    pid = store._process.pid
+    run_id = _new_run(store)
+    for step in range(1, 2001):
+        store.log_metrics(run_id, step, {f"m{i}": float(step * 10 + i) for i in range(10)})
+    store.flush()
+    held = []
+    dispose = store.engine.dispose
+    monkeypatch.setattr(store.engine, "dispose", lambda: (held.append(_holds(pid, db)), dispose()))
+    store.close()
+    assert held == [True]  # the writer process still had the file open as this one closed
+    deadline = time.monotonic() + WAIT_S
+    while _holds(pid, db) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _holds(pid, db) and not _gone(pid)  # it let go of this store, and stays
+    assert not Path(db + "-wal").exists()  # the last close copied the WAL in and removed it
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT count(*), sum(value) FROM metrics").fetchone() == (
+            20_000,
+            sum(range(10, 20_010)),
+        )
+    finally:
+        con.close()
+
+
 def test_sigkill_of_the_writer_process_loses_no_row(sqlite_url: str) -> None:
     store = Store(sqlite_url, writer="process")
     try:

@@ -583,12 +583,17 @@ class Store:
                 self._writer = None
             self.media.close()
         finally:
+            process, self._process = self._process, None
             try:
-                process, self._process = self._process, None
+                # First: while the writer process holds the store open, closing here is not
+                # closing a SQLite file's last connection, which would copy its WAL into the
+                # file on the way out (10-30 ms at the end of a run); the writer process
+                # does that after it answers, off the training process's path. Every row
+                # was committed by the flush above: it is durable either way.
+                self.engine.dispose()
+            finally:
                 if process is not None:
                     process.close()  # after the last flush: the writer process lets go of it
-            finally:
-                self.engine.dispose()
 
 
 def _writer_choice(writer: str | None) -> str:

@@ -456,11 +456,10 @@ def main() -> None:
         writing.acquire()
         key, url, active, driving, items = pickle.loads(frame)
         reply: BaseException | None = None
+        closed: MetricRows | None = None
         try:
             if url is None:  # the store was closed in the training process
-                store = stores.pop(key, None)
-                if store is not None:
-                    store.engine.dispose()
+                closed = stores.pop(key, None)
             else:
                 store = stores.get(key)
                 if store is None:
@@ -474,7 +473,14 @@ def main() -> None:
         except OSError:
             break  # the training process is gone
         finally:
-            writing.release()
+            try:
+                if closed is not None:
+                    # After the answer: the training process closed its connections first,
+                    # so this one is a SQLite file's last, and copies the WAL into the file
+                    # here (milliseconds per megabyte) while the training process goes on.
+                    closed.engine.dispose()
+            finally:
+                writing.release()
     with writing:
         for store in stores.values():
             store.engine.dispose()
