@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from lab.store import Store
+from lab.store.engine import one_transaction
 from lab.store.metric_rows import MetricRows
 from lab.store.pg_copy import STAGE
 
@@ -142,16 +143,13 @@ def test_metrics_go_by_copy_not_by_a_row_upsert(pg: Store) -> None:
     seen = _statements(pg.engine)
     pg.metric_rows.write([(run, step, {"a": step / 2, "b": -step}, 1.0) for step in range(5)])
     pg.write_metric_columns([run, run], [5, 5], ["a", "a"], [9.0, 10.0], [2.0, 3.0])
-    into_metrics = [s for s in seen if s.startswith("INSERT INTO metrics")]
-    assert (
-        into_metrics
-        == [
-            'INSERT INTO metrics (run_id, "key", step, value, wall_time) SELECT run_id, "key", '
-            f'step, value, wall_time FROM {STAGE} ON CONFLICT (run_id, "key", step) DO UPDATE '
-            "SET value = excluded.value, wall_time = excluded.wall_time"
-        ]
-        * 2
-    )
+    into_metrics = [s for s in seen if "INSERT INTO metrics" in s]
+    assert into_metrics == [
+        f'WITH staged AS (DELETE FROM {STAGE} RETURNING run_id, "key", step, value, wall_time) '
+        'INSERT INTO metrics (run_id, "key", step, value, wall_time) SELECT run_id, "key", '
+        'step, value, wall_time FROM staged ON CONFLICT (run_id, "key", step) DO UPDATE '
+        "SET value = excluded.value, wall_time = excluded.wall_time"
+    ] * 2  # fmt: skip
     assert _table(pg, 'SELECT "key", step, value FROM metrics ORDER BY "key", step') == [
         ("a", 0, 0.0), ("a", 1, 0.5), ("a", 2, 1.0), ("a", 3, 1.5), ("a", 4, 2.0), ("a", 5, 10.0),
         ("b", 0, 0.0), ("b", 1, -1.0), ("b", 2, -2.0), ("b", 3, -3.0), ("b", 4, -4.0),
@@ -229,3 +227,15 @@ def test_many_stores_copy_into_one_server_at_once(pg_url: str) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+def test_two_batches_in_one_transaction(pg: Store) -> None:
+    """`lab serve` writes a client's batch of ops in one transaction, and it may hold two
+    metric batches that log the same step: the second's value wins, the first's rows are
+    not copied twice."""
+    run = _run(pg)
+    with one_transaction(pg.engine):
+        pg.write_metric_columns([run, run], [1, 2], ["a", "a"], [1.0, 2.0], [1.0, 2.0])
+        pg.write_metric_columns([run], [2], ["a"], [-2.0], [3.0])
+    assert _table(pg, METRICS) == [("a", 1, 1.0, 1.0), ("a", 2, -2.0, 3.0)]
+    assert _table(pg, SUMMARIES) == [("a", 2, 1, 2, -2.0, -2.0, 1.0, 3.0)]

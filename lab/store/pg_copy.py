@@ -8,9 +8,11 @@ step) replaces its value and wall time, NaN and +-inf are kept. One statement ca
 a row twice, so a batch that holds a (run, key, step) more than once keeps its last row
 before the copy (the order an executemany would have left).
 
-The staging table (``ON COMMIT DELETE ROWS``: empty between batches) is made once per
-connection; the connection's pool record remembers that it was, and forgets it on a
-rollback, which takes a table made in that transaction away with it.
+The staging table is made once per connection, emptied by each merge (a transaction may
+write several batches) and truncated at each commit (``ON COMMIT DELETE ROWS``, which gives
+back the space of the rows deleted: a temporary table is never vacuumed). The connection's
+pool record remembers that it was made, and forgets it on a rollback, which takes a table
+made in that transaction away with it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ _COLUMNS = 'run_id, "key", step, value, wall_time'
 _CREATE = f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} (LIKE metrics) ON COMMIT DELETE ROWS"
 _COPY = f"COPY {STAGE} ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _TYPES = ("int4", "varchar", "int8", "float8", "float8")
+# The stage is emptied as it is read: a transaction may write several batches (`lab serve`
+# writes a client's batch of ops in one), and each merges only its own rows.
 _MERGE = (
-    f"INSERT INTO metrics ({_COLUMNS}) SELECT {_COLUMNS} FROM {STAGE} "
+    f"WITH staged AS (DELETE FROM {STAGE} RETURNING {_COLUMNS}) "
+    f"INSERT INTO metrics ({_COLUMNS}) SELECT {_COLUMNS} FROM staged "
     'ON CONFLICT (run_id, "key", step) DO UPDATE '
     "SET value = excluded.value, wall_time = excluded.wall_time"
 )
