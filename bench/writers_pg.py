@@ -12,7 +12,10 @@ dicts built), then all start together on one event; the clock runs from that eve
 the last process's `flush()` returns, that is until every point is committed. The `raw`
 arms run the same number of processes with the bare driver (psycopg 3, one `executemany`
 of the same rows and one commit) into a plain table with the same columns and primary
-key: the server's own rate with this many clients, on this machine.
+key: the server's own rate with this many clients, on this machine. The `copy` arms do the
+same with the driver's binary COPY, the fastest way the server takes rows (lab's own way on
+PostgreSQL: `lab.store.pg_copy`). `--before PATH` adds `before` arms: the lab of another
+checkout (a worktree of an earlier commit, say), run the same way in the same rounds.
 
 Every arm starts from an emptied scratch database; the arms rotate their order every round
 and medians are compared. A process count above the CPU count cannot scale linearly: the
@@ -23,6 +26,7 @@ busy, which says whether the arm was bound by the CPU; and the writers' own shar
 Prints one JSON line (progress goes to stderr).
 
     python bench/writers_pg.py --postgres postgresql://postgres:lab@127.0.0.1:5432/lab_test
+    python bench/writers_pg.py --before ../main   # and an earlier lab, in the same rounds
     python bench/writers_pg.py --quick         # a smoke run (LAB_BENCH_POSTGRES_URL, or
                                                # --postgres, names the server)
 """
@@ -35,6 +39,7 @@ import logging
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -58,6 +63,8 @@ DONE_TIMEOUT_S = 900.0
 RAW_INSERT = (
     f'INSERT INTO {RAW_TABLE} (run_id, "key", step, value, wall_time) VALUES (%s, %s, %s, %s, %s)'
 )
+RAW_COPY = f'COPY {RAW_TABLE} (run_id, "key", step, value, wall_time) FROM STDIN (FORMAT BINARY)'
+COPY_TYPES = ("int4", "varchar", "int8", "float8", "float8")
 
 
 class CountWarnings(logging.Handler):
@@ -89,11 +96,15 @@ def lab_writer(
     index: int,
     size: tuple[int, int],
     writer: str | None,
+    before: str | None,
     sync: tuple[Barrier, Event],
     results: Any,
 ) -> None:
-    """One training process: its own store and run, then every step's metrics and a flush."""
+    """One training process: its own store and run, then every step's metrics and a flush.
+    `before`: the folder of another checkout of lab, whose code this process runs instead."""
     try:
+        if before:
+            use_checkout(before)
         from lab.store import Store
 
         warnings = CountWarnings()
@@ -122,6 +133,13 @@ def lab_writer(
         raise
 
 
+def use_checkout(folder: str) -> None:
+    """Import lab from `folder` from now on (this module's imports loaded this one's)."""
+    for name in [m for m in sys.modules if m == "lab" or m.startswith("lab.")]:
+        del sys.modules[name]
+    sys.path.insert(0, folder)
+
+
 def raw_writer(
     libpq: str,
     index: int,
@@ -143,6 +161,35 @@ def raw_writer(
 
             report: dict[str, Any] = on_go(sync, work)
         results.put({**report, "warnings": 0, "writer": "raw"})
+    except BaseException as exc:
+        sync[0].abort()
+        results.put({"error": f"process {index}: {exc!r}"})
+        raise
+
+
+def copy_writer(
+    libpq: str,
+    index: int,
+    size: tuple[int, int],
+    sync: tuple[Barrier, Event],
+    results: Any,
+) -> None:
+    """The same rows through the bare driver's binary COPY, and one commit."""
+    try:
+        import psycopg
+
+        data = make_steps(1, *size, seed=index)
+        with psycopg.connect(libpq) as con:
+
+            def work() -> None:
+                with con.cursor() as cur, cur.copy(RAW_COPY) as copy:
+                    copy.set_types(COPY_TYPES)
+                    for row in rows_of(data, [index + 1]):
+                        copy.write_row(row)
+                con.commit()
+
+            report: dict[str, Any] = on_go(sync, work)
+        results.put({**report, "warnings": 0, "writer": "copy"})
     except BaseException as exc:
         sync[0].abort()
         results.put({"error": f"process {index}: {exc!r}"})
@@ -224,7 +271,12 @@ def arm_result(
 
 
 def lab_arm(
-    url: str, libpq: str, processes: int, size: tuple[int, int], writer: str | None
+    url: str,
+    libpq: str,
+    processes: int,
+    size: tuple[int, int],
+    writer: str | None,
+    before: str | None = None,
 ) -> dict[str, Any]:
     from lab.store import Store
 
@@ -237,17 +289,21 @@ def lab_arm(
         group = store.add_group(exp, "g")
     finally:
         store.close()
-    timing = run_processes(processes, lab_writer, lambda i: (url, (exp, group), i, size, writer))
+    timing = run_processes(
+        processes, lab_writer, lambda i: (url, (exp, group), i, size, writer, before)
+    )
     return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
 
 
-def raw_arm(libpq: str, processes: int, size: tuple[int, int]) -> dict[str, Any]:
+def raw_arm(
+    libpq: str, processes: int, size: tuple[int, int], target: Callable[..., None] = raw_writer
+) -> dict[str, Any]:
     import psycopg
 
     pg_reset(libpq, RAW_TABLE)
     with psycopg.connect(libpq, autocommit=True) as con:
         con.execute(PG_TABLE)
-    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size))
+    timing = run_processes(processes, target, lambda i: (libpq, i, size))
     return arm_result(timing, count_rows(libpq, RAW_TABLE), size[0] * size[1])
 
 
@@ -292,9 +348,14 @@ def summarize(
                 round((many * a["s"]) / (one * b["s"]), 3)
                 for a, b in zip(results[f"{kind}_{one}"], results[f"{kind}_{many}"], strict=True)
             ]
-    if f"raw_{one}" in results:
-        for n in counts:
-            out[f"lab_vs_raw_{n}"] = round(rate(f"lab_{n}") / rate(f"raw_{n}"), 3)
+    for base in ("raw", "copy", "before"):
+        if f"{base}_{one}" in results:
+            for n in counts:
+                out[f"lab_vs_{base}_{n}"] = round(rate(f"lab_{n}") / rate(f"{base}_{n}"), 3)
+                out[f"lab_vs_{base}_{n}_per_round"] = [
+                    round(b["s"] / a["s"], 3)
+                    for a, b in zip(results[f"lab_{n}"], results[f"{base}_{n}"], strict=True)
+                ]
     return out
 
 
@@ -305,6 +366,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10, help="metrics per step")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-raw", action="store_true", help="leave out the bare driver")
+    parser.add_argument(
+        "--before", metavar="PATH", default=None,
+        help="also run the lab of another checkout (the folder that holds its lab/), "
+        "the same way, as the arms before_N: e.g. a worktree of main",
+    )  # fmt: skip
     parser.add_argument(
         "--writer", default=None,
         help="the store's metric writer, as Store(writer=...) takes it (default: "
@@ -335,8 +401,13 @@ def main() -> None:
         arms: dict[str, Callable[[int], dict[str, Any]]] = {}
         for n in counts:
             arms[f"lab_{n}"] = lambda _i, n=n: lab_arm(url, libpq, n, size, args.writer)
+            if args.before:
+                arms[f"before_{n}"] = lambda _i, n=n: lab_arm(
+                    url, libpq, n, size, args.writer, args.before
+                )
             if not args.no_raw:
                 arms[f"raw_{n}"] = lambda _i, n=n: raw_arm(libpq, n, size)
+                arms[f"copy_{n}"] = lambda _i, n=n: raw_arm(libpq, n, size, copy_writer)
         results = alternate(args.rounds, arms)
         out["postgres"] = summarize(results, counts, args.steps * args.keys)
         out["postgres"]["server"] = pg_server_version(libpq)
