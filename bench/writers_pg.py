@@ -124,6 +124,7 @@ def lab_writer(
 
             report: dict[str, Any] = on_go(sync, work)
             report["writer"] = store.writer_mode
+            report["lab_from"] = os.path.dirname(os.path.dirname(sys.modules["lab"].__file__ or ""))
         finally:
             store.close()
         results.put({**report, "warnings": warnings.count})
@@ -144,10 +145,12 @@ def raw_writer(
     libpq: str,
     index: int,
     size: tuple[int, int],
+    how: str,
     sync: tuple[Barrier, Event],
     results: Any,
 ) -> None:
-    """The same rows through the bare driver: one `executemany` and one commit."""
+    """The same rows through the bare driver, and one commit: one `executemany` of an
+    INSERT (`how` "raw"), or the driver's binary COPY ("copy")."""
     try:
         import psycopg
 
@@ -156,40 +159,19 @@ def raw_writer(
 
             def work() -> None:
                 # each step's rows stamped as they are read, as lab stamps a step
-                con.cursor().executemany(RAW_INSERT, rows_of(data, [index + 1]))
+                rows = rows_of(data, [index + 1])
+                with con.cursor() as cur:
+                    if how == "raw":
+                        cur.executemany(RAW_INSERT, rows)
+                    else:
+                        with cur.copy(RAW_COPY) as copy:
+                            copy.set_types(COPY_TYPES)
+                            for row in rows:
+                                copy.write_row(row)
                 con.commit()
 
             report: dict[str, Any] = on_go(sync, work)
-        results.put({**report, "warnings": 0, "writer": "raw"})
-    except BaseException as exc:
-        sync[0].abort()
-        results.put({"error": f"process {index}: {exc!r}"})
-        raise
-
-
-def copy_writer(
-    libpq: str,
-    index: int,
-    size: tuple[int, int],
-    sync: tuple[Barrier, Event],
-    results: Any,
-) -> None:
-    """The same rows through the bare driver's binary COPY, and one commit."""
-    try:
-        import psycopg
-
-        data = make_steps(1, *size, seed=index)
-        with psycopg.connect(libpq) as con:
-
-            def work() -> None:
-                with con.cursor() as cur, cur.copy(RAW_COPY) as copy:
-                    copy.set_types(COPY_TYPES)
-                    for row in rows_of(data, [index + 1]):
-                        copy.write_row(row)
-                con.commit()
-
-            report: dict[str, Any] = on_go(sync, work)
-        results.put({**report, "warnings": 0, "writer": "copy"})
+        results.put({**report, "warnings": 0, "writer": how})
     except BaseException as exc:
         sync[0].abort()
         results.put({"error": f"process {index}: {exc!r}"})
@@ -265,6 +247,7 @@ def arm_result(
         "cpu_s": statistics.median(r["cpu_s"] for r in reports),
         "warnings": sum(r["warnings"] for r in reports),
         "writer": reports[0]["writer"],
+        "lab_from": reports[0].get("lab_from"),
         "machine_cpu_s": machine_cpu,
         "writers_cpu_s": sum(r["cpu_s"] for r in reports),
     }
@@ -295,15 +278,13 @@ def lab_arm(
     return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
 
 
-def raw_arm(
-    libpq: str, processes: int, size: tuple[int, int], target: Callable[..., None] = raw_writer
-) -> dict[str, Any]:
+def raw_arm(libpq: str, processes: int, size: tuple[int, int], how: str) -> dict[str, Any]:
     import psycopg
 
     pg_reset(libpq, RAW_TABLE)
     with psycopg.connect(libpq, autocommit=True) as con:
         con.execute(PG_TABLE)
-    timing = run_processes(processes, target, lambda i: (libpq, i, size))
+    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size, how))
     return arm_result(timing, count_rows(libpq, RAW_TABLE), size[0] * size[1])
 
 
@@ -329,6 +310,7 @@ def summarize(
             "process_cpu_s_median": round(statistics.median(r["cpu_s"] for r in rounds), 3),
             "store_warnings": sum(r["warnings"] for r in rounds),
             "writer": rounds[0]["writer"],
+            "lab_from": rounds[0]["lab_from"],  # the checkout whose lab ran (lab arms)
             # the whole machine's CPU (writers, PostgreSQL, anything else) while the arm ran
             "machine_cpu_us_per_point": round(
                 statistics.median(r["machine_cpu_s"] for r in rounds) / points * 1e6, 1
@@ -406,8 +388,8 @@ def main() -> None:
                     url, libpq, n, size, args.writer, args.before
                 )
             if not args.no_raw:
-                arms[f"raw_{n}"] = lambda _i, n=n: raw_arm(libpq, n, size)
-                arms[f"copy_{n}"] = lambda _i, n=n: raw_arm(libpq, n, size, copy_writer)
+                for how in ("raw", "copy"):
+                    arms[f"{how}_{n}"] = lambda _i, n=n, how=how: raw_arm(libpq, n, size, how)
         results = alternate(args.rounds, arms)
         out["postgres"] = summarize(results, counts, args.steps * args.keys)
         out["postgres"]["server"] = pg_server_version(libpq)
