@@ -17,6 +17,7 @@ from lab.store import Store
 from lab.store.engine import one_transaction
 from lab.store.metric_rows import MetricRows
 from lab.store.pg_copy import STAGE
+from lab.store.writer import rejected
 
 pytestmark = pytest.mark.postgres
 
@@ -138,24 +139,51 @@ def test_the_last_value_logged_for_a_step_wins(pg: Store) -> None:
     assert _table(pg, SUMMARIES) == [("loss", 1, 1, 1, INF, INF, INF, 12.0)]
 
 
+MERGE = (
+    f'WITH staged AS (DELETE FROM {STAGE} RETURNING run_id, "key", step, value, wall_time) '
+    'INSERT INTO metrics (run_id, "key", step, value, wall_time) SELECT run_id, "key", '
+    'step, value, wall_time FROM staged ON CONFLICT (run_id, "key", step) DO UPDATE '
+    "SET value = excluded.value, wall_time = excluded.wall_time"
+)
+
+
 def test_metrics_go_by_copy_not_by_a_row_upsert(pg: Store) -> None:
+    """New steps are copied into `metrics` in a savepoint; a batch with a step twice, or
+    with a step stored already, is merged from the staging table. No row-by-row INSERT."""
     run = _run(pg)
     seen = _statements(pg.engine)
     pg.metric_rows.write([(run, step, {"a": step / 2, "b": -step}, 1.0) for step in range(5)])
     pg.write_metric_columns([run, run], [5, 5], ["a", "a"], [9.0, 10.0], [2.0, 3.0])
-    into_metrics = [s for s in seen if "INSERT INTO metrics" in s]
-    assert into_metrics == [
-        f'WITH staged AS (DELETE FROM {STAGE} RETURNING run_id, "key", step, value, wall_time) '
-        'INSERT INTO metrics (run_id, "key", step, value, wall_time) SELECT run_id, "key", '
-        'step, value, wall_time FROM staged ON CONFLICT (run_id, "key", step) DO UPDATE '
-        "SET value = excluded.value, wall_time = excluded.wall_time"
-    ] * 2  # fmt: skip
+    pg.write_metric_columns([run, run], [0, 6], ["b", "b"], [7.0, 8.0], [4.0, 5.0])
+    copying = [s for s in seen if s.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK", "CREATE TEMP",
+                                                "WITH staged", "INSERT INTO metrics"))]  # fmt: skip
+    assert copying == [
+        "SAVEPOINT sa_savepoint_1",
+        "RELEASE SAVEPOINT sa_savepoint_1",
+        f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} (LIKE metrics) ON COMMIT DELETE ROWS",
+        MERGE,
+        "SAVEPOINT sa_savepoint_1",
+        "ROLLBACK TO SAVEPOINT sa_savepoint_1",  # step 0 of b is stored
+        MERGE,
+    ]
     assert _table(pg, 'SELECT "key", step, value FROM metrics ORDER BY "key", step') == [
         ("a", 0, 0.0), ("a", 1, 0.5), ("a", 2, 1.0), ("a", 3, 1.5), ("a", 4, 2.0), ("a", 5, 10.0),
-        ("b", 0, 0.0), ("b", 1, -1.0), ("b", 2, -2.0), ("b", 3, -3.0), ("b", 4, -4.0),
+        ("b", 0, 7.0), ("b", 1, -1.0), ("b", 2, -2.0), ("b", 3, -3.0), ("b", 4, -4.0),
+        ("b", 6, 8.0),
     ]  # fmt: skip
-    # the staging table holds nothing between batches
+    # one staging table for the connection, and nothing left in it
     assert _table(pg, f"SELECT count(*) FROM pg_class WHERE relname = '{STAGE}'") == [(1,)]
+
+
+def test_a_run_that_is_not_there_is_refused_as_sqlalchemy_refuses_it(pg: Store) -> None:
+    """The COPY's errors are SQLAlchemy's, as an INSERT's were: the writer drops a batch the
+    store refuses (`rejected`), and `lab serve` answers 404, rather than retrying it."""
+    run = _run(pg)
+    with pytest.raises(sa.exc.IntegrityError, match="fk_metrics_run_id_runs") as caught:
+        pg.metric_rows.write([(run + 1000, 1, {"a": 1.0}, 1.0)])
+    assert rejected(caught.value)
+    pg.metric_rows.write([(run, 1, {"a": 1.0}, 1.0)])  # the connection goes on
+    assert _table(pg, METRICS) == [("a", 1, 1.0, 1.0)]
 
 
 def test_a_huge_batch(pg: Store) -> None:
@@ -173,18 +201,19 @@ def test_a_huge_batch(pg: Store) -> None:
 
 
 def test_a_rolled_back_batch_leaves_the_next_one_its_staging_table(pg: Store) -> None:
-    """A batch whose merge fails (a run that is not there) rolls back the transaction that
-    made the connection's staging table; the next batch on that connection makes it again."""
+    """A batch whose merge fails (a run that is not there; a step twice, so it goes through
+    the staging table) rolls back the transaction that made the connection's staging table;
+    the next batch on that connection makes it again."""
     run = _run(pg)
     one = sa.create_engine(pg.engine.url, pool_size=1, max_overflow=0)  # one connection
     try:
         rows = MetricRows(one)
         with pytest.raises(sa.exc.IntegrityError, match="violates foreign key constraint"):
-            rows.write([(run + 1000, 1, {"a": 1.0}, 1.0)])
-        rows.write([(run, 1, {"a": 2.0}, 2.0)])
+            rows.write([(run + 1000, 1, {"a": 1.0}, 1.0), (run + 1000, 1, {"a": 1.5}, 1.5)])
+        rows.write([(run, 1, {"a": 2.0}, 2.0), (run, 1, {"a": 3.0}, 3.0)])
     finally:
         one.dispose()
-    assert _table(pg, METRICS) == [("a", 1, 2.0, 2.0)]
+    assert _table(pg, METRICS) == [("a", 1, 3.0, 3.0)]
 
 
 def test_the_writer_process_copies_too(pg_url: str) -> None:
@@ -194,13 +223,14 @@ def test_the_writer_process_copies_too(pg_url: str) -> None:
         run = _run(store)
         for step in range(300):
             store.log_metrics(run, step, {"loss": 1 / (step + 1), "nan": NAN})
+        store.log_metrics(run, 299, {"loss": -1.0, "nan": NAN})  # logged again: a merge
         store.flush()
-        # the writer process's session holds the staging table (temp tables are listed in
-        # pg_class for every session)
+        # the writer process's session made the staging table to merge the step logged
+        # again (a session's temp tables are listed in pg_class for every session)
         made = _table(store, f"SELECT count(*) FROM pg_class WHERE relname = '{STAGE}'")
         assert made == [(1,)]
         assert [row[:7] for row in _table(store, SUMMARIES)] == [
-            ("loss", 300, 0, 299, 1 / 300, 1 / 300, 1.0),
+            ("loss", 300, 0, 299, -1.0, -1.0, 1.0),
             ("nan", 300, 0, 299, "nan", "nan", "nan"),
         ]
     finally:
