@@ -14,7 +14,9 @@ arms run the same number of processes with the bare driver (psycopg 3, one `exec
 of the same rows and one commit) into a plain table with the same columns and primary
 key: the server's own rate with this many clients, on this machine. The `copy` arms do the
 same with the driver's binary COPY, the fastest way the server takes rows (lab's own way on
-PostgreSQL: `lab.store.pg_copy`). `--before PATH` adds `before` arms: the lab of another
+PostgreSQL: `lab.store.pg_copy`); the `copy_lab_schema` arms COPY into lab's own `metrics`
+(its runs made first), foreign key to `runs` included, which costs the server a lookup of
+the run per row: the floor for lab's schema. `--before PATH` adds `before` arms: the lab of another
 checkout (a worktree of an earlier commit, say), run the same way in the same rounds.
 
 Every arm starts from an emptied scratch database; the arms rotate their order every round
@@ -64,6 +66,7 @@ RAW_INSERT = (
     f'INSERT INTO {RAW_TABLE} (run_id, "key", step, value, wall_time) VALUES (%s, %s, %s, %s, %s)'
 )
 RAW_COPY = f'COPY {RAW_TABLE} (run_id, "key", step, value, wall_time) FROM STDIN (FORMAT BINARY)'
+LAB_COPY = 'COPY metrics (run_id, "key", step, value, wall_time) FROM STDIN (FORMAT BINARY)'
 COPY_TYPES = ("int4", "varchar", "int8", "float8", "float8")
 
 
@@ -146,11 +149,14 @@ def raw_writer(
     index: int,
     size: tuple[int, int],
     how: str,
+    run_id: int,
     sync: tuple[Barrier, Event],
     results: Any,
 ) -> None:
     """The same rows through the bare driver, and one commit: one `executemany` of an
-    INSERT (`how` "raw"), or the driver's binary COPY ("copy")."""
+    INSERT (`how` "raw"), or the driver's binary COPY ("copy"), into the plain table; or
+    the COPY into lab's own `metrics`, foreign key to `runs` included ("copy_lab_schema",
+    `run_id` a run of lab's)."""
     try:
         import psycopg
 
@@ -159,12 +165,13 @@ def raw_writer(
 
             def work() -> None:
                 # each step's rows stamped as they are read, as lab stamps a step
-                rows = rows_of(data, [index + 1])
+                rows = rows_of(data, [run_id])
                 with con.cursor() as cur:
                     if how == "raw":
                         cur.executemany(RAW_INSERT, rows)
                     else:
-                        with cur.copy(RAW_COPY) as copy:
+                        into = LAB_COPY if how == "copy_lab_schema" else RAW_COPY
+                        with cur.copy(into) as copy:
                             copy.set_types(COPY_TYPES)
                             for row in rows:
                                 copy.write_row(row)
@@ -278,14 +285,39 @@ def lab_arm(
     return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
 
 
-def raw_arm(libpq: str, processes: int, size: tuple[int, int], how: str) -> dict[str, Any]:
+def raw_arm(
+    url: str, libpq: str, processes: int, size: tuple[int, int], how: str
+) -> dict[str, Any]:
     import psycopg
 
     pg_reset(libpq, RAW_TABLE)
     with psycopg.connect(libpq, autocommit=True) as con:
         con.execute(PG_TABLE)
-    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size, how))
-    return arm_result(timing, count_rows(libpq, RAW_TABLE), size[0] * size[1])
+    if how == "copy_lab_schema":  # into lab's own tables: runs of lab's to write
+        runs, table = lab_runs(url, processes), "metrics"
+    else:
+        runs, table = list(range(1, processes + 1)), RAW_TABLE
+    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size, how, runs[i]))
+    return arm_result(timing, count_rows(libpq, table), size[0] * size[1])
+
+
+def lab_runs(url: str, processes: int) -> list[int]:
+    """An experiment of lab's with one run per process; their ids."""
+    from lab.store import Store
+
+    store = Store(url)
+    try:
+        exp = store.begin_experiment(
+            f"copy-{uuid.uuid4().hex[:8]}", config={}, seed=0, repeats=processes
+        )
+        group = store.add_group(exp, "g")
+        return [
+            store.start_run(exp, group, run_key=f"w{i}", arm_id=None, repeat=i, stage=0,
+                            seed=i, config={}, output_dir=None)
+            for i in range(processes)
+        ]  # fmt: skip
+    finally:
+        store.close()
 
 
 # -- the figures ---------------------------------------------------------------------------
@@ -293,13 +325,12 @@ def summarize(
     results: dict[str, list[dict[str, Any]]], counts: list[int], per_process: int
 ) -> dict[str, Any]:
     def rate(name: str) -> float:
-        return (
-            per_process * int(name.split("_")[1]) / statistics.median(r["s"] for r in results[name])
-        )
+        processes = int(name.rsplit("_", 1)[1])
+        return per_process * processes / statistics.median(r["s"] for r in results[name])
 
     out: dict[str, Any] = {}
     for name, rounds in results.items():
-        points = per_process * int(name.split("_")[1])
+        points = per_process * int(name.rsplit("_", 1)[1])
         out[name] = {
             "points": points,
             "points_per_s": round(rate(name)),
@@ -330,7 +361,7 @@ def summarize(
                 round((many * a["s"]) / (one * b["s"]), 3)
                 for a, b in zip(results[f"{kind}_{one}"], results[f"{kind}_{many}"], strict=True)
             ]
-    for base in ("raw", "copy", "before"):
+    for base in ("raw", "copy", "copy_lab_schema", "before"):
         if f"{base}_{one}" in results:
             for n in counts:
                 out[f"lab_vs_{base}_{n}"] = round(rate(f"lab_{n}") / rate(f"{base}_{n}"), 3)
@@ -388,8 +419,8 @@ def main() -> None:
                     url, libpq, n, size, args.writer, args.before
                 )
             if not args.no_raw:
-                for how in ("raw", "copy"):
-                    arms[f"{how}_{n}"] = lambda _i, n=n, how=how: raw_arm(libpq, n, size, how)
+                for how in ("raw", "copy", "copy_lab_schema"):
+                    arms[f"{how}_{n}"] = lambda _i, n=n, how=how: raw_arm(url, libpq, n, size, how)
         results = alternate(args.rounds, arms)
         out["postgres"] = summarize(results, counts, args.steps * args.keys)
         out["postgres"]["server"] = pg_server_version(libpq)
