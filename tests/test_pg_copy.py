@@ -164,6 +164,7 @@ def test_metrics_go_by_copy_not_by_a_row_upsert(pg: Store) -> None:
         MERGE,
         "SAVEPOINT sa_savepoint_1",
         "ROLLBACK TO SAVEPOINT sa_savepoint_1",  # step 0 of b is stored
+        f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} (LIKE metrics) ON COMMIT DELETE ROWS",
         MERGE,
     ]
     assert _table(pg, 'SELECT "key", step, value FROM metrics ORDER BY "key", step') == [
@@ -269,3 +270,18 @@ def test_two_batches_in_one_transaction(pg: Store) -> None:
         pg.write_metric_columns([run], [2], ["a"], [-2.0], [3.0])
     assert _table(pg, METRICS) == [("a", 1, 1.0, 1.0), ("a", 2, -2.0, 3.0)]
     assert _table(pg, SUMMARIES) == [("a", 2, 1, 2, -2.0, -2.0, 1.0, 3.0)]
+
+
+def test_a_savepoint_rolled_back_around_a_batch_leaves_the_next_one_its_staging_table(
+    pg: Store,
+) -> None:
+    """A caller's savepoint that made the staging table and was rolled back took the table
+    with it: the next batch in the transaction makes it again."""
+    run = _run(pg)
+    twice = [(run, 1, {"a": 1.0}, 1.0), (run, 1, {"a": 2.0}, 2.0)]
+    with one_transaction(pg.engine) as conn:
+        saved = conn.begin_nested()
+        pg.metric_rows.write(twice)
+        saved.rollback()
+        pg.metric_rows.write([twice[0], (run, 1, {"a": 3.0}, 3.0)])
+    assert _table(pg, METRICS) == [("a", 1, 3.0, 3.0)]

@@ -13,8 +13,8 @@ its last row before the copy (the order an executemany would have left).
 The staging table is made once per connection, emptied by each merge (a transaction may
 write several batches) and truncated at each commit (``ON COMMIT DELETE ROWS``, which gives
 back the space of the rows deleted: a temporary table is never vacuumed). The connection's
-pool record remembers that it was made, and forgets it on a rollback, which takes a table
-made in that transaction away with it."""
+pool record remembers that it was made, and forgets it on a rollback (to a savepoint too),
+which takes a table made in that transaction away with it."""
 
 from __future__ import annotations
 
@@ -42,13 +42,14 @@ _MERGE = (
 
 
 def watch(engine: Engine) -> None:
-    """Have `engine` forget a connection's staging table when the connection rolls back
-    (the table goes with a rollback of the transaction that made it). Once per engine."""
-    if not sa.event.contains(engine, "rollback", _forget):
-        sa.event.listen(engine, "rollback", _forget)
+    """Have `engine` forget a connection's staging table when the connection rolls back,
+    to a savepoint too (the table goes with a rollback of what made it). Once per engine."""
+    for event in ("rollback", "rollback_savepoint"):
+        if not sa.event.contains(engine, event, _forget):
+            sa.event.listen(engine, event, _forget)
 
 
-def _forget(conn: Connection) -> None:
+def _forget(conn: Connection, *_savepoint: Any) -> None:
     conn.connection.info.pop(_MADE, None)
 
 
