@@ -12,7 +12,12 @@ dicts built), then all start together on one event; the clock runs from that eve
 the last process's `flush()` returns, that is until every point is committed. The `raw`
 arms run the same number of processes with the bare driver (psycopg 3, one `executemany`
 of the same rows and one commit) into a plain table with the same columns and primary
-key: the server's own rate with this many clients, on this machine.
+key: the server's own rate with this many clients, on this machine. The `copy` arms do the
+same with the driver's binary COPY, the fastest way the server takes rows (lab's own way on
+PostgreSQL: `lab.store.pg_copy`); the `copy_lab_schema` arms COPY into lab's own `metrics`
+(its runs made first), foreign key to `runs` included, which costs the server a lookup of
+the run per row: the floor for lab's schema. `--before PATH` adds `before` arms: the lab of another
+checkout (a worktree of an earlier commit, say), run the same way in the same rounds.
 
 Every arm starts from an emptied scratch database; the arms rotate their order every round
 and medians are compared. A process count above the CPU count cannot scale linearly: the
@@ -23,6 +28,7 @@ busy, which says whether the arm was bound by the CPU; and the writers' own shar
 Prints one JSON line (progress goes to stderr).
 
     python bench/writers_pg.py --postgres postgresql://postgres:lab@127.0.0.1:5432/lab_test
+    python bench/writers_pg.py --before ../main   # and an earlier lab, in the same rounds
     python bench/writers_pg.py --quick         # a smoke run (LAB_BENCH_POSTGRES_URL, or
                                                # --postgres, names the server)
 """
@@ -35,6 +41,7 @@ import logging
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -58,6 +65,9 @@ DONE_TIMEOUT_S = 900.0
 RAW_INSERT = (
     f'INSERT INTO {RAW_TABLE} (run_id, "key", step, value, wall_time) VALUES (%s, %s, %s, %s, %s)'
 )
+RAW_COPY = f'COPY {RAW_TABLE} (run_id, "key", step, value, wall_time) FROM STDIN (FORMAT BINARY)'
+LAB_COPY = 'COPY metrics (run_id, "key", step, value, wall_time) FROM STDIN (FORMAT BINARY)'
+COPY_TYPES = ("int4", "varchar", "int8", "float8", "float8")
 
 
 class CountWarnings(logging.Handler):
@@ -89,11 +99,15 @@ def lab_writer(
     index: int,
     size: tuple[int, int],
     writer: str | None,
+    before: str | None,
     sync: tuple[Barrier, Event],
     results: Any,
 ) -> None:
-    """One training process: its own store and run, then every step's metrics and a flush."""
+    """One training process: its own store and run, then every step's metrics and a flush.
+    `before`: the folder of another checkout of lab, whose code this process runs instead."""
     try:
+        if before:
+            use_checkout(before)
         from lab.store import Store
 
         warnings = CountWarnings()
@@ -113,6 +127,7 @@ def lab_writer(
 
             report: dict[str, Any] = on_go(sync, work)
             report["writer"] = store.writer_mode
+            report["lab_from"] = os.path.dirname(os.path.dirname(sys.modules["lab"].__file__ or ""))
         finally:
             store.close()
         results.put({**report, "warnings": warnings.count})
@@ -122,14 +137,26 @@ def lab_writer(
         raise
 
 
+def use_checkout(folder: str) -> None:
+    """Import lab from `folder` from now on (this module's imports loaded this one's)."""
+    for name in [m for m in sys.modules if m == "lab" or m.startswith("lab.")]:
+        del sys.modules[name]
+    sys.path.insert(0, folder)
+
+
 def raw_writer(
     libpq: str,
     index: int,
     size: tuple[int, int],
+    how: str,
+    run_id: int,
     sync: tuple[Barrier, Event],
     results: Any,
 ) -> None:
-    """The same rows through the bare driver: one `executemany` and one commit."""
+    """The same rows through the bare driver, and one commit: one `executemany` of an
+    INSERT (`how` "raw"), or the driver's binary COPY ("copy"), into the plain table; or
+    the COPY into lab's own `metrics`, foreign key to `runs` included ("copy_lab_schema",
+    `run_id` a run of lab's)."""
     try:
         import psycopg
 
@@ -138,11 +165,20 @@ def raw_writer(
 
             def work() -> None:
                 # each step's rows stamped as they are read, as lab stamps a step
-                con.cursor().executemany(RAW_INSERT, rows_of(data, [index + 1]))
+                rows = rows_of(data, [run_id])
+                with con.cursor() as cur:
+                    if how == "raw":
+                        cur.executemany(RAW_INSERT, rows)
+                    else:
+                        into = LAB_COPY if how == "copy_lab_schema" else RAW_COPY
+                        with cur.copy(into) as copy:
+                            copy.set_types(COPY_TYPES)
+                            for row in rows:
+                                copy.write_row(row)
                 con.commit()
 
             report: dict[str, Any] = on_go(sync, work)
-        results.put({**report, "warnings": 0, "writer": "raw"})
+        results.put({**report, "warnings": 0, "writer": how})
     except BaseException as exc:
         sync[0].abort()
         results.put({"error": f"process {index}: {exc!r}"})
@@ -218,13 +254,19 @@ def arm_result(
         "cpu_s": statistics.median(r["cpu_s"] for r in reports),
         "warnings": sum(r["warnings"] for r in reports),
         "writer": reports[0]["writer"],
+        "lab_from": reports[0].get("lab_from"),
         "machine_cpu_s": machine_cpu,
         "writers_cpu_s": sum(r["cpu_s"] for r in reports),
     }
 
 
 def lab_arm(
-    url: str, libpq: str, processes: int, size: tuple[int, int], writer: str | None
+    url: str,
+    libpq: str,
+    processes: int,
+    size: tuple[int, int],
+    writer: str | None,
+    before: str | None = None,
 ) -> dict[str, Any]:
     from lab.store import Store
 
@@ -237,18 +279,45 @@ def lab_arm(
         group = store.add_group(exp, "g")
     finally:
         store.close()
-    timing = run_processes(processes, lab_writer, lambda i: (url, (exp, group), i, size, writer))
+    timing = run_processes(
+        processes, lab_writer, lambda i: (url, (exp, group), i, size, writer, before)
+    )
     return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
 
 
-def raw_arm(libpq: str, processes: int, size: tuple[int, int]) -> dict[str, Any]:
+def raw_arm(
+    url: str, libpq: str, processes: int, size: tuple[int, int], how: str
+) -> dict[str, Any]:
     import psycopg
 
     pg_reset(libpq, RAW_TABLE)
     with psycopg.connect(libpq, autocommit=True) as con:
         con.execute(PG_TABLE)
-    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size))
-    return arm_result(timing, count_rows(libpq, RAW_TABLE), size[0] * size[1])
+    if how == "copy_lab_schema":  # into lab's own tables: runs of lab's to write
+        runs, table = lab_runs(url, processes), "metrics"
+    else:
+        runs, table = list(range(1, processes + 1)), RAW_TABLE
+    timing = run_processes(processes, raw_writer, lambda i: (libpq, i, size, how, runs[i]))
+    return arm_result(timing, count_rows(libpq, table), size[0] * size[1])
+
+
+def lab_runs(url: str, processes: int) -> list[int]:
+    """An experiment of lab's with one run per process; their ids."""
+    from lab.store import Store
+
+    store = Store(url)
+    try:
+        exp = store.begin_experiment(
+            f"copy-{uuid.uuid4().hex[:8]}", config={}, seed=0, repeats=processes
+        )
+        group = store.add_group(exp, "g")
+        return [
+            store.start_run(exp, group, run_key=f"w{i}", arm_id=None, repeat=i, stage=0,
+                            seed=i, config={}, output_dir=None)
+            for i in range(processes)
+        ]  # fmt: skip
+    finally:
+        store.close()
 
 
 # -- the figures ---------------------------------------------------------------------------
@@ -256,13 +325,12 @@ def summarize(
     results: dict[str, list[dict[str, Any]]], counts: list[int], per_process: int
 ) -> dict[str, Any]:
     def rate(name: str) -> float:
-        return (
-            per_process * int(name.split("_")[1]) / statistics.median(r["s"] for r in results[name])
-        )
+        processes = int(name.rsplit("_", 1)[1])
+        return per_process * processes / statistics.median(r["s"] for r in results[name])
 
     out: dict[str, Any] = {}
     for name, rounds in results.items():
-        points = per_process * int(name.split("_")[1])
+        points = per_process * int(name.rsplit("_", 1)[1])
         out[name] = {
             "points": points,
             "points_per_s": round(rate(name)),
@@ -273,6 +341,7 @@ def summarize(
             "process_cpu_s_median": round(statistics.median(r["cpu_s"] for r in rounds), 3),
             "store_warnings": sum(r["warnings"] for r in rounds),
             "writer": rounds[0]["writer"],
+            "lab_from": rounds[0]["lab_from"],  # the checkout whose lab ran (lab arms)
             # the whole machine's CPU (writers, PostgreSQL, anything else) while the arm ran
             "machine_cpu_us_per_point": round(
                 statistics.median(r["machine_cpu_s"] for r in rounds) / points * 1e6, 1
@@ -292,9 +361,14 @@ def summarize(
                 round((many * a["s"]) / (one * b["s"]), 3)
                 for a, b in zip(results[f"{kind}_{one}"], results[f"{kind}_{many}"], strict=True)
             ]
-    if f"raw_{one}" in results:
-        for n in counts:
-            out[f"lab_vs_raw_{n}"] = round(rate(f"lab_{n}") / rate(f"raw_{n}"), 3)
+    for base in ("raw", "copy", "copy_lab_schema", "before"):
+        if f"{base}_{one}" in results:
+            for n in counts:
+                out[f"lab_vs_{base}_{n}"] = round(rate(f"lab_{n}") / rate(f"{base}_{n}"), 3)
+                out[f"lab_vs_{base}_{n}_per_round"] = [
+                    round(b["s"] / a["s"], 3)
+                    for a, b in zip(results[f"lab_{n}"], results[f"{base}_{n}"], strict=True)
+                ]
     return out
 
 
@@ -305,6 +379,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10, help="metrics per step")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-raw", action="store_true", help="leave out the bare driver")
+    parser.add_argument(
+        "--before", metavar="PATH", default=None,
+        help="also run the lab of another checkout (the folder that holds its lab/), "
+        "the same way, as the arms before_N: e.g. a worktree of main",
+    )  # fmt: skip
     parser.add_argument(
         "--writer", default=None,
         help="the store's metric writer, as Store(writer=...) takes it (default: "
@@ -335,8 +414,13 @@ def main() -> None:
         arms: dict[str, Callable[[int], dict[str, Any]]] = {}
         for n in counts:
             arms[f"lab_{n}"] = lambda _i, n=n: lab_arm(url, libpq, n, size, args.writer)
+            if args.before:
+                arms[f"before_{n}"] = lambda _i, n=n: lab_arm(
+                    url, libpq, n, size, args.writer, args.before
+                )
             if not args.no_raw:
-                arms[f"raw_{n}"] = lambda _i, n=n: raw_arm(libpq, n, size)
+                for how in ("raw", "copy", "copy_lab_schema"):
+                    arms[f"{how}_{n}"] = lambda _i, n=n, how=how: raw_arm(url, libpq, n, size, how)
         results = alternate(args.rounds, arms)
         out["postgres"] = summarize(results, counts, args.steps * args.keys)
         out["postgres"]["server"] = pg_server_version(libpq)

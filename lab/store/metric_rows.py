@@ -24,6 +24,7 @@ from lab.store._values import _now
 from lab.store.blocks import Blocks, bounds
 from lab.store.engine import transaction
 from lab.store.liveness import this_owner
+from lab.store.pg_copy import copy_metrics, watch
 from lab.store.schema import SqlExperiment, SqlRun
 from lab.store.summaries import Summaries
 
@@ -97,6 +98,9 @@ class MetricRows:
         self.blocks = Blocks(self.dialect)
         mark = "%s" if self.dialect == "postgresql" else "?"
         self._metric_upsert = _METRIC_UPSERT.format(m=mark)
+        self._copy = self.dialect == "postgresql"  # metrics by COPY (`lab.store.pg_copy`)
+        if self._copy:
+            watch(engine)
         # Built once: the writer runs these with every batch, and building a statement
         # costs more than running it.
         ids: sa.BindParameter[list[int]] = sa.bindparam("ids", expanding=True)
@@ -166,7 +170,10 @@ class MetricRows:
             return
         with transaction(self.engine) as conn:
             if rows:
-                conn.exec_driver_sql(self._metric_upsert, rows)
+                if self._copy:
+                    copy_metrics(conn, rows, acc)
+                else:
+                    conn.exec_driver_sql(self._metric_upsert, rows)
                 again = self.summaries.summarize(conn, acc)
                 self.blocks.block(conn, series, acc, again)
             if beating:
