@@ -121,7 +121,9 @@ def series_blocks(
         block = steps[i] // B
         j = bisect_left(steps, (block + 1) * B, i)
         at, vs = steps[i:j], values[i:j]
-        total = sum(vs)
+        lo: float | None
+        hi: float | None
+        total: float | None = sum(vs)
         if total == total:  # no NaN: every point is a number
             lo, hi, count = min(vs), max(vs), j - i
         else:

@@ -241,7 +241,7 @@ def _add(
     _push(per, key, step, value, wall_time)
 
 
-def _push(lists: dict[Any, tuple[list[Any], ...]], at: Any, a: Any, b: Any, c: Any) -> None:
+def _push(lists: dict[Any, Any], at: Any, a: Any, b: Any, c: Any) -> None:
     """`a`, `b` and `c` appended to the three lists held under `at` (made empty first)."""
     held = lists.get(at)
     if held is None:
