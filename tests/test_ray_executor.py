@@ -23,11 +23,21 @@ import pydantic
 import pytest
 import torch
 
-from lab import Arm, Callback, CheckpointConfig, Experiment, LogContext, LoopState, TrainingLoop
+from lab import (
+    Arm,
+    Callback,
+    CheckpointConfig,
+    Experiment,
+    LogContext,
+    LoopState,
+    Sweep,
+    TrainingLoop,
+)
 from lab._imports import pip_install
 from lab.errors import ConfigError
 from lab.executors import check_resources, check_shared_store
 from lab.records import ManifestRow, RunSpec
+from lab.sweeps import Race
 
 ray = pytest.importorskip("ray")
 
@@ -272,6 +282,56 @@ def test_a_ctrl_c_in_the_driver_records_every_run_and_leaves_none_running(
         )
         assert error == want, (key, error, started)
     assert _rows(db, "SELECT status FROM experiments") == [("failed",)]
+
+
+def test_a_race_under_ray_sends_each_round_out_together(cluster: str, tmp_path: Path) -> None:
+    """`Experiment(race=...)` on Ray tasks, as under a pool: each round's runs overlap (all
+    start before the first ends), a round starts once the one before ended, and the race
+    ends as `tests/test_race_experiment.py` computes it (c dropped after round 1)."""
+    from tests import test_race_experiment as raced
+
+    race = Race("score", mode="min", alpha=0.05, min_repeats=2, max_repeats=3, test="t")
+    exp = Experiment("ray-race", raced.train, base_config=raced.Cfg(sleep=4.0),
+                     arms=raced._arms(), race=race, store=f"sqlite:///{tmp_path / 'lab.db'}",
+                     output_dir=tmp_path, executor="ray", resources={"num_cpus": 0.5})  # fmt: skip
+    result = exp.run()
+    assert [(r.run_key, r.status) for r in result.runs] == [
+        (key, "completed") for key in ("a-r0", "a-r1", "a-r2", "b-r0", "b-r1", "b-r2", "c-r0",
+                                       "c-r1")
+    ]  # fmt: skip
+    assert (result.planned, result.race.winner) == (8, "b")
+    times: dict[int, list[tuple[float, float]]] = {}
+    for line in (tmp_path / "ray-race" / "trained.jsonl").read_text().splitlines():
+        key, start, end = json.loads(line)
+        times.setdefault(int(key.rsplit("-r", 1)[1]), []).append((start, end))
+    assert [len(times[r]) for r in range(3)] == [3, 3, 2]
+    for r in range(3):
+        assert max(s for s, _ in times[r]) < min(e for _, e in times[r])  # together
+    for r in (1, 2):
+        assert min(s for s, _ in times[r]) >= max(e for _, e in times[r - 1])  # after
+    assert _rows(
+        tmp_path / "lab.db", "SELECT a.name, e.round FROM eliminations e JOIN arms a USING (arm_id)"
+    ) == [("c", 1)]
+
+
+def test_a_sweep_under_ray_asks_an_arm_as_each_task_ends(cluster: str, tmp_path: Path) -> None:
+    """`Experiment(sweep=...)` on Ray with 2 workers: two arms asked at once, then one as
+    each run ends, each after the tells so far; the values are the sampler's straight ones."""
+    from tests import test_sweep_experiment as swept
+
+    db = tmp_path / "lab.db"
+    store = f"sqlite:///{db}"
+    sweep = Sweep(swept.SPACE, sampler="random", arms=5, seed=0, metric="score")
+    result = swept._experiment("ray-sweep", tmp_path, store, sweep=sweep, executor="ray",
+                               workers=2, resources={"num_cpus": 1}).run()  # fmt: skip
+    assert _rows(db, "SELECT number, asked_after FROM sweep_trials ORDER BY number") == [
+        (0, 0), (1, 0), (2, 1), (3, 2), (4, 3)
+    ]  # fmt: skip
+    expected = {t[1]: (t[2], t[5]) for t in swept._straight("random", 5, 1, 1)}
+    assert {t[1]: (t[2], t[5]) for t in swept._trials(store, "ray-sweep")} == expected
+    assert [(r.run_key, r.status) for r in result.runs] == [
+        (f"s00{i}-r0", "completed") for i in range(5)
+    ]
 
 
 def test_sqlite_is_refused_on_a_cluster_of_several_nodes(cluster: str, tmp_path: Path) -> None:
