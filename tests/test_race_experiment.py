@@ -188,6 +188,21 @@ def test_each_elimination_is_recorded_once_and_an_interrupted_race_continues(
     ]
 
 
+def went_out_in_rounds(folder: Path, sizes: list[int]) -> None:
+    """The runs `trained.jsonl` in `folder` notes went out round by round: `sizes[r]` runs
+    in round r, all started before the first of them ended (together), and none before the
+    last run of the round before ended (after)."""
+    times: dict[int, list[tuple[float, float]]] = {}
+    for line in (folder / "trained.jsonl").read_text().splitlines():
+        key, start, end = json.loads(line)
+        times.setdefault(int(key.rsplit("-r", 1)[1]), []).append((start, end))
+    assert [len(times[r]) for r in range(len(sizes))] == sizes
+    for r in range(len(sizes)):
+        assert max(s for s, _ in times[r]) < min(e for _, e in times[r])  # together
+    for r in range(1, len(sizes)):
+        assert min(s for s, _ in times[r]) >= max(e for _, e in times[r - 1])  # after
+
+
 @pytest.mark.slow
 def test_under_a_pool_a_round_goes_out_together(tmp_path: Path) -> None:
     """Three workers: each round's runs overlap (all start before the first ends), and a
@@ -201,14 +216,6 @@ def test_under_a_pool_a_round_goes_out_together(tmp_path: Path) -> None:
     assert [r.run_key for r in result.runs] == ["a-r0", "a-r1", "a-r2", "b-r0", "b-r1",
                                                 "b-r2", "c-r0", "c-r1"]  # fmt: skip
     assert (result.planned, result.race.winner) == (8, "b")  # over 3 repeats
-    times: dict[int, list[tuple[float, float]]] = {}
-    for line in (tmp_path / "pool" / "trained.jsonl").read_text().splitlines():
-        key, start, end = json.loads(line)
-        times.setdefault(int(key.rsplit("-r", 1)[1]), []).append((start, end))
-    assert [len(times[r]) for r in range(3)] == [3, 3, 2]
-    for r in range(3):
-        assert max(s for s, _ in times[r]) < min(e for _, e in times[r])  # together
-    for r in (1, 2):
-        assert min(s for s, _ in times[r]) >= max(e for _, e in times[r - 1])  # after
+    went_out_in_rounds(tmp_path / "pool", [3, 3, 2])
     assert sorted(seen.calls[-3:-1]) == ["on_run_end:a-r2:completed:8",
                                          "on_run_end:b-r2:completed:8"]  # fmt: skip

@@ -300,15 +300,7 @@ def test_a_race_under_ray_sends_each_round_out_together(cluster: str, tmp_path: 
                                        "c-r1")
     ]  # fmt: skip
     assert (result.planned, result.race.winner) == (8, "b")
-    times: dict[int, list[tuple[float, float]]] = {}
-    for line in (tmp_path / "ray-race" / "trained.jsonl").read_text().splitlines():
-        key, start, end = json.loads(line)
-        times.setdefault(int(key.rsplit("-r", 1)[1]), []).append((start, end))
-    assert [len(times[r]) for r in range(3)] == [3, 3, 2]
-    for r in range(3):
-        assert max(s for s, _ in times[r]) < min(e for _, e in times[r])  # together
-    for r in (1, 2):
-        assert min(s for s, _ in times[r]) >= max(e for _, e in times[r - 1])  # after
+    raced.went_out_in_rounds(tmp_path / "ray-race", [3, 3, 2])
     assert _rows(
         tmp_path / "lab.db", "SELECT a.name, e.round FROM eliminations e JOIN arms a USING (arm_id)"
     ) == [("c", 1)]
