@@ -42,7 +42,8 @@ class RunRecords(Protocol):
         ...
 
     def supersede_trials(self, experiment: str) -> int:
-        """Set a sweep's recorded trials aside (``fresh=True``); returns how many."""
+        """Set a sweep's recorded trials aside and drop a race's eliminations (``fresh=True``);
+        returns how many trials."""
         ...
 
 

@@ -188,6 +188,30 @@ def test_each_elimination_is_recorded_once_and_an_interrupted_race_continues(
     ]
 
 
+def test_a_race_run_afresh_shows_its_own_eliminations_not_the_old_ones(
+    tmp_path: Path, store_url: str
+) -> None:
+    """``fresh=True`` starts the race over: the old race dropped c, the new one (c now as
+    good as the others) drops nothing, and the store, through every reader, says so."""
+    from lab.store import open_store
+
+    def experiment(c_mean: float, fresh: bool) -> Experiment:
+        arms = [Arm("a", mean=0.0), Arm("b", mean=0.001), Arm("c", mean=c_mean)]
+        return Experiment("race", train, base_config=Cfg(), arms=arms, race=RACE,
+                          store=store_url, output_dir=tmp_path, fresh=fresh)  # fmt: skip
+
+    first = experiment(10.0, fresh=False).run()
+    assert [(e.arm, e.round) for e in first.race.eliminations] == [("c", 1)]
+    again = experiment(0.0005, fresh=True).run()
+    assert (again.race.eliminations, again.race.survivors) == ([], ["a", "b", "c"])
+    store = open_store(store_url)
+    try:
+        assert store.eliminations("race") == []
+        assert len(store.current_runs("race")) == 12  # every arm's 4 repeats, afresh
+    finally:
+        store.close()
+
+
 def went_out_in_rounds(folder: Path, sizes: list[int]) -> None:
     """The runs `trained.jsonl` in `folder` notes went out round by round: `sizes[r]` runs
     in round r, all started before the first of them ended (together), and none before the

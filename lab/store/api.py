@@ -162,7 +162,8 @@ class StoreAPI(Protocol):
 
     def supersede_trials(self, experiment: str) -> int:
         """Set an experiment's trials aside (``fresh=True``): kept, left out of `trials`
-        and every reader; returns how many."""
+        and every reader; its race's eliminations are dropped (the new race records its
+        own). Returns how many trials."""
         ...
 
     def add_elimination(

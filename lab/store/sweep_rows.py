@@ -114,12 +114,17 @@ class SweepRows:
         the trials set aside before), where no reader looks and no new trial is numbered.
         Returns how many moved (0 for an unknown experiment). Numbered by their place, not
         their number, the trials set aside stay within the column's range however often a
-        sweep starts afresh; below every existing number, no row collides while they move."""
+        sweep starts afresh; below every existing number, no row collides while they move.
+
+        A race's eliminations go too: they were decided by the runs now superseded (which
+        keep every value they were decided from), and the new race records its own; left,
+        every reader would show the old race's drops as the new one's."""
         with transaction(self.engine) as conn:
             try:
                 exp_id = experiment_id(conn, experiment)
             except NoExperiment:
                 return 0
+            conn.execute(sa.delete(SqlElimination).where(SqlElimination.experiment_id == exp_id))
             mine = SqlSweepTrial.experiment_id == exp_id
             lowest = conn.execute(sa.select(sa.func.min(SqlSweepTrial.number)).where(mine))
             below = min(lowest.scalar() or 0, 0) - 1
