@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lab import CheckpointConfig, Evaluator, ManifestRow, TrainingLoop
 from lab.errors import CheckpointError, ConfigError
-from lab.loop.checkpoints import CheckpointManager
+from lab.loop.checkpoints import COMPLETE_MARKER, CheckpointManager
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -467,6 +467,35 @@ def test_removed_folders_left_by_a_kill_count_as_removed_and_get_cleaned(
     ]
     assert _names(tmp_path) == ["latest", "manifest.jsonl", "step_000002", "tmp_notes"]
     assert again.remove_stale_tmp() == []
+
+
+def test_a_removal_killed_halfway_leaves_debris_never_a_step_folder_without_its_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal renames the folder out of the ``step_*`` names before deleting it: a kill
+    after the delete's first file (here COMPLETE) leaves a ``tmp_*`` folder, which the next
+    start deletes, and every ``step_*`` folder stays whole."""
+    m = _manager(tmp_path, every=1, keep_last=1)
+    _save(m, 1)
+
+    def killed_halfway(path: Any, ignore_errors: bool = False) -> None:
+        Path(path, COMPLETE_MARKER).unlink()  # what rmtree deletes first, here
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(shutil, "rmtree", killed_halfway)
+    with pytest.raises(SystemExit):
+        _save(m, 2)
+    monkeypatch.undo()
+    assert _names(tmp_path) == [
+        "latest", "manifest.jsonl", "step_000002", "tmp_removed_step_000001"
+    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "tmp_removed_step_000001").iterdir()) == [
+        "state.pt", "training_info.json"
+    ]  # fmt: skip
+    again = _manager(tmp_path, every=1, keep_last=1)
+    assert again.checkpoints() == [2]
+    assert again.remove_stale_tmp() == [tmp_path / "tmp_removed_step_000001"]
+    assert _names(tmp_path) == ["latest", "manifest.jsonl", "step_000002"]
 
 
 def test_orphans_and_missing_folders_are_not_checkpoints(

@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from pathlib import Path
 
 from lab._secrets import logger
 from lab.loop.checkpoint_config import CheckpointConfig
-from lab.manifest import Entry, Manifest
+from lab.manifest import TMP_PREFIX, Entry, Manifest
 from lab.records import ManifestRow
 
 __all__ = ["apply_retention", "keepers", "ranked"]
@@ -121,8 +122,22 @@ def apply_retention(
             log.warning("cannot record the removal of %s: %s", entry.save.path, exc)
             break
         manifest.add(row)
-        shutil.rmtree(folder, ignore_errors=True)
-        if folder.exists():
-            log.warning("%s is recorded as removed but could not be deleted", folder)
+        _delete(folder)
         rows.append(row)
     return rows
+
+
+def _delete(folder: Path) -> None:
+    """Delete a checkpoint's folder whose removal is recorded: renamed out of the
+    ``step_*`` names first (one atomic step), so that a kill halfway through the delete
+    leaves a ``tmp_*`` folder, which the next start deletes as debris
+    (`CheckpointManager.remove_stale_tmp`), and never a ``step_*`` folder whose COMPLETE
+    marker is gone while its state is still there."""
+    doomed = folder.with_name(f"{TMP_PREFIX}removed_{folder.name}")
+    try:
+        folder.rename(doomed)
+    except OSError:  # e.g. the debris of an earlier removal holds that name: delete in place
+        doomed = folder
+    shutil.rmtree(doomed, ignore_errors=True)
+    if folder.exists() or doomed.exists():
+        log.warning("%s is recorded as removed but could not be deleted", folder)
