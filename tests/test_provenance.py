@@ -218,13 +218,9 @@ def test_every_run_records_the_experiments_provenance_read_once(
     assert "s3cret" not in json.dumps(con.sql("select provenance from runs").fetchall())
 
 
-def test_a_run_starts_before_git_is_read_and_records_its_provenance_once_it_is(
-    repo: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first run's row is written while the experiment's provenance is still being read
-    (its provenance NULL then); the reading thread fills it in, with the diff file, and
-    every finished run has it."""
-    (repo / "train.py").write_text("lr = 0.5\n")
+def _slow_collect(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the provenance reading wait for the event returned (set it once the run is
+    under way): a run's start that waited for git would then never start."""
     release = threading.Event()
     real = lab.loggers.sql.collect
 
@@ -233,6 +229,17 @@ def test_a_run_starts_before_git_is_read_and_records_its_provenance_once_it_is(
         return real()
 
     monkeypatch.setattr(lab.loggers.sql, "collect", slow)
+    return release
+
+
+def test_a_run_starts_before_git_is_read_and_records_its_provenance_once_it_is(
+    repo: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run's row is written while the experiment's provenance is still being read
+    (its provenance NULL then); the reading thread fills it in, with the diff file, and
+    every finished run has it."""
+    (repo / "train.py").write_text("lr = 0.5\n")
+    release = _slow_collect(monkeypatch)
     at_start: list[Any] = []
 
     def train(run: RunSpec) -> dict[str, float]:
@@ -268,14 +275,7 @@ def test_a_script_run_that_fails_at_its_first_step_still_records_its_provenance(
 ) -> None:
     """git is read beside the run's start, not before it: a run that fails at once (before
     the reading thread is done) still ends with its provenance recorded."""
-    release = threading.Event()
-    real = lab.loggers.sql.collect
-
-    def slow() -> Any:
-        assert release.wait(WAIT_S), "the run never started"
-        return real()
-
-    monkeypatch.setattr(lab.loggers.sql, "collect", slow)
+    release = _slow_collect(monkeypatch)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with (
