@@ -17,6 +17,7 @@ import httpx
 from lab.server.app import MAX_BODY
 from lab.server.auth import create_token
 from lab.store import Store
+from tests import warm
 
 _SERVE = (
     "import sys, uvicorn; from lab.server import create_app; "
@@ -50,7 +51,7 @@ class Served:
     def start(self, timeout: float = 30.0) -> Served:
         """Start the server (again, on the same port) and wait until its health check answers."""
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        self.process = subprocess.Popen(
+        self.process = warm.popen(
             [sys.executable, "-c", _SERVE, self.store_url, str(self.port), str(self.max_body)],
             env=env,
         )

@@ -25,6 +25,7 @@ import lab.inspect
 from lab.errors import NoStore, NotALabStore, SchemaTooNew, SchemaTooOld
 from lab.store import Store
 from lab.store.migrations import alembic_config, head_revision
+from tests import warm
 
 UNREACHABLE_PG = "postgresql://postgres:lab@127.0.0.1:1/lab"  # port 1: nothing listens
 ROOT = os.geteuid() == 0
@@ -94,7 +95,7 @@ def _readonly(path: Path) -> tuple[list[str], Callable[[], None] | None]:
         return [], lambda: path.chmod(mode)
     if shutil.which("unshare") is None:
         pytest.skip("read-only stores need unshare(1) when the tests run as root")
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    probe = warm.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace: {probe.stderr.decode().strip()}")
     script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
@@ -206,7 +207,7 @@ def test_every_command_meets_a_bad_store_with_one_line(
     case = _make(kind, folder, template)
     before = _snapshot(folder)
     try:
-        out = subprocess.run(
+        out = warm.run(
             [*case.wrap, sys.executable, "-m", "lab.cli",
              *_argv(command_name, case, folder, files)],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -229,7 +230,7 @@ def test_every_command_meets_a_bad_store_with_one_line(
 def _lab(
     *args: str, cwd: Path | None = None, wrap: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return warm.run(
         [*(wrap or []), sys.executable, "-m", "lab.cli", *args],
         capture_output=True, text=True, timeout=300, cwd=cwd,
     )  # fmt: skip

@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests import warm
+
 START_TIMEOUT_S = 60  # a worker that can't reach the barrier in this long has hung
 RUN_TIMEOUT_S = 120
 
@@ -255,7 +257,6 @@ def test_a_second_store_on_the_file_keeps_the_first_ones_reads_fresh_and_writes_
     so that closing process deleted the WAL under ours: the first store then read an old
     snapshot forever and its next write was lost. Both stores see every experiment, and a
     fresh process finds the first store's later write."""
-    import subprocess
 
     from lab.store import Store
 
@@ -263,7 +264,7 @@ def test_a_second_store_on_the_file_keeps_the_first_ones_reads_fresh_and_writes_
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
     def elsewhere(code: str, *args: str) -> str:
-        done = subprocess.run([sys.executable, "-c", code, url, *args], env=env,
+        done = warm.run([sys.executable, "-c", code, url, *args], env=env,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
         assert done.returncode == 0, done.stderr
         return done.stdout

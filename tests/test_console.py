@@ -6,7 +6,6 @@ import io
 import os
 import pickle
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from lab import Arm, Evaluator, Experiment, TrainingLoop
 from lab.callbacks import build
 from lab.errors import ConfigError
 from lab.loggers.console import ConsoleLogger
+from tests import warm
 
 STEPS = 5
 
@@ -291,7 +291,7 @@ def _python(code: str, cwd: Path) -> str:
     """`code` run as a script in `cwd`, as a user runs it; its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LAB_STORE_URL", None)
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip

@@ -26,6 +26,7 @@ import torch
 
 from lab import CheckpointConfig
 from lab.loop.checkpoints import COMPLETE_MARKER, STATE_FILE, CheckpointManager
+from tests import warm
 
 CONFIG = CheckpointConfig(
     every=5, keep_last=2, keep_top_k=1, metric="loss", mode="min", ephemeral_every=3
@@ -129,7 +130,7 @@ class Zygote:
     def __init__(self, folder: Path) -> None:
         script = folder / "zygote.py"
         script.write_text(ZYGOTE)
-        self.proc = subprocess.Popen(
+        self.proc = warm.popen(
             [sys.executable, str(script), str(folder / "warm")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

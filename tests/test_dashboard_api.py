@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from lab.loop import EvalResult, Evaluator
 from lab.server import create_app
 from lab.server.auth import create_token
 from lab.store import Store
+from tests import warm
 from tests.postgres import new_database
 from tests.served import serve
 
@@ -173,7 +173,7 @@ def filled(
         benchmarks=[Evaluator("holdout", _holdout)],
     ).run()  # fmt: skip
     assert [r.status for r in result.runs].count("failed") == 2
-    done = subprocess.run([sys.executable, "-c", _CRASH, url], timeout=120)
+    done = warm.run([sys.executable, "-c", _CRASH, url], timeout=120)
     assert done.returncode == -9
     writer = Store(url)
     try:
@@ -637,7 +637,7 @@ def test_a_real_lab_serve_answers_the_curl_line_of_docs_serve(filled: Filled) ->
     try:
         command = line.replace("http://127.0.0.1:8765", server.url)
         env = {**os.environ, "LAB_TOKEN": server.read_token}
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+        done = warm.run(["bash", "-c", command], capture_output=True, text=True, env=env)
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr

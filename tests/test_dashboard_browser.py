@@ -38,6 +38,7 @@ from lab.loop import CheckpointConfig
 from lab.records import EvalResult, RunSpec
 from lab.server.app import LOCAL_ONLY
 from lab.store import Store
+from tests import warm
 from tests.served import Served, free_port, serve
 
 CHROMIUM = "/usr/bin/chromium"
@@ -188,7 +189,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         store=url,
         output_dir=folder / "runs",
     ).run()
-    done = subprocess.run([sys.executable, "-c", _CRASH, url], timeout=120)
+    done = warm.run([sys.executable, "-c", _CRASH, url], timeout=120)
     assert done.returncode == -signal.SIGKILL
     server = serve(url)
     try:
@@ -676,7 +677,7 @@ def test_lab_ui_serves_the_dashboard_read_only_on_loopback_without_tokens(
 ) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, "-c", "from lab.cli import main; main()", "ui", "--store",
          site.store_url, "--port", str(port), "--no-open"],
         env=env, stderr=subprocess.PIPE, text=True,

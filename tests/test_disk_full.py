@@ -11,7 +11,6 @@ import json
 import os
 import re
 import sqlite3
-import subprocess
 import sys
 import textwrap
 import threading
@@ -28,6 +27,7 @@ from lab.errors import CheckpointError, StoreError
 from lab.loop.checkpoints import CheckpointManager
 from lab.store import Store
 from lab.store.writer import MetricWriter
+from tests import warm
 
 ROOT = str(Path(lab.__file__).resolve().parents[1])  # this checkout, for the subprocess
 HINT = "the earlier checkpoints are kept: free some space, or put the run folder on a larger disk"
@@ -49,7 +49,7 @@ def _mounted(disk: Path, size: str) -> Iterator[Path]:
     disk.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root; the RLIMIT_FSIZE test covers this path")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+    done = warm.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         denied = "permission denied" in done.stderr.lower() or "not permitted" in done.stderr
@@ -59,7 +59,7 @@ def _mounted(disk: Path, size: str) -> Iterator[Path]:
     try:
         yield disk
     finally:
-        subprocess.run(["umount", str(disk)], check=True)
+        warm.run(["umount", str(disk)], check=True)
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -123,7 +123,7 @@ print(json.dumps({"message": message, "names": sorted(p.name for p in root.iterd
 
 def test_a_file_size_limit_fails_the_save_the_same_way(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_LIMITED), str(root)],
+    done = warm.run([sys.executable, "-c", textwrap.dedent(_LIMITED), str(root)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -224,7 +224,7 @@ def test_a_fit_into_a_store_on_a_full_disk_exits_with_the_failure_and_keeps_what
 ) -> None:
     db = store_disk / "lab.db"
     started = time.monotonic()
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-c", _FULL_STORE, f"sqlite:///{db}", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": ROOT, "LAB_STORE_RETRY_S": "2"},
@@ -281,7 +281,7 @@ def test_a_long_run_on_a_full_disk_ends_with_the_failure_instead_of_waiting_for_
     back than the writer ever took, and the process waited in it for ever."""
     db = store_disk / "lab.db"
     started = time.monotonic()
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-c", _FULL_LOG, f"sqlite:///{db}"],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": ROOT, "LAB_STORE_RETRY_S": "2"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ import typer.main
 
 import lab
 from lab.cli import app
+from tests import warm
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -70,7 +70,7 @@ def _run_without_extras(page: Path, folder: Path, extras: Sequence[str] = ()) ->
     missing = [m for extra, modules in EXTRAS.items() if extra not in extras for m in modules]
     env = {k: v for k, v in os.environ.items() if k != "LAB_STORE_URL"}
     env["PYTHONPATH"] = str(README.parent)
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-c", _RUN_PAGE, str(page), ",".join(missing)],
         capture_output=True, text=True, timeout=900, cwd=folder, env=env,
     )  # fmt: skip

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from lab.loop import EvalResult, Evaluator
 from lab.rl import Episodes, Experience, OnPolicyLoop
 from lab.server import create_app
 from lab.store import Store
+from tests import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 API = "/api/v1/dashboard"
@@ -41,7 +41,7 @@ def _lab(*args: str, cwd: Path | None = None) -> str:
     """A `lab` command's output, run as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LAB_STORE_URL", None)
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=300,
         env=env, cwd=cwd,
     )  # fmt: skip
@@ -284,7 +284,7 @@ def _example(script: str, folder: Path, *flags: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("LAB_STORE_URL", None)
     folder.mkdir(exist_ok=True)
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, str(ROOT / "examples" / script), *flags], cwd=folder, env=env,
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

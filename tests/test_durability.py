@@ -28,6 +28,7 @@ from lab import Callback, Evaluator, Experiment, LoopArtifacts, RunSpec, Trainin
 from lab.errors import MetricError, StoreError, StoreUnreachable
 from lab.store import Store
 from lab.store._values import _now
+from tests import warm
 
 
 # -- heartbeats and crashed runs ----------------------------------------------------------------
@@ -95,13 +96,13 @@ def test_lab_ls_and_show_show_a_stale_run_as_crashed_and_write_nothing(sqlite_ur
     store.finish_run(run_id, status="completed")
     store.close()
     _running_elsewhere(sqlite_url, "r0", 3600)
-    out = subprocess.run(
+    out = warm.run(
         [sys.executable, "-m", "lab.cli", "ls", "--store", sqlite_url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "1 crashed" in out.stdout and "1 running" not in out.stdout
-    out = subprocess.run(
+    out = warm.run(
         [sys.executable, "-m", "lab.cli", "show", "far", "--store", sqlite_url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -332,7 +333,7 @@ def test_metrics_still_buffered_at_exit_are_written(sqlite_url: str, tmp_path: P
         # no flush and no close: the interpreter's exit must write them
         """,
     )
-    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 4000
     assert _scalar(sqlite_url, "SELECT max(step) FROM metrics") == 2000
@@ -364,7 +365,7 @@ def test_a_signal_records_the_run_and_loses_no_logged_step(
     sqlite_url: str, tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:
     child = _script(tmp_path, TRAIN_FOREVER.format(url=sqlite_url, out=str(tmp_path / "runs")))
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import lab.inspect
+from tests import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -84,7 +85,7 @@ def _start(script: str, folder: Path, *flags: str) -> subprocess.Popen[str]:
     }
     for name in ("LAB_STORE_URL", "OMP_NUM_THREADS"):  # the defaults a user gets
         env.pop(name, None)
-    return subprocess.Popen(
+    return warm.popen(
         [sys.executable, str(EXAMPLES / script), *flags],
         cwd=folder,
         env=env,

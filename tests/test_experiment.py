@@ -21,6 +21,7 @@ from lab import Arm, Callback, Experiment
 from lab._stats import spread, t_ppf
 from lab.errors import ConfigError
 from lab.experiment import safe_name
+from tests import warm
 from tests.recorder import Labels
 
 
@@ -872,7 +873,6 @@ def test_a_run_puts_the_callers_cuda_generator_back() -> None:
 def test_a_run_that_initializes_cuda_leaves_the_callers_seed(tmp_path: Path) -> None:
     """CUDA not yet initialized by the caller: afterwards its generator starts from the seed
     the caller gave torch.manual_seed, as if no run had happened (a fresh process)."""
-    import subprocess
     import sys
 
     script = (
@@ -884,7 +884,7 @@ def test_a_run_that_initializes_cuda_leaves_the_callers_seed(tmp_path: Path) -> 
         "print(repr(torch.rand(1, device='cuda').item()))\n"
     )
     draws = [
-        subprocess.run(
+        warm.run(
             [sys.executable, "-c", script.format(run=run, out=str(tmp_path))],
             capture_output=True, text=True, check=True, timeout=300,
         ).stdout.strip()

@@ -28,6 +28,7 @@ import lab.inspect
 from lab.store import Store
 from lab.store._values import _now
 from lab.store.http import HttpStore
+from tests import warm
 from tests.served import Served
 
 WAIT_S = 60.0
@@ -69,7 +70,7 @@ def _drive(tmp_path: Path, store: str, **env: str) -> subprocess.Popen[str]:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     marker = tmp_path / "training"
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, str(script), store, str(marker), str(tmp_path / "runs")],
         env=_env(**env), text=True,
     )  # fmt: skip
@@ -88,7 +89,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 def _ls(store: str, **env: str) -> list[str]:
     """`lab ls` as a subprocess: the row of experiment `driven`, split on whitespace."""
-    out = subprocess.run([sys.executable, "-m", "lab.cli", "ls", "--store", store],
+    out = warm.run([sys.executable, "-m", "lab.cli", "ls", "--store", store],
                          capture_output=True, text=True, timeout=120, env=_env(**env))  # fmt: skip
     assert out.returncode == 0, out.stderr
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("driven ")]
@@ -96,7 +97,7 @@ def _ls(store: str, **env: str) -> list[str]:
 
 
 def _show(store: str, **env: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "lab.cli", "show", "driven", "--store", store],
+    out = warm.run([sys.executable, "-m", "lab.cli", "show", "driven", "--store", store],
                          capture_output=True, text=True, timeout=120, env=_env(**env))  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()[0]
@@ -119,7 +120,7 @@ INSPECT = textwrap.dedent(
 def _inspected(store: str, **env: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """What `lab.inspect` shows, read in a process of its own (DuckDB's SQLite and Python's
     must not share a file in one process)."""
-    out = subprocess.run([sys.executable, "-c", INSPECT, store], capture_output=True,
+    out = warm.run([sys.executable, "-c", INSPECT, store], capture_output=True,
                          text=True, timeout=120, env=_env(**env))  # fmt: skip
     assert out.returncode == 0, out.stderr
     experiments, runs = json.loads(out.stdout)
@@ -250,7 +251,7 @@ def test_on_another_host_the_heartbeat_decides(store_url: str) -> None:
 
 
 def _begin(url: str, name: str, stay: bool) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", BEGIN, url, name, "stay" if stay else "end"],
+    proc = warm.popen([sys.executable, "-c", BEGIN, url, name, "stay" if stay else "end"],
                             stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline() == "driving\n"
     return proc

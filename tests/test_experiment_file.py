@@ -23,6 +23,7 @@ from lab.errors import ConfigError
 from lab.experiment_file import SummaryMetric, load_experiment, plan, read_experiment_file
 from lab.loggers.console import ConsoleLogger
 from lab.loggers.jsonl import JsonlLogger
+from tests import warm
 
 LAB = Path(sys.executable).parent / "lab"  # the installed console script
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "experiment-files.md"
@@ -105,7 +106,7 @@ def lab_run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`lab run ...` as a user types it, from `cwd` (not the file's folder)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LAB_STORE_URL", "PYTHONPATH")}
     env["PYTHONPATH"] = str(DOCS.parent.parent)  # the lab under test, not an installed one
-    return subprocess.run(
+    return warm.run(
         [str(LAB), "run", *map(str, args)],
         capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
     )  # fmt: skip

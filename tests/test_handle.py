@@ -27,6 +27,7 @@ from lab import (
     TrainingLoop,
 )
 from lab.errors import CheckpointError, ConfigError, HookOrderError
+from tests import warm
 from tests.recorder import EVERY_HOOK, Recorder
 
 NUM_STEPS = 4
@@ -390,7 +391,7 @@ def test_a_hand_written_loop_killed_with_sigkill_resumes_bit_identically(tmp_pat
 
     def run(where: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
         where.mkdir(exist_ok=True)
-        return subprocess.run(
+        return warm.run(
             [sys.executable, str(script), str(kill_at), f"sqlite:///{where / 'lab.db'}"],
             cwd=where, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -491,7 +492,7 @@ def test_start_run_says_where_it_records_and_how_to_look_unless_quiet(
     assert line == (
         f"lab: recording run main-r1 of said in {url}; look at it: lab show said --store '{url}'\n"
     )
-    shown = subprocess.run(  # the command as printed shows the run
+    shown = warm.run(  # the command as printed shows the run
         [sys.executable, "-m", "lab.cli", *shlex.split(line.split("look at it: lab ")[1])],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

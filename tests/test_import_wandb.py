@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from lab.importers import SourceError, import_wandb
 from lab.importers.core import run_key
+from tests import warm
 from tests.importing import imported, lab_import, nan_safe
 
 wandb = pytest.importorskip("wandb")
@@ -47,7 +47,7 @@ def _history(folder: Path) -> list[dict[str, Any]]:
     from wandb.util import get_core_path
 
     log = next(folder.glob("run-*.wandb"))
-    out = subprocess.run(
+    out = warm.run(
         [get_core_path(), "leet", "inspect", "--no-observability", "--json",
          "--run-file", str(log), str(folder.parent)],
         capture_output=True, text=True, check=True,

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import warm
 
 pytest.importorskip("lightning")
 
@@ -205,11 +206,11 @@ def test_sigkill_mid_fit_and_a_rerun_resume_the_same_run(swept: Any, tmp_path: P
     killed = tmp_path / "lab.db"
     command = [sys.executable, "-m", "tests.lightning_tiny", str(killed), str(tmp_path / "runs")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_TEST_KILL_AT": "10", "LAB_QUIET": "1"}
-    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    first = warm.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert first.returncode == -9, first.stderr[-2000:]
     assert _rows(killed, "SELECT run_key, status FROM runs") == [("slow-r0", "running")]
     env.pop("LAB_TEST_KILL_AT")
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    again = warm.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     rows, expected = _experiment_rows(killed), _experiment_rows(db)
     assert rows["metrics"] == expected["metrics"]

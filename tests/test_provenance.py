@@ -11,7 +11,6 @@ import importlib.metadata
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -27,10 +26,11 @@ import lab.provenance
 from lab import Experiment, RunSpec
 from lab.provenance import DIFF_FILE, collect, mask_argv
 from lab.store import Store
+from tests import warm
 
 
 def _git(repo: Path, *args: str) -> str:
-    out = subprocess.run(
+    out = warm.run(
         ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -79,7 +79,7 @@ def test_a_dirty_checkout_records_its_diff(repo: Path) -> None:
 
 def test_a_large_diff_is_cut_with_a_marker(repo: Path) -> None:
     (repo / "train.py").write_text("".join(f"line {i}\n" for i in range(5000)))
-    full = subprocess.run(["git", "diff", "HEAD"], capture_output=True, cwd=repo).stdout
+    full = warm.run(["git", "diff", "HEAD"], capture_output=True, cwd=repo).stdout
     prov = collect(diff_limit=1000)
     assert prov.record["git"]["diff_truncated"] is True
     assert prov.record["git"]["diff_bytes"] == len(full)
@@ -314,7 +314,7 @@ def test_lab_show_prints_a_compact_provenance_section(repo: Path, sqlite_url: st
         Experiment("shown", _train, repeats=2, store=sqlite_url).run()
     finally:
         sys.argv = old
-    out = subprocess.run(
+    out = warm.run(
         [sys.executable, "-m", "lab.cli", "show", "shown", "--store", sqlite_url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

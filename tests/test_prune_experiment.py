@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
+
+from tests import warm
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("optuna")
@@ -190,7 +191,7 @@ def _check_doors(url: str) -> None:
 
 def _lab(*args: str) -> str:
     """What the `lab` command prints (it must succeed)."""
-    out = subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
+    out = warm.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -14,6 +14,7 @@ import pytest
 
 from lab import Experiment
 from lab.errors import ConfigError
+from tests import warm
 
 SCRIPT = """
 import json, os, sys
@@ -49,7 +50,7 @@ def script(tmp_path: Path) -> Path:
 
 def _run(script: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    return subprocess.run(
+    return warm.run(
         [sys.executable, str(script), f"sqlite:///{tmp_path / 'lab.db'}", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=300, env={**clean, **env},
     )  # fmt: skip
@@ -60,7 +61,7 @@ def test_under_torchrun_every_rank_runs_and_rank_0_alone_records(
     script: Path, tmp_path: Path
 ) -> None:
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    out = subprocess.run(
+    out = warm.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), f"sqlite:///{tmp_path / 'lab.db'}", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=300, env=clean,

@@ -38,6 +38,7 @@ from lab.errors import ConfigError
 from lab.executors import check_resources, check_shared_store
 from lab.records import ManifestRow, RunSpec
 from lab.sweeps import Race
+from tests import warm
 
 ray = pytest.importorskip("ray")
 
@@ -251,7 +252,7 @@ def test_a_ctrl_c_in_the_driver_records_every_run_and_leaves_none_running(
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     db, runs = tmp_path / "lab.db", tmp_path / "runs"
-    driver = subprocess.Popen(
+    driver = warm.popen(
         [sys.executable, str(script), f"sqlite:///{db}", str(runs)],
         env={**os.environ, "LAB_RAY_ADDRESS": cluster},
         stdout=subprocess.PIPE,

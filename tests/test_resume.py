@@ -17,6 +17,7 @@ import torch
 
 from lab import Callback, CheckpointConfig, LoopState, TrainingLoop
 from lab.errors import CheckpointError, ConfigError
+from tests import warm
 
 CHILD = textwrap.dedent(
     """
@@ -77,7 +78,7 @@ def _child(folder: Path, hold_at: int) -> subprocess.Popen[bytes]:
     folder.mkdir(exist_ok=True)
     script = folder / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen(
+    return warm.popen(
         [sys.executable, str(script), f"sqlite:///{folder / 'lab.db'}", str(folder / "runs"),
          str(folder / "weights.pt"), str(hold_at)],
         env={**os.environ, "LAB_STRICT": "1"},
@@ -275,7 +276,7 @@ def test_opening_a_store_marks_runs_of_dead_processes_crashed(tmp_path: Path) ->
 
     from lab.store import Store
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = warm.popen([sys.executable, "-c", "pass"])
     gone.wait()
     url = f"sqlite:///{tmp_path / 'lab.db'}"
     store = Store(url)

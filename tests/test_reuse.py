@@ -23,6 +23,7 @@ from lab import Arm, Callback, Experiment
 from lab._reuse import Fingerprint, differences
 from lab.errors import ConfigError, NoExperiment, RunBusy
 from lab.store import Store
+from tests import warm
 
 
 class Config(pydantic.BaseModel):
@@ -319,7 +320,7 @@ def test_two_processes_starting_the_same_experiment_never_train_one_run_twice(
                          out=str(out))  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
-        subprocess.Popen(
+        warm.popen(
             [sys.executable, "-c", code],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -357,7 +358,7 @@ def test_two_processes_starting_the_same_experiment_never_train_one_run_twice(
 
 
 def lab_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
+    return warm.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
                           text=True, timeout=300, input=stdin)  # fmt: skip
 
 

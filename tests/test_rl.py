@@ -7,7 +7,6 @@ import math
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from lab.errors import ConfigError, ExperienceError, LossError
 from lab.loop.checkpoints import CheckpointManager
 from lab.loop.handle import RunHandle
 from lab.rl import EpisodeInfo, Episodes, Experience, OnPolicyLoop, Rollouts
+from tests import warm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from rl_chain import ChainWalk, make_loop
@@ -307,7 +307,7 @@ def _child(folder: Path, episodes: int, kill_at: int | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     if kill_at is not None:
         env["RL_CHAIN_KILL_AT"] = str(kill_at)
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, str(CHAIN), str(folder), str(episodes)],
         env=env,
         capture_output=True,

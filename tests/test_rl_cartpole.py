@@ -18,6 +18,7 @@ import torch
 
 import lab.inspect
 from lab.errors import ConfigError
+from tests import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -37,7 +38,7 @@ def _start(folder: Path, *flags: str) -> subprocess.Popen[str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("LAB_STORE_URL", None)
-    return subprocess.Popen(
+    return warm.popen(
         [sys.executable, str(EXAMPLES / "ppo_cartpole.py"), *FLAGS, *flags],
         cwd=folder,
         env=env,

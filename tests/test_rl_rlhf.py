@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +19,7 @@ import lab.inspect
 from lab import Arm, Callback, Experiment
 from lab.errors import ConfigError
 from lab.rl import Experience, Rollouts
+from tests import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODES, ROLLOUTS, PROMPTS, GROUP = 40, 16, 8, 8
@@ -129,7 +129,7 @@ def test_flags_that_cannot_run_are_one_line_before_any_run(
 ) -> None:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, str(ROOT / "examples/rlhf.py"), *flags],
         cwd=tmp_path,
         env=env,

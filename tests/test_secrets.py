@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 import traceback
@@ -30,6 +29,7 @@ from lab.callbacks.notify import Notifier
 from lab.errors import LabError, StoreError, StoreUnreachable
 from lab.loggers.console import ConsoleLogger
 from lab.store import Store
+from tests import warm
 from tests.postgres import admin_url
 
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -74,7 +74,7 @@ def test_a_store_that_refuses_the_password_never_shows_it(
         lab.inspect.connect(url)
     shown = "".join(traceback.format_exception(info.value))
     assert "postgresql+psycopg://postgres:***@127.0.0.1:" in str(info.value)
-    cli = subprocess.run([LAB, "ls", "--store", url], capture_output=True, text=True,
+    cli = warm.run([LAB, "ls", "--store", url], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT},
                          timeout=120)  # fmt: skip
     assert cli.returncode == 1 and cli.stdout == ""
@@ -149,7 +149,7 @@ def test_a_malformed_store_url_is_one_line_without_its_password(
     with pytest.raises(LabError) as info:
         lab.inspect.connect(url)
     assert str(info.value) == message
-    cli = subprocess.run([LAB, "ls", "--store", url], capture_output=True, text=True,
+    cli = warm.run([LAB, "ls", "--store", url], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)  # fmt: skip
     assert (cli.returncode, cli.stdout, cli.stderr) == (1, "", f"error: {message}\n")
 
@@ -271,14 +271,14 @@ def test_the_cli_says_what_a_token_needs_in_whole_words(tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "LAB_TOKEN"}
         env["PYTHONPATH"] = ROOT
         where, argv = f"lab serve at {served.url}", [LAB, "ls", "--store", served.url]
-        none = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        none = warm.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert (none.returncode, none.stdout, none.stderr) == (1, "", (
             f"error: {where} needs a token: set LAB_TOKEN (make one on the server's store "
             "with: lab token create NAME --scope write)\n"
         ))  # fmt: skip
         wrong = "lab_" + "x" * 43  # the form of a token, but none the server made
         env["LAB_TOKEN"] = wrong
-        refused = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        refused = warm.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", (
             f"error: {where} refused the token in LAB_TOKEN: it is wrong or revoked; make one "
             "with lab token create NAME --scope write on the server's store\n"

@@ -27,6 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 from lab.server.app import NO_TOKEN, WRONG_TOKEN, BodyLimit, is_loopback
+from tests import warm
 from tests.served import Served, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ OPEN = {HEALTH, "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 def lab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the `lab` command line in a subprocess, as a user types it."""
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "lab.cli", *args],
         capture_output=True,
         text=True,
@@ -72,7 +73,7 @@ class LabServe:
         argv = ["serve", "--store", self.store_url, "--port", str(self.port), *self.args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
+            self.process = warm.popen(
                 [sys.executable, "-m", "lab.cli", *argv], stdout=out, stderr=out, env=env
             )
         deadline = time.monotonic() + 30
@@ -545,7 +546,7 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command is not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
+    warm.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
          "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
          "-keyout", str(key), "-out", str(cert)],
@@ -573,7 +574,7 @@ def test_https_with_a_certificate_the_client_trusts(
             httpx.get(f"http://127.0.0.1:{server.port}{HEALTH}")  # plain HTTP is not served
         # a client process told to trust it through the environment, as the docs say
         code = f"import httpx; print(httpx.get('{server.url}{HEALTH}').json())"
-        probe = subprocess.run(
+        probe = warm.run(
             [sys.executable, "-c", code],
             capture_output=True, text=True, timeout=60,
             env={**os.environ, "SSL_CERT_FILE": str(cert)},

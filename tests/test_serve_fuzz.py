@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import warm
 from tests.served import Served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_every_check_of_schemathesis_holds_on_every_operation(
         "PYTHONPATH": str(ROOT),
         "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",  # the Arrow body as bytes
     }
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = warm.run(command, env=env, capture_output=True, text=True, timeout=600)
     shown = done.stdout[done.stdout.find("=== FAILURES") :][-20_000:] + done.stderr[-2_000:]
     assert report.exists(), shown
     result = json.loads(report.read_text())

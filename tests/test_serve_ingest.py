@@ -36,6 +36,7 @@ from lab.records import EvalResult, RunSpec
 from lab.store import Store, open_store
 from lab.store.http import HttpStore
 from lab.store.http.spool import SPOOL_DIR, describe
+from tests import warm
 from tests.served import Served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -711,7 +712,7 @@ def test_sixteen_client_processes_at_once_lose_and_duplicate_nothing(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_STORE_URL": served.url,
            "LAB_TOKEN": served.write_token}  # fmt: skip
     procs = [
-        subprocess.Popen(
+        warm.popen(
             [sys.executable, "-c", CLIENT, str(i), str(steps), str(keys)],
             env=env,
             stderr=subprocess.PIPE,
@@ -889,7 +890,7 @@ def test_lab_sync_replays_a_spool_once_however_often_it_runs(
     served.start()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sync = [sys.executable, "-m", "lab.cli", "sync", str(run_dir), "--store", served.url]
-    first = subprocess.run(sync, env=env, capture_output=True, text=True, timeout=120)
+    first = warm.run(sync, env=env, capture_output=True, text=True, timeout=120)
     assert (first.returncode, first.stdout) == (
         0, f"sent {len(files)} spooled batches to {served.url}\n",
     ), first.stderr  # fmt: skip
@@ -897,7 +898,7 @@ def test_lab_sync_replays_a_spool_once_however_often_it_runs(
     _every_row_once(served.store_url)
     for name, body in kept.items():  # the same spool sent again: stored nothing twice
         (run_dir / SPOOL_DIR / name).write_bytes(body)
-    again = subprocess.run(sync, env=env, capture_output=True, text=True, timeout=120)
+    again = warm.run(sync, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     _every_row_once(served.store_url)
     assert _count(served.store_url, "select sum(rows) from ingest_batches where seq > 0") != [

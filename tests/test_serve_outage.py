@@ -27,6 +27,7 @@ from lab.server.auth import create_token
 from lab.store import Store
 from lab.store.http import HttpStore
 from lab.store.http.spool import SPOOL_DIR, describe
+from tests import warm
 from tests.served import Served, serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _sync(run_dir: Path, url: str, token: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAB_TOKEN": token}
-    return subprocess.run([sys.executable, "-m", "lab.cli", "sync", str(run_dir), "--store", url],
+    return warm.run([sys.executable, "-m", "lab.cli", "sync", str(run_dir), "--store", url],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
@@ -124,7 +125,7 @@ class RevokesTheToken(Callback):
             revoke = [sys.executable, "-m", "lab.cli", "token", "revoke", "tests-write",
                       "--store", self.store_url]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            subprocess.run(revoke, env=env, check=True, capture_output=True, timeout=120)
+            warm.run(revoke, env=env, check=True, capture_output=True, timeout=120)
 
 
 def test_a_token_refused_mid_run_fails_the_run_and_drops_nothing(

@@ -26,6 +26,7 @@ from lab.demo import quickstart
 from lab.records import ManifestRow
 from lab.store import Store
 from lab.store.http import HttpStore
+from tests import warm
 from tests.served import Served
 
 STEPS = 20
@@ -396,7 +397,7 @@ def test_reads_need_a_token_and_a_read_token_cannot_write(served: Served) -> Non
 
 
 def _lab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "lab.cli", *args],
         capture_output=True,
         text=True,
@@ -461,7 +462,7 @@ def test_the_readme_curl_lines_run(recorded: tuple[Served, Store]) -> None:
     answers = []
     for line in lines:
         command = line.replace("http://127.0.0.1:8765", served.url)
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+        done = warm.run(["bash", "-c", command], capture_output=True, text=True, env=env)
         assert done.returncode == 0, (line, done.stderr)
         answers.append(json.loads(done.stdout))
     experiments, series = answers
@@ -522,7 +523,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_run_whose_process_died_shows_crashed_as_lab_show_shows_it(served: Served) -> None:
-    done = subprocess.run([sys.executable, "-c", _CRASH, served.store_url], timeout=120)
+    done = warm.run([sys.executable, "-c", _CRASH, served.store_url], timeout=120)
     assert done.returncode == -9
     local = Store(served.store_url, readonly=True)
     try:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from lab.server.app import STORE_DOWN
 from lab.server.bodies import MAX_BATCH_OPS, MAX_BATCH_ROWS, MAX_JSON_VALUES
 from lab.server.dashboard import NO_BYTES
 from lab.store.http.sender import MAX_OPS, MAX_OPS_BYTES, MAX_POINTS, Op, Sender
+from tests import warm
 from tests.served import Served, free_port
 
 OPS = "/api/v1/batches/ops"
@@ -595,7 +595,7 @@ def test_lab_ui_over_a_store_that_goes_away_answers_503_without_its_url(
     make_token(direct, "w", "write")  # creates the schema
     port = free_port()
     log = (tmp_path / "ui.log").open("wb")
-    process = subprocess.Popen(
+    process = warm.popen(
         [sys.executable, "-m", "lab.cli", "ui", "--store", through, "--port", str(port),
          "--no-open"],
         stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)},

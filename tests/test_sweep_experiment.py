@@ -13,7 +13,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from lab import Experiment, RunSpec, Sweep
 from lab.errors import ConfigError
 from lab.store import open_store
 from lab.sweeps import Choice, Float, Race, Trial, make_sampler
+from tests import warm
 from tests.served import serve
 from tests.store_rows import rows
 
@@ -188,7 +188,7 @@ def _kill_and_rerun(tmp_path: Path, sweep: dict[str, Any], kill_at: str) -> tupl
     code = f"import sys; from {train.__module__} import drive; drive(*sys.argv[1:])"
     here = Path(__file__).resolve().parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-c", code, "kill", str(tmp_path), store, json.dumps(sweep), kill_at],
         env=env, timeout=300, capture_output=True, text=True,
     )  # fmt: skip

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from store_rows import rows
 
+from tests import warm
+
 SWEEP_LIB = """
 import math
 
@@ -83,7 +85,7 @@ prune: {metric: loss, mode: min, rule: median, n_startup_trials: 1, n_warmup_ste
 
 
 def lab_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
+    return warm.run([sys.executable, "-m", "lab.cli", *args], capture_output=True,
                           text=True, timeout=300, cwd=folder)  # fmt: skip
 
 

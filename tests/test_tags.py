@@ -17,6 +17,7 @@ from lab._names import check_tags
 from lab.errors import ConfigError, NoExperiment, NoRun
 from lab.experiment_file import load_experiment
 from lab.store import Store
+from tests import warm
 
 
 def _train(run: RunSpec) -> dict[str, float]:
@@ -28,7 +29,7 @@ def _train(run: RunSpec) -> dict[str, float]:
 
 
 def lab_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )  # fmt: skip

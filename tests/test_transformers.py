@@ -22,6 +22,7 @@ import lab
 from lab.errors import ConfigError
 from lab.integrations.transformers import CONFIG_FILE, LabCallback, train, training_args
 from tests import tiny_transformers as tiny
+from tests import warm
 from tests.recorder import EVERY_HOOK, Labels
 from tests.store_rows import rows as _rows
 
@@ -146,7 +147,7 @@ def test_a_trainer_killed_with_sigkill_resumes_the_same_run_with_the_same_rows(
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
 
-    killed = subprocess.Popen(
+    killed = warm.popen(
         [sys.executable, "-c", _KILLED, "5"], cwd=killed_dir, env=env, text=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip

@@ -24,6 +24,7 @@ from lab.errors import ConfigError, StoreError
 from lab.store import Store, writer_process
 from lab.store.store import INTERVAL_S, PROCESS_INTERVAL_S
 from lab.store.writer_process import WriterProcess
+from tests import warm
 
 
 def _gone(pid: int) -> bool:
@@ -281,7 +282,7 @@ def test_nothing_is_lost_at_exit_and_the_process_ends_with_the_program(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     child = _script(tmp_path, EXIT_SCRIPT.format(url=sqlite_url, end="# no flush, no close"))
-    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     _wait_gone(int(out.stdout.split()[0]))
     assert _scalar(sqlite_url, "SELECT count(*) FROM metrics") == 6000
@@ -297,7 +298,7 @@ def test_a_program_that_ends_before_its_writer_process_is_ready_prints_nothing(
     BrokenPipeError on the program's stderr (which it shares)."""
     script = "from lab.store import Store\nprint(Store({url!r}, writer='process')._process.pid)"
     child = _script(tmp_path, script.format(url=sqlite_url))
-    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
     assert (out.returncode, out.stderr) == (0, "")
     _wait_gone(int(out.stdout))
 
@@ -309,7 +310,7 @@ def test_ctrl_c_to_the_group_leaves_the_writer_to_finish_the_flush(
     exit flushes through the writer process: that process ignores it."""
     end = "print('logged', flush=True); import time; time.sleep(60)"
     child = _script(tmp_path, EXIT_SCRIPT.format(url=sqlite_url, end=end))
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, str(child)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -331,7 +332,7 @@ def test_the_writer_process_ends_when_the_program_is_killed(
 ) -> None:
     end = "print('logged', flush=True); import time; time.sleep(60)"
     child = _script(tmp_path, EXIT_SCRIPT.format(url=sqlite_url, end=end))
-    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
+    proc = warm.popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     writer = int(proc.stdout.readline())
     assert proc.stdout.readline() == "logged\n"
@@ -498,7 +499,7 @@ def test_auto_writes_in_the_thread_until_the_process_is_ready_then_hands_it_over
     monkeypatch.delenv("LAB_STORE_WRITER", raising=False)
     assert writer_process.AUTO_AFTER_POINTS == 2_000
     child = _script(tmp_path, AUTO_SCRIPT.format(url=sqlite_url))
-    out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
+    out = warm.run([sys.executable, str(child)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["mode"] == "auto"
@@ -642,7 +643,7 @@ def test_a_child_forked_after_the_writer_started_does_not_keep_it_alive(
         import time; time.sleep(120); os._exit(0)
     print('forked', pid, flush=True); import time; time.sleep(120)"""
     child = _script(tmp_path, EXIT_SCRIPT.format(url=sqlite_url, end=end))
-    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
+    proc = warm.popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     writer = int(proc.stdout.readline())
     forked = int(proc.stdout.readline().split()[1])
