@@ -8,7 +8,6 @@ import json
 import os
 import re
 import sqlite3
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from lab import Callback, CheckpointConfig, LoopState, TrainingLoop
 from lab.errors import ConfigError
+from tests import warm
 
 SCRIPT = textwrap.dedent(
     """
@@ -169,7 +169,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _torchrun(script: Path, tmp_path: Path, nproc: int = 2, **env: str) -> Any:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          str(nproc), str(script), f"sqlite:///{tmp_path / 'lab.db'}"],
         capture_output=True, text=True, timeout=120, env=_env(tmp_path, **env),
@@ -177,7 +177,7 @@ def _torchrun(script: Path, tmp_path: Path, nproc: int = 2, **env: str) -> Any:
 
 
 def _python(script: Path, tmp_path: Path, **env: str) -> Any:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, str(script), f"sqlite:///{tmp_path / 'lab.db'}"],
         capture_output=True, text=True, timeout=120, env=_env(tmp_path, **env),
     )  # fmt: skip
@@ -359,7 +359,7 @@ def test_the_docs_example_trains_each_repeat_on_two_ranks(tmp_path: Path) -> Non
     page = Path(__file__).resolve().parent.parent / "docs" / "ddp.md"
     (block,) = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
     (tmp_path / "ddp_example.py").write_text(block)
-    out = subprocess.run(
+    out = warm.run(
         [sys.executable, "ddp_example.py", "2"], cwd=tmp_path, capture_output=True, text=True,
         timeout=180, env=_env(tmp_path),
     )  # fmt: skip

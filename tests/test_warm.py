@@ -62,6 +62,23 @@ def test_a_warm_child_prints_exits_and_sees_what_a_cold_one_does(how: str, tmp_p
     assert warm.warm_command(command) is not None
 
 
+def test_a_script_named_relative_to_its_folder_starts_pool_workers_from_it(tmp_path: Path) -> None:
+    """`__main__.__file__` is absolute and multiprocessing knows the child's folder, so a
+    spawned worker finds the script a relative path named (as `docs/ddp.md` runs it)."""
+    (tmp_path / "pool_main.py").write_text(
+        "import multiprocessing as mp\n"
+        "def square(x):\n    return x * x\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.get_context('spawn').Pool(1) as pool:\n"
+        "        print(pool.map(square, [2, 3]), __file__)\n"
+    )
+    cold, hot = _both(
+        [sys.executable, "pool_main.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert cold.returncode == 0 and cold.stdout == f"[4, 9] {tmp_path / 'pool_main.py'}\n"
+    assert (hot.returncode, hot.stdout, hot.stderr) == (0, cold.stdout, cold.stderr)
+
+
 def test_an_uncaught_exception_prints_the_same_traceback_and_exits_1(tmp_path: Path) -> None:
     code = "def f():\n    raise ValueError('boom')\nf()\n"
     cold, hot = _both([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

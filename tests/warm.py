@@ -310,6 +310,8 @@ def _become(request: dict[str, Any], given: list[int], base_path: list[str]) -> 
     unbuffered = command[:1] == ["-u"] or bool(os.environ.get("PYTHONUNBUFFERED"))
     if command[:1] == ["-u"]:
         command = command[1:]
+    if "multiprocessing.process" in sys.modules:  # it noted the zygote's folder at import
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()  # type: ignore[attr-defined]
     if unbuffered:
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
@@ -338,7 +340,7 @@ def _run(command: list[str]) -> None:
         runpy._run_module_as_main(command[1])  # type: ignore[attr-defined]
     else:
         sys.argv = command
-        main.__file__ = command[0]
+        main.__file__ = os.path.abspath(command[0])  # as a cold one has it since 3.9
         source = Path(command[0]).read_bytes()
         exec(compile(source, command[0], "exec"), main.__dict__)
 
