@@ -24,7 +24,10 @@ def train(run):
     return {"loss": float(run.repeat)}
 
 result = Experiment("ranks", train, repeats=2, store=sys.argv[1], output_dir=sys.argv[2]).run()
-print(json.dumps({"rank": os.environ.get("RANK"), "runs": len(result.runs), "pid": os.getpid()}))
+report = {"rank": os.environ.get("RANK"), "runs": len(result.runs), "pid": os.getpid()}
+# One write, line and newline together: the ranks share the pipe, and under
+# PYTHONUNBUFFERED a print writes its newline apart, so two ranks' lines could run together.
+os.write(1, (json.dumps(report) + "\\n").encode())
 """
 
 
