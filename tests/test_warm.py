@@ -112,6 +112,14 @@ def test_a_signal_before_the_command_starts_is_not_lost() -> None:
     assert time.monotonic() - started < 30
 
 
+def test_the_environments_lab_command_starts_warm_and_answers_as_a_cold_one() -> None:
+    lab = Path(sys.executable).parent / "lab"  # the console script pip wrote
+    assert warm.warm_command([str(lab), "--help"]) == [str(lab), "--help"]
+    cold, hot = _both([str(lab), "--help"], capture_output=True, text=True, timeout=60)
+    assert cold.returncode == 0 and "Usage" in cold.stdout
+    assert (hot.returncode, hot.stdout, hot.stderr) == (0, cold.stdout, cold.stderr)
+
+
 def test_commands_a_warm_child_cannot_run_start_cold() -> None:
     assert warm.warm_command([sys.executable, "-X", "importtime", "-c", "pass"]) is None
     assert warm.warm_command(["bash", "-c", "true"]) is None

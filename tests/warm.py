@@ -86,7 +86,13 @@ def _is_python_script(path: str) -> bool:
             first = f.readline(200)
     except OSError:
         return False
-    return first.startswith(b"#!") and first[2:].strip() == os.fsencode(sys.executable)
+    if not first.startswith(b"#!"):
+        return False
+    interpreter = os.fsdecode(first[2:].strip())  # pip writes .../bin/python3, say
+    here = os.path.dirname(sys.executable)
+    return os.path.dirname(interpreter) == here and os.path.basename(interpreter).startswith(
+        "python"
+    )
 
 
 class _Zygote:
