@@ -120,6 +120,16 @@ def test_the_environments_lab_command_starts_warm_and_answers_as_a_cold_one() ->
     assert (hot.returncode, hot.stdout, hot.stderr) == (0, cold.stdout, cold.stderr)
 
 
+def test_a_missing_script_or_folder_fails_as_on_a_cold_start(tmp_path: Path) -> None:
+    missing = [sys.executable, "no_such_script.py"]
+    cold, hot = _both(missing, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert cold.returncode == 2 and "can't open file" in cold.stderr
+    assert (hot.returncode, hot.stderr) == (cold.returncode, cold.stderr)
+    for start in (subprocess.Popen, warm.popen):
+        with pytest.raises(FileNotFoundError):
+            start([sys.executable, "-c", "pass"], cwd=tmp_path / "gone")
+
+
 def test_commands_a_warm_child_cannot_run_start_cold() -> None:
     assert warm.warm_command([sys.executable, "-X", "importtime", "-c", "pass"]) is None
     assert warm.warm_command(["bash", "-c", "true"]) is None

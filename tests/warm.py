@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import errno
 import gc
 import importlib
 import json
@@ -156,6 +157,8 @@ class WarmPopen(subprocess.Popen):
     ) -> None:  # fmt: skip
         command = warm_command(args)
         assert command is not None
+        if cwd is not None and not os.path.isdir(cwd):  # where a cold start fails: here
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(cwd))
         status_r, status_w = os.pipe()
         # What the child gets as its stdin, stdout and stderr: the pipe or file Popen made,
         # or this process's own, as a cold child inherits it.
@@ -347,7 +350,14 @@ def _run(command: list[str]) -> None:
     else:
         sys.argv = command
         main.__file__ = os.path.abspath(command[0])  # as a cold one has it since 3.9
-        source = Path(command[0]).read_bytes()
+        try:
+            source = Path(command[0]).read_bytes()
+        except OSError as exc:  # the line and the status a cold interpreter gives
+            sys.stderr.write(
+                f"{sys.executable}: can't open file {main.__file__!r}: "
+                f"[Errno {exc.errno}] {exc.strerror}\n"
+            )
+            raise SystemExit(2) from None
         exec(compile(source, command[0], "exec"), main.__dict__)
 
 
