@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A lab store at head, in WAL mode, closed (no -wal file beside it)."""
     db = tmp_path_factory.mktemp("template") / "lab.db"
     _record(f"sqlite:///{db}")
-    assert not db.with_name("lab.db-wal").exists()
+    wal = db.with_name("lab.db-wal")
+    deadline = time.monotonic() + 30  # the writer process closes the file last, after close()
+    while wal.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not wal.exists()
     return db
 
 
