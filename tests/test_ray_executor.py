@@ -292,7 +292,9 @@ def test_a_race_under_ray_sends_each_round_out_together(cluster: str, tmp_path: 
     from tests import test_race_experiment as raced
 
     race = Race("score", mode="min", alpha=0.05, min_repeats=2, max_repeats=3, test="t")
-    exp = Experiment("ray-race", raced.train, base_config=raced.Cfg(sleep=4.0),
+    # 8 s a run: a Ray worker process started for a round's third task can take over 4 s
+    # on a loaded machine, and the round's runs must still overlap.
+    exp = Experiment("ray-race", raced.train, base_config=raced.Cfg(sleep=8.0),
                      arms=raced._arms(), race=race, store=f"sqlite:///{tmp_path / 'lab.db'}",
                      output_dir=tmp_path, executor="ray", resources={"num_cpus": 0.5})  # fmt: skip
     result = exp.run()
