@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from lab._metrics import check_key
@@ -30,6 +29,7 @@ from lab.errors import MetricError
 from lab.media import Histogram, Image, image_bytes, stored_path
 from lab.store.engine import connect, transaction
 from lab.store.schema import Base, SqlHistogram, SqlImage
+from lab.store.statements import dialect_insert
 from lab.store.writer import Item, MetricWriter
 
 #: The models' tables (the same objects as their ``__table__``, typed as tables).
@@ -48,10 +48,9 @@ class MediaRows:
         self._give_up_s = give_up_s
         self._writer: MetricWriter[Media] | None = None
         self._good_keys: set[str] = set()  # keys checked already
-        module = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._upserts = {}
         for table in (_HISTOGRAMS, _IMAGES):
-            stmt = module.insert(table)
+            stmt = dialect_insert(engine.dialect.name, table)
             keys = ("run_id", "key", "step")
             updates = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
             self._upserts[table.name] = stmt.on_conflict_do_update(

@@ -1,7 +1,13 @@
-"""The store's tables, as SQLAlchemy 2 models. Alembic's revisions must produce exactly this.
+"""The store's tables, declared as classes. Alembic's revisions must produce exactly this.
 
 Rows are not entities: these `Sql*` classes stay inside `lab.store`; users get plain dicts,
-DataFrames or DuckDB relations back.
+DataFrames or DuckDB relations back. Each class is written as a SQLAlchemy 2 declarative
+model would be (``name: Mapped[type] = column(...)``: the annotation gives the column's type
+and whether it may be NULL) but builds a plain Core `sa.Table`, held as ``__table__``, and
+its attributes are that table's columns (``SqlRun.status``). Nothing here needs the ORM,
+whose import a run's start would pay for (17,000 objects and 50 ms; with SQLAlchemy's
+other objects, enough to make the interpreter's first full garbage collection after
+``import torch`` fall inside ``lab.start_run``).
 
 NaN in a float column: SQLite turns a NaN into NULL when it stores it, so on SQLite a NULL
 `metrics.value` *is* NaN (a metric value is never missing). Every reader in `lab` maps it
@@ -11,11 +17,11 @@ back. PostgreSQL keeps NaN as it is. JSON columns write non-finite floats as the
 
 from __future__ import annotations
 
+import inspect
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from lab._names import MAX_KEY, MAX_NAME
 from lab.store.tables import DERIVED_TABLES as DERIVED_TABLES  # named with the models too
@@ -27,6 +33,9 @@ from lab.store.tables import RUN_STATUSES as RUN_STATUSES
 from lab.store.tables import TABLES as TABLES
 from lab.store.tables import TOKEN_SCOPES as TOKEN_SCOPES
 from lab.store.tables import TRIAL_STATES as TRIAL_STATES
+
+if TYPE_CHECKING:  # the annotations' types, for type checkers (at run time they are text)
+    from sqlalchemy.orm import Mapped
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -45,14 +54,81 @@ def _one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({quoted})"
 
 
-class Base(DeclarativeBase):
-    metadata = sa.MetaData(naming_convention=NAMING)
-    # none_as_null: a Python None is SQL NULL, not the JSON text 'null', so that
-    # `callback_errors IS NULL` means "no failures" to every SQL reader.
-    type_annotation_map = {
-        dict[str, Any]: sa.JSON(none_as_null=True),
-        list[Any]: sa.JSON(none_as_null=True),
-    }
+# A column's type by its annotation, where `column(...)` names none. none_as_null: a Python
+# None is SQL NULL, not the JSON text 'null', so that `callback_errors IS NULL` means "no
+# failures" to every SQL reader.
+_TYPES: dict[str, Any] = {
+    "int": sa.Integer,
+    "float": sa.Float,
+    "str": sa.String,
+    "bytes": sa.LargeBinary,
+    "datetime": sa.DateTime,
+    "dict[str, Any]": lambda: sa.JSON(none_as_null=True),
+    "list[Any]": lambda: sa.JSON(none_as_null=True),
+}
+
+
+class _Column:
+    """What `column(...)` was given, until `Base` builds the column."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.args, self.kwargs = args, kwargs
+
+
+def column(*args: Any, **kwargs: Any) -> Any:
+    """A column of a `Base` class: `sa.Column`'s arguments less its name, and its type and
+    ``nullable`` where the annotation says them (as ``mapped_column`` takes them)."""
+    return _Column(args, kwargs)
+
+
+class Base:
+    """The tables' base: each subclass becomes ``__table__`` in `metadata`, its annotated
+    attributes the table's columns, in order, and ``__table_args__`` its constraints and
+    options. `sa.insert(SqlRun)`, `sa.update(SqlRun)` and joins take the class as its table."""
+
+    metadata: ClassVar[sa.MetaData] = sa.MetaData(naming_convention=NAMING)
+    __tablename__: ClassVar[str]
+    __table__: ClassVar[sa.Table]
+
+    def __init_subclass__(cls) -> None:
+        columns = [_built(name, text, cls.__dict__.get(name)) for name, text in _own(cls)]
+        args = cls.__dict__.get("__table_args__", ())
+        options = args if isinstance(args, dict) else {}
+        constraints = () if isinstance(args, dict) else args
+        cls.__table__ = sa.Table(cls.__tablename__, cls.metadata, *columns, *constraints, **options)
+        for built in columns:
+            setattr(cls, built.name, built)
+
+    @classmethod
+    def __clause_element__(cls) -> sa.Table:
+        return cls.__table__
+
+
+def _own(cls: type) -> list[tuple[str, str]]:
+    """The class's own ``Mapped[...]`` annotations, in order: (name, the type's text)."""
+    annotations = inspect.get_annotations(cls)
+    return [
+        (name, text[len("Mapped[") : -1])
+        for name, text in annotations.items()
+        if text.startswith("Mapped[")
+    ]
+
+
+def _is_type(arg: Any) -> bool:
+    """Whether `arg` is a column type, given as a class (``sa.Text``) or an instance."""
+    return isinstance(arg, sa.types.TypeEngine) or (
+        isinstance(arg, type) and issubclass(arg, sa.types.TypeEngine)
+    )
+
+
+def _built(name: str, text: str, given: _Column | None) -> sa.Column[Any]:
+    """Column `name` of type text `text` (``int | None``), from what `column(...)` was given."""
+    args, kwargs = (given.args, dict(given.kwargs)) if given else ((), {})
+    base, optional = (text[: -len(" | None")], True) if text.endswith(" | None") else (text, False)
+    if not any(_is_type(a) for a in args):
+        args = (_TYPES[base](), *args)
+    kwargs.setdefault("nullable", optional and not kwargs.get("primary_key", False))
+    return sa.Column(name, *args, **kwargs)
 
 
 def _now() -> datetime:
@@ -65,26 +141,26 @@ Timestamp = sa.DateTime()  # naive UTC on every backend
 class SqlExperiment(Base):
     __tablename__ = "experiments"
 
-    experiment_id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(MAX_NAME), unique=True)
-    status: Mapped[str] = mapped_column(sa.String(16))
+    experiment_id: Mapped[int] = column(primary_key=True)
+    name: Mapped[str] = column(sa.String(MAX_NAME), unique=True)
+    status: Mapped[str] = column(sa.String(16))
     config: Mapped[dict[str, Any]]
     seed: Mapped[int]
     repeats: Mapped[int]
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
-    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    created_at: Mapped[datetime] = column(Timestamp, default=_now)
+    ended_at: Mapped[datetime | None] = column(Timestamp)
     callback_errors: Mapped[list[Any] | None]  # experiment-level callback failures
     tags: Mapped[list[Any] | None]  # plain strings, W&B style
-    notes: Mapped[str | None] = mapped_column(sa.Text)
+    notes: Mapped[str | None] = column(sa.Text)
     # the driver process that runs the experiment (as a run's owner): a driver that is gone
     # while the experiment is `running` leaves it `crashed`
-    host: Mapped[str | None] = mapped_column(sa.String(255))
+    host: Mapped[str | None] = column(sa.String(255))
     pid: Mapped[int | None]
-    process_start: Mapped[float | None] = mapped_column(sa.Double)
-    boot_id: Mapped[str | None] = mapped_column(sa.String(64))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    process_start: Mapped[float | None] = column(sa.Double)
+    boot_id: Mapped[str | None] = column(sa.String(64))
+    heartbeat_at: Mapped[datetime | None] = column(Timestamp)
     # the name of the `lab serve` token that created it; NULL when a local process did
-    created_by: Mapped[str | None] = mapped_column(sa.String(MAX_NAME))
+    created_by: Mapped[str | None] = column(sa.String(MAX_NAME))
 
     __table_args__ = (sa.CheckConstraint(_one_of("status", EXPERIMENT_STATUSES), name="status"),)
 
@@ -92,11 +168,11 @@ class SqlExperiment(Base):
 class SqlArm(Base):
     __tablename__ = "arms"
 
-    arm_id: Mapped[int] = mapped_column(primary_key=True)
-    experiment_id: Mapped[int] = mapped_column(
+    arm_id: Mapped[int] = column(primary_key=True)
+    experiment_id: Mapped[int] = column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
     )
-    name: Mapped[str] = mapped_column(sa.String(MAX_NAME))
+    name: Mapped[str] = column(sa.String(MAX_NAME))
     overrides: Mapped[dict[str, Any]]
     config: Mapped[dict[str, Any]]
 
@@ -106,13 +182,13 @@ class SqlArm(Base):
 class SqlGroup(Base):
     __tablename__ = "groups"
 
-    group_id: Mapped[int] = mapped_column(primary_key=True)
-    experiment_id: Mapped[int] = mapped_column(
+    group_id: Mapped[int] = column(primary_key=True)
+    experiment_id: Mapped[int] = column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
     )
-    arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(sa.String(MAX_NAME))
-    kind: Mapped[str] = mapped_column(sa.String(16))
+    arm_id: Mapped[int | None] = column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    name: Mapped[str] = column(sa.String(MAX_NAME))
+    kind: Mapped[str] = column(sa.String(16))
 
     __table_args__ = (
         sa.UniqueConstraint("experiment_id", "name"),
@@ -123,44 +199,44 @@ class SqlGroup(Base):
 class SqlRun(Base):
     __tablename__ = "runs"
 
-    run_id: Mapped[int] = mapped_column(primary_key=True)
-    experiment_id: Mapped[int] = mapped_column(
+    run_id: Mapped[int] = column(primary_key=True)
+    experiment_id: Mapped[int] = column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE")
     )
-    group_id: Mapped[int] = mapped_column(sa.ForeignKey("groups.group_id", ondelete="CASCADE"))
-    arm_id: Mapped[int | None] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
-    run_key: Mapped[str] = mapped_column(sa.String(MAX_KEY))
+    group_id: Mapped[int] = column(sa.ForeignKey("groups.group_id", ondelete="CASCADE"))
+    arm_id: Mapped[int | None] = column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    run_key: Mapped[str] = column(sa.String(MAX_KEY))
     repeat: Mapped[int]
     stage: Mapped[int]
     seed: Mapped[int]
     config: Mapped[dict[str, Any]]
-    status: Mapped[str] = mapped_column(sa.String(16))
-    error: Mapped[str | None] = mapped_column(sa.Text)
-    traceback: Mapped[str | None] = mapped_column(sa.Text)
+    status: Mapped[str] = column(sa.String(16))
+    error: Mapped[str | None] = column(sa.Text)
+    traceback: Mapped[str | None] = column(sa.Text)
     summary: Mapped[dict[str, Any] | None]
     callback_errors: Mapped[list[Any] | None]
-    output_dir: Mapped[str | None] = mapped_column(sa.Text)
-    parent_run_id: Mapped[int | None] = mapped_column(  # the previous stage, in a chain
+    output_dir: Mapped[str | None] = column(sa.Text)
+    parent_run_id: Mapped[int | None] = column(  # the previous stage, in a chain
         sa.ForeignKey("runs.run_id", ondelete="SET NULL")
     )
-    host: Mapped[str | None] = mapped_column(sa.String(255))  # where the run's process lives
+    host: Mapped[str | None] = column(sa.String(255))  # where the run's process lives
     pid: Mapped[int | None]
-    started_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
-    ended_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    started_at: Mapped[datetime] = column(Timestamp, default=_now)
+    ended_at: Mapped[datetime | None] = column(Timestamp)
     # last seen alive: set by the run's metric writer while the run is `running`
-    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    heartbeat_at: Mapped[datetime | None] = column(Timestamp)
     # what the run's result depends on (config, seed, stage, train function), hashed: a run
     # is reused by a later attempt only when this is the same
-    config_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    config_hash: Mapped[str | None] = column(sa.String(64))
     # set when `fresh=True` replaced this run: kept, never deleted, left out of every summary
-    superseded_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    superseded_at: Mapped[datetime | None] = column(Timestamp)
     provenance: Mapped[dict[str, Any] | None]  # git, packages, versions, devices, command
     tags: Mapped[list[Any] | None]
-    notes: Mapped[str | None] = mapped_column(sa.Text)
+    notes: Mapped[str | None] = column(sa.Text)
     # the owning process's start time (epoch seconds) and the host's boot id: a pid alone
     # is reused, and means nothing in another PID namespace
-    process_start: Mapped[float | None] = mapped_column(sa.Double)
-    boot_id: Mapped[str | None] = mapped_column(sa.String(64))
+    process_start: Mapped[float | None] = column(sa.Double)
+    boot_id: Mapped[str | None] = column(sa.String(64))
     # a `pruned` run's stop: {"step": int, "rule": str, "metric": str, "value": float}
     pruned: Mapped[dict[str, Any] | None]
 
@@ -175,13 +251,11 @@ class SqlRun(Base):
 class SqlMetric(Base):
     __tablename__ = "metrics"
 
-    run_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
-    )
-    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
-    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
-    value: Mapped[float | None] = mapped_column(sa.Double)  # NULL is NaN on SQLite
-    wall_time: Mapped[float] = mapped_column(sa.Double)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
+    step: Mapped[int] = column(sa.BigInteger, primary_key=True)
+    value: Mapped[float | None] = column(sa.Double)  # NULL is NaN on SQLite
+    wall_time: Mapped[float] = column(sa.Double)
 
 
 class SqlSummary(Base):
@@ -192,17 +266,15 @@ class SqlSummary(Base):
 
     __tablename__ = "summaries"
 
-    run_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
-    )
-    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
-    count: Mapped[int] = mapped_column(sa.BigInteger)
-    first_step: Mapped[int] = mapped_column(sa.BigInteger)
-    last_step: Mapped[int] = mapped_column(sa.BigInteger)
-    last_value: Mapped[float | None] = mapped_column(sa.Double)
-    min_value: Mapped[float | None] = mapped_column(sa.Double)
-    max_value: Mapped[float | None] = mapped_column(sa.Double)
-    last_wall_time: Mapped[float] = mapped_column(sa.Double)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
+    count: Mapped[int] = column(sa.BigInteger)
+    first_step: Mapped[int] = column(sa.BigInteger)
+    last_step: Mapped[int] = column(sa.BigInteger)
+    last_value: Mapped[float | None] = column(sa.Double)
+    min_value: Mapped[float | None] = column(sa.Double)
+    max_value: Mapped[float | None] = column(sa.Double)
+    last_wall_time: Mapped[float] = column(sa.Double)
 
 
 class SqlMetricBlock(Base):
@@ -224,38 +296,36 @@ class SqlMetricBlock(Base):
     # pass, with no lookup of each row by rowid. (No DuckDB view reads this table.)
     __table_args__ = {"sqlite_with_rowid": False}
 
-    run_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
-    )
-    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
-    block: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
-    points: Mapped[int] = mapped_column(sa.BigInteger)
-    step_min: Mapped[int] = mapped_column(sa.BigInteger)
-    step_max: Mapped[int] = mapped_column(sa.BigInteger)
-    value_min: Mapped[float | None] = mapped_column(sa.Double)
-    value_max: Mapped[float | None] = mapped_column(sa.Double)
-    value_sum: Mapped[float | None] = mapped_column(sa.Double)
-    value_count: Mapped[int] = mapped_column(sa.BigInteger)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
+    block: Mapped[int] = column(sa.BigInteger, primary_key=True)
+    points: Mapped[int] = column(sa.BigInteger)
+    step_min: Mapped[int] = column(sa.BigInteger)
+    step_max: Mapped[int] = column(sa.BigInteger)
+    value_min: Mapped[float | None] = column(sa.Double)
+    value_max: Mapped[float | None] = column(sa.Double)
+    value_sum: Mapped[float | None] = column(sa.Double)
+    value_count: Mapped[int] = column(sa.BigInteger)
     #: The block's points in step order: each step's offset in the block (one byte each,
     #: 0 to BLOCK_STEPS - 1), and each value as a little-endian float64, NaN kept. A cut
     #: of narrow buckets reads these instead of one row of `metrics` per point.
-    point_offsets: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
-    point_values: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    point_offsets: Mapped[bytes | None] = column(sa.LargeBinary)
+    point_values: Mapped[bytes | None] = column(sa.LargeBinary)
 
 
 class SqlEval(Base):
     __tablename__ = "evals"
 
-    eval_id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(sa.String(MAX_KEY))
-    step: Mapped[int | None] = mapped_column(sa.BigInteger)  # NULL: after training
+    eval_id: Mapped[int] = column(primary_key=True)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
+    name: Mapped[str] = column(sa.String(MAX_KEY))
+    step: Mapped[int | None] = column(sa.BigInteger)  # NULL: after training
     metrics: Mapped[dict[str, Any]]
     breakdowns: Mapped[dict[str, Any]]
     tags: Mapped[dict[str, Any]]
-    seconds: Mapped[float] = mapped_column(sa.Double)
-    error: Mapped[str | None] = mapped_column(sa.Text)
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
+    seconds: Mapped[float] = column(sa.Double)
+    error: Mapped[str | None] = column(sa.Text)
+    created_at: Mapped[datetime] = column(Timestamp, default=_now)
 
     __table_args__ = (sa.Index(None, "run_id", "name", "step"),)
 
@@ -263,29 +333,29 @@ class SqlEval(Base):
 class SqlPrediction(Base):
     __tablename__ = "predictions"
 
-    eval_id: Mapped[int] = mapped_column(
+    eval_id: Mapped[int] = column(
         sa.ForeignKey("evals.eval_id", ondelete="CASCADE"), primary_key=True
     )
-    idx: Mapped[int] = mapped_column(primary_key=True)
-    example_id: Mapped[str | None] = mapped_column(sa.Text)
-    input: Mapped[str | None] = mapped_column(sa.Text)
-    output: Mapped[str | None] = mapped_column(sa.Text)
-    target: Mapped[str | None] = mapped_column(sa.Text)
-    score: Mapped[float | None] = mapped_column(sa.Double)
+    idx: Mapped[int] = column(primary_key=True)
+    example_id: Mapped[str | None] = column(sa.Text)
+    input: Mapped[str | None] = column(sa.Text)
+    output: Mapped[str | None] = column(sa.Text)
+    target: Mapped[str | None] = column(sa.Text)
+    score: Mapped[float | None] = column(sa.Double)
     extras: Mapped[dict[str, Any] | None]
 
 
 class SqlCheckpoint(Base):
     __tablename__ = "checkpoints"
 
-    checkpoint_id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
-    step: Mapped[int] = mapped_column(sa.BigInteger)
-    path: Mapped[str] = mapped_column(sa.Text)
-    event: Mapped[str] = mapped_column(sa.String(16))
+    checkpoint_id: Mapped[int] = column(primary_key=True)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"))
+    step: Mapped[int] = column(sa.BigInteger)
+    path: Mapped[str] = column(sa.Text)
+    event: Mapped[str] = column(sa.String(16))
     metrics: Mapped[dict[str, Any]]
-    reason: Mapped[str | None] = mapped_column(sa.Text)
-    created_at: Mapped[datetime] = mapped_column(Timestamp)
+    reason: Mapped[str | None] = column(sa.Text)
+    created_at: Mapped[datetime] = column(Timestamp)
 
     __table_args__ = (
         sa.Index(None, "run_id", "step"),
@@ -300,17 +370,15 @@ class SqlHistogram(Base):
 
     __tablename__ = "histograms"
 
-    run_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
-    )
-    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
-    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
+    step: Mapped[int] = column(sa.BigInteger, primary_key=True)
     edges: Mapped[list[Any]]
     counts: Mapped[list[Any]]
-    nan: Mapped[int] = mapped_column(sa.BigInteger)
-    posinf: Mapped[int] = mapped_column(sa.BigInteger)
-    neginf: Mapped[int] = mapped_column(sa.BigInteger)
-    wall_time: Mapped[float] = mapped_column(sa.Double)
+    nan: Mapped[int] = column(sa.BigInteger)
+    posinf: Mapped[int] = column(sa.BigInteger)
+    neginf: Mapped[int] = column(sa.BigInteger)
+    wall_time: Mapped[float] = column(sa.Double)
 
 
 class SqlImage(Base):
@@ -320,18 +388,16 @@ class SqlImage(Base):
 
     __tablename__ = "images"
 
-    run_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
-    )
-    key: Mapped[str] = mapped_column(sa.String(MAX_KEY), primary_key=True)
-    step: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
-    path: Mapped[str] = mapped_column(sa.Text)
+    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
+    step: Mapped[int] = column(sa.BigInteger, primary_key=True)
+    path: Mapped[str] = column(sa.Text)
     width: Mapped[int]
     height: Mapped[int]
-    wall_time: Mapped[float] = mapped_column(sa.Double)
+    wall_time: Mapped[float] = column(sa.Double)
     #: The PNG's bytes, kept in the store (revision 0008 on): what every door serves, so no
     #: server ever opens a file by a path that a client sent.
-    data: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    data: Mapped[bytes | None] = column(sa.LargeBinary)
 
 
 class SqlSweepTrial(Base):
@@ -343,16 +409,16 @@ class SqlSweepTrial(Base):
 
     __tablename__ = "sweep_trials"
 
-    experiment_id: Mapped[int] = mapped_column(
+    experiment_id: Mapped[int] = column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE"), primary_key=True
     )
-    number: Mapped[int] = mapped_column(primary_key=True)
-    arm_id: Mapped[int] = mapped_column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
+    number: Mapped[int] = column(primary_key=True)
+    arm_id: Mapped[int] = column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"))
     params: Mapped[dict[str, Any]]
     asked_after: Mapped[int]
     told: Mapped[int | None]
-    value: Mapped[float | None] = mapped_column(sa.Double)
-    state: Mapped[str] = mapped_column(sa.String(16))
+    value: Mapped[float | None] = column(sa.Double)
+    state: Mapped[str] = column(sa.String(16))
 
     __table_args__ = (sa.CheckConstraint(_one_of("state", TRIAL_STATES), name="state"),)
 
@@ -364,19 +430,17 @@ class SqlElimination(Base):
 
     __tablename__ = "eliminations"
 
-    experiment_id: Mapped[int] = mapped_column(
+    experiment_id: Mapped[int] = column(
         sa.ForeignKey("experiments.experiment_id", ondelete="CASCADE"), primary_key=True
     )
-    arm_id: Mapped[int] = mapped_column(
-        sa.ForeignKey("arms.arm_id", ondelete="CASCADE"), primary_key=True
-    )
+    arm_id: Mapped[int] = column(sa.ForeignKey("arms.arm_id", ondelete="CASCADE"), primary_key=True)
     round: Mapped[int]
-    test: Mapped[str] = mapped_column(sa.String(MAX_TEST))
-    statistic: Mapped[float] = mapped_column(sa.Double)
-    p_value: Mapped[float] = mapped_column(sa.Double)
-    alpha: Mapped[float] = mapped_column(sa.Double)
-    best_arm: Mapped[str] = mapped_column(sa.String(MAX_NAME))
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=_now)
+    test: Mapped[str] = column(sa.String(MAX_TEST))
+    statistic: Mapped[float] = column(sa.Double)
+    p_value: Mapped[float] = column(sa.Double)
+    alpha: Mapped[float] = column(sa.Double)
+    best_arm: Mapped[str] = column(sa.String(MAX_NAME))
+    created_at: Mapped[datetime] = column(Timestamp, default=_now)
 
 
 class SqlToken(Base):
@@ -385,14 +449,14 @@ class SqlToken(Base):
 
     __tablename__ = "tokens"
 
-    token_id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(MAX_NAME), unique=True)
-    scope: Mapped[str] = mapped_column(sa.String(16))
-    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(Timestamp)
-    revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    token_id: Mapped[int] = column(primary_key=True)
+    name: Mapped[str] = column(sa.String(MAX_NAME), unique=True)
+    scope: Mapped[str] = column(sa.String(16))
+    token_hash: Mapped[str] = column(sa.String(64), unique=True)
+    created_at: Mapped[datetime] = column(Timestamp)
+    revoked_at: Mapped[datetime | None] = column(Timestamp)
     # the one experiment (by name) this token may read and write; NULL: not limited
-    experiment: Mapped[str | None] = mapped_column(sa.String(MAX_NAME))
+    experiment: Mapped[str | None] = column(sa.String(MAX_NAME))
 
     __table_args__ = (sa.CheckConstraint(_one_of("scope", TOKEN_SCOPES), name="scope"),)
 
@@ -404,10 +468,10 @@ class SqlIngestBatch(Base):
 
     __tablename__ = "ingest_batches"
 
-    client_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    seq: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
-    rows: Mapped[int] = mapped_column(sa.BigInteger)
-    received_at: Mapped[datetime] = mapped_column(Timestamp)
+    client_id: Mapped[str] = column(sa.String(64), primary_key=True)
+    seq: Mapped[int] = column(sa.BigInteger, primary_key=True)
+    rows: Mapped[int] = column(sa.BigInteger)
+    received_at: Mapped[datetime] = column(Timestamp)
 
 
 def copied_columns(table: str) -> list[sa.Column[Any]]:

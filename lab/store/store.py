@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from lab._names import TAG_LIMIT, check_tags
@@ -56,6 +55,7 @@ from lab.store.record_writes import RecordWrites
 from lab.store.run_writes import RunWrites
 from lab.store.schema import SqlIngestBatch
 from lab.store.sql import Sql
+from lab.store.statements import dialect_insert
 from lab.store.sweep_rows import SweepRows
 from lab.store.tag_writes import TagWrites
 from lab.store.writer import MetricWriter
@@ -452,9 +452,8 @@ class Store:
         """Record that batch `seq` of client `client_id` (`rows` rows) is written, in the
         transaction that writes it; False when it was recorded before (a batch sent again
         is written once)."""
-        module = postgresql if self.dialect == "postgresql" else sqlite
         stmt = (
-            module.insert(SqlIngestBatch)
+            dialect_insert(self.dialect, SqlIngestBatch)
             .values(client_id=client_id, seq=seq, rows=rows, received_at=_now())
             .on_conflict_do_nothing(index_elements=["client_id", "seq"])
             .returning(SqlIngestBatch.seq)

@@ -10,7 +10,6 @@ import math
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from lab._names import MAX_NAME, check_name
@@ -26,6 +25,7 @@ from lab.store.schema import (
     SqlRun,
     SqlSweepTrial,
 )
+from lab.store.statements import dialect_insert
 from lab.store.tables import MAX_TEST
 
 
@@ -38,7 +38,7 @@ class SweepRows:
         self.dialect = dialect
 
     def _insert(self, model: Any) -> Any:
-        return (postgresql if self.dialect == "postgresql" else sqlite).insert(model)
+        return dialect_insert(self.dialect, model)
 
     def add_trial(
         self,
