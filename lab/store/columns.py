@@ -1,7 +1,7 @@
 """The store's tables as readers that copy them see them (`lab.inspect`, `lab.export`): the
-names of an experiment's tables (`TABLES`), the declarative base whose ``metadata`` holds
+names of an experiment's tables (`TABLES`), the base whose ``metadata`` holds
 each table's columns and keys (`Base`), and the columns a copy of a table takes
-(`copied_columns`). Table descriptions only: no ORM row leaves the store through here."""
+(`copied_columns`). Table descriptions only: no row object leaves the store through here."""
 
 from __future__ import annotations
 

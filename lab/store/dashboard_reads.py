@@ -1,5 +1,5 @@
 """The queries behind the dashboard's pages (`lab.server.dashboard`): each takes an open
-connection and answers plain values, tuples and dicts, so no ORM row leaves the store and
+connection and answers plain values, tuples and dicts, so no row object leaves the store and
 the server holds no SQL of its own. Only current runs (not superseded) are read."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lookups behind `lab serve`'s ownership checks (`lab.server.owners`, which holds the
 rules): which experiment a run belongs to, who created an experiment, and whether the
-parts a request names belong to its experiment. Plain tuples and sets, no ORM row."""
+parts a request names belong to its experiment. Plain tuples and sets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reads of the store that recording needs: an experiment's runs, their keys, steps and
-metrics, as plain dicts (the ORM rows never leave this package). What ``lab ls`` and
+metrics, as plain dicts (no row object leaves this package). What ``lab ls`` and
 ``lab show`` read is `lab.store.listing`."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The queries behind `lab serve`'s reads of one experiment's summaries and one run's rows
 (`lab.server.read`): each takes an open connection and answers plain values and dicts, so
-no ORM row leaves the store and the server holds no SQL of its own."""
+no row object leaves the store and the server holds no SQL of its own."""
 
 from __future__ import annotations
 

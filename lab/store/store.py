@@ -5,7 +5,7 @@ metric writer, and holds the parts that do the work, each a plain object built w
 needs, one module each: the writes by what they write (`lab.store.experiment_writes`,
 `lab.store.run_writes`, `lab.store.record_writes`, `lab.store.tag_writes`: each write one
 short transaction, but metrics, queued to the buffered `lab.store.writer`),
-`lab.store.reads` (typed records, `lab.store.records`: the ORM rows never leave this
+`lab.store.reads` (typed records, `lab.store.records`: no row object leaves this
 package), `lab.store.listing` (what ``lab ls`` and ``lab show`` print, read alike by the
 `lab.store.reader.Reader` that commands which only read open), `lab.store.crashes` (runs
 whose process is gone), and `lab.store.metric_rows` (metric batches with their summaries,
