@@ -34,6 +34,19 @@ def check_key(key: Any, step: int) -> None:
         ) from None
 
 
+def good_keys(keys: Collection[Any]) -> list[Any]:
+    """The keys among `keys` that `check_key` takes (at any step: its test does not depend
+    on the step)."""
+    good = []
+    for key in keys:
+        try:
+            check_key(key, 0)
+        except MetricError:
+            continue
+        good.append(key)
+    return good
+
+
 def all_floats(values: Collection[Any]) -> bool:
     """Whether every value is exactly a float: one pass in C (`map`, `countOf`), so a step
     of 100 metrics costs its training thread about as little as one of 10. The checks that

@@ -410,10 +410,19 @@ class Dispatcher:
              and _target(cb, Hook.STEP_END) is not None),
             None,
         )  # fmt: skip
+        self._step_end_checked = self._step_end_floats
+        # True when no callback can change a step's metrics in on_step_end: none listens, or
+        # the only one is a receiver of exact floats, which leaves them as they are
+        self.keeps_step_metrics = not self._step_end_floats
         if first is not None and hasattr(type(first), "on_step_end_floats"):
             (name, _, critical), *rest = self._step_end_floats
             method = self._method(first, Hook.STEP_END, first.on_step_end_floats)  # type: ignore[attr-defined]  # checked
             self._step_end_floats = ((name, method, critical), *rest)
+            self._step_end_checked = self._step_end_floats
+            self.keeps_step_metrics = not rest
+            if hasattr(type(first), "on_step_end_checked"):
+                method = self._method(first, Hook.STEP_END, first.on_step_end_checked)  # type: ignore[attr-defined]  # checked
+                self._step_end_checked = ((name, method, critical), *rest)
 
     def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if hook == Hook.STEP_END:
@@ -468,13 +477,19 @@ class Dispatcher:
         same key)."""
         self._fire(hook, self._listeners[hook], args, kwargs)
 
-    def fire_step_end(self, state: Any, step: int, batch: Any, metrics: dict[str, float]) -> None:
+    def fire_step_end(
+        self, state: Any, step: int, batch: Any, metrics: dict[str, float], checked: bool
+    ) -> None:
         """`on_step_end` for a step whose metrics the loop made exact floats. The first
         callback to get them has nothing before it that could have replaced a value, so
         where its class has an ``on_step_end_floats`` (`lab.loggers.SqlLogger`: its store
-        then skips its pass over the types), that receives the hook instead; resolved
-        with the listener tuples, never per step."""
-        self._fire(Hook.STEP_END, self._step_end_floats, (state, step, batch, metrics), {})
+        then skips its pass over the types), that receives the hook instead; with `checked`
+        (the loop checked every key too) its ``on_step_end_checked`` where it has one (the
+        store skips its pass over the keys as well). Resolved with the listener tuples,
+        never per step. A class with either method must leave the metrics unchanged
+        (`keeps_step_metrics`)."""
+        listeners = self._step_end_checked if checked else self._step_end_floats
+        self._fire(Hook.STEP_END, listeners, (state, step, batch, metrics), {})
 
     def _fire(
         self,

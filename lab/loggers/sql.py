@@ -396,6 +396,16 @@ class SqlLogger(Callback):
         if state.checkpoint_due:  # durable before the checkpoint commits
             self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
 
+    def on_step_end_checked(
+        self, state: LoopState, step_idx: int, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> None:
+        """`on_step_end_floats` for a step whose keys the loop checked too (it logs the keys
+        of the steps before it, each of which passed `check_key`), so the store skips its
+        pass over the keys as well."""
+        self._store.log_metrics(self._run_id, step_idx, metrics, floats=True, keys=True)  # type: ignore[union-attr, arg-type]  # set
+        if state.checkpoint_due:  # durable before the checkpoint commits
+            self._store.flush()  # type: ignore[union-attr]  # opened by on_run_start
+
     def on_media(self, state: LoopState, step_idx: int, media: Mapping[str, Media]) -> None:
         store = self.open()
         store.media.put(self._require_run(state.ctx), step_idx, media, state.ctx.run_dir)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lab._distributed import MetricReducer, broadcast
+from lab._metrics import good_keys
 from lab._secrets import logger
 from lab.errors import HookOrderError
 from lab.hooks import Hook
@@ -55,6 +56,9 @@ class StepEnds:
         # `progress.last` as `_keep_last` left it, and its keys
         self._last: dict[str, float] | None = None
         self._known: set[str] = set()
+        self._order: list[str] = []  # `_known` in the order of `_last`'s keys
+        self._good: set[str] = set()  # keys that passed `check_key` (the store's test)
+        self._checked = True  # every key of `_known` is in `_good`
         checkpoint = settings.checkpoint
         # The ranking metric while steps still add to `seen` (None once it was logged).
         self._ranking = checkpoint.metric if checkpoint is not None else None
@@ -165,12 +169,26 @@ class StepEnds:
 
     def fire(self, step: int, clean: dict[str, float], batch: Any) -> None:
         """`on_step_end` for an ended step whose metrics are floats now, and the checks of
-        metric names that read them."""
+        metric names that read them.
+
+        One pass in C over the step's keys serves the store and the last values: a step
+        that logs the keys the last values hold (the common case: the same keys each step),
+        each of which passed `check_key`, reaches the store as checked (it skips its own
+        pass), and where no callback could change the metrics in the hook
+        (`Dispatcher.keeps_step_metrics`) it simply is the last values."""
+        progress, hooks = self.progress, self.hooks
+        same = progress.last is self._last and (
+            list(clean) == self._order  # the keys in the order of the step before: the common case
+            or (len(clean) == len(self._known) and self._known.issuperset(clean))
+        )
         if batch is None:  # no listener: `fire_step_end` walks an empty tuple
-            self.hooks.fire_step_end(self.state, step, self.batch, clean)
-        elif self.hooks.listens(_STEP_END):
-            self.hooks.fire_step_end(self.state, step, self.wrap(batch), clean)
-        self._keep_last(clean)  # after the hook: the keys its producers added count too
+            hooks.fire_step_end(self.state, step, self.batch, clean, same and self._checked)
+        elif hooks.listens(_STEP_END):
+            hooks.fire_step_end(self.state, step, self.wrap(batch), clean, same and self._checked)
+        if same and hooks.keeps_step_metrics:
+            progress.last = self._last = clean
+        else:  # after the hook: the keys its producers added count too
+            self._keep_last(clean)
         ranking = self._ranking
         if ranking is not None:  # step metric names (producers' keys too), for the check
             self.seen.update(clean)  # at saves, until the ranking metric shows up
@@ -191,7 +209,12 @@ class StepEnds:
             progress.last = self._last = clean
             return
         progress.last = self._last = {**progress.last, **clean}  # (a restore set a new one)
-        self._known = set(self._last)
+        self._order = list(self._last)
+        self._known = known = set(self._order)
+        fresh = known.difference(self._good)  # new keys (or refused ones): `check_key`'s test
+        passed = good_keys(fresh)
+        self._good.update(passed)
+        self._checked = len(passed) == len(fresh)
 
     def may_log(self, metric: str | None) -> bool:
         """Whether the steps may yet log the ranking `metric`: it is declared, or the loop

@@ -111,10 +111,17 @@ class StoreAPI(Protocol):
         ...
 
     def log_metrics(
-        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+        self,
+        run_id: int,
+        step: int,
+        metrics: dict[str, Any],
+        *,
+        floats: bool = False,
+        keys: bool = False,
     ) -> None:
         """Queue one step's metrics; waits only while the buffer is full. `floats=True`:
-        the caller checked that every value is exactly a float."""
+        the caller checked that every value is exactly a float; `keys=True`: that every
+        key passes `lab._metrics.check_key`."""
         ...
 
     def write_eval(

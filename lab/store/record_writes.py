@@ -56,7 +56,13 @@ class RecordWrites:
         self._prediction_insert = _PREDICTION_INSERT.format(m=mark)
 
     def log_metrics(
-        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+        self,
+        run_id: int,
+        step: int,
+        metrics: dict[str, Any],
+        *,
+        floats: bool = False,
+        keys: bool = False,
     ) -> None:
         """Queue one step's metrics; waits only while the buffer is full.
 
@@ -65,11 +71,13 @@ class RecordWrites:
         the step, and nothing of that step is queued. A copy is queued, so changing the dict
         afterwards changes nothing written. `floats=True` says the caller checked that every
         value is exactly a float (the loop's, through `SqlLogger.on_step_end_floats`): the
-        pass over the types is skipped then; the keys are checked all the same.
+        pass over the types is skipped then. `keys=True` says the caller checked every key
+        with `lab._metrics.check_key` (the loop's, for a step that logs the keys it logged
+        before: `SqlLogger.on_step_end_checked`): the pass over the keys is skipped then.
         """
         row = dict(metrics)
         good = self._good_keys
-        if not (good.issuperset(row) and (floats or all_floats(row.values()))):  # C passes
+        if not ((keys or good.issuperset(row)) and (floats or all_floats(row.values()))):
             for key, value in row.items():
                 if key not in good:
                     self._check_key(key, step)

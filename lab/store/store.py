@@ -397,11 +397,18 @@ class Store:
 
     # -- what a run logs: `lab.store.record_writes` -------------------------------------------
     def log_metrics(
-        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+        self,
+        run_id: int,
+        step: int,
+        metrics: dict[str, Any],
+        *,
+        floats: bool = False,
+        keys: bool = False,
     ) -> None:
         """Queue one step's metrics (numbers only); waits only while the buffer is full
-        (`RecordWrites.log_metrics`; `floats=True`: every value is exactly a float)."""
-        self._records.log_metrics(run_id, step, metrics, floats=floats)
+        (`RecordWrites.log_metrics`; `floats=True`: every value is exactly a float;
+        `keys=True`: every key passed `check_key`)."""
+        self._records.log_metrics(run_id, step, metrics, floats=floats, keys=keys)
 
     def write_metric_columns(
         self,

@@ -333,10 +333,16 @@ class HttpWrites(HttpClient):
 
     # -- queued writes -------------------------------------------------------------------
     def log_metrics(
-        self, run_id: int, step: int, metrics: dict[str, Any], *, floats: bool = False
+        self,
+        run_id: int,
+        step: int,
+        metrics: dict[str, Any],
+        *,
+        floats: bool = False,
+        keys: bool = False,
     ) -> None:
-        """Queue one step's metrics (see `Store.log_metrics`; `floats` changes nothing
-        here: the one pass checks each key and value); waits only while the buffer is
+        """Queue one step's metrics (see `Store.log_metrics`; `floats` and `keys` change
+        nothing here: the one pass checks each key and value); waits only while the buffer is
         full, never on the network. Raises `TokenRejected` once the server refused the
         token: the run stops there, its batches spooled."""
         if self._sender.refused is not None:
