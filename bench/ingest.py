@@ -8,8 +8,9 @@ equivalent table: the same columns and primary key (run_id, key, step), and on S
 engine settings `lab` uses (WAL, synchronous=NORMAL).
 
 A third arm, `raw_lab_schema`, runs the bare driver with lab's own statement (the upsert
-`Store` runs) into lab's own tables, foreign key to `runs` included: lab against it is
-the cost of lab's code alone, and it against `raw` the cost of lab's schema.
+`Store` runs, here one row to a statement, as `raw`; lab's writer sends many rows to one,
+`lab.store.sqlite_rows`) into lab's own tables, foreign key to `runs` included: it against
+`raw` is the cost of lab's schema.
 
 A fourth arm, `wandb` (when wandb is installed; `--no-wandb` leaves it out), logs the same
 step dicts with wandb offline: per run, `wandb.init(mode="offline")` outside the clock (as
@@ -161,9 +162,9 @@ def raw_sqlite_round(path: Path, data: list[Steps]) -> dict[str, float]:
     return {"s": seconds, "cpu_s": cpu}
 
 
-# The statement lab's writer runs (`Store._metric_upsert`), for the third arm: the bare
-# driver writing into lab's own tables (foreign key to runs included), which tells the cost
-# of lab's schema and statement apart from the cost of lab's code.
+# The statement lab's writer runs (`lab.store.metric_rows`), one row to a statement, for the
+# third arm: the bare driver writing into lab's own tables (foreign key to runs included),
+# which tells the cost of lab's schema and statement apart from the cost of lab's code.
 UPSERT = (
     'INSERT INTO metrics (run_id, "key", step, value, wall_time) VALUES ({0}, {0}, {0}, {0}, {0}) '
     'ON CONFLICT (run_id, "key", step) DO UPDATE '

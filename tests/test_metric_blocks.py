@@ -175,6 +175,40 @@ def test_batches_that_extend_a_series_are_folded_into_its_blocks(store: Store) -
     assert got[("late", 4)][:3] == (10, 150, 159)
 
 
+def test_one_batch_of_many_statements_replaces_what_it_logs_again(store: Store) -> None:
+    """One batch far larger than a statement of rows (SQLite writes many rows a statement,
+    `lab.store.sqlite_rows`) that only adds steps, then one that logs stored steps again,
+    a step twice and NaN and +-inf among them: every (run, key, step) holds its last value,
+    once, and the blocks and the summaries are those of the rows."""
+    run = _run(store)
+    t = 1.0
+    store.metric_rows.write([(run, s, {"y": s / 3, "z": -s / 3}, t) for s in range(1500)])
+    want = {key: {s: sign * s / 3 for s in range(1500)} for key, sign in (("y", 1), ("z", -1))}
+    again = []
+    for s in range(1000, 1900):  # 1000..1499 stored: logged again
+        value = math.nan if s % 17 == 0 else s * 2.0
+        again.append((run, s, {"y": value, "z": value}, t))
+        want["y"][s] = want["z"][s] = value
+    again[450] = (run, 1450, {"y": math.inf, "z": -math.inf}, t)
+    again.append((run, 1450, {"y": -math.inf}, t))  # twice in the batch: the last one wins
+    want["y"][1450], want["z"][1450] = -math.inf, -math.inf
+    store.metric_rows.write(again)
+    for key in ("y", "z"):
+        got = dict(_points(store, run, key))
+        assert sorted(got) == sorted(want[key])  # each step once
+        assert all(_same(got[s], v) for s, v in want[key].items()), key
+    _assert_blocks_are_the_points(store, run, ["y", "z"])
+    with store.engine.connect() as conn:
+        summaries = conn.execute(
+            sa.text('SELECT "key", "count", first_step, last_step, min_value, max_value, '
+                    "last_value FROM summaries WHERE run_id = :r"), {"r": run},
+        ).all()  # fmt: skip
+    for key, count, first, last, lo, hi, value in summaries:
+        numbers = [v for v in want[key].values() if not math.isnan(v)]
+        assert (count, first, last, lo, hi) == (1900, 0, 1899, min(numbers), max(numbers))
+        assert _same(math.nan if value is None else value, want[key][1899])
+
+
 def test_columns_written_by_the_server_path_keep_blocks_too(store: Store) -> None:
     """`write_metric_columns` (what `lab serve` calls with a client's batch) keeps them."""
     run = _run(store)

@@ -40,13 +40,15 @@ from sqlalchemy.engine import Connection
 
 from lab.store.engine import connect
 from lab.store.schema import BLOCK_STEPS
+from lab.store.sqlite_rows import inserter
 
 B = BLOCK_STEPS
 _COLUMNS = (
     'run_id, "key", block, points, step_min, step_max, value_min, value_max, value_sum, '
     "value_count, point_offsets, point_values"
 )
-_BLOCK_PUT = f"INSERT INTO metric_blocks ({_COLUMNS}) VALUES ({{marks}})"
+_WIDTH = _COLUMNS.count(",") + 1
+_BLOCK_PUT = f"INSERT INTO metric_blocks ({_COLUMNS}) VALUES {{values}}"
 _INF = math.inf
 _NAN = math.nan
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -149,9 +151,8 @@ class Blocks:
     statements, built once for the store's dialect, and the folds that run them."""
 
     def __init__(self, dialect: str) -> None:
-        mark = "%s" if dialect == "postgresql" else "?"
-        self._block_merge = block_merge(dialect, mark)
-        self._block_put = block_put(mark)
+        self._block_merge = inserter(block_merge(dialect), _WIDTH, dialect)
+        self._block_put = inserter(_BLOCK_PUT, _WIDTH, dialect)
 
     def block(
         self,
@@ -174,7 +175,7 @@ class Blocks:
             for row in series_blocks(run_id, key, steps, values)
         ]
         if made:
-            conn.exec_driver_sql(self._block_merge, made)
+            self._block_merge(conn, made)
         for run_id, key in sorted(again):
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)
@@ -216,7 +217,7 @@ class Blocks:
         )
         made = block_rows(fold(points))
         if made:
-            conn.exec_driver_sql(self._block_put, made)
+            self._block_put(conn, made)
 
 
 # Folds a batch's block into the stored one: the batch only extends its key, so points and
@@ -224,7 +225,7 @@ class Blocks:
 # sum with numbers counted is NaN, and stays so).
 _BLOCK_MERGE = """
 INSERT INTO metric_blocks ({columns})
-VALUES ({marks})
+VALUES {values}
 ON CONFLICT (run_id, "key", block) DO UPDATE SET
   points = metric_blocks.points + excluded.points,
   step_min = CASE WHEN excluded.step_min < metric_blocks.step_min
@@ -251,19 +252,14 @@ def _concat(dialect: str, column: str) -> str:
     return f"CAST({both} AS BLOB)" if dialect == "sqlite" else both
 
 
-def block_merge(dialect: str, mark: str) -> str:
-    """The fold statement for the dialect, with the driver's parameter mark."""
+def block_merge(dialect: str) -> str:
+    """The fold statement for the dialect, ``{values}`` where its VALUES list goes."""
     return _BLOCK_MERGE.format(
         columns=_COLUMNS,
-        marks=", ".join([mark] * 12),
+        values="{values}",
         concat_offsets=_concat(dialect, "point_offsets"),
         concat_values=_concat(dialect, "point_values"),
     )
-
-
-def block_put(mark: str) -> str:
-    """The insert of whole blocks (rebuilt ones), with the driver's parameter mark."""
-    return _BLOCK_PUT.format(marks=", ".join([mark] * 12))
 
 
 # -- the cut ------------------------------------------------------------------------------

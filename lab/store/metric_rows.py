@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from itertools import islice, repeat
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice, repeat
 from operator import lt
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from lab.store.engine import transaction
 from lab.store.liveness import this_owner
 from lab.store.pg_copy import copy_metrics, watch
 from lab.store.schema import SqlExperiment, SqlRun
+from lab.store.sqlite_rows import ManyRows
 from lab.store.summaries import Summaries
 
 if TYPE_CHECKING:
@@ -39,8 +40,7 @@ Driving = tuple[list[int], dict[str, Any]]
 OWNER = ("host", "pid", "process_start", "boot_id")
 
 _METRIC_UPSERT = (
-    'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
-    "VALUES ({m}, {m}, {m}, {m}, {m}) "
+    'INSERT INTO metrics (run_id, "key", step, value, wall_time) VALUES {values} '
     'ON CONFLICT (run_id, "key", step) DO UPDATE '
     "SET value = excluded.value, wall_time = excluded.wall_time"
 )
@@ -96,9 +96,10 @@ class MetricRows:
         self.driving_due = driving_due
         self.summaries = Summaries(self.dialect)
         self.blocks = Blocks(self.dialect)
-        mark = "%s" if self.dialect == "postgresql" else "?"
-        self._metric_upsert = _METRIC_UPSERT.format(m=mark)
-        self._copy = self.dialect == "postgresql"  # metrics by COPY (`lab.store.pg_copy`)
+        # metrics by COPY on PostgreSQL (`lab.store.pg_copy`), else many rows a statement
+        # (`lab.store.sqlite_rows`)
+        self._copy = self.dialect == "postgresql"
+        self._metric_upsert = ManyRows(_METRIC_UPSERT, 5)
         if self._copy:
             watch(engine)
         # Built once: the writer runs these with every batch, and building a statement
@@ -122,18 +123,7 @@ class MetricRows:
         """Write one batch of queued metrics ((run, step, metrics, wall time) each) in one
         transaction, with their summaries, blocks and the heartbeats due."""
         series = _series(items)
-        # Plain tuples through the driver's executemany, built by `zip` in C, key after
-        # key: the writer holds the GIL as briefly as it can, and SQLite appends each key's
-        # rows to one place of its B-tree. Per key the rows keep the order they were logged
-        # in, so a step logged twice in a batch keeps its last value. SQLite stores a NaN
-        # value as NULL (see lab.store.schema).
-        rows: list[tuple[Any, ...]] = []
-        extend = rows.extend
-        for run_id, per in series.items():
-            run = repeat(run_id)
-            for key, (steps, values, wall_times) in per.items():
-                extend(zip(run, repeat(key), steps, values, wall_times))
-        self._commit(rows, series, driving)
+        self._commit(_rows(series), series, driving)
 
     def write_columns(
         self,
@@ -154,7 +144,7 @@ class MetricRows:
 
     def _commit(
         self,
-        rows: list[tuple[Any, ...]],
+        rows: Iterable[tuple[Any, ...]],
         series: dict[int, dict[str, Series]],
         driving: Driving | None = None,
     ) -> None:
@@ -166,14 +156,15 @@ class MetricRows:
         beating = set(acc) | self.active
         if driving is None:
             driving = self.driving_due()
-        if not rows and not beating and driving is None:
+        points = any(series.values())
+        if not points and not beating and driving is None:
             return
         with transaction(self.engine) as conn:
-            if rows:
+            if points:
                 if self._copy:
-                    copy_metrics(conn, rows, acc)
+                    copy_metrics(conn, list(rows), acc)
                 else:
-                    conn.exec_driver_sql(self._metric_upsert, rows)
+                    self._metric_upsert(conn, rows)
                 again = self.summaries.summarize(conn, acc)
                 self.blocks.block(conn, series, acc, again)
             if beating:
@@ -205,6 +196,20 @@ class MetricRows:
 #: One (run, key)'s points in a batch, in the order they were logged: steps, values and
 #: wall times (lists that the keys of one run may share).
 Series = tuple[list[int], list[float], list[float]]
+
+
+def _rows(series: dict[int, dict[str, Series]]) -> Iterator[tuple[Any, ...]]:
+    """A batch's rows (run, key, step, value, wall time), key after key: SQLite appends
+    each key's rows to one place of its B-tree. Per key the rows keep the order they were
+    logged in, so a step logged twice in a batch keeps its last value. SQLite stores a NaN
+    value as NULL (see lab.store.schema). Made by `zip` in C as the statement reads them,
+    never held as a list: `zip` hands over the same tuple again once the last one was let
+    go of, so the rows of a batch allocate next to nothing."""
+    return chain.from_iterable(
+        zip(repeat(run_id), repeat(key), steps, values, wall_times)
+        for run_id, per in series.items()
+        for key, (steps, values, wall_times) in per.items()
+    )
 
 
 def _series(items: list[MetricItem]) -> dict[int, dict[str, Series]]:
