@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -92,16 +93,19 @@ def writer_clock() -> Callable[[], int]:
     return lambda: 0
 
 
-def clocks() -> tuple[int, int, int]:
-    return time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+def clocks() -> tuple[int, int, int, int]:
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    return time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns(), faults
 
 
 def spans(
-    start: tuple[int, int, int], end: tuple[int, int, int], writer: int, steps: int
+    start: tuple[int, int, int, int], end: tuple[int, int, int, int], writer: int, steps: int
 ) -> dict[str, float]:
-    """µs per step of each clock between `start` and `end`; "s" the wall seconds."""
-    wall, thread, process = (b - a for a, b in zip(start, end, strict=True))
+    """µs per step of each clock between `start` and `end`; "s" the wall seconds; the
+    training thread's page faults per step (memory it touched for the first time)."""
+    wall, thread, process, faults = (b - a for a, b in zip(start, end, strict=True))
     return {
+        "faults": faults / steps,
         "s": wall / 1e9,
         "wall_us": wall / steps / 1e3,
         "thread_us": thread / steps / 1e3,
@@ -171,6 +175,13 @@ def summary(results: dict[str, list[dict[str, float]]], ks: tuple[int, ...]) -> 
             "aa_range": [round(min(aa_ratio), 4), round(max(aa_ratio), 4)],
         }
         row["writer_thread_us"] = round(statistics.median(r["writer_us"] for r in with_lab), 3)
+        row["faults_per_step"] = {
+            "lab": [round(r["faults"], 3) for r in with_lab],
+            "bare": round(statistics.median(r["faults"] for r in bare), 3),
+        }
+        row["thread_us_per_round"] = [
+            round(b["thread_us"] - a["thread_us"], 3) for a, b in zip(bare, with_lab, strict=True)
+        ]
         out[str(k)] = row
     return out
 
