@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from lab.store.engine import connect
+from lab.store.pg_copy import copy_blocks
 from lab.store.schema import BLOCK_STEPS
 
 B = BLOCK_STEPS
@@ -152,6 +153,7 @@ class Blocks:
         mark = "%s" if dialect == "postgresql" else "?"
         self._block_merge = block_merge(dialect, mark)
         self._block_put = block_put(mark)
+        self._copy = dialect == "postgresql"  # new blocks by COPY (`lab.store.pg_copy`)
 
     def block(
         self,
@@ -167,14 +169,21 @@ class Blocks:
         that logged a step again has every block from its first to its last step in the
         batch rebuilt from `metrics`."""
         made = [
-            row
+            series_blocks(run_id, key, steps, values)
             for run_id, per in series.items()
             for key, (steps, values, _) in per.items()
             if (run_id, key) not in again
-            for row in series_blocks(run_id, key, steps, values)
         ]
-        if made:
-            conn.exec_driver_sql(self._block_merge, made)
+        if self._copy:
+            # Only a key's first block can be stored already: the batch comes after it.
+            merge = [rows[0] for rows in made if rows]
+            new = [row for rows in made for row in rows[1:]]
+            if new and not copy_blocks(conn, new):
+                merge += new
+        else:
+            merge = [row for rows in made for row in rows]
+        if merge:
+            conn.exec_driver_sql(self._block_merge, merge)
         for run_id, key in sorted(again):
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)
