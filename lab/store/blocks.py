@@ -165,7 +165,8 @@ class Blocks:
         """Fold a batch's points (`series`: per run and key, steps, values and wall times
         in the order logged) into its blocks, in its transaction after its rows. A key
         whose batch only extends it (`acc` and `again` as `Summaries.summarize` saw them)
-        is folded in from the points in hand, its points appended to its last block's; one
+        is folded in from the points in hand, its points appended to its last block's (on
+        PostgreSQL only its first block is merged so; the others are new, and copied); one
         that logged a step again has every block from its first to its last step in the
         batch rebuilt from `metrics`."""
         made = [
