@@ -17,7 +17,8 @@ same with the driver's binary COPY, the fastest way the server takes rows (lab's
 PostgreSQL: `lab.store.pg_copy`); the `copy_lab_schema` arms COPY into lab's own `metrics`
 (its runs made first), foreign key to `runs` included, which costs the server a lookup of
 the run per row: the floor for lab's schema. `--before PATH` adds `before` arms: the lab of another
-checkout (a worktree of an earlier commit, say), run the same way in the same rounds.
+checkout (a worktree of an earlier commit, say), run the same way in the same rounds, in a
+scratch database of its own that its own lab migrated (its schema, as its users had it).
 
 Every arm starts from an emptied scratch database; the arms rotate their order every round
 and medians are compared. A process count above the CPU count cannot scale linearly: the
@@ -45,6 +46,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
@@ -268,21 +270,40 @@ def lab_arm(
     writer: str | None,
     before: str | None = None,
 ) -> dict[str, Any]:
+    pg_reset(libpq, RAW_TABLE)
+    exp, group = in_checkout(before, new_experiment, url, processes)
+    timing = run_processes(
+        processes, lab_writer, lambda i: (url, (exp, group), i, size, writer, before)
+    )
+    return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
+
+
+def in_checkout(before: str | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with this lab, or in a spawned process with the lab of `before` (a
+    store opened by this one would migrate that lab's database to this one's schema)."""
+    if before is None:
+        return fn(*args)
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_in_checkout, (before, fn, *args))
+
+
+def _in_checkout(before: str, fn: Callable[..., Any], *args: Any) -> Any:
+    use_checkout(before)
+    return fn(*args)
+
+
+def new_experiment(url: str, processes: int) -> tuple[int, int]:
+    """An experiment with one group for the writers' runs (the store migrated first)."""
     from lab.store import Store
 
-    pg_reset(libpq, RAW_TABLE)
     store = Store(url)
     try:
         exp = store.begin_experiment(
             f"writers-{uuid.uuid4().hex[:8]}", config={}, seed=0, repeats=processes
         )
-        group = store.add_group(exp, "g")
+        return exp, store.add_group(exp, "g")
     finally:
         store.close()
-    timing = run_processes(
-        processes, lab_writer, lambda i: (url, (exp, group), i, size, writer, before)
-    )
-    return arm_result(timing, count_rows(libpq, "metrics"), size[0] * size[1])
 
 
 def raw_arm(
@@ -407,7 +428,12 @@ def main() -> None:
         "rounds": args.rounds,
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
-    with scratch_database(args.postgres, "writers") as (url, libpq):
+    with ExitStack() as stack:
+        url, libpq = stack.enter_context(scratch_database(args.postgres, "writers"))
+        if args.before:  # its own database, which its own lab migrates
+            old_url, old_libpq = stack.enter_context(
+                scratch_database(args.postgres, "writers_before")
+            )
         from lab.store import Store
 
         Store(url).close()  # migrate once, before any writer opens it
@@ -416,7 +442,7 @@ def main() -> None:
             arms[f"lab_{n}"] = lambda _i, n=n: lab_arm(url, libpq, n, size, args.writer)
             if args.before:
                 arms[f"before_{n}"] = lambda _i, n=n: lab_arm(
-                    url, libpq, n, size, args.writer, args.before
+                    old_url, old_libpq, n, size, args.writer, args.before
                 )
             if not args.no_raw:
                 for how in ("raw", "copy", "copy_lab_schema"):

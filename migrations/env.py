@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from lab.store.engine import make_engine, resolve_url
-from lab.store.schema import Base
+from lab.store.schema import Base, compared_on
 
 config = context.config
 target_metadata = Base.metadata
@@ -17,6 +17,7 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=compared_on(connection.dialect.name),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -44,14 +44,15 @@ from lab.store.migrations import (
     revisions,
     upgrade,
 )
-from lab.store.schema import DERIVED_TABLES, NAMING, PRIVATE_TABLES, TABLES, Base
+from lab.store.schema import DERIVED_TABLES, NAMING, PRIVATE_TABLES, TABLES, Base, compared_on
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _schema_diff(engine: sa.Engine) -> list:
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        opts = {"compare_type": True, "include_object": compared_on(conn.dialect.name)}
+        context = MigrationContext.configure(conn, opts=opts)
         return compare_metadata(context, Base.metadata)
 
 
@@ -351,7 +352,10 @@ def test_every_constraint_has_its_conventional_name(store_url: str) -> None:
         for table, want in EXPECTED_CONSTRAINTS.items():
             assert insp.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert {u["name"] for u in insp.get_unique_constraints(table)} == want["uq"], table
-            assert {f["name"] for f in insp.get_foreign_keys(table)} == want["fk"], table
+            fks = want["fk"]
+            if engine.dialect.name == "postgresql":  # its metrics have none (0010)
+                fks = fks - {"fk_metrics_run_id_runs"}
+            assert {f["name"] for f in insp.get_foreign_keys(table)} == fks, table
             assert {c["name"] for c in insp.get_check_constraints(table)} == want["ck"], table
             indexes = {i["name"] for i in insp.get_indexes(table)} - want["uq"]  # PG: uq index
             assert indexes == EXPECTED_INDEXES.get(table, set()), table
@@ -1266,6 +1270,69 @@ def test_0009_refuses_to_rebuild_runs_with_sqlite_foreign_keys_on(
         assert current_revision(engine) == "0008"
         with engine.connect() as conn:
             assert _dump(conn, _columns(engine)) == rows
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def _run_triggers(engine: sa.Engine) -> list[str]:
+    """The triggers on `runs` that lab made (PostgreSQL; none on SQLite)."""
+    if engine.dialect.name != "postgresql":
+        return []
+    with engine.connect() as conn:
+        sql = (
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'runs'::regclass "
+            "AND NOT tgisinternal ORDER BY tgname"
+        )
+        return list(conn.exec_driver_sql(sql).scalars())
+
+
+def test_0010_drops_the_metrics_foreign_key_on_postgresql_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0009 with data -> 0010 -> 0009 -> 0010: every row kept. On PostgreSQL 0010 drops the
+    foreign key from `metrics` to `runs` and adds the trigger that deletes a run's metrics
+    with it; the downgrade deletes the metrics of runs that are not there (written around
+    lab) and puts the key back. SQLite keeps its key. Either way, a run deleted takes its
+    metrics."""
+    engine = make_engine(resolve_url(store_url))
+    pg = engine.dialect.name == "postgresql"
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0009") == ("0001", "0009")
+        columns = _columns(engine)
+        with engine.connect() as conn:
+            rows = _dump(conn, columns)
+        keys_0009 = _constraints_and_indexes(engine, "metrics")["fk"]
+        assert [fk[:3] for fk in keys_0009] == [("fk_metrics_run_id_runs", ("run_id",), "runs")]
+
+        assert upgrade(engine, "0010") == ("0009", "0010")
+        with engine.connect() as conn:
+            assert _dump(conn, columns) == rows
+        assert _constraints_and_indexes(engine, "metrics")["fk"] == ([] if pg else keys_0009)
+        assert _run_triggers(engine) == (["trg_runs_delete_metrics"] if pg else [])
+        if pg:
+            with transaction(engine) as conn:  # a row of no run: what no key refuses now
+                conn.exec_driver_sql(
+                    'INSERT INTO metrics (run_id, "key", step, value, wall_time) '
+                    "VALUES (999, 'x', 0, 1.0, 1.0)"
+                )
+
+        with migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0009")
+        assert current_revision(engine) == "0009"
+        assert _constraints_and_indexes(engine, "metrics")["fk"] == keys_0009
+        assert _run_triggers(engine) == []
+        with engine.connect() as conn:
+            assert _dump(conn, columns) == rows  # the orphan deleted, nothing else
+
+        upgrade(engine)
+        with transaction(engine) as conn:
+            conn.exec_driver_sql("DELETE FROM runs WHERE run_id = 1")
+        with engine.connect() as conn:
+            runs = conn.exec_driver_sql("SELECT DISTINCT run_id FROM metrics ORDER BY 1")
+            assert list(runs.scalars()) == [2, 3]
+        _assert_matches_models(engine)
     finally:
         engine.dispose()
     capsys.readouterr()

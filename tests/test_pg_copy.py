@@ -177,14 +177,64 @@ def test_metrics_go_by_copy_not_by_a_row_upsert(pg: Store) -> None:
 
 
 def test_a_run_that_is_not_there_is_refused_as_sqlalchemy_refuses_it(pg: Store) -> None:
-    """The COPY's errors are SQLAlchemy's, as an INSERT's were: the writer drops a batch the
-    store refuses (`rejected`), and `lab serve` answers 404, rather than retrying it."""
+    """The errors are SQLAlchemy's, as an INSERT's were: the writer drops a batch the store
+    refuses (`rejected`), and `lab serve` answers 404, rather than retrying it. `metrics`
+    has no foreign key on PostgreSQL: the batch's summaries refuse the run, and the rows
+    copied before them go with the transaction."""
     run = _run(pg)
-    with pytest.raises(sa.exc.IntegrityError, match="fk_metrics_run_id_runs") as caught:
-        pg.metric_rows.write([(run + 1000, 1, {"a": 1.0}, 1.0)])
+    with pytest.raises(sa.exc.IntegrityError, match="fk_summaries_run_id_runs") as caught:
+        pg.metric_rows.write([(run + 1000, step, {"a": 1.0}, 1.0) for step in range(100)])
     assert rejected(caught.value)
+    assert _table(pg, "SELECT count(*) FROM metrics") == [(0,)]
     pg.metric_rows.write([(run, 1, {"a": 1.0}, 1.0)])  # the connection goes on
     assert _table(pg, METRICS) == [("a", 1, 1.0, 1.0)]
+
+
+def test_metrics_have_no_foreign_key_and_go_with_their_run(pg: Store) -> None:
+    """Revision 0010: no foreign key from `metrics` to `runs`; a run deleted (by
+    `delete_experiment`'s cascade, or by a DELETE) takes its metrics."""
+    assert sa.inspect(pg.engine).get_foreign_keys("metrics") == []
+    runs = [_run(pg, f"r{i}") for i in range(3)]
+    for run in runs:
+        pg.metric_rows.write([(run, step, {"a": 1.0, "b": 2.0}, 1.0) for step in range(40)])
+    per_run = "SELECT run_id, count(*) FROM metrics GROUP BY run_id ORDER BY run_id"
+    assert _table(pg, per_run) == [(run, 80) for run in runs]
+    pg.finish_run(runs[0], status="completed")
+    assert pg.delete_experiment("copy-r0")["runs"] == 1
+    assert _table(pg, per_run) == [(run, 80) for run in runs[1:]]
+    with pg.engine.begin() as conn:
+        conn.exec_driver_sql(f"DELETE FROM runs WHERE run_id = {runs[1]}")
+    assert _table(pg, per_run) == [(runs[2], 80)]
+    with pg.engine.begin() as conn:  # the trigger does not stand in the way of naming both
+        conn.exec_driver_sql("TRUNCATE runs, metrics CASCADE")
+    assert _table(pg, "SELECT count(*) FROM metrics") == [(0,)]
+
+
+def test_new_blocks_go_by_copy(pg: Store) -> None:
+    """A batch's blocks after each key's first are copied, in a savepoint; the first is
+    merged, since it may be stored already. The blocks are those SQLite keeps."""
+    run = _run(pg)
+    seen = _statements(pg.engine)
+    pg.metric_rows.write([(run, step, {"a": float(step)}, 1.0) for step in range(40)])
+    pg.metric_rows.write([(run, step, {"a": float(step)}, 1.0) for step in range(40, 100)])
+    merged = [s for s in seen if s.startswith("INSERT INTO metric_blocks")]
+    assert len(merged) == 2  # one row each: the first block of each batch
+    points = _table(pg, "SELECT block, points FROM metric_blocks ORDER BY block")
+    assert points == [(0, 32), (1, 32), (2, 32), (3, 4)]
+
+
+def test_a_block_stored_already_is_merged_not_refused(pg: Store) -> None:
+    """A store whose blocks run past its summaries (rows deleted around lab): the COPY of
+    the batch's blocks finds one stored, rolls back its savepoint, and merges them."""
+    run = _run(pg)
+    pg.metric_rows.write([(run, step, {"a": 1.0}, 1.0) for step in range(100)])
+    with pg.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM metrics WHERE step >= 32")
+        conn.exec_driver_sql('UPDATE summaries SET last_step = 31, "count" = 32')
+    pg.metric_rows.write([(run, step, {"a": 2.0}, 2.0) for step in range(32, 100)])
+    assert _table(pg, "SELECT count(*), sum(value) FROM metrics") == [(100, 32 + 2 * 68)]
+    points = _table(pg, "SELECT block, points FROM metric_blocks ORDER BY block")
+    assert points == [(0, 32), (1, 64), (2, 64), (3, 8)]  # stored and merged, as told
 
 
 def test_a_huge_batch(pg: Store) -> None:

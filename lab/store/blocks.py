@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from lab.store.engine import connect
+from lab.store.pg_copy import copy_blocks
 from lab.store.schema import BLOCK_STEPS
 from lab.store.sqlite_rows import inserter
 
@@ -153,6 +154,7 @@ class Blocks:
     def __init__(self, dialect: str) -> None:
         self._block_merge = inserter(block_merge(dialect), _WIDTH, dialect)
         self._block_put = inserter(_BLOCK_PUT, _WIDTH, dialect)
+        self._copy = dialect == "postgresql"  # new blocks by COPY (`lab.store.pg_copy`)
 
     def block(
         self,
@@ -164,18 +166,26 @@ class Blocks:
         """Fold a batch's points (`series`: per run and key, steps, values and wall times
         in the order logged) into its blocks, in its transaction after its rows. A key
         whose batch only extends it (`acc` and `again` as `Summaries.summarize` saw them)
-        is folded in from the points in hand, its points appended to its last block's; one
+        is folded in from the points in hand, its points appended to its last block's (on
+        PostgreSQL only its first block is merged so; the others are new, and copied); one
         that logged a step again has every block from its first to its last step in the
         batch rebuilt from `metrics`."""
         made = [
-            row
+            series_blocks(run_id, key, steps, values)
             for run_id, per in series.items()
             for key, (steps, values, _) in per.items()
             if (run_id, key) not in again
-            for row in series_blocks(run_id, key, steps, values)
         ]
-        if made:
-            self._block_merge(conn, made)
+        if self._copy:
+            # Only a key's first block can be stored already: the batch comes after it.
+            merge = [rows[0] for rows in made if rows]
+            new = [row for rows in made for row in rows[1:]]
+            if new and not copy_blocks(conn, new):
+                merge += new
+        else:
+            merge = [row for rows in made for row in rows]
+        if merge:
+            self._block_merge(conn, merge)
         for run_id, key in sorted(again):
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)

@@ -1,4 +1,4 @@
-"""Metric rows into PostgreSQL by binary COPY, in the batch's transaction.
+"""Metric rows and their blocks into PostgreSQL by binary COPY, in the batch's transaction.
 
 An executemany of an upsert costs the server a statement per row; COPY streams the rows in
 one. A batch that only adds rows (each (run, key, step) once, none stored: a training
@@ -9,6 +9,10 @@ one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, with the upsert's meaning: 
 a (run, key, step) replaces its value and wall time, NaN and +-inf are kept. One statement
 cannot update a row twice, so a batch that holds a (run, key, step) more than once keeps
 its last row before the copy (the order an executemany would have left).
+
+A batch's new blocks (`lab.store.blocks`) are copied into `metric_blocks` the same way, in a
+savepoint (`copy_blocks`): a batch that extends its keys only adds blocks after the first
+of each key, which may be stored already and is merged by the caller.
 
 The staging table is made once per connection, emptied by each merge (a transaction may
 write several batches) and truncated at each commit (``ON COMMIT DELETE ROWS``, which gives
@@ -31,6 +35,12 @@ _CREATE = f"CREATE TEMP TABLE IF NOT EXISTS {STAGE} (LIKE metrics) ON COMMIT DEL
 _COPY_STAGE = f"COPY {STAGE} ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _COPY_METRICS = f"COPY metrics ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _TYPES = ("int4", "varchar", "int8", "float8", "float8")
+_COPY_BLOCKS = (
+    'COPY metric_blocks (run_id, "key", block, points, step_min, step_max, value_min, '
+    "value_max, value_sum, value_count, point_offsets, point_values) FROM STDIN (FORMAT BINARY)"
+)
+_BLOCK_TYPES = ("int4", "varchar", "int8", "int8", "int8", "int8", "float8", "float8",
+                "float8", "int8", "bytea", "bytea")  # fmt: skip
 # The stage is emptied as it is read: a transaction may write several batches (`lab serve`
 # writes a client's batch of ops in one), and each merges only its own rows.
 _MERGE = (
@@ -72,7 +82,7 @@ def copy_metrics(
 
         try:
             with conn.begin_nested():
-                _copy(conn, _COPY_METRICS, rows)
+                _copy(conn, _COPY_METRICS, _TYPES, rows)
             return
         except sa.exc.IntegrityError as exc:
             if not isinstance(exc.orig, UniqueViolation):
@@ -81,11 +91,29 @@ def copy_metrics(
     if not info.get(_MADE):
         conn.exec_driver_sql(_CREATE)
         info[_MADE] = True
-    _copy(conn, _COPY_STAGE, rows)
+    _copy(conn, _COPY_STAGE, _TYPES, rows)
     conn.exec_driver_sql(_MERGE)
 
 
-def _copy(conn: Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
+def copy_blocks(conn: Connection, rows: list[tuple[Any, ...]]) -> bool:
+    """Copy new `metric_blocks` rows (`lab.store.blocks` column order) in `conn`'s
+    transaction, in a savepoint. Returns False, with nothing written, when one of them is
+    stored already (blocks that do not match the summaries, say): the caller merges them."""
+    from psycopg.errors import UniqueViolation
+
+    try:
+        with conn.begin_nested():
+            _copy(conn, _COPY_BLOCKS, _BLOCK_TYPES, rows)
+        return True
+    except sa.exc.IntegrityError as exc:
+        if not isinstance(exc.orig, UniqueViolation):
+            raise
+    return False
+
+
+def _copy(
+    conn: Connection, statement: str, types: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> None:
     """COPY `rows` on `conn`'s driver connection. A driver error is raised as SQLAlchemy
     raises the errors of the statements it runs (an `IntegrityError` for a run that is not
     there, say), and a lost server invalidates the connection, as SQLAlchemy does."""
@@ -94,7 +122,7 @@ def _copy(conn: Connection, statement: str, rows: list[tuple[Any, ...]]) -> None
     cur = raw.cursor()  # type: ignore[union-attr]
     try:
         with cur.copy(statement) as copy:
-            copy.set_types(_TYPES)
+            copy.set_types(types)
             write = copy.write_row
             for row in rows:
                 write(row)
@@ -109,4 +137,4 @@ def _copy(conn: Connection, statement: str, rows: list[tuple[Any, ...]]) -> None
         cur.close()
 
 
-__all__ = ["STAGE", "copy_metrics", "watch"]
+__all__ = ["STAGE", "copy_blocks", "copy_metrics", "watch"]
