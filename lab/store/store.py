@@ -396,15 +396,8 @@ class Store:
         let_go(self.url, run_id)
 
     # -- what a run logs: `lab.store.record_writes` -------------------------------------------
-    def log_metrics(
-        self,
-        run_id: int,
-        step: int,
-        metrics: dict[str, Any],
-        *,
-        floats: bool = False,
-        keys: bool = False,
-    ) -> None:
+    def log_metrics(self, run_id: int, step: int, metrics: dict[str, Any], *,
+                    floats: bool = False, keys: bool = False) -> None:  # fmt: skip
         """Queue one step's metrics (numbers only); waits only while the buffer is full
         (`RecordWrites.log_metrics`; `floats=True`: every value is exactly a float;
         `keys=True`: every key passed `check_key`)."""
