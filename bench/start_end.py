@@ -195,12 +195,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="lab-start-end-") as folder:
             existing = f"sqlite:///{folder}/existing.db"
             _started(existing, "made-before", folder)  # the store exists, at head
+            # the older tree's existing store, at its own head (it refuses a newer one)
+            older = f"sqlite:///{folder}/existing-before.db"
+            if args.before is not None:
+                _started(older, "made-before", folder, args.before)
             start = alternate(rounds, {
                 "baseline": lambda i: _started("baseline", "-", folder),
                 "existing": lambda i: _started(existing, f"start-{i}", folder),
                 "new": lambda i: _started(f"sqlite:///{folder}/new-{i}.db", f"new-{i}", folder),
             } | ({} if args.before is None else {
-                "existing_before": lambda i: _started(existing, f"before-{i}", folder, args.before),
+                "existing_before": lambda i: _started(older, f"before-{i}", folder, args.before),
                 "new_before": lambda i: _started(
                     f"sqlite:///{folder}/before-{i}.db", f"new-before-{i}", folder, args.before
                 ),
