@@ -162,7 +162,7 @@ class MetricRows:
         with transaction(self.engine) as conn:
             if points:
                 if self._copy:
-                    copy_metrics(conn, list(rows), acc)
+                    copy_metrics(conn, lambda: _rows(series), acc)
                 else:
                     self._metric_upsert(conn, rows)
                 again = self.summaries.summarize(conn, acc)

@@ -22,6 +22,7 @@ which takes a table made in that transaction away with it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -64,10 +65,13 @@ def _forget(conn: Connection, *_savepoint: Any) -> None:
 
 
 def copy_metrics(
-    conn: Connection, rows: list[tuple[Any, ...]], acc: dict[int, dict[str, list[Any]]]
+    conn: Connection,
+    rows: Callable[[], Iterable[tuple[Any, ...]]],
+    acc: dict[int, dict[str, list[Any]]],
 ) -> None:
-    """Write a batch's `rows` ((run, key, step, value, wall time) each) into `metrics` in
-    `conn`'s transaction, by COPY. `acc`: the batch's folds per run and key
+    """Write a batch's rows ((run, key, step, value, wall time) each, made anew by each
+    call of `rows`, so that they are streamed to the server and never held as a list) into
+    `metrics` in `conn`'s transaction, by COPY. `acc`: the batch's folds per run and key
     (`lab.store.metric_rows.MetricRows.write`); a key that came back to a step (its last
     item set) may hold a step twice, and then the last row of each step is kept.
 
@@ -75,23 +79,25 @@ def copy_metrics(
     loop's batch only adds rows, and the merge would cost the server as much again. If a
     step is stored already (a run logging a step again), the savepoint is rolled back and
     the batch merged through the staging table."""
+    staged: Iterable[tuple[Any, ...]]
     if any(s[7] for per in acc.values() for s in per.values()):
-        rows = list({(r[0], r[1], r[2]): r for r in rows}.values())
+        staged = list({(r[0], r[1], r[2]): r for r in rows()}.values())
     else:
         from psycopg.errors import UniqueViolation
 
         try:
             with conn.begin_nested():
-                _copy(conn, _COPY_METRICS, _TYPES, rows)
+                _copy(conn, _COPY_METRICS, _TYPES, rows())
             return
         except sa.exc.IntegrityError as exc:
             if not isinstance(exc.orig, UniqueViolation):
                 raise
+        staged = rows()
     info = conn.connection.info
     if not info.get(_MADE):
         conn.exec_driver_sql(_CREATE)
         info[_MADE] = True
-    _copy(conn, _COPY_STAGE, _TYPES, rows)
+    _copy(conn, _COPY_STAGE, _TYPES, staged)
     conn.exec_driver_sql(_MERGE)
 
 
@@ -112,7 +118,7 @@ def copy_blocks(conn: Connection, rows: list[tuple[Any, ...]]) -> bool:
 
 
 def _copy(
-    conn: Connection, statement: str, types: tuple[str, ...], rows: list[tuple[Any, ...]]
+    conn: Connection, statement: str, types: tuple[str, ...], rows: Iterable[tuple[Any, ...]]
 ) -> None:
     """COPY `rows` on `conn`'s driver connection. A driver error is raised as SQLAlchemy
     raises the errors of the statements it runs (an `IntegrityError` for a run that is not
