@@ -404,25 +404,26 @@ class Dispatcher:
             )
             for hook in Hook  # every hook registered by now, a plug-in's too (lab.hooks.HOOKS)
         }
-        self._step_end_floats = self._listeners[Hook.STEP_END]
+        floats = checked = self._listeners[Hook.STEP_END]
         first = next(
             (cb for cb in self._step_end_order if receives(id(cb), Hook.STEP_END)
              and _target(cb, Hook.STEP_END) is not None),
             None,
         )  # fmt: skip
-        self._step_end_checked = self._step_end_floats
         # True when no callback can change a step's metrics in on_step_end: none listens, or
         # the only one is a receiver of exact floats, which leaves them as they are
-        self.keeps_step_metrics = not self._step_end_floats
+        self.keeps_step_metrics = not floats
         if first is not None and hasattr(type(first), "on_step_end_floats"):
-            (name, _, critical), *rest = self._step_end_floats
-            method = self._method(first, Hook.STEP_END, first.on_step_end_floats)  # type: ignore[attr-defined]  # checked
-            self._step_end_floats = ((name, method, critical), *rest)
-            self._step_end_checked = self._step_end_floats
-            self.keeps_step_metrics = not rest
+            (name, _, critical), *rest = floats
+
+            def entry(method: Callable[..., Any]) -> tuple[Any, ...]:
+                return ((name, self._method(first, Hook.STEP_END, method), critical), *rest)
+
+            floats = checked = entry(first.on_step_end_floats)  # type: ignore[attr-defined]  # checked
             if hasattr(type(first), "on_step_end_checked"):
-                method = self._method(first, Hook.STEP_END, first.on_step_end_checked)  # type: ignore[attr-defined]  # checked
-                self._step_end_checked = ((name, method, critical), *rest)
+                checked = entry(first.on_step_end_checked)  # type: ignore[attr-defined]  # checked
+            self.keeps_step_metrics = not rest
+        self._step_end_floats, self._step_end_checked = floats, checked
 
     def _method(self, cb: Callback, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if hook == Hook.STEP_END:

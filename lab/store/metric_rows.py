@@ -26,7 +26,7 @@ from lab.store.engine import transaction
 from lab.store.liveness import this_owner
 from lab.store.pg_copy import copy_metrics, watch
 from lab.store.schema import SqlExperiment, SqlRun
-from lab.store.sqlite_rows import ManyRows
+from lab.store.sqlite_rows import inserter
 from lab.store.summaries import Summaries
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class MetricRows:
         # metrics by COPY on PostgreSQL (`lab.store.pg_copy`), else many rows a statement
         # (`lab.store.sqlite_rows`)
         self._copy = self.dialect == "postgresql"
-        self._metric_upsert = ManyRows(_METRIC_UPSERT, 5)
+        self._metric_upsert = inserter(_METRIC_UPSERT, 5, self.dialect)
         if self._copy:
             watch(engine)
         # Built once: the writer runs these with every batch, and building a statement

@@ -82,16 +82,9 @@ def copy_metrics(
     staged: Iterable[tuple[Any, ...]]
     if any(s[7] for per in acc.values() for s in per.values()):
         staged = list({(r[0], r[1], r[2]): r for r in rows()}.values())
+    elif _copied_new(conn, _COPY_METRICS, _TYPES, rows()):
+        return
     else:
-        from psycopg.errors import UniqueViolation
-
-        try:
-            with conn.begin_nested():
-                _copy(conn, _COPY_METRICS, _TYPES, rows())
-            return
-        except sa.exc.IntegrityError as exc:
-            if not isinstance(exc.orig, UniqueViolation):
-                raise
         staged = rows()
     info = conn.connection.info
     if not info.get(_MADE):
@@ -105,11 +98,19 @@ def copy_blocks(conn: Connection, rows: list[tuple[Any, ...]]) -> bool:
     """Copy new `metric_blocks` rows (`lab.store.blocks` column order) in `conn`'s
     transaction, in a savepoint. Returns False, with nothing written, when one of them is
     stored already (blocks that do not match the summaries, say): the caller merges them."""
+    return _copied_new(conn, _COPY_BLOCKS, _BLOCK_TYPES, rows)
+
+
+def _copied_new(
+    conn: Connection, statement: str, types: tuple[str, ...], rows: Iterable[tuple[Any, ...]]
+) -> bool:
+    """COPY `rows`, which should all be new, in a savepoint; False, with the savepoint
+    rolled back, when one of them is stored already (a unique violation)."""
     from psycopg.errors import UniqueViolation
 
     try:
         with conn.begin_nested():
-            _copy(conn, _COPY_BLOCKS, _BLOCK_TYPES, rows)
+            _copy(conn, statement, types, rows)
         return True
     except sa.exc.IntegrityError as exc:
         if not isinstance(exc.orig, UniqueViolation):

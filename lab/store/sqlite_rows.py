@@ -76,17 +76,17 @@ class ManyRows:
 
 def inserter(
     statement: str, width: int, dialect: str
-) -> Callable[[Connection, list[tuple[Any, ...]]], None]:
+) -> Callable[[Connection, Iterable[tuple[Any, ...]]], None]:
     """`statement` (``{values}`` where its VALUES list goes, binds with ``?``) as a
-    function that inserts a list of rows on a connection: many rows a statement on SQLite
+    function that inserts rows on a connection: many rows a statement on SQLite
     (`ManyRows`), else the driver's executemany of the one-row statement, with psycopg's
     ``%s`` binds."""
     if dialect == "sqlite":
         return ManyRows(statement, width)
     one = statement.format(values="(" + ", ".join(["%s"] * width) + ")")
 
-    def insert(conn: Connection, rows: list[tuple[Any, ...]]) -> None:
-        conn.exec_driver_sql(one, rows)
+    def insert(conn: Connection, rows: Iterable[tuple[Any, ...]]) -> None:
+        conn.exec_driver_sql(one, list(rows))
 
     return insert
 
