@@ -135,6 +135,7 @@ def fit_lab(steps: int, k: int, work: Callable[[], None], folder: Path, i: int) 
     try:
         run = lab.start_run(f"cpu-{k}-{i}", store=store, output_dir=folder, quiet=True)
         with run as spec, lab.RunHandle(spec, model, num_steps=steps) as loop:
+            store.writer  # noqa: B018  # started now (else at the first step): its clock
             writer = writer_clock()
             w0, start = writer(), clocks()
             for step in loop.steps():
@@ -149,6 +150,38 @@ def fit_lab(steps: int, k: int, work: Callable[[], None], folder: Path, i: int) 
         rows = con.execute("SELECT count(*) FROM metrics").fetchone()[0]
     assert rows == steps * k, (rows, steps * k)
     return spans(start, end, w1 - w0, steps)
+
+
+def floor(ks: tuple[int, ...], number: int = 100_000) -> dict[str, Any]:
+    """What the passes over a step's k metrics that no design can leave out cost the
+    training thread, timed alone (`timeit`, thread CPU): the copy that makes the step's
+    dict its own (the caller may change theirs), the check that every value is a float (a
+    tensor must be read now, a string refused now), and the check that the keys are those
+    of the step before. Each is one pass in C; their growth from the least k to the
+    greatest, added to lab's figure at the least k, is the least lab's figure at the
+    greatest k can be, before any memory the queued steps take."""
+    from lab._metrics import all_floats
+
+    out: dict[str, Any] = {}
+    for k in ks:
+        metrics = template(k)
+        order = list(metrics)
+        passes = {
+            "copy": lambda m=metrics: dict(m),
+            "floats": lambda m=metrics: all_floats(m.values()),
+            "keys": lambda m=metrics, o=order: list(m) == o,
+            "nothing": lambda: None,
+        }
+        cost = {}
+        for name, call in passes.items():
+            start = time.thread_time_ns()
+            for _ in range(number):
+                call()
+            cost[name] = (time.thread_time_ns() - start) / number / 1e3
+        nothing = cost.pop("nothing")  # the call of the lambda itself
+        out[str(k)] = {name: round(us - nothing, 3) for name, us in cost.items()}
+        out[str(k)]["sum"] = round(sum(out[str(k)].values()), 3)
+    return out
 
 
 def summary(results: dict[str, list[dict[str, float]]], ks: tuple[int, ...]) -> dict[str, Any]:
@@ -211,20 +244,28 @@ def main() -> None:
             for process in load:
                 process.kill()
                 process.wait()
-    print(
-        json.dumps(
-            {
-                "bench": "thread_cpu",
-                "steps": args.steps,
-                "rounds": args.rounds,
-                "step_ms": args.step_ms,
-                "load": args.load,
-                "loadavg": [round(x, 2) for x in os.getloadavg()],
-                "per_k": summary(results, ks),
-                "machine": machine(),
-            }
+    per_k = summary(results, ks)
+    out: dict[str, Any] = {
+        "bench": "thread_cpu",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "step_ms": args.step_ms,
+        "load": args.load,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "per_k": per_k,
+    }
+    if len(ks) > 1:
+        least, most = str(ks[0]), str(ks[-1])
+        passes = floor(ks)
+        at_least = per_k[least]["thread_us"]["added"]
+        out["passes"] = passes
+        out["ratio"] = round(per_k[most]["thread_us"]["added"] / at_least, 3)
+        # lab at the least k, plus what the unavoidable passes grow by up to the greatest
+        out["ratio_floor"] = round(
+            (at_least + passes[most]["sum"] - passes[least]["sum"]) / at_least, 3
         )
-    )
+    out["machine"] = machine()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -353,8 +353,8 @@ def test_every_constraint_has_its_conventional_name(store_url: str) -> None:
             assert insp.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert {u["name"] for u in insp.get_unique_constraints(table)} == want["uq"], table
             fks = want["fk"]
-            if engine.dialect.name == "postgresql":  # its metrics have none (0010)
-                fks = fks - {"fk_metrics_run_id_runs"}
+            if engine.dialect.name == "postgresql":  # metrics (0010), blocks (0011): none
+                fks = fks - {"fk_metrics_run_id_runs", "fk_metric_blocks_run_id_runs"}
             assert {f["name"] for f in insp.get_foreign_keys(table)} == fks, table
             assert {c["name"] for c in insp.get_check_constraints(table)} == want["ck"], table
             indexes = {i["name"] for i in insp.get_indexes(table)} - want["uq"]  # PG: uq index
@@ -1336,3 +1336,70 @@ def test_0010_drops_the_metrics_foreign_key_on_postgresql_and_keeps_every_row_bo
     finally:
         engine.dispose()
     capsys.readouterr()
+
+
+def test_0011_drops_the_metric_blocks_foreign_key_on_postgresql_and_keeps_every_row_both_ways(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0010 with data -> 0011 -> 0010 -> 0011: every row kept. On PostgreSQL 0011 drops the
+    foreign key from `metric_blocks` to `runs`, and the trigger of 0010 deletes a run's
+    blocks with its metrics; the downgrade deletes the blocks of runs that are not there and
+    puts the key back. SQLite keeps its key. Either way, a run deleted takes its blocks."""
+    engine = make_engine(resolve_url(store_url))
+    pg = engine.dialect.name == "postgresql"
+    try:
+        _at_0001_with_data(engine)
+        assert upgrade(engine, "0010") == ("0001", "0010")
+        columns = _columns(engine)
+        with engine.connect() as conn:
+            rows, blocks = _dump(conn, columns), _blocks(conn)
+        assert {b[0] for b in blocks} == {1, 2, 3}, "the data has blocks to keep"
+        keys_0010 = _constraints_and_indexes(engine, "metric_blocks")["fk"]
+        assert [fk[:3] for fk in keys_0010] == [
+            ("fk_metric_blocks_run_id_runs", ("run_id",), "runs")
+        ]
+
+        assert upgrade(engine, "0011") == ("0010", "0011")
+        with engine.connect() as conn:
+            assert (_dump(conn, columns), _blocks(conn)) == (rows, blocks)
+        assert _constraints_and_indexes(engine, "metric_blocks")["fk"] == ([] if pg else keys_0010)
+        assert _run_triggers(engine) == (["trg_runs_delete_metrics"] if pg else [])
+        if pg:
+            with transaction(engine) as conn:  # a block of no run: what no key refuses now
+                conn.exec_driver_sql(
+                    'INSERT INTO metric_blocks (run_id, "key", block, points, step_min, '
+                    "step_max, value_count) VALUES (999, 'x', 0, 1, 0, 0, 0)"
+                )
+
+        with migration_transaction(engine) as conn:
+            command.downgrade(alembic_config(conn), "0010")
+        assert current_revision(engine) == "0010"
+        assert _constraints_and_indexes(engine, "metric_blocks")["fk"] == keys_0010
+        with engine.connect() as conn:  # the orphan deleted, nothing else
+            assert (_dump(conn, columns), _blocks(conn)) == (rows, blocks)
+        with transaction(engine) as conn:  # 0010's trigger again: metrics, not blocks
+            conn.exec_driver_sql("DELETE FROM runs WHERE run_id = 3")
+        with engine.connect() as conn:
+            left = conn.exec_driver_sql("SELECT DISTINCT run_id FROM metric_blocks ORDER BY 1")
+            assert list(left.scalars()) == [1, 2]  # the key's cascade took run 3's
+
+        upgrade(engine)
+        with transaction(engine) as conn:
+            conn.exec_driver_sql("DELETE FROM runs WHERE run_id = 1")
+        with engine.connect() as conn:
+            for table in ("metrics", "metric_blocks"):
+                runs = conn.exec_driver_sql(f"SELECT DISTINCT run_id FROM {table} ORDER BY 1")
+                assert list(runs.scalars()) == [2], table
+        _assert_matches_models(engine)
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+
+
+def _blocks(conn: sa.Connection) -> list[tuple]:
+    """Every `metric_blocks` row, in key order."""
+    rows = conn.exec_driver_sql(
+        'SELECT run_id, "key", block, points, step_min, step_max, value_count, '
+        'point_offsets, point_values FROM metric_blocks ORDER BY run_id, "key", block'
+    )
+    return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows]

@@ -190,24 +190,75 @@ def test_a_run_that_is_not_there_is_refused_as_sqlalchemy_refuses_it(pg: Store) 
     assert _table(pg, METRICS) == [("a", 1, 1.0, 1.0)]
 
 
-def test_metrics_have_no_foreign_key_and_go_with_their_run(pg: Store) -> None:
-    """Revision 0010: no foreign key from `metrics` to `runs`; a run deleted (by
-    `delete_experiment`'s cascade, or by a DELETE) takes its metrics."""
-    assert sa.inspect(pg.engine).get_foreign_keys("metrics") == []
+def test_metrics_and_blocks_have_no_foreign_key_and_go_with_their_run(pg: Store) -> None:
+    """Revisions 0010 and 0011: no foreign key from `metrics` nor `metric_blocks` to
+    `runs`; a run deleted (by `delete_experiment`'s cascade, or by a DELETE) takes both."""
+    inspector = sa.inspect(pg.engine)
+    assert inspector.get_foreign_keys("metrics") == []
+    assert inspector.get_foreign_keys("metric_blocks") == []
     runs = [_run(pg, f"r{i}") for i in range(3)]
     for run in runs:
         pg.metric_rows.write([(run, step, {"a": 1.0, "b": 2.0}, 1.0) for step in range(40)])
     per_run = "SELECT run_id, count(*) FROM metrics GROUP BY run_id ORDER BY run_id"
+    blocks = "SELECT run_id, count(*) FROM metric_blocks GROUP BY run_id ORDER BY run_id"
     assert _table(pg, per_run) == [(run, 80) for run in runs]
+    assert _table(pg, blocks) == [(run, 4) for run in runs]  # 2 keys x 2 blocks
     pg.finish_run(runs[0], status="completed")
     assert pg.delete_experiment("copy-r0")["runs"] == 1
     assert _table(pg, per_run) == [(run, 80) for run in runs[1:]]
+    assert _table(pg, blocks) == [(run, 4) for run in runs[1:]]
     with pg.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM runs WHERE run_id = {runs[1]}")
     assert _table(pg, per_run) == [(runs[2], 80)]
-    with pg.engine.begin() as conn:  # the trigger does not stand in the way of naming both
-        conn.exec_driver_sql("TRUNCATE runs, metrics CASCADE")
+    assert _table(pg, blocks) == [(runs[2], 4)]
+    with pg.engine.begin() as conn:  # the trigger does not stand in the way of naming them
+        conn.exec_driver_sql("TRUNCATE runs, metrics, metric_blocks CASCADE")
     assert _table(pg, "SELECT count(*) FROM metrics") == [(0,)]
+
+
+def test_the_blocks_are_cut_while_the_server_takes_the_rows(
+    pg: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's blocks are cut once, after its rows are sent and before the server has
+    answered the COPY (the connection is still in it), so that this process's work and the
+    server's overlap; on the staging path too (a step stored already), where the cut of
+    the refused first copy serves. A cut that fails fails the batch, and nothing of it is
+    kept."""
+    from psycopg.pq import TransactionStatus
+
+    from lab.store.blocks import Blocks
+
+    cut = Blocks.cut
+    states: list[Any] = []
+    active: list[Any] = []
+
+    def remember(conn: Any, *_: Any) -> None:  # the driver connection of the batch
+        active[:] = [conn.connection.driver_connection]
+
+    def watched(series: Any, acc: Any) -> Any:
+        states.append(active[0].info.transaction_status)
+        return cut(series, acc)
+
+    sa.event.listen(pg.engine, "begin", remember)
+    monkeypatch.setattr(Blocks, "cut", staticmethod(watched))
+    run = _run(pg)
+    pg.metric_rows.write([(run, step, {"a": float(step)}, 1.0) for step in range(100)])
+    assert states == [TransactionStatus.ACTIVE]  # a command (the COPY) in progress
+    pg.metric_rows.write([(run, step, {"a": -1.0}, 2.0) for step in range(90, 110)])
+    assert states == [TransactionStatus.ACTIVE] * 2  # once, in the copy refused
+    assert _table(pg, "SELECT count(*), sum(value) FROM metrics") == [(110, sum(range(90)) - 20.0)]
+    points = _table(pg, "SELECT block, points, value_sum FROM metric_blocks ORDER BY block")
+    assert points == [(0, 32, float(sum(range(32)))), (1, 32, float(sum(range(32, 64)))),
+                      (2, 26 + 6, float(sum(range(64, 90))) - 6.0),
+                      (3, 14, -14.0)]  # fmt: skip
+
+    def broken(series: Any, acc: Any) -> Any:
+        raise RuntimeError("cut failed")
+
+    monkeypatch.setattr(Blocks, "cut", staticmethod(broken))
+    with pytest.raises(RuntimeError, match="cut failed"):
+        pg.metric_rows.write([(run, step, {"a": 1.0}, 3.0) for step in range(110, 120)])
+    assert _table(pg, "SELECT count(*) FROM metrics") == [(110,)]
 
 
 def test_new_blocks_go_by_copy(pg: Store) -> None:

@@ -162,6 +162,7 @@ class Blocks:
         series: dict[int, dict[str, tuple[list[int], list[float], list[float]]]],
         acc: dict[int, dict[str, list[Any]]],
         again: set[tuple[int, str]],
+        cut: dict[tuple[int, str], list[tuple[Any, ...]]] | None = None,
     ) -> None:
         """Fold a batch's points (`series`: per run and key, steps, values and wall times
         in the order logged) into its blocks, in its transaction after its rows. A key
@@ -169,13 +170,11 @@ class Blocks:
         is folded in from the points in hand, its points appended to its last block's (on
         PostgreSQL only its first block is merged so; the others are new, and copied); one
         that logged a step again has every block from its first to its last step in the
-        batch rebuilt from `metrics`."""
-        made = [
-            series_blocks(run_id, key, steps, values)
-            for run_id, per in series.items()
-            for key, (steps, values, _) in per.items()
-            if (run_id, key) not in again
-        ]
+        batch rebuilt from `metrics`. `cut`: the batch's blocks as `cut` made them already
+        (while the server took the rows, say), else they are made here."""
+        if cut is None:
+            cut = self.cut(series, acc)
+        made = [rows for pair, rows in cut.items() if pair not in again]
         if self._copy:
             # Only a key's first block can be stored already: the batch comes after it.
             merge = [rows[0] for rows in made if rows]
@@ -189,6 +188,22 @@ class Blocks:
         for run_id, key in sorted(again):
             first, last = acc[run_id][key][1], acc[run_id][key][2]
             self._rebuild(conn, run_id, key, first // B, last // B + 1)
+
+    @staticmethod
+    def cut(
+        series: dict[int, dict[str, tuple[list[int], list[float], list[float]]]],
+        acc: dict[int, dict[str, list[Any]]],
+    ) -> dict[tuple[int, str], list[tuple[Any, ...]]]:
+        """A batch's points cut into `metric_blocks` rows, per run and key, but for the
+        keys whose steps do not increase in the batch (`acc`'s last item: `block` rebuilds
+        them from `metrics`): pure work on the points in hand, which needs nothing of the
+        store."""
+        return {
+            (run_id, key): series_blocks(run_id, key, steps, values)
+            for run_id, per in series.items()
+            for key, (steps, values, _) in per.items()
+            if not acc[run_id][key][7]
+        }
 
     def reblock_run(self, conn: Connection, run_id: int, from_step: int | None) -> None:
         """Rebuild a run's blocks from the rows: those from the block holding `from_step`

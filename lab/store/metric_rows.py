@@ -161,12 +161,14 @@ class MetricRows:
             return
         with transaction(self.engine) as conn:
             if points:
-                if self._copy:
-                    copy_metrics(conn, lambda: _rows(series), acc)
+                cut: dict[tuple[int, str], list[tuple[Any, ...]]] = {}
+                if self._copy:  # the blocks cut while the server writes the rows
+                    copy_metrics(conn, lambda: _rows(series), acc, lambda: cut.update(
+                        self.blocks.cut(series, acc)))  # fmt: skip
                 else:
                     self._metric_upsert(conn, rows)
                 again = self.summaries.summarize(conn, acc)
-                self.blocks.block(conn, series, acc, again)
+                self.blocks.block(conn, series, acc, again, cut or None)
             if beating:
                 self.beat(conn, beating)
             if driving is not None:

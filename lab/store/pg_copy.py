@@ -68,6 +68,7 @@ def copy_metrics(
     conn: Connection,
     rows: Callable[[], Iterable[tuple[Any, ...]]],
     acc: dict[int, dict[str, list[Any]]],
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Write a batch's rows ((run, key, step, value, wall time) each, made anew by each
     call of `rows`, so that they are streamed to the server and never held as a list) into
@@ -78,19 +79,23 @@ def copy_metrics(
     A batch with each step once is copied into `metrics` itself, in a savepoint: a training
     loop's batch only adds rows, and the merge would cost the server as much again. If a
     step is stored already (a run logging a step again), the savepoint is rolled back and
-    the batch merged through the staging table."""
+    the batch merged through the staging table.
+
+    `meanwhile` is called once, after the rows are sent and before the server has said it
+    took them: the server is still writing rows then, and this process's work (cutting the
+    batch's blocks) costs the batch no time of its own. An error it raises fails the copy."""
     staged: Iterable[tuple[Any, ...]]
     if any(s[7] for per in acc.values() for s in per.values()):
         staged = list({(r[0], r[1], r[2]): r for r in rows()}.values())
-    elif _copied_new(conn, _COPY_METRICS, _TYPES, rows()):
+    elif _copied_new(conn, _COPY_METRICS, _TYPES, rows(), meanwhile):
         return
     else:
-        staged = rows()
+        staged, meanwhile = rows(), None  # it ran in the copy that found a stored step
     info = conn.connection.info
     if not info.get(_MADE):
         conn.exec_driver_sql(_CREATE)
         info[_MADE] = True
-    _copy(conn, _COPY_STAGE, _TYPES, staged)
+    _copy(conn, _COPY_STAGE, _TYPES, staged, meanwhile)
     conn.exec_driver_sql(_MERGE)
 
 
@@ -102,7 +107,11 @@ def copy_blocks(conn: Connection, rows: list[tuple[Any, ...]]) -> bool:
 
 
 def _copied_new(
-    conn: Connection, statement: str, types: tuple[str, ...], rows: Iterable[tuple[Any, ...]]
+    conn: Connection,
+    statement: str,
+    types: tuple[str, ...],
+    rows: Iterable[tuple[Any, ...]],
+    meanwhile: Callable[[], None] | None = None,
 ) -> bool:
     """COPY `rows`, which should all be new, in a savepoint; False, with the savepoint
     rolled back, when one of them is stored already (a unique violation)."""
@@ -110,7 +119,7 @@ def _copied_new(
 
     try:
         with conn.begin_nested():
-            _copy(conn, statement, types, rows)
+            _copy(conn, statement, types, rows, meanwhile)
         return True
     except sa.exc.IntegrityError as exc:
         if not isinstance(exc.orig, UniqueViolation):
@@ -119,11 +128,17 @@ def _copied_new(
 
 
 def _copy(
-    conn: Connection, statement: str, types: tuple[str, ...], rows: Iterable[tuple[Any, ...]]
+    conn: Connection,
+    statement: str,
+    types: tuple[str, ...],
+    rows: Iterable[tuple[Any, ...]],
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
-    """COPY `rows` on `conn`'s driver connection. A driver error is raised as SQLAlchemy
-    raises the errors of the statements it runs (an `IntegrityError` for a run that is not
-    there, say), and a lost server invalidates the connection, as SQLAlchemy does."""
+    """COPY `rows` on `conn`'s driver connection, calling `meanwhile` after the last row
+    is sent and before the server's answer is awaited. A driver error is raised as
+    SQLAlchemy raises the errors of the statements it runs (an `IntegrityError` for a run
+    that is not there, say), and a lost server invalidates the connection, as SQLAlchemy
+    does."""
     raw = conn.connection.driver_connection
     dbapi = conn.dialect.loaded_dbapi
     cur = raw.cursor()  # type: ignore[union-attr]
@@ -133,6 +148,8 @@ def _copy(
             write = copy.write_row
             for row in rows:
                 write(row)
+            if meanwhile is not None:
+                meanwhile()
     except dbapi.Error as exc:
         lost = conn.dialect.is_disconnect(exc, raw, cur)
         if lost:

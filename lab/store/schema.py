@@ -94,8 +94,9 @@ class Base:
     def __init_subclass__(cls) -> None:
         columns = [_built(name, text, cls.__dict__.get(name)) for name, text in _own(cls)]
         args = cls.__dict__.get("__table_args__", ())
-        options = args if isinstance(args, dict) else {}
-        constraints = () if isinstance(args, dict) else args
+        args = (args,) if isinstance(args, dict) else args  # (constraints..., options)
+        options = args[-1] if args and isinstance(args[-1], dict) else {}
+        constraints = args[:-1] if options else args
         cls.__table__ = sa.Table(cls.__tablename__, cls.metadata, *columns, *constraints, **options)
         for built in columns:
             setattr(cls, built.name, built)
@@ -259,11 +260,12 @@ class SqlMetric(Base):
     On PostgreSQL `metrics` has no foreign key to `runs` (revision 0010): the key's check
     looked the run up, and locked it, for every row, which halved what a metric batch's
     COPY writes per second. The run's rows hold the same guarantees without it: the
-    transaction that writes a batch also writes its keys' `summaries` and `metric_blocks`,
-    whose foreign keys refuse a run that is not there (and so the batch, rolled back
-    whole); and the trigger ``trg_runs_delete_metrics`` deletes a run's metrics with the
-    run, in the same statement, as ON DELETE CASCADE did (an experiment deleted deletes its
-    runs, and so their metrics). SQLite keeps the foreign key: its check costs little."""
+    transaction that writes a batch also writes its keys' `summaries`, whose foreign key
+    refuses a run that is not there (and so the batch, rolled back whole); and the trigger
+    ``trg_runs_delete_metrics`` deletes a run's metrics (and, since 0011, its
+    `metric_blocks`) with the run, in the same statement, as ON DELETE CASCADE did (an
+    experiment deleted deletes its runs, and so their metrics). SQLite keeps the foreign
+    key: its check costs little."""
 
     __tablename__ = "metrics"
     __table_args__ = (
@@ -314,10 +316,17 @@ class SqlMetricBlock(Base):
 
     __tablename__ = "metric_blocks"
     # On SQLite the rows live in their key's B-tree: a range of blocks is read in one
-    # pass, with no lookup of each row by rowid. (No DuckDB view reads this table.)
-    __table_args__ = {"sqlite_with_rowid": False}
+    # pass, with no lookup of each row by rowid. (No DuckDB view reads this table.) On
+    # PostgreSQL no foreign key to `runs` (revision 0011), as `metrics` has none: the
+    # trigger that deletes a run's metrics deletes its blocks too.
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["run_id"], ["runs.run_id"], ondelete="CASCADE", info={ONLY_ON: "sqlite"}
+        ).ddl_if(dialect="sqlite"),
+        {"sqlite_with_rowid": False},
+    )
 
-    run_id: Mapped[int] = column(sa.ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = column(primary_key=True)
     key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
     block: Mapped[int] = column(sa.BigInteger, primary_key=True)
     points: Mapped[int] = column(sa.BigInteger)
