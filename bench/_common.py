@@ -9,6 +9,7 @@ import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -39,6 +40,18 @@ def machine(**extra: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         **extra,
     }
+
+
+def busy(n: int) -> list[subprocess.Popen[bytes]]:
+    """`n` processes that spin on a core each until killed: a loaded machine (`--load N`)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Kill and reap what `busy` started."""
+    for process in processes:
+        process.kill()
+        process.wait()
 
 
 def log(message: str) -> None:

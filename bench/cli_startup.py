@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import alternate, log, machine
+from _common import alternate, busy, log, machine, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 #: CPU seconds (user + sys) that each command must stay under.
@@ -59,11 +59,6 @@ def _timed(argv: list[str], env: dict[str, str], cwd: str) -> dict[str, float]:
     if child.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {child.returncode}")
     return {"s": wall, "cpu": usage.ru_utime + usage.ru_stime}
-
-
-def _busy(n: int) -> list[subprocess.Popen[bytes]]:
-    """`n` processes that spin on a core each until killed: a loaded machine."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def _free_port() -> int:
@@ -163,13 +158,11 @@ def main() -> None:
             old = {**env, "PYTHONPATH": str(args.before.resolve())}
             for name in (*reads, "dry_run", "dry_run_torch_inside"):
                 arms[f"{name}_before"] = lambda i, a=commands[name]: _timed(a, old, folder)
-        busy = _busy(args.load)
+        load = busy(args.load)
         try:
             results = alternate(rounds, arms)
         finally:
-            for process in [*busy, server]:
-                process.kill()
-                process.wait()
+            stop([*load, server])
     cpu = {n: round(statistics.median(r["cpu"] for r in rs), 4) for n, rs in results.items()}
     wall = {n: round(statistics.median(r["s"] for r in rs), 4) for n, rs in results.items()}
     print(

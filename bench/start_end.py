@@ -45,8 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import alternate, log, machine
-from cli_startup import _busy
+from _common import alternate, busy, log, machine, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The `lab` source tree timed (``--source``: another checkout, for a before/after).
@@ -190,7 +189,7 @@ def main() -> None:
     if not Path(lab.__file__).resolve().is_relative_to(SOURCE):
         parser.error(f"this process imported lab from {lab.__file__}: PYTHONPATH={SOURCE}")
     rounds = 3 if args.quick else args.rounds
-    busy = _busy(args.load)
+    load = busy(args.load)
     try:
         with tempfile.TemporaryDirectory(prefix="lab-start-end-") as folder:
             existing = f"sqlite:///{folder}/existing.db"
@@ -217,9 +216,7 @@ def main() -> None:
                 "bare": lambda i: _fit(False, url, "-", folder, step_s),
             })  # fmt: skip
     finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
+        stop(load)
     base = start["baseline"]
     result = {
         "bench": "start_end",

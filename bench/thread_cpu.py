@@ -40,8 +40,6 @@ import os
 import resource
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,18 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import alternate, log, machine
+from _common import alternate, busy, log, machine, stop
 
 import lab
 from lab.store import Store
 
 KS = (10, 30, 100)
 WRITER_THREAD = "lab-metric-writer"
-
-
-def busy(n: int) -> list[subprocess.Popen[bytes]]:
-    """`n` processes that spin on a core each until killed: a loaded machine."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def matmul_step(ms: float) -> Callable[[], None]:
@@ -241,9 +234,7 @@ def main() -> None:
         try:
             results = alternate(args.rounds, arms)
         finally:
-            for process in load:
-                process.kill()
-                process.wait()
+            stop(load)
     per_k = summary(results, ks)
     out: dict[str, Any] = {
         "bench": "thread_cpu",

@@ -30,6 +30,7 @@ Prints one JSON line (progress goes to stderr).
 
     python bench/writers_pg.py --postgres postgresql://postgres:lab@127.0.0.1:5432/lab_test
     python bench/writers_pg.py --before ../main   # and an earlier lab, in the same rounds
+    python bench/writers_pg.py --load 2        # with 2 processes spinning meanwhile
     python bench/writers_pg.py --quick         # a smoke run (LAB_BENCH_POSTGRES_URL, or
                                                # --postgres, names the server)
 """
@@ -53,11 +54,13 @@ from typing import Any
 from _common import (
     add_postgres_option,
     alternate,
+    busy,
     log,
     machine,
     pg_reset,
     pg_server_version,
     scratch_database,
+    stop,
 )
 from ingest import PG_TABLE, make_steps, rows_of
 
@@ -411,6 +414,8 @@ def main() -> None:
         "LAB_STORE_WRITER, else the store's own default)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="200 steps, 1 round")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="N processes that spin on a core each while the arms run")  # fmt: skip
     add_postgres_option(parser)
     args = parser.parse_args()
     if not args.postgres:
@@ -426,6 +431,7 @@ def main() -> None:
         "keys": args.keys,
         "points_per_process": args.steps * args.keys,
         "rounds": args.rounds,
+        "load": args.load,
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
     with ExitStack() as stack:
@@ -447,7 +453,11 @@ def main() -> None:
             if not args.no_raw:
                 for how in ("raw", "copy", "copy_lab_schema"):
                     arms[f"{how}_{n}"] = lambda _i, n=n, how=how: raw_arm(url, libpq, n, size, how)
-        results = alternate(args.rounds, arms)
+        load = busy(args.load)
+        try:
+            results = alternate(args.rounds, arms)
+        finally:
+            stop(load)
         out["postgres"] = summarize(results, counts, args.steps * args.keys)
         out["postgres"]["server"] = pg_server_version(libpq)
     out["load_after"] = [round(x, 2) for x in os.getloadavg()]
