@@ -5,7 +5,9 @@ itself spreads by ±12%. The training thread's CPU clock (`time.thread_time_ns`)
 what that thread executed, so the writer thread, other processes and the scheduler's waits
 are not in it. This bench reads it around the loop on the training thread, and reports for
 context the whole process's CPU (`time.process_time_ns`) and the metric writer thread's
-(its own CPU clock, `time.pthread_getcpuclockid`) over the same span.
+(its own CPU clock, `time.pthread_getcpuclockid`) over the same span. That last reads 0 when
+the loop ends before the writer's first batch is due (a fast loop's steps are all written
+after the clock stops), and never counts the writer process's work.
 
 The arms, at k = 10, 30 and 100 metrics per step:
 
@@ -21,6 +23,11 @@ are the medians over `--rounds` rounds, whose order rotates (`_common.alternate`
 A/A arm's own added figure beside them (its median and its range over the rounds). The
 clocks cover the steps alone (`for step in loop.steps(): ... loop.end_step(m)`), not the
 handle's start or end.
+
+With more than one k, "passes" times alone (`timeit`-style, thread CPU) the passes over a
+step's metrics that no design can leave out (the copy, the float check, the key check), and
+"ratio_floor" adds their growth from the least k to the greatest to lab's figure at the
+least k: the least "ratio" (lab at the greatest k over lab at the least) can be.
 
 `--step-ms 10` gives every step a torch matmul sized (once, at the start) to take about
 10 ms on one torch thread, and k = 10 only: then the wall time of the loop is the figure,
