@@ -240,6 +240,7 @@ def main() -> None:
         load = busy(args.load)
         try:
             results = alternate(args.rounds, arms)
+            passes = floor(ks) if len(ks) > 1 else {}  # under the same load
         finally:
             stop(load)
     per_k = summary(results, ks)
@@ -254,7 +255,6 @@ def main() -> None:
     }
     if len(ks) > 1:
         least, most = str(ks[0]), str(ks[-1])
-        passes = floor(ks)
         at_least = per_k[least]["thread_us"]["added"]
         out["passes"] = passes
         out["ratio"] = round(per_k[most]["thread_us"]["added"] / at_least, 3)

@@ -161,7 +161,8 @@ class ExperimentWrites:
 
     def delete_experiment(self, name: str) -> Deleted:
         """Delete an experiment and, by cascade, its arms, groups, runs (superseded ones
-        too), metrics, summaries, evals, predictions, checkpoint, histogram and image rows,
+        too), metrics and their blocks (on PostgreSQL by the trigger of revisions 0010 and
+        0011), summaries, evals, predictions, checkpoint, histogram and image rows,
         in one transaction. Run folders are files, not rows: they stay, and are returned
         (``folders``, sorted) with the number of runs deleted (``runs``). Refused with
         `RunBusy` while a live process trains one of its runs."""

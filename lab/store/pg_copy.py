@@ -81,9 +81,11 @@ def copy_metrics(
     step is stored already (a run logging a step again), the savepoint is rolled back and
     the batch merged through the staging table.
 
-    `meanwhile` is called once, after the rows are sent and before the server has said it
-    took them: the server is still writing rows then, and this process's work (cutting the
-    batch's blocks) costs the batch no time of its own. An error it raises fails the copy."""
+    `meanwhile` is called once, after the last row is handed to the driver and before the
+    server has said it took them: the server is still writing most of the rows then (the
+    driver may hold the last of them, up to its buffer, until the copy ends), so this
+    process's work (cutting the batch's blocks) overlaps the server's. An error it raises
+    fails the copy."""
     staged: Iterable[tuple[Any, ...]]
     if any(s[7] for per in acc.values() for s in per.values()):
         staged = list({(r[0], r[1], r[2]): r for r in rows()}.values())
@@ -135,7 +137,7 @@ def _copy(
     meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """COPY `rows` on `conn`'s driver connection, calling `meanwhile` after the last row
-    is sent and before the server's answer is awaited. A driver error is raised as
+    is handed to the driver and before the server's answer is awaited. A driver error is raised as
     SQLAlchemy raises the errors of the statements it runs (an `IntegrityError` for a run
     that is not there, say), and a lost server invalidates the connection, as SQLAlchemy
     does."""

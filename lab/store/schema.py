@@ -95,8 +95,9 @@ class Base:
         columns = [_built(name, text, cls.__dict__.get(name)) for name, text in _own(cls)]
         args = cls.__dict__.get("__table_args__", ())
         args = (args,) if isinstance(args, dict) else args  # (constraints..., options)
-        options = args[-1] if args and isinstance(args[-1], dict) else {}
-        constraints = args[:-1] if options else args
+        has_options = bool(args) and isinstance(args[-1], dict)
+        options = args[-1] if has_options else {}
+        constraints = args[:-1] if has_options else args
         cls.__table__ = sa.Table(cls.__tablename__, cls.metadata, *columns, *constraints, **options)
         for built in columns:
             setattr(cls, built.name, built)
