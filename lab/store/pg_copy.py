@@ -28,6 +28,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from lab.store.statements import driver_error
+
 STAGE = "lab_metric_stage"
 _MADE = "lab_metric_stage_made"  # in the pool record's info: the staging table exists
 _COLUMNS = 'run_id, "key", step, value, wall_time'
@@ -137,12 +139,9 @@ def _copy(
     meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """COPY `rows` on `conn`'s driver connection, calling `meanwhile` after the last row
-    is handed to the driver and before the server's answer is awaited. A driver error is raised as
-    SQLAlchemy raises the errors of the statements it runs (an `IntegrityError` for a run
-    that is not there, say), and a lost server invalidates the connection, as SQLAlchemy
-    does."""
+    is handed to the driver and before the server's answer is awaited. A driver error is
+    raised as SQLAlchemy raises the errors of the statements it runs (`driver_error`)."""
     raw = conn.connection.driver_connection
-    dbapi = conn.dialect.loaded_dbapi
     cur = raw.cursor()  # type: ignore[union-attr]
     try:
         with cur.copy(statement) as copy:
@@ -152,13 +151,8 @@ def _copy(
                 write(row)
             if meanwhile is not None:
                 meanwhile()
-    except dbapi.Error as exc:
-        lost = conn.dialect.is_disconnect(exc, raw, cur)
-        if lost:
-            conn.invalidate(exc)
-        raise sa.exc.DBAPIError.instance(
-            statement, None, exc, dbapi.Error, connection_invalidated=lost, dialect=conn.dialect
-        ) from exc
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise driver_error(conn, exc, raw, cur, statement) from exc
     finally:
         cur.close()
 

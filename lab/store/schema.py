@@ -255,6 +255,15 @@ class SqlRun(Base):
 ONLY_ON = "lab_only_on"
 
 
+def _runs_key_on_sqlite() -> sa.ForeignKeyConstraint:
+    """A table's ``run_id`` foreign key to `runs` (ON DELETE CASCADE), made on SQLite only:
+    `metrics` (revision 0010) and `metric_blocks` (0011) have none on PostgreSQL, where the
+    trigger ``trg_runs_delete_metrics`` deletes their rows with the run."""
+    return sa.ForeignKeyConstraint(
+        ["run_id"], ["runs.run_id"], ondelete="CASCADE", info={ONLY_ON: "sqlite"}
+    ).ddl_if(dialect="sqlite")
+
+
 class SqlMetric(Base):
     """One point: (run, key, step) -> value and wall time.
 
@@ -269,11 +278,7 @@ class SqlMetric(Base):
     key: its check costs little."""
 
     __tablename__ = "metrics"
-    __table_args__ = (
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["runs.run_id"], ondelete="CASCADE", info={ONLY_ON: "sqlite"}
-        ).ddl_if(dialect="sqlite"),
-    )
+    __table_args__ = (_runs_key_on_sqlite(),)
 
     run_id: Mapped[int] = column(primary_key=True)
     key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)
@@ -320,12 +325,7 @@ class SqlMetricBlock(Base):
     # pass, with no lookup of each row by rowid. (No DuckDB view reads this table.) On
     # PostgreSQL no foreign key to `runs` (revision 0011), as `metrics` has none: the
     # trigger that deletes a run's metrics deletes its blocks too.
-    __table_args__ = (
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["runs.run_id"], ondelete="CASCADE", info={ONLY_ON: "sqlite"}
-        ).ddl_if(dialect="sqlite"),
-        {"sqlite_with_rowid": False},
-    )
+    __table_args__ = (_runs_key_on_sqlite(), {"sqlite_with_rowid": False})
 
     run_id: Mapped[int] = column(primary_key=True)
     key: Mapped[str] = column(sa.String(MAX_KEY), primary_key=True)

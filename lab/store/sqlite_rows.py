@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, islice
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from lab.store.statements import driver_error
 
 #: The most values one statement binds: the limit of every SQLite (`SQLITE_MAX_VARIABLE_NUMBER`
 #: is 999 before 3.32, 32,766 since).
@@ -60,16 +61,7 @@ class ManyRows:
                 statement = self.one
                 cur.executemany(statement, zip(*[iter(tail[0])] * self.width, strict=True))
         except conn.dialect.loaded_dbapi.Error as exc:
-            # raised as SQLAlchemy raises the errors of the statements it runs (an
-            # `IntegrityError` for a run that is not there, say); a lost connection is
-            # invalidated, as SQLAlchemy does
-            lost = conn.dialect.is_disconnect(exc, raw, cur)
-            if lost:
-                conn.invalidate(exc)
-            raise sa.exc.DBAPIError.instance(
-                statement, None, exc, conn.dialect.loaded_dbapi.Error,
-                connection_invalidated=lost, dialect=conn.dialect,
-            ) from exc  # fmt: skip
+            raise driver_error(conn, exc, raw, cur, statement) from exc
         finally:
             cur.close()
 

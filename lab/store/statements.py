@@ -15,6 +15,23 @@ from typing import Any
 import sqlalchemy as sa
 
 
+def driver_error(
+    conn: sa.Connection, exc: Any, raw: Any, cur: Any, statement: str
+) -> sa.exc.StatementError:
+    """`exc`, raised by the driver for `statement` run on `conn`'s driver connection `raw`
+    (cursor `cur`) around SQLAlchemy, as SQLAlchemy raises the errors of the statements it
+    runs (an `IntegrityError` for a run that is not there, say), so that callers and the
+    writer's retry rules meet one kind of error; a lost connection is invalidated first, as
+    SQLAlchemy does. Raise it ``from exc``."""
+    lost = conn.dialect.is_disconnect(exc, raw, cur)
+    if lost:
+        conn.invalidate(exc)
+    return sa.exc.DBAPIError.instance(
+        statement, None, exc, conn.dialect.loaded_dbapi.Error,
+        connection_invalidated=lost, dialect=conn.dialect,
+    )  # fmt: skip
+
+
 def dialect_insert(dialect: str, table: Any) -> Any:
     """An ``INSERT`` into `table` that takes ``ON CONFLICT`` clauses, for `dialect`
     (``postgresql`` or ``sqlite``). The PostgreSQL dialect is imported only for a PostgreSQL
