@@ -15,24 +15,29 @@ from lab.store import Store
 from lab.store.migrations import head_revision
 
 
-def lab_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def lab_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lab.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One quickstart run (short), shared by the read-only command tests."""
+    """One quickstart run (short), shared by the read-only command tests. It runs in its
+    own folder: a module's fixture comes before the per-test folder (`_isolated_cwd`), and
+    what the checkout holds (a ./quickstart.ipynb a user wrote) changes what it prints."""
     folder = tmp_path_factory.mktemp("demo")
     db = folder / "lab.db"
     out = lab_cli(
         "quickstart", "--store", f"sqlite:///{db}", "--output-dir", str(folder / "runs"),
-        "--steps", "60",
+        "--steps", "60", cwd=folder,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     (folder / "quickstart.out").write_text(out.stdout)
